@@ -1,0 +1,267 @@
+//! `xdev-bench` is the stack's OSU-style benchmark harness: pingpong latency
+//! and windowed bandwidth over any xdev [`Device`], printed in the OSU
+//! Micro-Benchmarks layout (or as JSON lines), next to **floors** measured in
+//! the same run: the one-way hand-off of a cache line between two pinned
+//! threads, and single-thread `memcpy` bandwidth over the same working set.
+//!
+//! It is not a timed test suite: nothing here asserts a speed. The figures are
+//! ratios read side by side (value / floor).
+
+use std::hint::black_box;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+use xdev::{Buffer, Device, Request, Source, TagSel};
+
+/// Context the benchmarks use.
+pub const BENCH_CONTEXT: u32 = 0x4245_4e43;
+
+/// Message sizes: 0, then powers of two up to `max`.
+pub fn sizes(max: usize) -> Vec<usize> {
+    let mut v = vec![0];
+    let mut s = 1;
+    while s <= max {
+        v.push(s);
+        s *= 2;
+    }
+    v
+}
+
+/// OSU's iteration counts for latency at `size`: (iterations, warm-up).
+pub fn latency_iterations(size: usize) -> (usize, usize) {
+    if size > 8192 {
+        (1_000, 10)
+    } else {
+        (10_000, 100)
+    }
+}
+
+/// OSU's iteration counts for bandwidth at `size`: (iterations, warm-up).
+pub fn bandwidth_iterations(size: usize) -> (usize, usize) {
+    if size > 8192 {
+        (20, 2)
+    } else {
+        (100, 10)
+    }
+}
+
+/// The OSU window of outstanding sends in the bandwidth test.
+pub const WINDOW: usize = 64;
+
+/// Pingpong between ranks 0 and 1: half the round-trip time in microseconds,
+/// on rank 0 (`None` elsewhere). Other ranks idle.
+pub fn latency(
+    dev: &dyn Device,
+    size: usize,
+    iters: usize,
+    skip: usize,
+) -> xdev::Result<Option<f64>> {
+    let me = dev.id();
+    let mut buf = vec![0xA5u8; size];
+    let c = BENCH_CONTEXT;
+    let mut start = Instant::now();
+    for i in 0..iters + skip {
+        if i == skip {
+            start = Instant::now();
+        }
+        match me {
+            0 => {
+                dev.send(&buf, 1, 1, c)?;
+                dev.recv(&mut buf, Source::Rank(1), TagSel::Tag(1), c)?;
+            }
+            1 => {
+                dev.recv(&mut buf, Source::Rank(0), TagSel::Tag(1), c)?;
+                dev.send(&buf, 0, 1, c)?;
+            }
+            _ => {}
+        }
+    }
+    let us = start.elapsed().as_secs_f64() * 1e6 / (2.0 * iters as f64);
+    Ok((me == 0).then_some(us))
+}
+
+/// osu_bw: rank 0 posts `WINDOW` non-blocking sends, rank 1 the matching
+/// receives, then rank 1 answers with a zero-byte acknowledgement; repeated
+/// `iters` times. MB/s (10^6 bytes per second) on rank 0.
+///
+/// Each outstanding operation owns its buffer (the xdev rule), so the window
+/// uses `WINDOW` distinct buffers per side, allocated once and reused.
+pub fn bandwidth(
+    dev: &dyn Device,
+    size: usize,
+    iters: usize,
+    skip: usize,
+) -> xdev::Result<Option<f64>> {
+    let me = dev.id();
+    let c = BENCH_CONTEXT + 1;
+    let mut bufs: Vec<Buffer> = (0..WINDOW)
+        .map(|_| Buffer::from(vec![0x5Au8; size]))
+        .collect();
+    let mut start = Instant::now();
+    for i in 0..iters + skip {
+        if i == skip {
+            start = Instant::now();
+        }
+        match me {
+            0 => {
+                let reqs: Vec<Request> = bufs.drain(..).map(|b| dev.isend(b, 1, 2, c)).collect();
+                for r in reqs {
+                    let (b, _) = r.wait().into_result()?;
+                    bufs.push(b);
+                }
+                dev.recv(&mut [], Source::Rank(1), TagSel::Tag(3), c)?;
+            }
+            1 => {
+                let reqs: Vec<Request> = bufs
+                    .drain(..)
+                    .map(|b| dev.irecv(b, Source::Rank(0), TagSel::Tag(2), c))
+                    .collect();
+                for r in reqs {
+                    let (b, _) = r.wait().into_result()?;
+                    bufs.push(b);
+                }
+                dev.send(&[], 0, 3, c)?;
+            }
+            _ => {}
+        }
+    }
+    let secs = start.elapsed().as_secs_f64();
+    let mb = (size * WINDOW * iters) as f64 / 1e6;
+    Ok((me == 0).then_some(mb / secs))
+}
+
+#[repr(align(128))]
+struct Line(AtomicU64);
+
+/// The cache-line floor: one-way hand-off time (microseconds) of one cache
+/// line between two threads pinned to different cores, as a pingpong of a
+/// counter in a single line, averaged over `iters` round trips (best of
+/// `reps` runs).
+pub fn cache_line_floor(iters: u64, reps: usize) -> f64 {
+    (0..reps)
+        .map(|_| {
+            let line = Line(AtomicU64::new(0));
+            let line = &line;
+            std::thread::scope(|s| {
+                s.spawn(move || {
+                    let _ = shm_ipc::futex::pin_current_thread(1);
+                    for i in 0..iters {
+                        while line.0.load(Ordering::Acquire) != 2 * i + 1 {
+                            std::hint::spin_loop();
+                        }
+                        line.0.store(2 * i + 2, Ordering::Release);
+                    }
+                });
+                let _ = shm_ipc::futex::pin_current_thread(0);
+                let start = Instant::now();
+                for i in 0..iters {
+                    line.0.store(2 * i + 1, Ordering::Release);
+                    while line.0.load(Ordering::Acquire) != 2 * i + 2 {
+                        std::hint::spin_loop();
+                    }
+                }
+                start.elapsed().as_secs_f64() * 1e6 / (2.0 * iters as f64)
+            })
+        })
+        .fold(f64::INFINITY, f64::min)
+}
+
+/// The memcpy floor: single-thread copy bandwidth in MB/s for `size`-byte
+/// copies, cycling through `buffers` distinct source/destination pairs (the
+/// working set of the benchmark it is compared with). Best of `reps`.
+pub fn memcpy_floor(size: usize, buffers: usize, reps: usize) -> f64 {
+    if size == 0 {
+        return 0.0;
+    }
+    let src: Vec<Vec<u8>> = (0..buffers).map(|i| vec![i as u8; size]).collect();
+    let mut dst: Vec<Vec<u8>> = (0..buffers).map(|_| vec![0u8; size]).collect();
+    let copies = ((256usize << 20) / size).clamp(buffers, 200_000);
+    (0..reps)
+        .map(|_| {
+            let start = Instant::now();
+            for k in 0..copies {
+                let i = k % buffers;
+                dst[i].copy_from_slice(black_box(&src[i]));
+                black_box(&mut dst[i]);
+            }
+            (size * copies) as f64 / 1e6 / start.elapsed().as_secs_f64()
+        })
+        .fold(0.0, f64::max)
+}
+
+/// OSU-style output.
+pub mod osu {
+    /// The two header lines of a latency table.
+    pub fn latency_header(device: &str, floor_us: f64) -> String {
+        format!(
+            "# OSU MPI Latency Test (xdev-bench)\n# Device: {device}; cache-line floor {floor_us:.3} us\n{:<10}{:>20}{:>20}{:>12}",
+            "# Size", "Avg Latency(us)", "Floor(us)", "Ratio"
+        )
+    }
+
+    /// The header lines of a bandwidth table.
+    pub fn bandwidth_header(device: &str) -> String {
+        format!(
+            "# OSU MPI Bandwidth Test (xdev-bench)\n# Device: {device}; floor = memcpy over the same working set\n{:<10}{:>20}{:>20}{:>12}",
+            "# Size", "Bandwidth (MB/s)", "Floor(MB/s)", "Ratio"
+        )
+    }
+
+    /// One row: size left-aligned in 10 columns, values right-aligned in 20
+    /// with 2 decimals, then value/floor.
+    pub fn row(size: usize, value: f64, floor: f64) -> String {
+        let ratio = if floor > 0.0 { value / floor } else { f64::NAN };
+        format!("{size:<10}{value:>20.2}{floor:>20.2}{ratio:>12.2}")
+    }
+
+    /// One JSON record.
+    pub fn json(
+        device: &str,
+        test: &str,
+        size: usize,
+        value: f64,
+        unit: &str,
+        floor: f64,
+    ) -> String {
+        format!(
+            "{{\"device\":\"{device}\",\"test\":\"{test}\",\"size\":{size},\"value\":{value:.4},\"unit\":\"{unit}\",\"floor\":{floor:.4}}}"
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_are_osu_powers_of_two() {
+        assert_eq!(sizes(8), vec![0, 1, 2, 4, 8]);
+        assert_eq!(*sizes(4 << 20).last().unwrap(), 4 << 20);
+    }
+
+    #[test]
+    fn osu_row_layout() {
+        let r = osu::row(8, 0.25, 0.125);
+        assert_eq!(&r[..10], "8         ");
+        assert_eq!(r[10..30].trim_start(), "0.25");
+        assert_eq!(r.len(), 62);
+        assert!(r.ends_with("2.00"));
+    }
+
+    #[test]
+    fn floors_are_positive() {
+        assert!(cache_line_floor(2_000, 1) > 0.0);
+        assert!(memcpy_floor(4096, 2, 1) > 0.0);
+    }
+
+    #[test]
+    fn benchmarks_run_on_the_thread_device() {
+        let out = shm_ipc::ThreadWorld::new(2).run(|dev| {
+            let l = latency(dev, 8, 50, 5).unwrap();
+            let b = bandwidth(dev, 1024, 3, 1).unwrap();
+            (l, b)
+        });
+        assert!(out[0].0.unwrap() > 0.0 && out[0].1.unwrap() > 0.0);
+        assert!(out[1].0.is_none());
+    }
+}

@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# The project's test command (README): installs what the tests need, then runs
+# formatting, lints, docs, the unit tests and the conformance suite of every
+# device that runs on this machine, and the soft-RoCE VM suite when present.
+#
+# Usage: bash ci/test.sh [--no-vm]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+no_vm=0
+for a in "$@"; do
+  case "$a" in
+    --no-vm) no_vm=1 ;;
+    *) echo "usage: ci/test.sh [--no-vm]" >&2; exit 2 ;;
+  esac
+done
+
+step() { printf '\n=== %s\n' "$*"; }
+
+# Debian packages the tests use at run time (the build itself needs none):
+# libibverbs (verbs loader tests: the library without any RDMA device) and
+# libpsm2 (the PSM2 loopback test in shm-only mode).
+need=()
+for p in libibverbs1 libpsm2-2; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || need+=("$p")
+done
+if ((${#need[@]})); then
+  step "installing ${need[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
+
+step "cargo fmt --check"
+cargo fmt --all -- --check
+
+step "cargo clippy (all targets, warnings are errors)"
+cargo clippy --workspace --all-targets --quiet -- -D warnings
+
+step "cargo doc (warnings are errors)"
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
+
+step "cargo test (unit tests, property tests, conformance suites)"
+cargo test --workspace --release 2>&1 | tee target/test-output.txt
+# Tests that could not run say "skipped: why"; list them so nobody reads a skip as a pass.
+if grep -h '^skipped:' target/test-output.txt >/dev/null; then
+  step "tests that reported a skip (they run for real in the VM suite or where the component exists)"
+  grep -h '^skipped:' target/test-output.txt | sort | uniq -c
+fi
+
+if ((no_vm == 0)) && [ -x ci/vm-suite.sh ]; then
+  step "soft-RoCE VM suite"
+  bash ci/vm-suite.sh
+fi
+step "all tests passed"

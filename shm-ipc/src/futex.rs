@@ -1,0 +1,119 @@
+//! Thin typed wrappers over the Linux calls the shared-memory devices need:
+//! futex wait and wake, and pinning a thread to a core.
+
+use std::io;
+use std::sync::atomic::AtomicU32;
+use std::time::Duration;
+
+/// Whether a futex word may be shared between processes (a mapping) or lives
+/// in private memory of one process.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum Scope {
+    /// Word in private memory: the cheaper private futex.
+    Private,
+    /// Word in a mapping shared between processes.
+    Shared,
+}
+
+fn op(base: libc::c_int, scope: Scope) -> libc::c_int {
+    match scope {
+        Scope::Private => base | libc::FUTEX_PRIVATE_FLAG,
+        Scope::Shared => base,
+    }
+}
+
+/// Sleeps while `*word == expected`, at most `timeout`. Returns on a wake,
+/// a value change, a timeout or a signal; callers re-check their condition.
+pub fn wait(word: &AtomicU32, expected: u32, timeout: Option<Duration>, scope: Scope) {
+    let ts = timeout.map(|d| libc::timespec {
+        tv_sec: d.as_secs().min(i32::MAX as u64) as libc::time_t,
+        tv_nsec: d.subsec_nanos() as libc::c_long,
+    });
+    let ts_ptr = ts
+        .as_ref()
+        .map_or(std::ptr::null(), |t| t as *const libc::timespec);
+    // SAFETY: `word` is a live, aligned 32-bit atomic for the duration of the
+    // call and `ts_ptr` is null or points to a timespec on this stack frame.
+    // FUTEX_WAIT only reads the word; any result (EAGAIN, ETIMEDOUT, EINTR) is
+    // a plain return to the caller's re-check loop.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            op(libc::FUTEX_WAIT, scope),
+            expected,
+            ts_ptr,
+        );
+    }
+}
+
+/// Wakes up to `count` sleepers on `word`.
+pub fn wake(word: &AtomicU32, count: i32, scope: Scope) {
+    // SAFETY: `word` is a live, aligned 32-bit atomic; FUTEX_WAKE does not
+    // access memory beyond using the address as a key.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            op(libc::FUTEX_WAKE, scope),
+            count,
+        );
+    }
+}
+
+/// Pins the calling thread to CPU `cpu` (modulo the CPUs available).
+pub fn pin_current_thread(cpu: usize) -> io::Result<()> {
+    let n = std::thread::available_parallelism().map_or(1, |n| n.get());
+    // SAFETY: cpu_set_t is a plain bit array for which all-zero is valid.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: CPU_SET writes one bit inside `set`; the index is < n <= CPU_SETSIZE
+    // on any machine this runs on.
+    unsafe { libc::CPU_SET(cpu % n, &mut set) };
+    // SAFETY: pid 0 means the calling thread; `set` is a valid cpu_set_t of the
+    // size passed.
+    let rc = unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::Ordering;
+    use std::sync::Arc;
+    use std::time::Instant;
+
+    #[test]
+    fn wait_returns_on_value_mismatch_and_timeout() {
+        let w = AtomicU32::new(1);
+        let t = Instant::now();
+        wait(&w, 0, Some(Duration::from_secs(5)), Scope::Private);
+        assert!(
+            t.elapsed() < Duration::from_secs(4),
+            "mismatch must not sleep"
+        );
+        let t = Instant::now();
+        wait(&w, 1, Some(Duration::from_millis(20)), Scope::Private);
+        assert!(t.elapsed() >= Duration::from_millis(15));
+    }
+
+    #[test]
+    fn wake_releases_a_sleeper() {
+        let w = Arc::new(AtomicU32::new(0));
+        let w2 = w.clone();
+        let h = std::thread::spawn(move || {
+            while w2.load(Ordering::SeqCst) == 0 {
+                wait(&w2, 0, Some(Duration::from_secs(10)), Scope::Shared);
+            }
+        });
+        std::thread::sleep(Duration::from_millis(20));
+        let t = Instant::now();
+        w.store(1, Ordering::SeqCst);
+        wake(&w, 1, Scope::Shared);
+        h.join().unwrap();
+        assert!(t.elapsed() < Duration::from_secs(5));
+    }
+}

@@ -1,0 +1,520 @@
+//! A single-producer single-consumer message ring over raw memory (private
+//! heap memory for the thread device, a shared mapping for the process
+//! device).
+//!
+//! Layout: a 128-byte control block (the consumer's `tail` on its own cache
+//! line, then the producer's "waiting for space" flag on another), followed
+//! by `nslots` cache-line slots. A message takes one or more consecutive
+//! slots: the first holds a 40-byte header and the first [`INLINE`] payload
+//! bytes, the following slots hold the rest of the payload contiguously
+//! (wrapping at the end of the ring). So a message of up to 24 bytes is a
+//! single cache line: the consumer's poll of that line is the whole transfer.
+//!
+//! Publication is one `SeqCst` store of the first slot's `seq` word (the
+//! absolute slot position + 1) after the header and payload are written; the
+//! consumer's `Acquire` load of `seq` makes them visible. `SeqCst` rather than
+//! `Release` so the store takes part in the doorbell's store-buffer argument
+//! (see [`crate::doorbell`]). Stale data can never look published: the
+//! consumer zeroes the first word of every slot it consumes before it
+//! releases the slots by storing `tail` (`Release`); the producer reads `tail`
+//! with `Acquire` before reusing them.
+//!
+//! Everything read from the ring is validated before use: a header whose
+//! length could not fit the ring is reported as [`RingError::Corrupt`], and
+//! payload copies never leave the ring's memory.
+
+use std::alloc::Layout;
+use std::ptr::{self, NonNull};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+/// Bytes per slot (one cache line).
+pub const SLOT: usize = 64;
+/// Bytes of header in a message's first slot.
+pub const HEADER: usize = 40;
+/// Payload bytes carried in the first slot.
+pub const INLINE: usize = SLOT - HEADER;
+/// Bytes of the control block before the slots.
+pub const CONTROL: usize = 128;
+
+const OFF_KIND: usize = 8;
+const OFF_FLAGS: usize = 9;
+const OFF_TAG: usize = 12;
+const OFF_CONTEXT: usize = 16;
+const OFF_LEN: usize = 20;
+const OFF_COOKIE: usize = 24;
+const OFF_AUX: usize = 32;
+const OFF_WAITING: usize = 64;
+
+/// The fixed fields of a message.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub struct Header {
+    /// Message kind (device-defined).
+    pub kind: u8,
+    /// Kind-specific flags.
+    pub flags: u8,
+    /// User tag.
+    pub tag: i32,
+    /// User context.
+    pub context: u32,
+    /// Payload bytes that follow in the ring.
+    pub len: u32,
+    /// Device-defined cookie (a handle for replies).
+    pub cookie: u64,
+    /// Device-defined extra word (for example the full length of a
+    /// rendezvous message).
+    pub aux: u64,
+}
+
+/// A malformed ring entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RingError {
+    /// The header claims more payload than the ring can carry.
+    Corrupt {
+        /// The claimed payload length.
+        len: u32,
+    },
+}
+
+impl std::fmt::Display for RingError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RingError::Corrupt { len } => write!(f, "ring entry claims {len} payload bytes"),
+        }
+    }
+}
+
+impl std::error::Error for RingError {}
+
+/// Bytes of memory a ring of `nslots` slots needs.
+pub fn bytes_for(nslots: usize) -> usize {
+    CONTROL + nslots * SLOT
+}
+
+/// A view of ring memory: base address and slot count. It does not own the
+/// memory; see [`Producer::new`] and [`Consumer::new`] for the lifetime rule.
+#[derive(Copy, Clone, Debug)]
+pub struct RingRef {
+    base: NonNull<u8>,
+    nslots: usize,
+}
+
+// SAFETY: RingRef is an address and a size; all access through it goes through
+// the Producer/Consumer protocol, whose shared words are atomics.
+unsafe impl Send for RingRef {}
+// SAFETY: as above.
+unsafe impl Sync for RingRef {}
+
+impl RingRef {
+    /// A view of `bytes_for(nslots)` bytes at `base`.
+    ///
+    /// # Safety
+    /// `base` must be 64-byte aligned and valid for reads and writes of
+    /// `bytes_for(nslots)` bytes, zeroed before first use, and `nslots` a power
+    /// of two of at least 4.
+    pub unsafe fn from_raw(base: NonNull<u8>, nslots: usize) -> RingRef {
+        debug_assert!(nslots.is_power_of_two() && nslots >= 4);
+        debug_assert_eq!(base.as_ptr() as usize % 64, 0);
+        RingRef { base, nslots }
+    }
+
+    /// Number of slots.
+    pub fn nslots(&self) -> usize {
+        self.nslots
+    }
+
+    /// The largest payload one message may carry: half the ring, so that a
+    /// message always fits once the consumer catches up.
+    pub fn max_payload(&self) -> usize {
+        INLINE + (self.nslots / 2 - 1) * SLOT
+    }
+
+    fn tail(&self) -> &AtomicU64 {
+        // SAFETY: the control block starts at `base` (aligned, in bounds per
+        // from_raw) and the tail word is only accessed atomically.
+        unsafe { &*(self.base.as_ptr() as *const AtomicU64) }
+    }
+
+    fn waiting(&self) -> &AtomicU32 {
+        // SAFETY: offset 64 is inside the 128-byte control block, 4-aligned,
+        // and only accessed atomically.
+        unsafe { &*(self.base.as_ptr().add(OFF_WAITING) as *const AtomicU32) }
+    }
+
+    fn slot(&self, pos: u64) -> *mut u8 {
+        let i = (pos as usize) & (self.nslots - 1);
+        // SAFETY: i < nslots, so the slot lies inside the mapping.
+        unsafe { self.base.as_ptr().add(CONTROL + i * SLOT) }
+    }
+
+    fn seq(&self, pos: u64) -> &AtomicU64 {
+        // SAFETY: every slot starts 64-aligned and its first word is accessed
+        // atomically by both sides whenever they may race on it.
+        unsafe { &*(self.slot(pos) as *const AtomicU64) }
+    }
+
+    fn area(&self) -> *mut u8 {
+        // SAFETY: CONTROL is within the mapping.
+        unsafe { self.base.as_ptr().add(CONTROL) }
+    }
+}
+
+/// Slots a message with `len` payload bytes occupies.
+pub fn slots_for(len: usize) -> u64 {
+    1 + len.saturating_sub(INLINE).div_ceil(SLOT) as u64
+}
+
+/// The producing end. Only one producer may exist per ring.
+#[derive(Debug)]
+pub struct Producer {
+    ring: RingRef,
+    head: u64,
+    tail_cache: u64,
+}
+
+impl Producer {
+    /// The producer of a fresh ring.
+    ///
+    /// # Safety
+    /// The ring's memory must outlive the producer, and no other producer may
+    /// exist for it.
+    pub unsafe fn new(ring: RingRef) -> Producer {
+        Producer {
+            ring,
+            head: 0,
+            tail_cache: 0,
+        }
+    }
+
+    /// The ring.
+    pub fn ring(&self) -> RingRef {
+        self.ring
+    }
+
+    /// Whether a message of `len` bytes fits now (refreshing the consumer's
+    /// position if needed).
+    pub fn has_room(&mut self, len: usize) -> bool {
+        let k = slots_for(len);
+        let n = self.ring.nslots as u64;
+        if self.head + k - self.tail_cache <= n {
+            return true;
+        }
+        // Acquire pairs with the consumer's Release store of tail: its zeroing
+        // of the freed slots happens before our reuse.
+        self.tail_cache = self.ring.tail().load(Ordering::Acquire);
+        self.head + k - self.tail_cache <= n
+    }
+
+    /// Appends a message; false (and nothing written) if the ring lacks room.
+    /// `header.len` is set from `payload`.
+    ///
+    /// # Panics
+    /// If `payload` exceeds [`RingRef::max_payload`] (a caller bug).
+    pub fn try_push(&mut self, header: &Header, payload: &[u8]) -> bool {
+        assert!(
+            payload.len() <= self.ring.max_payload(),
+            "message too large for ring"
+        );
+        if !self.has_room(payload.len()) {
+            return false;
+        }
+        let slot = self.ring.slot(self.head);
+        let first = payload.len().min(INLINE);
+        // SAFETY: slots head..head+k are free (has_room) and owned by the
+        // producer until published; all offsets are inside the first slot or
+        // inside the slot area (wrapping handled by `write_wrapped`).
+        unsafe {
+            ptr::write(slot.add(OFF_KIND), header.kind);
+            ptr::write(slot.add(OFF_FLAGS), header.flags);
+            ptr::write_unaligned(slot.add(OFF_TAG) as *mut i32, header.tag);
+            ptr::write_unaligned(slot.add(OFF_CONTEXT) as *mut u32, header.context);
+            ptr::write_unaligned(slot.add(OFF_LEN) as *mut u32, payload.len() as u32);
+            ptr::write_unaligned(slot.add(OFF_COOKIE) as *mut u64, header.cookie);
+            ptr::write_unaligned(slot.add(OFF_AUX) as *mut u64, header.aux);
+            ptr::copy_nonoverlapping(payload.as_ptr(), slot.add(HEADER), first);
+            if payload.len() > first {
+                self.write_wrapped(self.head + 1, &payload[first..]);
+            }
+        }
+        // SeqCst: publication, and the first half of the doorbell argument.
+        self.ring
+            .seq(self.head)
+            .store(self.head + 1, Ordering::SeqCst);
+        self.head += slots_for(payload.len());
+        true
+    }
+
+    /// # Safety
+    /// The slots from `pos` covering `data` must be free and owned by the
+    /// producer.
+    unsafe fn write_wrapped(&self, pos: u64, data: &[u8]) {
+        let area = self.ring.area();
+        let size = self.ring.nslots * SLOT;
+        let off = (pos as usize & (self.ring.nslots - 1)) * SLOT;
+        let n1 = data.len().min(size - off);
+        // SAFETY: off + n1 <= size and the remainder (< size/2) starts at 0.
+        unsafe {
+            ptr::copy_nonoverlapping(data.as_ptr(), area.add(off), n1);
+            ptr::copy_nonoverlapping(data.as_ptr().add(n1), area, data.len() - n1);
+        }
+    }
+
+    /// Tells the consumer the producer waits for room (it then rings the
+    /// producer's doorbell when it frees slots).
+    pub fn set_waiting(&self, waiting: bool) {
+        self.ring.waiting().store(waiting as u32, Ordering::SeqCst);
+    }
+}
+
+/// A message at the head of the ring, validated.
+#[derive(Copy, Clone, Debug)]
+pub struct Incoming {
+    /// Its header (`len` validated against the ring).
+    pub header: Header,
+}
+
+/// The consuming end. Only one consumer may exist per ring.
+#[derive(Debug)]
+pub struct Consumer {
+    ring: RingRef,
+    tail: u64,
+}
+
+impl Consumer {
+    /// The consumer of a fresh ring.
+    ///
+    /// # Safety
+    /// The ring's memory must outlive the consumer, and no other consumer may
+    /// exist for it.
+    pub unsafe fn new(ring: RingRef) -> Consumer {
+        Consumer { ring, tail: 0 }
+    }
+
+    /// The message at the head, if one is published.
+    #[inline]
+    pub fn peek(&self) -> Option<Result<Incoming, RingError>> {
+        // Acquire pairs with the producer's publication store.
+        if self.ring.seq(self.tail).load(Ordering::Acquire) != self.tail + 1 {
+            return None;
+        }
+        let slot = self.ring.slot(self.tail);
+        // SAFETY: the slot is published and not reused by the producer until
+        // we advance tail; reads are within the first slot. A hostile peer in
+        // another process may still scribble here: every field is plain data
+        // and `len` is validated below before it sizes any copy.
+        let header = unsafe {
+            Header {
+                kind: ptr::read_volatile(slot.add(OFF_KIND)),
+                flags: ptr::read_volatile(slot.add(OFF_FLAGS)),
+                tag: ptr::read_unaligned(slot.add(OFF_TAG) as *const i32),
+                context: ptr::read_unaligned(slot.add(OFF_CONTEXT) as *const u32),
+                len: ptr::read_unaligned(slot.add(OFF_LEN) as *const u32),
+                cookie: ptr::read_unaligned(slot.add(OFF_COOKIE) as *const u64),
+                aux: ptr::read_unaligned(slot.add(OFF_AUX) as *const u64),
+            }
+        };
+        if header.len as usize > self.ring.max_payload() {
+            return Some(Err(RingError::Corrupt { len: header.len }));
+        }
+        Some(Ok(Incoming { header }))
+    }
+
+    /// Copies the head message's payload (its first `dst.len()` bytes at
+    /// most) into `dst`; returns the bytes copied.
+    pub fn copy_payload(&self, msg: &Incoming, dst: &mut [u8]) -> usize {
+        let len = (msg.header.len as usize).min(dst.len());
+        let first = len.min(INLINE);
+        let slot = self.ring.slot(self.tail);
+        // SAFETY: `msg` was validated by peek for this tail (len <= max_payload),
+        // so the bytes lie inside the published slots; dst has room for len.
+        unsafe {
+            ptr::copy_nonoverlapping(slot.add(HEADER), dst.as_mut_ptr(), first);
+            if len > first {
+                let area = self.ring.area();
+                let size = self.ring.nslots * SLOT;
+                let off = ((self.tail + 1) as usize & (self.ring.nslots - 1)) * SLOT;
+                let rest = len - first;
+                let n1 = rest.min(size - off);
+                ptr::copy_nonoverlapping(area.add(off), dst.as_mut_ptr().add(first), n1);
+                ptr::copy_nonoverlapping(area, dst.as_mut_ptr().add(first + n1), rest - n1);
+            }
+        }
+        len
+    }
+
+    /// Releases the head message. Returns true when the producer has flagged
+    /// that it waits for room (the caller then rings its doorbell).
+    pub fn pop(&mut self, msg: &Incoming) -> bool {
+        let k = slots_for(msg.header.len as usize);
+        for p in self.tail..self.tail + k {
+            // Relaxed: ordered before the producer's reuse by the Release
+            // store of tail below.
+            self.ring.seq(p).store(0, Ordering::Relaxed);
+        }
+        self.tail += k;
+        self.ring.tail().store(self.tail, Ordering::Release);
+        self.ring.waiting().load(Ordering::Relaxed) != 0
+    }
+}
+
+/// Ring memory on the heap (for rings between threads of one process).
+pub struct HeapRing {
+    ptr: NonNull<u8>,
+    layout: Layout,
+    nslots: usize,
+}
+
+// SAFETY: HeapRing owns a plain allocation; concurrent use goes through
+// Producer/Consumer, whose shared words are atomics.
+unsafe impl Send for HeapRing {}
+// SAFETY: as above.
+unsafe impl Sync for HeapRing {}
+
+impl HeapRing {
+    /// A zeroed ring of `nslots` slots (rounded up to a power of two, at least 4).
+    pub fn new(nslots: usize) -> HeapRing {
+        let nslots = nslots.max(4).next_power_of_two();
+        let layout = Layout::from_size_align(bytes_for(nslots), 64).expect("ring layout");
+        // SAFETY: layout has non-zero size.
+        let raw = unsafe { std::alloc::alloc_zeroed(layout) };
+        let ptr = NonNull::new(raw).unwrap_or_else(|| std::alloc::handle_alloc_error(layout));
+        HeapRing {
+            ptr,
+            layout,
+            nslots,
+        }
+    }
+
+    /// A view of the ring.
+    pub fn view(&self) -> RingRef {
+        // SAFETY: the allocation is 64-aligned, zeroed, of bytes_for(nslots)
+        // bytes, and nslots is a power of two >= 4.
+        unsafe { RingRef::from_raw(self.ptr, self.nslots) }
+    }
+}
+
+impl Drop for HeapRing {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `new` with this layout.
+        unsafe { std::alloc::dealloc(self.ptr.as_ptr(), self.layout) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pair(nslots: usize) -> (HeapRing, Producer, Consumer) {
+        let r = HeapRing::new(nslots);
+        let v = r.view();
+        // SAFETY: `r` is returned alongside and outlives both ends in each test.
+        unsafe { (r, Producer::new(v), Consumer::new(v)) }
+    }
+
+    fn recv(c: &mut Consumer) -> Option<(Header, Vec<u8>)> {
+        let m = c.peek()?.unwrap();
+        let mut v = vec![0u8; m.header.len as usize];
+        c.copy_payload(&m, &mut v);
+        c.pop(&m);
+        Some((m.header, v))
+    }
+
+    #[test]
+    fn small_message_is_one_slot() {
+        assert_eq!(slots_for(0), 1);
+        assert_eq!(slots_for(INLINE), 1);
+        assert_eq!(slots_for(INLINE + 1), 2);
+        assert_eq!(slots_for(INLINE + SLOT), 2);
+    }
+
+    #[test]
+    fn fifo_with_wrap_and_full_ring() {
+        let (_r, mut p, mut c) = pair(16);
+        let max = p.ring().max_payload();
+        let mut sent = std::collections::VecDeque::new();
+        let mut seed = 1u64;
+        for round in 0..2000 {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let len = (seed >> 33) as usize % (max + 1);
+            let payload: Vec<u8> = (0..len).map(|i| (i as u64 ^ seed) as u8).collect();
+            let h = Header {
+                kind: 1,
+                tag: round,
+                context: 7,
+                cookie: seed,
+                ..Header::default()
+            };
+            while !p.try_push(&h, &payload) {
+                let (gh, gp) = recv(&mut c).expect("full ring must have a message");
+                let (eh, ep): (Header, Vec<u8>) = sent.pop_front().unwrap();
+                assert_eq!((gh, gp), (eh, ep));
+            }
+            let mut h = h;
+            h.len = len as u32;
+            sent.push_back((h, payload));
+        }
+        while let Some((gh, gp)) = recv(&mut c) {
+            assert_eq!((gh, gp), sent.pop_front().unwrap());
+        }
+        assert!(sent.is_empty());
+    }
+
+    #[test]
+    fn payload_bytes_never_look_published() {
+        // Fill payload slots with words equal to future sequence numbers; after
+        // consumption the consumer must not mistake them for messages.
+        let (_r, mut p, mut c) = pair(8);
+        let mut payload = vec![0u8; INLINE + 3 * SLOT];
+        for (i, w) in payload.chunks_mut(8).enumerate() {
+            w.copy_from_slice(&(i as u64 + 2).to_le_bytes());
+        }
+        assert!(p.try_push(&Header::default(), &payload));
+        assert!(recv(&mut c).is_some());
+        assert!(c.peek().is_none(), "stale payload read as a message");
+    }
+
+    #[test]
+    fn corrupt_length_is_reported() {
+        let (r, mut p, c) = pair(8);
+        assert!(p.try_push(&Header::default(), b"x"));
+        // Scribble an impossible length, as a hostile peer could.
+        // SAFETY: offset OFF_LEN of slot 0 is inside the ring allocation.
+        unsafe { ptr::write_unaligned(r.view().slot(0).add(OFF_LEN) as *mut u32, u32::MAX) };
+        assert_eq!(
+            c.peek().unwrap().unwrap_err(),
+            RingError::Corrupt { len: u32::MAX }
+        );
+    }
+
+    #[test]
+    fn threads_transfer_in_order() {
+        let (r, mut p, mut c) = pair(64);
+        let r = std::sync::Arc::new(r);
+        let keep = r.clone();
+        let h = std::thread::spawn(move || {
+            let _keep = keep;
+            for i in 0u32..100_000 {
+                let len = (i % 300) as usize;
+                let payload = vec![i as u8; len];
+                let hd = Header {
+                    tag: i as i32,
+                    ..Header::default()
+                };
+                while !p.try_push(&hd, &payload) {
+                    std::hint::spin_loop();
+                }
+            }
+        });
+        let mut i = 0u32;
+        while i < 100_000 {
+            if let Some((h, v)) = recv(&mut c) {
+                assert_eq!(h.tag, i as i32);
+                assert_eq!(v.len(), (i % 300) as usize);
+                assert!(v.iter().all(|&b| b == i as u8));
+                i += 1;
+            }
+        }
+        h.join().unwrap();
+    }
+}

@@ -1,0 +1,188 @@
+//! [`Buffer`]: the owned memory that non-blocking operations take and give back.
+
+use std::any::Any;
+use std::fmt;
+use std::ptr::NonNull;
+
+/// Memory a [`Buffer`] can own besides a `Vec<u8>`, such as a slab a device
+/// leases out of a pre-registered pool.
+///
+/// # Safety
+/// Implementors guarantee that [`as_mut_ptr`](BufferStorage::as_mut_ptr)
+/// returns the same non-null pointer for the whole life of the object, valid
+/// for reads and writes of [`capacity`](BufferStorage::capacity) bytes, not
+/// aliased by anything else while the storage lives, and that the memory is
+/// not freed or moved before the object is dropped.
+pub unsafe trait BufferStorage: Send + Sync + 'static {
+    /// Start of the memory.
+    fn as_mut_ptr(&mut self) -> *mut u8;
+    /// Usable bytes.
+    fn capacity(&self) -> usize;
+    /// The storage as `Any`, so that the device that leased it can recognise
+    /// it (for example to find its memory registration).
+    fn as_any(&self) -> &dyn Any;
+}
+
+enum Storage {
+    Heap(Vec<u8>),
+    Foreign(Box<dyn BufferStorage>),
+}
+
+/// An owned byte buffer, handed to a device by `isend`/`irecv` and returned
+/// by the completed request.
+///
+/// While a request holds it, no safe code can reach it: the device is the only
+/// owner. The memory never moves while owned (moving a `Buffer` moves only its
+/// handle), so a device may keep its address for the lifetime of a request.
+pub struct Buffer {
+    ptr: NonNull<u8>,
+    len: usize,
+    storage: Storage,
+}
+
+// SAFETY: a Buffer owns its memory exclusively (a Vec or a BufferStorage, which
+// is itself Send + Sync); the raw pointer is only an address into that memory.
+unsafe impl Send for Buffer {}
+// SAFETY: shared access only hands out `&[u8]`, as `Vec<u8>` does.
+unsafe impl Sync for Buffer {}
+
+impl Buffer {
+    /// A zero-filled heap buffer of `len` bytes.
+    pub fn zeroed(len: usize) -> Self {
+        Buffer::from(vec![0u8; len])
+    }
+
+    /// Wraps foreign storage; the buffer's length is `len`, at most the
+    /// storage's capacity.
+    pub fn from_storage(mut storage: Box<dyn BufferStorage>, len: usize) -> Self {
+        let len = len.min(storage.capacity());
+        let ptr = NonNull::new(storage.as_mut_ptr()).unwrap_or(NonNull::dangling());
+        Buffer {
+            ptr,
+            len,
+            storage: Storage::Foreign(storage),
+        }
+    }
+
+    /// Length in bytes: what a send sends and what a receive accepts.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the buffer is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Start address, stable for the buffer's life (for devices that copy or
+    /// register it while they own it).
+    pub fn as_ptr(&self) -> *const u8 {
+        self.ptr.as_ptr()
+    }
+
+    /// Start address for writing, stable for the buffer's life.
+    pub fn as_mut_ptr(&mut self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+
+    /// The foreign storage, if this buffer was built by
+    /// [`from_storage`](Buffer::from_storage).
+    pub fn storage(&self) -> Option<&dyn Any> {
+        match &self.storage {
+            Storage::Heap(_) => None,
+            Storage::Foreign(s) => Some(s.as_any()),
+        }
+    }
+
+    /// The bytes as a `Vec` (free for heap buffers, a copy for foreign ones).
+    pub fn into_vec(self) -> Vec<u8> {
+        match self.storage {
+            Storage::Heap(v) => v,
+            Storage::Foreign(_) => self[..].to_vec(),
+        }
+    }
+}
+
+impl From<Vec<u8>> for Buffer {
+    fn from(mut v: Vec<u8>) -> Self {
+        let len = v.len();
+        // A Vec's heap pointer does not change unless the Vec is reallocated,
+        // and the Buffer never grows or shrinks it.
+        let ptr = NonNull::new(v.as_mut_ptr()).unwrap_or(NonNull::dangling());
+        Buffer {
+            ptr,
+            len,
+            storage: Storage::Heap(v),
+        }
+    }
+}
+
+impl From<&[u8]> for Buffer {
+    fn from(s: &[u8]) -> Self {
+        Buffer::from(s.to_vec())
+    }
+}
+
+impl std::ops::Deref for Buffer {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        // SAFETY: `ptr` is valid for `len` bytes owned by `storage` (Vec
+        // contract or BufferStorage contract), or dangling with len 0.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl std::ops::DerefMut for Buffer {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as in `deref`, and `&mut self` proves exclusive access.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl fmt::Debug for Buffer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Buffer")
+            .field("len", &self.len)
+            .field("foreign", &matches!(self.storage, Storage::Foreign(_)))
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn vec_round_trip_keeps_address_and_bytes() {
+        let v = vec![1u8, 2, 3];
+        let addr = v.as_ptr();
+        let b = Buffer::from(v);
+        let moved = b; // moving the handle must not move the memory
+        assert_eq!(moved.as_ptr(), addr);
+        assert_eq!(&moved[..], &[1, 2, 3]);
+        assert_eq!(moved.into_vec(), vec![1, 2, 3]);
+    }
+
+    struct Slab(Box<[u8; 16]>);
+    // SAFETY: the boxed array never moves and is owned by the Slab.
+    unsafe impl BufferStorage for Slab {
+        fn as_mut_ptr(&mut self) -> *mut u8 {
+            self.0.as_mut_ptr()
+        }
+        fn capacity(&self) -> usize {
+            16
+        }
+        fn as_any(&self) -> &dyn Any {
+            self
+        }
+    }
+
+    #[test]
+    fn foreign_storage_is_recognisable_and_clamped() {
+        let mut b = Buffer::from_storage(Box::new(Slab(Box::new([7; 16]))), 100);
+        assert_eq!(b.len(), 16);
+        b[0] = 9;
+        assert!(b.storage().unwrap().downcast_ref::<Slab>().is_some());
+        assert_eq!(b.into_vec()[..2], [9, 7]);
+    }
+}

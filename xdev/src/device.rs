@@ -1,0 +1,150 @@
+//! The [`Device`] trait: the whole contract a transport offers a runtime.
+
+use std::collections::BTreeMap;
+
+use crate::{
+    Buffer, Context, Error, Peeked, Rank, Request, Result, Source, Status, Tag, TagSel, TAG_UB,
+};
+
+/// How to open a device: who this process (or thread) is in which job, plus
+/// device-specific options.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Config {
+    /// This rank, `0..size`.
+    pub rank: Rank,
+    /// Number of ranks in the job.
+    pub size: usize,
+    /// Job identity: ranks with the same job id form one world.
+    pub job: String,
+    /// Device-specific options (`key=value`), documented by each device.
+    pub options: BTreeMap<String, String>,
+}
+
+impl Config {
+    /// A config for `rank` of `size` in job `job`.
+    pub fn new(rank: Rank, size: usize, job: impl Into<String>) -> Self {
+        Config {
+            rank,
+            size,
+            job: job.into(),
+            options: BTreeMap::new(),
+        }
+    }
+
+    /// Adds an option.
+    pub fn with(mut self, key: &str, value: impl ToString) -> Self {
+        self.options.insert(key.to_string(), value.to_string());
+        self
+    }
+
+    /// Checks `rank < size` and `size > 0`.
+    pub fn validate(&self) -> Result<()> {
+        if self.size == 0 {
+            return Err(Error::Config("size must be at least 1".into()));
+        }
+        if self.rank >= self.size {
+            return Err(Error::InvalidRank {
+                rank: self.rank,
+                size: self.size,
+            });
+        }
+        Ok(())
+    }
+
+    /// Parses option `key`, or returns `default` when it is absent.
+    pub fn option<T: std::str::FromStr>(&self, key: &str, default: T) -> Result<T> {
+        match self.options.get(key) {
+            None => Ok(default),
+            Some(v) => v
+                .parse()
+                .map_err(|_| Error::Config(format!("option {key}={v:?} does not parse"))),
+        }
+    }
+}
+
+/// A point-to-point messaging device (the MPJ Express / FastMPJ `xdev`
+/// contract).
+///
+/// Matching follows MPI: a receive names a source (or [`ANY_SOURCE`](crate::ANY_SOURCE)),
+/// a tag (or [`ANY_TAG`](crate::ANY_TAG)) and an exact context; messages from
+/// one sender that match the same receive arrive in send order, and a receive
+/// matches the earliest eligible message.
+///
+/// Blocking calls borrow their buffer for the duration of the call.
+/// Non-blocking calls take ownership of a [`Buffer`] and give it back through
+/// the completed [`Request`]; errors detected at once (an invalid rank or tag,
+/// a closed device) complete the request immediately with the error in its
+/// status, so the buffer is never lost.
+///
+/// All methods take `&self`: a device is shared by the threads of its rank.
+pub trait Device: Send + Sync {
+    /// The device's registry name (`"thread"`, `"shm"`, `"ibv"`, ...).
+    fn name(&self) -> &'static str;
+    /// This rank.
+    fn id(&self) -> Rank;
+    /// Number of ranks.
+    fn size(&self) -> usize;
+
+    /// Sends `buf` to `dest`; returns when `buf` may be reused.
+    fn send(&self, buf: &[u8], dest: Rank, tag: Tag, context: Context) -> Result<()>;
+    /// Synchronous send: returns only once the receiver has matched the
+    /// message, whatever its size.
+    fn ssend(&self, buf: &[u8], dest: Rank, tag: Tag, context: Context) -> Result<()>;
+    /// Receives a matching message into `buf`. A message longer than `buf`
+    /// delivers its first `buf.len()` bytes and fails with
+    /// [`Error::Truncated`].
+    fn recv(&self, buf: &mut [u8], source: Source, tag: TagSel, context: Context)
+        -> Result<Status>;
+
+    /// Starts a send of the whole buffer.
+    fn isend(&self, buf: Buffer, dest: Rank, tag: Tag, context: Context) -> Request;
+    /// Starts a synchronous send: it completes only once matched.
+    fn issend(&self, buf: Buffer, dest: Rank, tag: Tag, context: Context) -> Request;
+    /// Starts a receive into the whole buffer.
+    fn irecv(&self, buf: Buffer, source: Source, tag: TagSel, context: Context) -> Request;
+
+    /// Blocks until a matching message is available and describes it without
+    /// receiving it (`count` is its full length).
+    fn probe(&self, source: Source, tag: TagSel, context: Context) -> Result<Status>;
+    /// Like [`probe`](Device::probe) without blocking: `None` if no matching
+    /// message is available now.
+    fn iprobe(&self, source: Source, tag: TagSel, context: Context) -> Result<Option<Status>>;
+    /// Blocks until one of this device's outstanding requests (whose handle is
+    /// still held and unconsumed) completes, and says which. Each completion
+    /// is reported once. `None` when nothing is outstanding.
+    fn peek(&self) -> Result<Option<Peeked>>;
+
+    /// Waits for this rank's outstanding sends (failing those to dead peers
+    /// rather than hanging), then closes the device: later calls fail with
+    /// [`Error::Closed`]. Idempotent.
+    fn finish(&self) -> Result<()>;
+}
+
+/// Checks a destination rank and tag for a send.
+pub fn check_send(dest: Rank, tag: Tag, size: usize) -> Result<()> {
+    if dest >= size {
+        return Err(Error::InvalidRank { rank: dest, size });
+    }
+    check_tag(tag)
+}
+
+/// Checks a tag (`0..=TAG_UB`).
+pub fn check_tag(tag: Tag) -> Result<()> {
+    if !(0..=TAG_UB).contains(&tag) {
+        return Err(Error::InvalidTag(tag));
+    }
+    Ok(())
+}
+
+/// Checks a receive selector.
+pub fn check_recv(source: Source, tag: TagSel, size: usize) -> Result<()> {
+    if let Source::Rank(r) = source {
+        if r >= size {
+            return Err(Error::InvalidRank { rank: r, size });
+        }
+    }
+    if let TagSel::Tag(t) = tag {
+        check_tag(t)?;
+    }
+    Ok(())
+}

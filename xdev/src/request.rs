@@ -1,0 +1,464 @@
+//! Non-blocking requests: the in-flight state a device owns, the handle user
+//! code holds, and the [`Tracker`] that counts outstanding requests and queues
+//! completions for [`Device::peek`](crate::Device::peek).
+//!
+//! Ownership rule: the buffer of a non-blocking operation moves into a
+//! [`RequestCore`] shared (through `Arc`) by the device and the [`Request`]
+//! handle. Safe code can reach the buffer again only through a completed
+//! request. Dropping a handle early leaves the core with the device until the
+//! operation ends; `mem::forget` of a handle leaks the core, so the memory the
+//! device may still touch is never freed under it.
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use crate::{Buffer, Status};
+
+/// Identifies a request within its device (returned by `peek`).
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RequestId(pub u64);
+
+/// Whether a request sends or receives.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum RequestKind {
+    /// `isend` or `issend`.
+    Send,
+    /// `irecv`.
+    Recv,
+}
+
+#[derive(Default)]
+struct Slot {
+    buf: Option<Buffer>,
+    status: Option<Status>,
+}
+
+/// The device-side state of one non-blocking operation: it owns the buffer
+/// until completion.
+pub struct RequestCore {
+    id: RequestId,
+    kind: RequestKind,
+    ptr: *mut u8,
+    len: usize,
+    done: AtomicBool,
+    completing: AtomicBool,
+    /// True while a handle exists that has not consumed the completion; only
+    /// such requests are reported by `peek`.
+    peekable: AtomicBool,
+    /// A device-private cookie (for example a posted-receive id for cancel).
+    token: AtomicU64,
+    slot: Mutex<Slot>,
+}
+
+// SAFETY: `ptr` points into the Buffer owned by `slot`; it is only an address.
+// Devices write through it only under the contract of `buffer_ptr`.
+unsafe impl Send for RequestCore {}
+// SAFETY: all shared mutable state is atomic or behind the Mutex.
+unsafe impl Sync for RequestCore {}
+
+impl RequestCore {
+    fn new(id: RequestId, kind: RequestKind, mut buf: Buffer) -> Self {
+        RequestCore {
+            id,
+            kind,
+            ptr: buf.as_mut_ptr(),
+            len: buf.len(),
+            done: AtomicBool::new(false),
+            completing: AtomicBool::new(false),
+            peekable: AtomicBool::new(true),
+            token: AtomicU64::new(u64::MAX),
+            slot: Mutex::new(Slot {
+                buf: Some(buf),
+                status: None,
+            }),
+        }
+    }
+
+    /// The request's id.
+    pub fn id(&self) -> RequestId {
+        self.id
+    }
+
+    /// Send or receive.
+    pub fn kind(&self) -> RequestKind {
+        self.kind
+    }
+
+    /// Start of the owned buffer. The address stays valid while the core is
+    /// alive and incomplete.
+    ///
+    /// Devices may read through it (sends) or write through it (receives)
+    /// only before completing the request, and only one party may write at a
+    /// time; that is the device's protocol to guarantee.
+    pub fn buffer_ptr(&self) -> *mut u8 {
+        self.ptr
+    }
+
+    /// Length of the owned buffer.
+    pub fn buffer_len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the operation has completed.
+    pub fn is_done(&self) -> bool {
+        // Acquire pairs with the Release in `finish`, so the status and the
+        // data written before completion are visible.
+        self.done.load(Ordering::Acquire)
+    }
+
+    /// Device cookie (`u64::MAX` when unset).
+    pub fn token(&self) -> u64 {
+        self.token.load(Ordering::Relaxed)
+    }
+
+    /// Sets the device cookie.
+    pub fn set_token(&self, t: u64) {
+        self.token.store(t, Ordering::Relaxed)
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Slot> {
+        // A poisoned slot only means a panic elsewhere; its data stays sound.
+        self.slot.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Claims the right to complete; false if already claimed.
+    fn claim(&self) -> bool {
+        !self.completing.swap(true, Ordering::AcqRel)
+    }
+
+    fn finish(&self, status: Status) {
+        self.lock().status = Some(status);
+        // Release: publishes the status and all data the device wrote.
+        self.done.store(true, Ordering::Release);
+    }
+
+    fn take(&self) -> Completion {
+        let mut s = self.lock();
+        Completion {
+            buf: s.buf.take().unwrap_or_else(|| Buffer::from(Vec::new())),
+            status: s.status.take().expect("completed request has a status"),
+        }
+    }
+}
+
+impl fmt::Debug for RequestCore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RequestCore")
+            .field("id", &self.id)
+            .field("kind", &self.kind)
+            .field("len", &self.len)
+            .field("done", &self.is_done())
+            .finish()
+    }
+}
+
+/// A completed operation: the buffer comes back together with the status
+/// (whose `error` says whether the operation failed).
+#[derive(Debug)]
+pub struct Completion {
+    /// The buffer given to `isend`/`irecv`, with received data in place.
+    pub buf: Buffer,
+    /// What happened.
+    pub status: Status,
+}
+
+impl Completion {
+    /// The buffer and status on success, the error otherwise (the buffer is
+    /// dropped: keep the `Completion` when it must be reused on error).
+    pub fn into_result(self) -> crate::Result<(Buffer, Status)> {
+        match self.status.error {
+            Some(e) => Err(e),
+            None => Ok((self.buf, self.status)),
+        }
+    }
+}
+
+/// The device hooks a [`Request`] calls.
+pub trait Progress: Send + Sync {
+    /// Advances the device's protocols once, without blocking.
+    fn progress(&self);
+    /// Blocks until `core` is complete: polls, then sleeps.
+    fn wait(&self, core: &RequestCore);
+    /// Cancels `core` if it is a receive that has not matched; true if it was
+    /// cancelled (it then completes with `status.cancelled`).
+    fn cancel(&self, core: &Arc<RequestCore>) -> bool;
+}
+
+/// The handle of a non-blocking operation.
+#[must_use = "a request must be waited or tested to get its buffer back"]
+pub struct Request {
+    core: Arc<RequestCore>,
+    engine: Arc<dyn Progress>,
+}
+
+impl Request {
+    /// Wraps a core created by [`Tracker::start`].
+    pub fn new(core: Arc<RequestCore>, engine: Arc<dyn Progress>) -> Self {
+        Request { core, engine }
+    }
+
+    /// The request id (as reported by `peek`).
+    pub fn id(&self) -> RequestId {
+        self.core.id
+    }
+
+    /// Drives progress once and says whether the operation has completed.
+    pub fn is_complete(&self) -> bool {
+        if !self.core.is_done() {
+            self.engine.progress();
+        }
+        self.core.is_done()
+    }
+
+    /// The completion if the operation has completed, else the request back.
+    pub fn test(self) -> Result<Completion, Request> {
+        if self.is_complete() {
+            Ok(self.consume())
+        } else {
+            Err(self)
+        }
+    }
+
+    /// Blocks until completion (spinning, then sleeping) and returns the
+    /// buffer and status.
+    pub fn wait(self) -> Completion {
+        if !self.core.is_done() {
+            self.engine.wait(&self.core);
+        }
+        self.consume()
+    }
+
+    /// Cancels an unmatched receive. Returns true if it was cancelled; the
+    /// request then completes at once with `status.cancelled` set. Sends and
+    /// matched receives are not cancelled.
+    pub fn cancel(&self) -> bool {
+        !self.core.is_done() && self.engine.cancel(&self.core)
+    }
+
+    fn consume(self) -> Completion {
+        self.core.peekable.store(false, Ordering::Relaxed);
+        self.core.take()
+    }
+}
+
+impl Drop for Request {
+    fn drop(&mut self) {
+        self.core.peekable.store(false, Ordering::Relaxed);
+    }
+}
+
+impl fmt::Debug for Request {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.core.fmt(f)
+    }
+}
+
+/// What `peek` returns: which request completed, and how.
+#[derive(Clone, Debug)]
+pub struct Peeked {
+    /// The completed request.
+    pub id: RequestId,
+    /// Its status (the handle still returns buffer and status on `wait`).
+    pub status: Status,
+}
+
+/// Per-device bookkeeping of requests: ids, outstanding counts, and the queue
+/// of completions `peek` reports. Devices create every request core through
+/// it and complete them through it.
+///
+/// The completion queue holds only requests whose handles are alive and
+/// unconsumed, plus garbage that is compacted away whenever the queue doubles,
+/// so its memory is proportional to the handles user code holds.
+pub struct Tracker {
+    next_id: AtomicU64,
+    outstanding: AtomicUsize,
+    outstanding_sends: AtomicUsize,
+    completed: Mutex<CompletedQueue>,
+}
+
+struct CompletedQueue {
+    queue: VecDeque<Arc<RequestCore>>,
+    compact_at: usize,
+}
+
+impl Default for Tracker {
+    fn default() -> Self {
+        Tracker {
+            next_id: AtomicU64::new(1),
+            outstanding: AtomicUsize::new(0),
+            outstanding_sends: AtomicUsize::new(0),
+            completed: Mutex::new(CompletedQueue {
+                queue: VecDeque::new(),
+                compact_at: 64,
+            }),
+        }
+    }
+}
+
+impl Tracker {
+    /// A new tracker.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Starts a request that owns `buf`; it counts as outstanding until
+    /// completed.
+    pub fn start(&self, kind: RequestKind, buf: Buffer) -> Arc<RequestCore> {
+        let id = RequestId(self.next_id.fetch_add(1, Ordering::Relaxed));
+        self.outstanding.fetch_add(1, Ordering::Relaxed);
+        if kind == RequestKind::Send {
+            self.outstanding_sends.fetch_add(1, Ordering::Relaxed);
+        }
+        Arc::new(RequestCore::new(id, kind, buf))
+    }
+
+    /// Completes `core` with `status` unless it was already completed; returns
+    /// whether this call completed it. After it returns true the device must
+    /// not touch the buffer again.
+    pub fn complete(&self, core: &Arc<RequestCore>, status: Status) -> bool {
+        if !core.claim() {
+            return false;
+        }
+        core.finish(status);
+        if core.kind == RequestKind::Send {
+            self.outstanding_sends.fetch_sub(1, Ordering::Release);
+        }
+        self.outstanding.fetch_sub(1, Ordering::Release);
+        if core.peekable.load(Ordering::Relaxed) {
+            let mut q = self.completed.lock().unwrap_or_else(|p| p.into_inner());
+            q.queue.push_back(core.clone());
+            if q.queue.len() >= q.compact_at {
+                q.queue.retain(|c| c.peekable.load(Ordering::Relaxed));
+                q.compact_at = (q.queue.len() * 2).max(64);
+            }
+        }
+        true
+    }
+
+    /// Starts and at once completes a request (for operations rejected before
+    /// they start, such as an invalid rank): the buffer comes back through the
+    /// handle as usual.
+    pub fn rejected(&self, kind: RequestKind, buf: Buffer, status: Status) -> Arc<RequestCore> {
+        let core = self.start(kind, buf);
+        self.complete(&core, status);
+        core
+    }
+
+    /// Pops the oldest completion whose handle is still unconsumed.
+    pub fn pop_completed(&self) -> Option<Peeked> {
+        let mut q = self.completed.lock().unwrap_or_else(|p| p.into_inner());
+        while let Some(core) = q.queue.pop_front() {
+            if core.peekable.swap(false, Ordering::Relaxed) {
+                let status = core.lock().status.clone()?;
+                return Some(Peeked {
+                    id: core.id,
+                    status,
+                });
+            }
+        }
+        None
+    }
+
+    /// Requests started and not yet completed.
+    pub fn outstanding(&self) -> usize {
+        self.outstanding.load(Ordering::Acquire)
+    }
+
+    /// Send requests started and not yet completed.
+    pub fn outstanding_sends(&self) -> usize {
+        self.outstanding_sends.load(Ordering::Acquire)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Envelope;
+
+    struct Inert;
+    impl Progress for Inert {
+        fn progress(&self) {}
+        fn wait(&self, core: &RequestCore) {
+            while !core.is_done() {
+                std::thread::yield_now();
+            }
+        }
+        fn cancel(&self, _: &Arc<RequestCore>) -> bool {
+            false
+        }
+    }
+
+    fn env() -> Envelope {
+        Envelope {
+            source: 1,
+            tag: 2,
+            context: 3,
+        }
+    }
+
+    #[test]
+    fn completion_returns_buffer_and_counts() {
+        let t = Tracker::new();
+        let core = t.start(RequestKind::Send, Buffer::from(vec![5u8; 4]));
+        assert_eq!((t.outstanding(), t.outstanding_sends()), (1, 1));
+        let req = Request::new(core.clone(), Arc::new(Inert));
+        let req = req.test().expect_err("not complete yet");
+        assert!(t.complete(&core, Status::ok(env(), 4)));
+        assert!(
+            !t.complete(&core, Status::ok(env(), 0)),
+            "second completion refused"
+        );
+        assert_eq!((t.outstanding(), t.outstanding_sends()), (0, 0));
+        let c = req.wait();
+        assert_eq!(&c.buf[..], &[5, 5, 5, 5]);
+        assert_eq!(c.status.count, 4);
+        // Consumed by wait: peek no longer reports it.
+        assert!(t.pop_completed().is_none());
+    }
+
+    #[test]
+    fn peek_reports_live_handles_once() {
+        let t = Tracker::new();
+        let a = Request::new(
+            t.start(RequestKind::Recv, Buffer::zeroed(1)),
+            Arc::new(Inert),
+        );
+        let b_core = t.start(RequestKind::Recv, Buffer::zeroed(1));
+        drop(Request::new(b_core.clone(), Arc::new(Inert)));
+        t.complete(&b_core, Status::ok(env(), 1));
+        assert!(
+            t.pop_completed().is_none(),
+            "dropped handle is not peekable"
+        );
+        let a_core = a.core.clone();
+        t.complete(&a_core, Status::ok(env(), 1));
+        assert_eq!(t.pop_completed().map(|p| p.id), Some(a.id()));
+        assert!(t.pop_completed().is_none(), "reported once");
+        assert_eq!(a.wait().status.count, 1);
+    }
+
+    #[test]
+    fn forgotten_handle_keeps_memory_alive() {
+        let t = Tracker::new();
+        let core = t.start(RequestKind::Recv, Buffer::zeroed(8));
+        std::mem::forget(Request::new(core.clone(), Arc::new(Inert)));
+        // The device can still write: the core (and buffer) is alive.
+        // SAFETY: the core owns an 8-byte buffer and nobody else writes it.
+        unsafe { core.buffer_ptr().write_bytes(1, 8) };
+        assert!(t.complete(&core, Status::ok(env(), 8)));
+    }
+
+    #[test]
+    fn completed_queue_is_compacted() {
+        let t = Tracker::new();
+        for _ in 0..10_000 {
+            let core = t.start(RequestKind::Send, Buffer::zeroed(0));
+            let r = Request::new(core.clone(), Arc::new(Inert));
+            t.complete(&core, Status::ok(env(), 0));
+            drop(r.wait());
+        }
+        assert!(t.completed.lock().unwrap().queue.len() <= 64);
+    }
+}
