@@ -41,7 +41,9 @@ step "cargo doc (warnings are errors)"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
 
 step "cargo test (unit tests, property tests, conformance suites)"
-cargo test --workspace --release 2>&1 | tee target/test-output.txt
+mkdir -p target
+# A hung test must fail the run, not stall it (each conformance case also has its own watchdog).
+timeout 2400 cargo test --workspace --release -- --show-output 2>&1 | tee target/test-output.txt
 # Tests that could not run say "skipped: why"; list them so nobody reads a skip as a pass.
 if grep -h '^skipped:' target/test-output.txt >/dev/null; then
   step "tests that reported a skip (they run for real in the VM suite or where the component exists)"

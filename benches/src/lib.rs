@@ -135,9 +135,12 @@ struct Line(AtomicU64);
 
 /// The cache-line floor: one-way hand-off time (microseconds) of one cache
 /// line between two threads pinned to different cores, as a pingpong of a
-/// counter in a single line, averaged over `iters` round trips (best of
-/// `reps` runs).
+/// counter in a single line: the best of `reps` runs of at most `iters` round
+/// trips each, every run also bounded to about 200 ms so that a loaded
+/// machine slows the measurement down instead of stalling it.
 pub fn cache_line_floor(iters: u64, reps: usize) -> f64 {
+    const STOP: u64 = u64::MAX;
+    let budget = std::time::Duration::from_millis(200);
     (0..reps)
         .map(|_| {
             let line = Line(AtomicU64::new(0));
@@ -145,22 +148,36 @@ pub fn cache_line_floor(iters: u64, reps: usize) -> f64 {
             std::thread::scope(|s| {
                 s.spawn(move || {
                     let _ = shm_ipc::futex::pin_current_thread(1);
-                    for i in 0..iters {
-                        while line.0.load(Ordering::Acquire) != 2 * i + 1 {
+                    let mut i = 0;
+                    loop {
+                        let v = line.0.load(Ordering::Acquire);
+                        if v == STOP {
+                            return;
+                        }
+                        if v == 2 * i + 1 {
+                            line.0.store(2 * i + 2, Ordering::Release);
+                            i += 1;
+                        } else {
                             std::hint::spin_loop();
                         }
-                        line.0.store(2 * i + 2, Ordering::Release);
                     }
                 });
                 let _ = shm_ipc::futex::pin_current_thread(0);
                 let start = Instant::now();
-                for i in 0..iters {
-                    line.0.store(2 * i + 1, Ordering::Release);
-                    while line.0.load(Ordering::Acquire) != 2 * i + 2 {
+                let mut done = 0;
+                while done < iters {
+                    line.0.store(2 * done + 1, Ordering::Release);
+                    while line.0.load(Ordering::Acquire) != 2 * done + 2 {
                         std::hint::spin_loop();
                     }
+                    done += 1;
+                    if done % 1024 == 0 && start.elapsed() > budget {
+                        break;
+                    }
                 }
-                start.elapsed().as_secs_f64() * 1e6 / (2.0 * iters as f64)
+                let us = start.elapsed().as_secs_f64() * 1e6 / (2.0 * done as f64);
+                line.0.store(STOP, Ordering::Release);
+                us
             })
         })
         .fold(f64::INFINITY, f64::min)
