@@ -320,6 +320,8 @@ struct Local {
     handoffs: Vec<Arc<Handoff>>,
     handoffs_compact_at: usize,
     departures_seen: u64,
+    /// Bumped by every progress round that did something.
+    events: u64,
     gone: Vec<bool>,
 }
 
@@ -707,21 +709,29 @@ impl Engine {
 
     // ------------------------------------------------------------ progress
 
-    /// One round of progress: departures, all rings, backlogs.
-    fn progress_locked(&self, l: &mut Local) -> bool {
+    /// One round of progress: departures, all rings (messages matching
+    /// `direct` go straight into its buffer), backlogs. Counts `events`.
+    fn progress_locked(&self, l: &mut Local, mut direct: Option<&mut Direct<'_>>) -> bool {
         let mut any = false;
         let dep = self.world.departures.load(Ordering::Acquire);
         if dep != l.departures_seen {
             l.departures_seen = dep;
             any |= self.handle_departures(l);
         }
-        for s in 0..self.world.size() {
-            any |= self.drain(l, s, None);
+        // The direct receive's own source first: its message is the likely one.
+        let first = match direct.as_ref().map(|d| d.pattern.source) {
+            Some(Source::Rank(s)) => s,
+            _ => self.rank,
+        };
+        let n = self.world.size();
+        for k in 0..n {
+            any |= self.drain(l, (first + k) % n, direct.as_deref_mut());
         }
         if l.backlog_total > 0 {
             any |= self.flush_backlogs(l);
         }
         if any {
+            l.events += 1;
             // Other threads of this rank may sleep on requests we completed.
             self.me().doorbell.ring(Scope::Private);
         }
@@ -777,7 +787,8 @@ impl Engine {
         }
     }
 
-    /// Runs progress until `done` says so, spinning then sleeping.
+    /// Calls `step` (which makes progress itself, see `progress_locked`)
+    /// until it says done, spinning then sleeping while nothing happens.
     fn block_until(
         &self,
         mut done: impl FnMut(&Self, &mut Local) -> Result<bool>,
@@ -787,11 +798,11 @@ impl Engine {
         loop {
             let (busy, backlog) = {
                 let mut l = self.lock();
-                let busy = self.progress_locked(&mut l);
+                let before = l.events;
                 if done(self, &mut l)? {
                     return Ok(());
                 }
-                (busy, l.backlog_total > 0)
+                (l.events != before, l.backlog_total > 0)
             };
             if self.closed.load(Ordering::Acquire) {
                 return Err(Error::Closed);
@@ -816,10 +827,11 @@ impl Engine {
 
     fn wait_handoff(&self, h: &Arc<Handoff>) -> Result<()> {
         self.block_until(
-            |eng, _| {
+            |eng, l| {
                 if h.state.load(Ordering::Acquire) == DONE {
                     return Ok(true);
                 }
+                eng.progress_locked(l, None);
                 if eng.world.gone(h.dest) && h.revoke() {
                     return Err(lost(h.dest, "receiver went away before matching"));
                 }
@@ -848,7 +860,10 @@ impl Engine {
         self.block_until(
             |eng, l| {
                 if !l.backlog[dest].is_empty() {
-                    return Ok(false); // keep order behind queued isends
+                    eng.progress_locked(l, None);
+                    if !l.backlog[dest].is_empty() {
+                        return Ok(false); // keep order behind queued isends
+                    }
                 }
                 if l.gone[dest] {
                     return Err(lost(dest, "peer finished or died"));
@@ -868,6 +883,7 @@ impl Engine {
                     }
                     Sent::Full => {
                         eng.producer(l, dest).set_waiting(true);
+                        eng.progress_locked(l, None);
                         Ok(false)
                     }
                 }
@@ -938,6 +954,7 @@ impl Engine {
         let r = self.block_until(
             |eng, l| {
                 if let Some((b, _)) = &*queued.borrow() {
+                    eng.progress_locked(l, None);
                     return Ok(b.done.load(Ordering::Acquire));
                 }
                 if l.matching.posted_len() == 0 {
@@ -946,19 +963,15 @@ impl Engine {
                         direct.status = Some(eng.deliver_unexpected(l, env, u, p, n));
                         return Ok(true);
                     }
-                    match pattern.source {
-                        Source::Rank(s) => {
-                            eng.drain(l, s, Some(&mut direct));
-                        }
-                        Source::Any => {
-                            for s in 0..eng.world.size() {
-                                if eng.drain(l, s, Some(&mut direct)) && direct.status.is_some() {
-                                    break;
-                                }
-                            }
-                        }
-                    }
+                    eng.progress_locked(l, Some(&mut direct));
                     if direct.status.is_some() {
+                        return Ok(true);
+                    }
+                    // Progress may have queued a match as unexpected (a departed
+                    // peer's ring is drained whole): look again before giving up.
+                    if let Some((env, u)) = l.matching.take(&pattern) {
+                        let (p, n) = (direct.buf.as_mut_ptr(), direct.buf.len());
+                        direct.status = Some(eng.deliver_unexpected(l, env, u, p, n));
                         return Ok(true);
                     }
                     if let Source::Rank(s) = pattern.source {
@@ -1015,7 +1028,7 @@ impl Engine {
     }
 
     fn probe_once(&self, l: &mut Local, pattern: &Pattern) -> Option<Status> {
-        self.progress_locked(l);
+        self.progress_locked(l, None);
         l.matching
             .probe(pattern)
             .map(|(env, u)| Status::ok(env, u.len()))
@@ -1025,7 +1038,13 @@ impl Engine {
         if self.closing.swap(true, Ordering::AcqRel) {
             return Ok(());
         }
-        let r = self.block_until(|eng, _| Ok(eng.tracker.outstanding_sends() == 0), || false);
+        let r = self.block_until(
+            |eng, l| {
+                eng.progress_locked(l, None);
+                Ok(eng.tracker.outstanding_sends() == 0)
+            },
+            || false,
+        );
         let mut l = self.lock();
         for t in l.matching.remove_posted_where(|_, _| true) {
             let env = Envelope {
@@ -1079,12 +1098,20 @@ impl Drop for Engine {
 impl Progress for Engine {
     fn progress(&self) {
         if let Ok(mut l) = self.local.try_lock() {
-            self.progress_locked(&mut l);
+            self.progress_locked(&mut l, None);
         }
     }
 
     fn wait(&self, core: &RequestCore) {
-        let _ = self.block_until(|_, _| Ok(core.is_done()), || core.is_done());
+        let _ = self.block_until(
+            |eng, l| {
+                if !core.is_done() {
+                    eng.progress_locked(l, None);
+                }
+                Ok(core.is_done())
+            },
+            || core.is_done(),
+        );
         // A closed device completes every request it holds (receives fail with
         // Closed); spin out the tiny window before that completion lands.
         while !core.is_done() {
@@ -1163,6 +1190,7 @@ impl ThreadDevice {
                 handoffs: Vec::new(),
                 handoffs_compact_at: 64,
                 departures_seen: 0,
+                events: 0,
                 gone: vec![false; n],
             }),
             world,
@@ -1304,7 +1332,8 @@ impl Device for ThreadDevice {
         let eng = &self.engine;
         let mut found = None;
         eng.block_until(
-            |eng, _| {
+            |eng, l| {
+                eng.progress_locked(l, None);
                 found = eng.tracker.pop_completed();
                 Ok(found.is_some() || eng.tracker.outstanding() == 0)
             },
