@@ -6,16 +6,23 @@
 //! for it (a message, a completion) rings the doorbell, which costs a futex
 //! wake only when a sleeper is armed.
 //!
-//! Ordering argument (the store-buffer pattern): the publisher does
-//! `publish (SeqCst store)` then `sleepers.load(SeqCst)`; the sleeper does
-//! `sleepers.fetch_add(SeqCst)`, a `SeqCst` fence, then re-checks for work.
-//! In the single total order of SeqCst operations either the publisher's load
-//! comes after the increment (it sees a sleeper and wakes it) or the publish
-//! comes before the fence (the re-check sees the work). The futex word `seq`
-//! is bumped before each wake, so a wake between the re-check and the sleep
-//! makes `FUTEX_WAIT` return at once.
+//! Ordering argument (the store-buffer pattern, with asymmetric fences):
+//! the publisher does `publish (Release store)`, a *light* fence, then
+//! `sleepers.load`; the sleeper does `sleepers.fetch_add`, a *heavy* fence,
+//! then re-checks for work. The heavy fence is `membarrier(2)`
+//! (`MEMBARRIER_CMD_GLOBAL_EXPEDITED`): it makes every CPU running a thread of
+//! a registered process execute a full barrier, so either the publisher's
+//! load runs after it and sees the sleeper, or its publish was already
+//! globally visible and the re-check sees the work. The light fence is then
+//! only a compiler fence, which keeps the publisher's fast path free of
+//! `mfence`/`xchg`. Every process registers in [`init_fences`] (called by
+//! device constructors before any device exists). Where the kernel refuses
+//! `membarrier`, both sides use `fence(SeqCst)` instead, the symmetric form of
+//! the same argument. The futex word `seq` is bumped before each wake, so a
+//! wake between the re-check and the sleep makes `FUTEX_WAIT` return at once.
 
-use std::sync::atomic::{fence, AtomicU32, Ordering};
+use std::sync::atomic::{compiler_fence, fence, AtomicU32, AtomicU8, Ordering};
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use crate::futex::{self, Scope};
@@ -38,11 +45,12 @@ impl Doorbell {
         }
     }
 
-    /// Wakes the sleepers, if any. Call after publishing with a `SeqCst`
-    /// store (or after a `SeqCst` fence).
+    /// Wakes the sleepers, if any. Call after publishing with a `Release`
+    /// (or stronger) store.
     #[inline]
     pub fn ring(&self, scope: Scope) {
-        if self.sleepers.load(Ordering::SeqCst) != 0 {
+        light_fence();
+        if self.sleepers.load(Ordering::Relaxed) != 0 {
             self.wake_all(scope);
         }
     }
@@ -59,12 +67,64 @@ impl Doorbell {
     pub fn sleep(&self, timeout: Duration, scope: Scope, has_work: impl FnOnce() -> bool) {
         let seq = self.seq.load(Ordering::SeqCst);
         self.sleepers.fetch_add(1, Ordering::SeqCst);
-        fence(Ordering::SeqCst);
+        heavy_fence();
         if !has_work() {
             futex::wait(&self.seq, seq, Some(timeout), scope);
         }
         self.sleepers.fetch_sub(1, Ordering::SeqCst);
     }
+}
+
+const FENCES_UNSET: u8 = 0;
+const FENCES_ASYMMETRIC: u8 = 1;
+const FENCES_SYMMETRIC: u8 = 2;
+static FENCES: AtomicU8 = AtomicU8::new(FENCES_UNSET);
+
+/// How the doorbell's fences work in this process.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum FenceMode {
+    /// `membarrier` on the sleeping side, a compiler fence on the publisher.
+    Asymmetric,
+    /// `fence(SeqCst)` on both sides (the kernel refused `membarrier`).
+    Symmetric,
+}
+
+/// Registers this process for `membarrier` and fixes the fence mode. Device
+/// constructors call it before creating anything that rings or sleeps;
+/// calling it again is free.
+pub fn init_fences() -> FenceMode {
+    static MODE: OnceLock<FenceMode> = OnceLock::new();
+    *MODE.get_or_init(|| {
+        let mode = if crate::futex::membarrier_register_global_expedited().is_ok() {
+            FenceMode::Asymmetric
+        } else {
+            FenceMode::Symmetric
+        };
+        let v = match mode {
+            FenceMode::Asymmetric => FENCES_ASYMMETRIC,
+            FenceMode::Symmetric => FENCES_SYMMETRIC,
+        };
+        FENCES.store(v, Ordering::SeqCst);
+        mode
+    })
+}
+
+#[inline]
+fn light_fence() {
+    if FENCES.load(Ordering::Relaxed) == FENCES_ASYMMETRIC {
+        compiler_fence(Ordering::SeqCst);
+    } else {
+        fence(Ordering::SeqCst);
+    }
+}
+
+fn heavy_fence() {
+    if FENCES.load(Ordering::Relaxed) == FENCES_ASYMMETRIC
+        && crate::futex::membarrier_global_expedited().is_ok()
+    {
+        return;
+    }
+    fence(Ordering::SeqCst);
 }
 
 /// Spin-then-sleep policy for one blocking wait.

@@ -61,6 +61,32 @@ pub fn wake(word: &AtomicU32, count: i32, scope: Scope) {
     }
 }
 
+const MEMBARRIER_CMD_GLOBAL_EXPEDITED: libc::c_int = 1 << 1;
+const MEMBARRIER_CMD_REGISTER_GLOBAL_EXPEDITED: libc::c_int = 1 << 2;
+
+fn membarrier(cmd: libc::c_int) -> io::Result<()> {
+    // SAFETY: membarrier takes two integers and touches no user memory.
+    let rc = unsafe { libc::syscall(libc::SYS_membarrier, cmd, 0, 0) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// Registers the calling process for [`membarrier_global_expedited`]: after
+/// this, other processes' (and this process's) expedited barriers also
+/// serialize this process's running threads.
+pub fn membarrier_register_global_expedited() -> io::Result<()> {
+    membarrier(MEMBARRIER_CMD_REGISTER_GLOBAL_EXPEDITED)
+}
+
+/// Executes a full memory barrier on every CPU currently running a thread of
+/// a registered process (`MEMBARRIER_CMD_GLOBAL_EXPEDITED`).
+pub fn membarrier_global_expedited() -> io::Result<()> {
+    membarrier(MEMBARRIER_CMD_GLOBAL_EXPEDITED)
+}
+
 /// Pins the calling thread to CPU `cpu` (modulo the CPUs available).
 pub fn pin_current_thread(cpu: usize) -> io::Result<()> {
     let n = std::thread::available_parallelism().map_or(1, |n| n.get());

@@ -10,11 +10,10 @@
 //! (wrapping at the end of the ring). So a message of up to 24 bytes is a
 //! single cache line: the consumer's poll of that line is the whole transfer.
 //!
-//! Publication is one `SeqCst` store of the first slot's `seq` word (the
+//! Publication is one `Release` store of the first slot's `seq` word (the
 //! absolute slot position + 1) after the header and payload are written; the
-//! consumer's `Acquire` load of `seq` makes them visible. `SeqCst` rather than
-//! `Release` so the store takes part in the doorbell's store-buffer argument
-//! (see [`crate::doorbell`]). Stale data can never look published: the
+//! consumer's `Acquire` load of `seq` makes them visible (the doorbell's
+//! fences order it against a sleeper, see [`crate::doorbell`]). Stale data can never look published: the
 //! consumer zeroes the first word of every slot it consumes before it
 //! releases the slots by storing `tail` (`Release`); the producer reads `tail`
 //! with `Acquire` before reusing them.
@@ -126,6 +125,14 @@ impl RingRef {
     /// message always fits once the consumer catches up.
     pub fn max_payload(&self) -> usize {
         INLINE + (self.nslots / 2 - 1) * SLOT
+    }
+
+    /// Whether a message is published at the consumer's position: a
+    /// lock-free hint for waiters (exact only on the consumer's own thread).
+    #[inline]
+    pub fn has_message(&self) -> bool {
+        let t = self.tail().load(Ordering::Relaxed);
+        self.seq(t).load(Ordering::Acquire) == t + 1
     }
 
     fn tail(&self) -> &AtomicU64 {

@@ -202,7 +202,7 @@ impl Handoff {
             self.tracker
                 .complete(core, Status::ok(self.status_env, self.len));
         }
-        self.state.store(DONE, Ordering::SeqCst);
+        self.state.store(DONE, Ordering::Release);
         self.world.ranks[self.sender].doorbell.ring(Scope::Private);
     }
 
@@ -787,6 +787,17 @@ impl Engine {
         }
     }
 
+    /// A lock-free hint that a step may find something: a message in one of
+    /// this rank's rings, or a peer's departure not yet handled.
+    fn worth_a_step(&self, departures_seen: u64) -> bool {
+        self.world.departures.load(Ordering::Relaxed) != departures_seen
+            || self
+                .me()
+                .inbox
+                .iter()
+                .any(|r| r.get().is_some_and(|r| r.view().has_message()))
+    }
+
     /// Calls `step` (which makes progress itself, see `progress_locked`)
     /// until it says done, spinning then sleeping while nothing happens.
     fn block_until(
@@ -796,20 +807,34 @@ impl Engine {
     ) -> Result<()> {
         let mut backoff = Backoff::new();
         loop {
-            let (busy, backlog) = {
+            let (busy, backlog, seen) = {
                 let mut l = self.lock();
                 let before = l.events;
                 if done(self, &mut l)? {
                     return Ok(());
                 }
-                (l.events != before, l.backlog_total > 0)
+                (l.events != before, l.backlog_total > 0, l.departures_seen)
             };
             if self.closed.load(Ordering::Acquire) {
                 return Err(Error::Closed);
             }
             if busy {
                 backoff.reset();
-            } else if !backoff.snooze() {
+                continue;
+            }
+            // Spin without the lock until something may have happened (sends
+            // waiting for room need a locked step to retry).
+            let mut sleep = false;
+            while !ready() && !self.worth_a_step(seen) {
+                if !backoff.snooze() {
+                    sleep = true;
+                    break;
+                }
+                if backlog {
+                    break;
+                }
+            }
+            if sleep {
                 // Short sleeps while our sends wait for room (the consumer's
                 // wake-up on freed room is best-effort), longer otherwise; both
                 // bounded so that departures are noticed.
@@ -818,9 +843,9 @@ impl Engine {
                 } else {
                     Duration::from_millis(50)
                 };
-                self.me()
-                    .doorbell
-                    .sleep(t, Scope::Private, || ready() || self.has_incoming());
+                self.me().doorbell.sleep(t, Scope::Private, || {
+                    ready() || self.worth_a_step(seen) || self.has_incoming()
+                });
             }
         }
     }
@@ -1148,6 +1173,7 @@ impl ThreadDevice {
     pub fn open(config: &Config) -> Result<ThreadDevice> {
         config.validate()?;
         let opts = ThreadOptions::from_config(config)?;
+        crate::doorbell::init_fences();
         let world = {
             let mut map = worlds().lock().unwrap_or_else(|p| p.into_inner());
             map.retain(|_, w| w.strong_count() > 0);
@@ -1348,6 +1374,25 @@ impl Device for ThreadDevice {
 }
 
 /// Starts a world of N rank threads, each with its own [`ThreadDevice`].
+///
+/// ```
+/// use shm_ipc::ThreadWorld;
+/// use xdev::{Buffer, Device, Source, TagSel};
+///
+/// let counts = ThreadWorld::new(2).run(|dev| {
+///     let ctx = 7; // a communicator id
+///     if dev.id() == 0 {
+///         dev.send(b"hello", 1, 0, ctx).unwrap();
+///         0
+///     } else {
+///         // Non-blocking: the buffer moves into the request and comes back.
+///         let done = dev.irecv(Buffer::zeroed(16), Source::Rank(0), TagSel::Tag(0), ctx).wait();
+///         assert_eq!(&done.buf[..5], b"hello");
+///         done.status.count
+///     }
+/// });
+/// assert_eq!(counts, vec![0, 5]);
+/// ```
 #[derive(Clone, Debug)]
 pub struct ThreadWorld {
     size: usize,
