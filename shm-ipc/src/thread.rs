@@ -983,7 +983,12 @@ impl Engine {
                     return Ok(b.done.load(Ordering::Acquire));
                 }
                 if l.matching.posted_len() == 0 {
-                    if let Some((env, u)) = l.matching.take(&pattern) {
+                    let queued_match = if l.matching.unexpected_len() == 0 {
+                        None
+                    } else {
+                        l.matching.take(&pattern)
+                    };
+                    if let Some((env, u)) = queued_match {
                         let (p, n) = (direct.buf.as_mut_ptr(), direct.buf.len());
                         direct.status = Some(eng.deliver_unexpected(l, env, u, p, n));
                         return Ok(true);
@@ -994,7 +999,12 @@ impl Engine {
                     }
                     // Progress may have queued a match as unexpected (a departed
                     // peer's ring is drained whole): look again before giving up.
-                    if let Some((env, u)) = l.matching.take(&pattern) {
+                    let queued_match = if l.matching.unexpected_len() == 0 {
+                        None
+                    } else {
+                        l.matching.take(&pattern)
+                    };
+                    if let Some((env, u)) = queued_match {
                         let (p, n) = (direct.buf.as_mut_ptr(), direct.buf.len());
                         direct.status = Some(eng.deliver_unexpected(l, env, u, p, n));
                         return Ok(true);
