@@ -299,6 +299,33 @@ impl Target {
     }
 }
 
+/// Un-posts a queued blocking receive when its call ends, even by unwinding,
+/// so that the device never keeps a pointer into a buffer whose borrow ended.
+struct Unpost<'e> {
+    engine: &'e Engine,
+    queued: std::cell::RefCell<Option<(Arc<BlockingRecv>, PostedId)>>,
+}
+
+impl Drop for Unpost<'_> {
+    fn drop(&mut self) {
+        if let Some((_, id)) = self.queued.get_mut().take() {
+            self.engine.lock().matching.cancel(id);
+        }
+    }
+}
+
+/// Ends a blocking send's handoff when the call ends, even by unwinding:
+/// either the receiver finished copying, or it is locked out by revocation.
+struct Settle<'h>(&'h Handoff);
+
+impl Drop for Settle<'_> {
+    fn drop(&mut self) {
+        // Idempotent: a no-op once DONE or REVOKED; waits out a copy in
+        // progress; revokes an offer nobody claimed.
+        self.0.revoke();
+    }
+}
+
 /// A send waiting for ring room.
 struct Pending {
     core: Arc<RequestCore>,
@@ -916,7 +943,13 @@ impl Engine {
             || false,
         )?;
         match hand {
-            Some(h) => self.wait_handoff(&h),
+            Some(h) => {
+                // `h` points into the caller's borrowed `buf`: whatever happens
+                // (even a panic), the receiver must be done with it or locked
+                // out before we return.
+                let _settle = Settle(&h);
+                self.wait_handoff(&h)
+            }
             None => Ok(()),
         }
     }
@@ -975,7 +1008,11 @@ impl Engine {
             buf,
             status: None,
         };
-        let queued: std::cell::RefCell<Option<(Arc<BlockingRecv>, PostedId)>> = Default::default();
+        let unpost = Unpost {
+            engine: self,
+            queued: Default::default(),
+        };
+        let queued = &unpost.queued;
         let r = self.block_until(
             |eng, l| {
                 if let Some((b, _)) = &*queued.borrow() {
@@ -1043,7 +1080,8 @@ impl Engine {
                     .is_some_and(|(b, _)| b.done.load(Ordering::Acquire))
             },
         );
-        if let Some((b, id)) = queued.into_inner() {
+        let taken = queued.borrow_mut().take();
+        if let Some((b, id)) = taken {
             // Never return while the entry can still be written.
             let mut l = self.lock();
             l.matching.cancel(id);
