@@ -59,11 +59,7 @@ pub fn latency(
     let me = dev.id();
     let mut buf = vec![0xA5u8; size];
     let c = BENCH_CONTEXT;
-    let mut start = Instant::now();
-    for i in 0..iters + skip {
-        if i == skip {
-            start = Instant::now();
-        }
+    let secs = timed(iters, skip, || {
         match me {
             0 => {
                 dev.send(&buf, 1, 1, c)?;
@@ -75,9 +71,25 @@ pub fn latency(
             }
             _ => {}
         }
+        Ok(())
+    })?;
+    Ok((me == 0).then_some(secs * 1e6 / (2.0 * iters as f64)))
+}
+
+/// Runs `step` `skip` times untimed, then `iters` times timed; seconds.
+fn timed(
+    iters: usize,
+    skip: usize,
+    mut step: impl FnMut() -> xdev::Result<()>,
+) -> xdev::Result<f64> {
+    for _ in 0..skip {
+        step()?;
     }
-    let us = start.elapsed().as_secs_f64() * 1e6 / (2.0 * iters as f64);
-    Ok((me == 0).then_some(us))
+    let start = Instant::now();
+    for _ in 0..iters {
+        step()?;
+    }
+    Ok(start.elapsed().as_secs_f64())
 }
 
 /// osu_bw: rank 0 posts `WINDOW` non-blocking sends, rank 1 the matching
@@ -97,11 +109,7 @@ pub fn bandwidth(
     let mut bufs: Vec<Buffer> = (0..WINDOW)
         .map(|_| Buffer::from(vec![0x5Au8; size]))
         .collect();
-    let mut start = Instant::now();
-    for i in 0..iters + skip {
-        if i == skip {
-            start = Instant::now();
-        }
+    let secs = timed(iters, skip, || {
         match me {
             0 => {
                 let reqs: Vec<Request> = bufs.drain(..).map(|b| dev.isend(b, 1, 2, c)).collect();
@@ -124,8 +132,8 @@ pub fn bandwidth(
             }
             _ => {}
         }
-    }
-    let secs = start.elapsed().as_secs_f64();
+        Ok(())
+    })?;
     let mb = (size * WINDOW * iters) as f64 / 1e6;
     Ok((me == 0).then_some(mb / secs))
 }

@@ -527,6 +527,19 @@ impl Engine {
         }
     }
 
+    /// Completes `d` from the unexpected queue if a queued message matches.
+    fn direct_from_unexpected(&self, l: &mut Local, d: &mut Direct<'_>) -> bool {
+        if l.matching.unexpected_len() == 0 {
+            return false;
+        }
+        let Some((env, u)) = l.matching.take(&d.pattern) else {
+            return false;
+        };
+        let (p, n) = (d.buf.as_mut_ptr(), d.buf.len());
+        d.status = Some(self.deliver_unexpected(l, env, u, p, n));
+        true
+    }
+
     fn complete_target(&self, t: Target, st: Status) {
         match t {
             Target::Request(core) => {
@@ -1020,14 +1033,7 @@ impl Engine {
                     return Ok(b.done.load(Ordering::Acquire));
                 }
                 if l.matching.posted_len() == 0 {
-                    let queued_match = if l.matching.unexpected_len() == 0 {
-                        None
-                    } else {
-                        l.matching.take(&pattern)
-                    };
-                    if let Some((env, u)) = queued_match {
-                        let (p, n) = (direct.buf.as_mut_ptr(), direct.buf.len());
-                        direct.status = Some(eng.deliver_unexpected(l, env, u, p, n));
+                    if eng.direct_from_unexpected(l, &mut direct) {
                         return Ok(true);
                     }
                     eng.progress_locked(l, Some(&mut direct));
@@ -1036,14 +1042,7 @@ impl Engine {
                     }
                     // Progress may have queued a match as unexpected (a departed
                     // peer's ring is drained whole): look again before giving up.
-                    let queued_match = if l.matching.unexpected_len() == 0 {
-                        None
-                    } else {
-                        l.matching.take(&pattern)
-                    };
-                    if let Some((env, u)) = queued_match {
-                        let (p, n) = (direct.buf.as_mut_ptr(), direct.buf.len());
-                        direct.status = Some(eng.deliver_unexpected(l, env, u, p, n));
+                    if eng.direct_from_unexpected(l, &mut direct) {
                         return Ok(true);
                     }
                     if let Source::Rank(s) = pattern.source {
