@@ -170,22 +170,28 @@ pub fn cache_line_floor(iters: u64, reps: usize) -> f64 {
                         }
                     }
                 });
-                let _ = shm_ipc::futex::pin_current_thread(0);
-                let start = Instant::now();
-                let mut done = 0;
-                while done < iters {
-                    line.0.store(2 * done + 1, Ordering::Release);
-                    while line.0.load(Ordering::Acquire) != 2 * done + 2 {
-                        std::hint::spin_loop();
+                // The timing side runs in its own thread too, so the caller's
+                // affinity is left alone.
+                s.spawn(move || {
+                    let _ = shm_ipc::futex::pin_current_thread(0);
+                    let start = Instant::now();
+                    let mut done = 0;
+                    while done < iters {
+                        line.0.store(2 * done + 1, Ordering::Release);
+                        while line.0.load(Ordering::Acquire) != 2 * done + 2 {
+                            std::hint::spin_loop();
+                        }
+                        done += 1;
+                        if done % 1024 == 0 && start.elapsed() > budget {
+                            break;
+                        }
                     }
-                    done += 1;
-                    if done % 1024 == 0 && start.elapsed() > budget {
-                        break;
-                    }
-                }
-                let us = start.elapsed().as_secs_f64() * 1e6 / (2.0 * done as f64);
-                line.0.store(STOP, Ordering::Release);
-                us
+                    let us = start.elapsed().as_secs_f64() * 1e6 / (2.0 * done as f64);
+                    line.0.store(STOP, Ordering::Release);
+                    us
+                })
+                .join()
+                .unwrap_or(f64::INFINITY)
             })
         })
         .fold(f64::INFINITY, f64::min)

@@ -87,9 +87,17 @@ pub fn membarrier_global_expedited() -> io::Result<()> {
     membarrier(MEMBARRIER_CMD_GLOBAL_EXPEDITED)
 }
 
-/// Pins the calling thread to CPU `cpu` (modulo the CPUs available).
+/// Pins the calling thread to CPU `cpu` (modulo the CPUs online).
+///
+/// The count is of online CPUs, not of this thread's current affinity mask:
+/// a thread spawned by an already pinned thread inherits a one-CPU mask, and
+/// counting that would pin every such thread to the same CPU.
 pub fn pin_current_thread(cpu: usize) -> io::Result<()> {
-    let n = std::thread::available_parallelism().map_or(1, |n| n.get());
+    // SAFETY: sysconf has no memory-safety preconditions.
+    let online = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
+    let n = usize::try_from(online)
+        .unwrap_or(1)
+        .clamp(1, libc::CPU_SETSIZE as usize);
     // SAFETY: cpu_set_t is a plain bit array for which all-zero is valid.
     let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
     // SAFETY: CPU_SET writes one bit inside `set`; the index is < n <= CPU_SETSIZE
