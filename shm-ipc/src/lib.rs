@@ -9,6 +9,7 @@
 
 pub mod doorbell;
 pub mod futex;
+pub mod lock;
 pub mod ring;
 pub mod thread;
 

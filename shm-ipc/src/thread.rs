@@ -26,7 +26,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
 use xdev::matching::{MatchingEngine, Posted, PostedId};
@@ -39,6 +39,7 @@ use xdev::{
 
 use crate::doorbell::{Backoff, Doorbell};
 use crate::futex::Scope;
+use crate::lock::{RankGuard, RankLock};
 use crate::ring::{Consumer, Header, HeapRing, Incoming, Producer, RingRef};
 
 const KIND_EAGER: u8 = 1;
@@ -158,8 +159,16 @@ impl World {
     }
 }
 
-fn worlds() -> &'static Mutex<HashMap<String, Weak<World>>> {
-    static W: OnceLock<Mutex<HashMap<String, Weak<World>>>> = OnceLock::new();
+/// Worlds by job id. An entry holds its world strongly until every rank has
+/// joined (so a rank that sends, finishes and leaves before a slow peer joins
+/// does not take the messages it sent with it), then only weakly.
+struct WorldEntry {
+    weak: Weak<World>,
+    until_complete: Option<Arc<World>>,
+}
+
+fn worlds() -> &'static Mutex<HashMap<String, WorldEntry>> {
+    static W: OnceLock<Mutex<HashMap<String, WorldEntry>>> = OnceLock::new();
     W.get_or_init(Default::default)
 }
 
@@ -357,7 +366,7 @@ struct Engine {
     world: Arc<World>,
     rank: Rank,
     tracker: Arc<Tracker>,
-    local: Mutex<Local>,
+    local: RankLock<Local>,
     closing: AtomicBool,
     closed: AtomicBool,
 }
@@ -393,8 +402,8 @@ impl Engine {
         &self.world.ranks[self.rank]
     }
 
-    fn lock(&self) -> MutexGuard<'_, Local> {
-        self.local.lock().unwrap_or_else(|p| p.into_inner())
+    fn lock(&self) -> RankGuard<'_, Local> {
+        self.local.lock()
     }
 
     fn check_open(&self) -> Result<()> {
@@ -821,9 +830,9 @@ impl Engine {
     /// `true` when the lock is busy, so that the caller does not sleep).
     fn has_incoming(&self) -> bool {
         match self.local.try_lock() {
-            Ok(mut l) => (0..self.world.size())
+            Some(mut l) => (0..self.world.size())
                 .any(|s| self.consumer(&mut l, s).is_some_and(|c| c.peek().is_some())),
-            Err(_) => true,
+            None => true,
         }
     }
 
@@ -1169,7 +1178,7 @@ impl Drop for Engine {
 
 impl Progress for Engine {
     fn progress(&self) {
-        if let Ok(mut l) = self.local.try_lock() {
+        if let Some(mut l) = self.local.try_lock() {
             self.progress_locked(&mut l, None);
         }
     }
@@ -1216,42 +1225,56 @@ pub struct ThreadDevice {
 
 impl ThreadDevice {
     /// Joins (or creates) the world `config.job` as `config.rank`.
-    /// All ranks of a job must pass the same size and options.
+    /// All ranks of a job must pass the same size and options. A world stays
+    /// in memory until every rank has joined and then until the last rank's
+    /// device (and its requests) are gone.
     pub fn open(config: &Config) -> Result<ThreadDevice> {
         config.validate()?;
         let opts = ThreadOptions::from_config(config)?;
         crate::doorbell::init_fences();
         let world = {
             let mut map = worlds().lock().unwrap_or_else(|p| p.into_inner());
-            map.retain(|_, w| w.strong_count() > 0);
-            match map.get(&config.job).and_then(Weak::upgrade) {
+            map.retain(|_, e| e.weak.strong_count() > 0);
+            let world = match map.get(&config.job).and_then(|e| e.weak.upgrade()) {
                 Some(w) => w,
                 None => {
                     let w = Arc::new(World::new(config.job.clone(), config.size, opts.clone()));
-                    map.insert(config.job.clone(), Arc::downgrade(&w));
+                    map.insert(
+                        config.job.clone(),
+                        WorldEntry {
+                            weak: Arc::downgrade(&w),
+                            until_complete: Some(w.clone()),
+                        },
+                    );
                     w
                 }
+            };
+            if world.size() != config.size || world.opts != opts {
+                return Err(Error::Config(format!(
+                    "job {:?} exists with size {} and options {:?}",
+                    world.job,
+                    world.size(),
+                    world.opts
+                )));
             }
+            if world.ranks[config.rank].joined.swap(true, Ordering::AcqRel) {
+                return Err(Error::Config(format!(
+                    "rank {} of job {:?} already joined",
+                    config.rank, config.job
+                )));
+            }
+            if world.ranks.iter().all(|r| r.joined.load(Ordering::Acquire)) {
+                if let Some(e) = map.get_mut(&config.job) {
+                    e.until_complete = None;
+                }
+            }
+            world
         };
-        if world.size() != config.size || world.opts != opts {
-            return Err(Error::Config(format!(
-                "job {:?} exists with size {} and options {:?}",
-                world.job,
-                world.size(),
-                world.opts
-            )));
-        }
-        if world.ranks[config.rank].joined.swap(true, Ordering::AcqRel) {
-            return Err(Error::Config(format!(
-                "rank {} of job {:?} already joined",
-                config.rank, config.job
-            )));
-        }
         let n = config.size;
         let engine = Engine {
             rank: config.rank,
             tracker: Arc::new(Tracker::new()),
-            local: Mutex::new(Local {
+            local: RankLock::new(Local {
                 consumers: (0..n).map(|_| None).collect(),
                 producers: (0..n).map(|_| None).collect(),
                 matching: MatchingEngine::new(),

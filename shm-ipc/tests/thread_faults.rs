@@ -226,3 +226,19 @@ fn bad_options_are_config_errors() {
     let c = Config::new(0, 1, job("opts2")).with("ring_bytes", 16);
     assert!(matches!(ThreadDevice::open(&c), Err(Error::Config(_))));
 }
+
+#[test]
+fn a_world_outlives_a_rank_that_leaves_before_its_peer_joins() {
+    // Rank 0 sends, finishes and drops its device before rank 1 has even
+    // opened: the world (and the message in it) must still be there.
+    let job = job("early-leaver");
+    let dev0 = open(&job, 0, 2);
+    dev0.send(b"early", 1, 4, 0).unwrap();
+    dev0.finish().unwrap();
+    drop(dev0);
+    let dev1 = open(&job, 1, 2);
+    let mut b = [0u8; 5];
+    let st = dev1.recv(&mut b, Source::Rank(0), ANY_TAG, 0).unwrap();
+    assert_eq!((&b, st.tag), (b"early", 4));
+    dev1.finish().unwrap();
+}
