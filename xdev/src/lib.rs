@@ -10,6 +10,7 @@
 //! shared-memory code. Nor is it an MPI: there are no collectives, datatypes
 //! or communicator management; contexts are plain ids a runtime allocates.
 
+pub mod bootstrap;
 mod buffer;
 pub mod conformance;
 mod device;

@@ -1,0 +1,589 @@
+//! `xdev-run`: the launcher of xdev jobs. It starts the bootstrap service of
+//! [`xdev::bootstrap`] and N local processes with the job's environment, and
+//! stops them all when one fails; or, with `--serve`, runs only the service
+//! for ranks started by hand or by a batch scheduler, possibly on other hosts.
+//!
+//! It is not a remote process starter (no ssh, no scheduler integration) and
+//! does not forward standard input. Run `xdev-run --help` for the usage.
+
+use std::ffi::OsString;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::mpsc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use xdev::bootstrap::{
+    BootstrapServer, Secret, XDEV_BOOTSTRAP, XDEV_DEVICE, XDEV_JOB, XDEV_RANK, XDEV_SECRET,
+    XDEV_SIZE,
+};
+
+const HELP: &str = "\
+xdev-run: start the ranks of an xdev job, or serve the bootstrap of one.
+
+USAGE:
+    xdev-run -n N [--device NAME] [--label] [--bind ADDR] [--timeout SECS] [--] PROGRAM [ARGS...]
+    xdev-run --serve -n N [--device NAME] [--bind ADDR] [--timeout SECS]
+
+LAUNCH MODE starts the bootstrap service, then N processes of PROGRAM on this
+host, each in its own process group with standard input from /dev/null and
+this environment:
+    XDEV_RANK       the process's rank, 0..N-1
+    XDEV_SIZE       N
+    XDEV_JOB        a fresh job identity
+    XDEV_BOOTSTRAP  host:port of the bootstrap service
+    XDEV_SECRET     a fresh per-job secret (64 hex digits) that ranks prove
+                    they know when they connect to the service
+    XDEV_DEVICE     the device name given with --device (unset otherwise)
+Programs read them with xdev::bootstrap::Bootstrap::from_env() and
+xdev::bootstrap::config_from_env().
+
+When a rank exits with a non-zero status or is killed by a signal, the other
+ranks get SIGTERM, then SIGKILL after 2 s, and xdev-run exits with the failing
+rank's status (128+N for signal N), saying which rank failed and how. When all
+ranks exit with 0, xdev-run exits with 0. SIGINT, SIGTERM and SIGHUP sent to
+xdev-run are passed on to the ranks the same way.
+
+SERVE MODE (--serve) starts only the bootstrap service and prints the lines
+to export, in sh syntax, on standard output:
+    export XDEV_BOOTSTRAP=... XDEV_SECRET=... XDEV_JOB=... XDEV_SIZE=...
+Start the N ranks by hand or with a batch scheduler with these variables and
+XDEV_RANK set per process (0..N-1); bind to an address the ranks' hosts can
+reach (e.g. --bind 0.0.0.0:7000; then XDEV_BOOTSTRAP names this host). The
+service runs until all N ranks have connected and disconnected, then exits
+with 0, reporting ranks that disconnected without a goodbye (they died or
+exited without dropping their Bootstrap). Keep the printed secret private:
+whoever has it can join the job.
+
+OPTIONS:
+    -n, --np N        number of ranks (required, at least 1)
+    --device NAME     device the ranks should open (sets XDEV_DEVICE)
+    --label           prefix each line the ranks print with \"[RANK] \"
+                      (otherwise the ranks share xdev-run's stdout and stderr)
+    --bind ADDR       address of the bootstrap service (IP:PORT, or IP for
+                      any free port); default 127.0.0.1:0, loopback only
+    --timeout SECS    stop everything after SECS seconds and exit with 124
+    --serve           serve mode (see above)
+    -h, --help        this text
+
+EXIT STATUS:
+    0 success; the first failing rank's status (128+signal if killed);
+    124 timeout; 127/126 PROGRAM could not be started; 2 usage error;
+    1 other failures of xdev-run itself.
+";
+
+/// Time ranks get between SIGTERM and SIGKILL.
+const GRACE: Duration = Duration::from_secs(2);
+/// How often the launcher looks at its children.
+const POLL: Duration = Duration::from_millis(10);
+/// Longest line forwarded in one piece with `--label`.
+const MAX_LINE: u64 = 64 * 1024;
+
+#[derive(Debug)]
+struct Opts {
+    n: usize,
+    device: Option<String>,
+    label: bool,
+    bind: SocketAddr,
+    timeout: Option<Duration>,
+    serve: bool,
+    program: Vec<OsString>,
+}
+
+fn parse(args: Vec<OsString>) -> Result<Option<Opts>, String> {
+    let mut n = None;
+    let mut device = None;
+    let mut label = false;
+    let mut bind = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 0);
+    let mut timeout = None;
+    let mut serve = false;
+    let mut it = args.into_iter();
+    let mut program = Vec::new();
+    while let Some(arg) = it.next() {
+        let Some(s) = arg.to_str() else {
+            program.push(arg);
+            break;
+        };
+        if s == "--" {
+            break;
+        }
+        if !s.starts_with('-') || s == "-" {
+            program.push(arg);
+            break;
+        }
+        let (name, inline) = match s.split_once('=') {
+            Some((name, v)) if name.starts_with("--") => (name.to_owned(), Some(v.to_owned())),
+            _ => (s.to_owned(), None),
+        };
+        let mut value = |what: &str| -> Result<String, String> {
+            match inline.clone() {
+                Some(v) => Ok(v),
+                None => it
+                    .next()
+                    .and_then(|v| v.into_string().ok())
+                    .ok_or_else(|| format!("{name} needs {what}")),
+            }
+        };
+        match name.as_str() {
+            "-h" | "--help" => return Ok(None),
+            "-n" | "--np" => {
+                let v = value("a number of ranks")?;
+                match v.parse::<usize>() {
+                    Ok(k) if k >= 1 && k <= u32::MAX as usize => n = Some(k),
+                    _ => return Err(format!("{name} {v:?}: expected a number of ranks >= 1")),
+                }
+            }
+            "--device" => {
+                let v = value("a device name")?;
+                if v.is_empty() {
+                    return Err("--device needs a non-empty name".into());
+                }
+                device = Some(v);
+            }
+            "--label" => label = true,
+            "--serve" => serve = true,
+            "--bind" => {
+                let v = value("an address")?;
+                bind = match (v.parse::<SocketAddr>(), v.parse::<IpAddr>()) {
+                    (Ok(a), _) => a,
+                    (_, Ok(ip)) => SocketAddr::new(ip, 0),
+                    _ => return Err(format!("--bind {v:?}: expected IP:PORT or IP")),
+                };
+            }
+            "--timeout" => {
+                let v = value("a number of seconds")?;
+                match v.parse::<f64>() {
+                    Ok(t) if t > 0.0 && t < 1e9 => timeout = Some(Duration::from_secs_f64(t)),
+                    _ => {
+                        return Err(format!(
+                            "--timeout {v:?}: expected a positive number of seconds"
+                        ))
+                    }
+                }
+            }
+            _ => return Err(format!("unknown option {s:?}")),
+        }
+    }
+    program.extend(it);
+    let n = n.ok_or("-n N is required")?;
+    if serve {
+        if !program.is_empty() {
+            return Err("--serve starts no program".into());
+        }
+        if label {
+            return Err("--label has no effect with --serve".into());
+        }
+    } else if program.is_empty() {
+        return Err("no program to run".into());
+    }
+    Ok(Some(Opts {
+        n,
+        device,
+        label,
+        bind,
+        timeout,
+        serve,
+        program,
+    }))
+}
+
+fn main() {
+    let opts = match parse(std::env::args_os().skip(1).collect()) {
+        Ok(Some(o)) => o,
+        Ok(None) => {
+            print!("{HELP}");
+            return;
+        }
+        Err(e) => {
+            eprintln!("xdev-run: {e}\nTry 'xdev-run --help'.");
+            std::process::exit(2);
+        }
+    };
+    let code = if opts.serve {
+        serve(&opts)
+    } else {
+        launch(&opts)
+    };
+    let _ = std::io::stdout().flush();
+    std::process::exit(code);
+}
+
+/// The job's secret and identity, and its service.
+fn start_service(opts: &Opts) -> Result<(Secret, String, BootstrapServer), String> {
+    let secret = Secret::generate().map_err(|e| e.to_string())?;
+    let tag = Secret::generate().map_err(|e| e.to_string())?.to_hex();
+    let job = format!("xdev-{}-{}", std::process::id(), &tag[..12]);
+    let server = BootstrapServer::start(opts.bind, opts.n, &job, secret.clone())
+        .map_err(|e| format!("cannot start the bootstrap service on {}: {e}", opts.bind))?;
+    Ok((secret, job, server))
+}
+
+fn serve(opts: &Opts) -> i32 {
+    let (secret, job, server) = match start_service(opts) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("xdev-run: {e}");
+            return 1;
+        }
+    };
+    let addr = server.addr();
+    let advertised = if addr.ip().is_unspecified() {
+        match hostname() {
+            Some(h) => format!("{h}:{}", addr.port()),
+            None => addr.to_string(),
+        }
+    } else {
+        addr.to_string()
+    };
+    let mut out = format!(
+        "export {XDEV_BOOTSTRAP}='{advertised}'\nexport {XDEV_SECRET}='{}'\nexport {XDEV_JOB}='{job}'\nexport {XDEV_SIZE}='{}'\n",
+        secret.to_hex(),
+        opts.n
+    );
+    if let Some(d) = &opts.device {
+        out.push_str(&format!(
+            "export {XDEV_DEVICE}='{}'\n",
+            d.replace('\'', "'\\''")
+        ));
+    }
+    out.push_str(&format!(
+        "# start {} processes with {XDEV_RANK}=0..{} set per process\n",
+        opts.n,
+        opts.n - 1
+    ));
+    let mut stdout = std::io::stdout();
+    let _ = stdout
+        .write_all(out.as_bytes())
+        .and_then(|()| stdout.flush());
+    eprintln!("xdev-run: serving job {job} for {} ranks on {addr}", opts.n);
+    let deadline = opts.timeout.map(|t| Instant::now() + t);
+    loop {
+        if server.wait_finished(Some(Duration::from_millis(200))) {
+            break;
+        }
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            let st = server.status();
+            eprintln!(
+                "xdev-run: timeout: {} of {} ranks connected and left within {:?} ({} connected now)",
+                st.departed.len(),
+                opts.n,
+                opts.timeout.unwrap_or_default(),
+                st.connected.len()
+            );
+            return 124;
+        }
+    }
+    for d in server.status().departed.iter().filter(|d| !d.clean) {
+        eprintln!(
+            "xdev-run: rank {} disconnected without a goodbye (it died, or exited without dropping its Bootstrap)",
+            d.rank
+        );
+    }
+    0
+}
+
+/// This host's name, for the address ranks on other hosts should use.
+fn hostname() -> Option<String> {
+    let h = std::fs::read_to_string("/proc/sys/kernel/hostname").ok()?;
+    let h = h.trim();
+    (!h.is_empty()).then(|| h.to_owned())
+}
+
+static SIGNALLED: AtomicI32 = AtomicI32::new(0);
+
+extern "C" fn on_signal(sig: libc::c_int) {
+    SIGNALLED.store(sig, Ordering::SeqCst);
+}
+
+/// Catches SIGINT, SIGTERM and SIGHUP so they can be passed on to the ranks
+/// (which live in their own process groups and so do not get the terminal's
+/// signals themselves).
+fn catch_signals() {
+    let handler = on_signal as extern "C" fn(libc::c_int) as libc::sighandler_t;
+    for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+        // SAFETY: `on_signal` only stores to an atomic, which is
+        // async-signal-safe; signal(2) has no other preconditions. Exec
+        // resets caught signals, so the ranks start with default handlers.
+        unsafe {
+            libc::signal(sig, handler);
+        }
+    }
+}
+
+/// Sends `sig` to the process group led by `pid` (each rank is started as
+/// the leader of its own group, so this reaches its children too).
+fn signal_group(pid: u32, sig: libc::c_int) {
+    let Ok(pgid) = libc::pid_t::try_from(pid) else {
+        return;
+    };
+    // SAFETY: kill(2) has no memory-safety preconditions. A negative pid
+    // addresses the process group the rank created at spawn; Linux does not
+    // reuse a group id while any member lives, and an empty group gives ESRCH,
+    // which is ignored.
+    unsafe {
+        libc::kill(-pgid, sig);
+    }
+}
+
+fn signal_name(sig: i32) -> &'static str {
+    match sig {
+        libc::SIGHUP => "SIGHUP",
+        libc::SIGINT => "SIGINT",
+        libc::SIGQUIT => "SIGQUIT",
+        libc::SIGILL => "SIGILL",
+        libc::SIGTRAP => "SIGTRAP",
+        libc::SIGABRT => "SIGABRT",
+        libc::SIGBUS => "SIGBUS",
+        libc::SIGFPE => "SIGFPE",
+        libc::SIGKILL => "SIGKILL",
+        libc::SIGUSR1 => "SIGUSR1",
+        libc::SIGSEGV => "SIGSEGV",
+        libc::SIGUSR2 => "SIGUSR2",
+        libc::SIGPIPE => "SIGPIPE",
+        libc::SIGALRM => "SIGALRM",
+        libc::SIGTERM => "SIGTERM",
+        _ => "signal",
+    }
+}
+
+/// The launcher's exit code for a rank's status, and how to say it.
+fn describe(status: ExitStatus) -> (i32, String) {
+    if let Some(code) = status.code() {
+        (code, format!("exited with status {code}"))
+    } else if let Some(sig) = status.signal() {
+        (
+            128 + sig,
+            format!("was killed by signal {sig} ({})", signal_name(sig)),
+        )
+    } else {
+        (1, format!("ended with {status}"))
+    }
+}
+
+/// Copies a rank's output line by line, each line prefixed with `[rank] `.
+fn forward(rank: usize, src: impl Read + Send + 'static, to_stderr: bool, done: mpsc::Sender<()>) {
+    let spawned = thread::Builder::new()
+        .name(format!("xdev-run-label-{rank}"))
+        .spawn(move || {
+            let mut r = BufReader::new(src);
+            let mut line = Vec::new();
+            loop {
+                line.clear();
+                match (&mut r).take(MAX_LINE).read_until(b'\n', &mut line) {
+                    Ok(0) => break,
+                    Ok(_) => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                    Err(_) => break,
+                }
+                let mut buf = format!("[{rank}] ").into_bytes();
+                buf.extend_from_slice(&line);
+                if !buf.ends_with(b"\n") {
+                    buf.push(b'\n');
+                }
+                // Keep draining even if our own output is gone, so the rank
+                // never blocks on a full pipe.
+                let _ = if to_stderr {
+                    std::io::stderr().lock().write_all(&buf)
+                } else {
+                    std::io::stdout().lock().write_all(&buf)
+                };
+            }
+            let _ = done.send(());
+        });
+    if spawned.is_err() {
+        eprintln!("xdev-run: cannot start a thread to label rank {rank}'s output");
+    }
+}
+
+/// Signals every rank's group with `first`, gives them [`GRACE`], then kills
+/// what is left and reaps every child.
+fn stop_all(children: &mut [Child], reaped: &mut [Option<ExitStatus>], first: libc::c_int) {
+    for c in children.iter() {
+        signal_group(c.id(), first);
+    }
+    let deadline = Instant::now() + GRACE;
+    loop {
+        for (c, st) in children.iter_mut().zip(reaped.iter_mut()) {
+            if st.is_none() {
+                if let Ok(Some(s)) = c.try_wait() {
+                    *st = Some(s);
+                }
+            }
+        }
+        if reaped.iter().all(Option::is_some) || Instant::now() >= deadline {
+            break;
+        }
+        thread::sleep(POLL);
+    }
+    for c in children.iter() {
+        signal_group(c.id(), libc::SIGKILL);
+    }
+    for (c, st) in children.iter_mut().zip(reaped.iter_mut()) {
+        if st.is_none() {
+            *st = c.wait().ok();
+        }
+    }
+}
+
+enum Outcome {
+    Success,
+    RankFailed(usize, ExitStatus),
+    Timeout,
+    Signalled(i32),
+}
+
+fn launch(opts: &Opts) -> i32 {
+    catch_signals();
+    let (secret, job, server) = match start_service(opts) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("xdev-run: {e}");
+            return 1;
+        }
+    };
+    let mut addr = server.addr();
+    if addr.ip().is_unspecified() {
+        addr.set_ip(match addr.ip() {
+            IpAddr::V4(_) => IpAddr::V4(Ipv4Addr::LOCALHOST),
+            IpAddr::V6(_) => IpAddr::V6(Ipv6Addr::LOCALHOST),
+        });
+    }
+    let (done_tx, done_rx) = mpsc::channel();
+    let mut children: Vec<Child> = Vec::with_capacity(opts.n);
+    for rank in 0..opts.n {
+        let mut cmd = Command::new(&opts.program[0]);
+        cmd.args(&opts.program[1..])
+            .env(XDEV_RANK, rank.to_string())
+            .env(XDEV_SIZE, opts.n.to_string())
+            .env(XDEV_JOB, &job)
+            .env(XDEV_BOOTSTRAP, addr.to_string())
+            .env(XDEV_SECRET, secret.to_hex())
+            .stdin(Stdio::null())
+            .process_group(0);
+        match &opts.device {
+            Some(d) => cmd.env(XDEV_DEVICE, d),
+            None => cmd.env_remove(XDEV_DEVICE),
+        };
+        if opts.label {
+            cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+        }
+        match cmd.spawn() {
+            Ok(mut child) => {
+                if let Some(out) = child.stdout.take() {
+                    forward(rank, out, false, done_tx.clone());
+                }
+                if let Some(err) = child.stderr.take() {
+                    forward(rank, err, true, done_tx.clone());
+                }
+                children.push(child);
+            }
+            Err(e) => {
+                eprintln!(
+                    "xdev-run: cannot start rank {rank} ({}): {e}",
+                    opts.program[0].to_string_lossy()
+                );
+                let mut reaped = vec![None; children.len()];
+                stop_all(&mut children, &mut reaped, libc::SIGTERM);
+                return if e.kind() == std::io::ErrorKind::NotFound {
+                    127
+                } else {
+                    126
+                };
+            }
+        }
+    }
+    drop(done_tx);
+
+    let deadline = opts.timeout.map(|t| Instant::now() + t);
+    let mut reaped: Vec<Option<ExitStatus>> = vec![None; opts.n];
+    let outcome = loop {
+        let mut failed = None;
+        for (rank, (c, st)) in children.iter_mut().zip(reaped.iter_mut()).enumerate() {
+            if st.is_some() {
+                continue;
+            }
+            match c.try_wait() {
+                Ok(Some(s)) => {
+                    *st = Some(s);
+                    if !s.success() && failed.is_none() {
+                        failed = Some((rank, s));
+                    }
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    eprintln!("xdev-run: cannot wait for rank {rank}: {e}");
+                    let s = ExitStatus::from_raw(1 << 8);
+                    *st = Some(s);
+                    failed = failed.or(Some((rank, s)));
+                }
+            }
+        }
+        if let Some((rank, s)) = failed {
+            break Outcome::RankFailed(rank, s);
+        }
+        if reaped.iter().all(Option::is_some) {
+            break Outcome::Success;
+        }
+        let sig = SIGNALLED.load(Ordering::SeqCst);
+        if sig != 0 {
+            break Outcome::Signalled(sig);
+        }
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            break Outcome::Timeout;
+        }
+        thread::sleep(POLL);
+    };
+    let left = reaped.iter().filter(|s| s.is_none()).count();
+    let stopping = if left > 0 {
+        format!("; stopping the {left} rank(s) still running")
+    } else {
+        String::new()
+    };
+    let code = match outcome {
+        Outcome::Success => 0,
+        Outcome::RankFailed(rank, s) => {
+            let (code, how) = describe(s);
+            eprintln!("xdev-run: rank {rank} {how}{stopping}");
+            stop_all(&mut children, &mut reaped, libc::SIGTERM);
+            code
+        }
+        Outcome::Timeout => {
+            eprintln!(
+                "xdev-run: timeout: the job did not finish within {:?}{stopping}",
+                opts.timeout.unwrap_or_default()
+            );
+            stop_all(&mut children, &mut reaped, libc::SIGTERM);
+            124
+        }
+        Outcome::Signalled(sig) => {
+            eprintln!(
+                "xdev-run: got {} (signal {sig}){}",
+                signal_name(sig),
+                if left > 0 {
+                    format!("; passing it on to the {left} rank(s) still running")
+                } else {
+                    String::new()
+                }
+            );
+            stop_all(&mut children, &mut reaped, sig);
+            128 + sig
+        }
+    };
+    // Let the label threads print what the ranks wrote last; a grandchild
+    // that keeps a pipe open does not hold the launcher up for long.
+    if opts.label {
+        let until = Instant::now() + GRACE;
+        let streams = 2 * children.len();
+        for _ in 0..streams {
+            let left = until.saturating_duration_since(Instant::now());
+            if done_rx.recv_timeout(left).is_err() {
+                break;
+            }
+        }
+    }
+    drop(server);
+    code
+}

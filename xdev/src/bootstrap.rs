@@ -1,0 +1,267 @@
+//! The bootstrap service (PMI-like): how the processes of one job learn who
+//! they are and exchange the endpoint information their device needs (segment
+//! names, queue-pair numbers, GIDs, rkeys, PSM2 endpoint ids) before any
+//! device traffic flows, and how they learn that a peer's process has gone.
+//!
+//! It is a small authenticated TCP service with a key-value store, a barrier
+//! and an allgather, run by the launcher (`xdev-run`, or `xdev-run --serve`
+//! for ranks started by hand or by a batch scheduler), plus the client every
+//! multi-process device opens from the environment. It is not a data path
+//! (values are small and go through one central server), not a process
+//! manager (the launcher starts and kills processes) and not a secure channel:
+//! the handshake proves knowledge of the job secret, but the traffic after it
+//! is neither encrypted nor integrity-protected, so it is meant for loopback
+//! or a trusted cluster network.
+//!
+//! # Environment
+//!
+//! The launcher sets, for every rank it starts:
+//!
+//! | variable | meaning |
+//! |---|---|
+//! | [`XDEV_RANK`] | this process's rank, `0..XDEV_SIZE` |
+//! | [`XDEV_SIZE`] | number of ranks in the job |
+//! | [`XDEV_JOB`] | job identity (printable, at most [`wire::MAX_JOB_LEN`] bytes) |
+//! | [`XDEV_BOOTSTRAP`] | `host:port` of the bootstrap service |
+//! | [`XDEV_SECRET`] | the per-job secret: 32 random bytes as 64 hex digits |
+//! | [`XDEV_DEVICE`] | device name chosen with `xdev-run --device` (optional) |
+//!
+//! [`config_from_env`] turns the first three into a [`Config`];
+//! [`device_from_env`] reads the device name; [`Bootstrap::from_env`] connects
+//! with all five. Missing or malformed variables are [`Error::Config`] errors
+//! that name the variable.
+//!
+//! # Service
+//!
+//! * Keys are UTF-8 strings of at most [`wire::MAX_KEY_LEN`] (256) bytes,
+//!   values at most [`wire::MAX_VALUE_LEN`] (1 MiB). A `put` replaces an
+//!   earlier value of the same key; a `get` waits until some rank has put the
+//!   key or its timeout passes.
+//! * The store (keys, values and allgather contributions in flight) is bounded
+//!   by [`ServerOptions::max_store_bytes`], 64 MiB by default; beyond it a
+//!   request fails with [`Error::ResourceExhausted`].
+//! * `barrier` and `allgather` are collective over all ranks; they fail with
+//!   [`Error::PeerLost`] once a rank that has not contributed has left.
+//! * The service uses blocking I/O on std threads: one listener thread and
+//!   one thread per connection (so at most `size` plus
+//!   [`ServerOptions::max_pending_handshakes`] connection threads). Its state
+//!   sits under one lock that is never held across socket I/O, and a rank
+//!   that stops reading is dropped after [`ServerOptions::write_timeout`].
+//! * When a rank's connection closes (its process exited, was killed, or
+//!   dropped its [`Bootstrap`]), every other rank is told; a [`Bootstrap`]
+//!   records these notices in the background and [`Bootstrap::departed`]
+//!   reads them without any network traffic, so a device can poll it to
+//!   detect dead peers within a round trip of the loopback.
+//!
+//! # Security
+//!
+//! A client proves knowledge of the secret by HMAC-SHA256 challenge-response
+//! (see [`wire`] for the frames): the service sends a fresh nonce, the client
+//! MACs it with its own nonce, rank, size and job; the service checks the MAC
+//! in constant time, then checks the job and size and that the rank is in
+//! range and not yet claimed (each rank can be claimed once per job), and
+//! proves its own knowledge of the secret back. The secret never travels.
+//! Every frame is length-prefixed and decoded strictly with bounded
+//! allocation; a connection that sends anything malformed is closed. The
+//! service holds at most `size` authenticated connections plus
+//! [`ServerOptions::max_pending_handshakes`] connections in their handshake,
+//! each of which must finish within [`ServerOptions::handshake_timeout`].
+//!
+//! ```no_run
+//! use xdev::bootstrap::Bootstrap;
+//!
+//! let boot = Bootstrap::from_env()?;
+//! boot.put(&format!("segment/{}", boot.rank()), b"/xdev-shm-1234-0")?;
+//! let all = boot.allgather(&(boot.rank() as u32).to_le_bytes())?;
+//! assert_eq!(all.len(), boot.size());
+//! boot.barrier()?;
+//! if !boot.departed()?.is_empty() {
+//!     // some peer's process has gone
+//! }
+//! # Ok::<(), xdev::Error>(())
+//! ```
+
+mod auth;
+mod client;
+mod server;
+pub mod wire;
+
+pub use client::{Bootstrap, Departure, CONNECT_TIMEOUT};
+pub use server::{BootstrapServer, ServerOptions, ServerStatus};
+
+use std::fmt;
+
+use crate::{Config, Error, Rank, Result};
+
+/// Environment variable: this process's rank.
+pub const XDEV_RANK: &str = "XDEV_RANK";
+/// Environment variable: the number of ranks.
+pub const XDEV_SIZE: &str = "XDEV_SIZE";
+/// Environment variable: the job identity.
+pub const XDEV_JOB: &str = "XDEV_JOB";
+/// Environment variable: `host:port` of the bootstrap service.
+pub const XDEV_BOOTSTRAP: &str = "XDEV_BOOTSTRAP";
+/// Environment variable: the per-job secret, 64 hex digits.
+pub const XDEV_SECRET: &str = "XDEV_SECRET";
+/// Environment variable: the device name chosen by the launcher (optional).
+pub const XDEV_DEVICE: &str = "XDEV_DEVICE";
+
+/// The rank named in [`Error::Protocol`] when the offender is the bootstrap
+/// service itself or a connection that has not yet proved a rank.
+pub const SERVICE: Rank = Rank::MAX;
+
+/// A per-job secret: 32 bytes, shared by the service and the ranks of one
+/// job, written in the environment as 64 hex digits. `Debug` does not show it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret([u8; 32]);
+
+impl Secret {
+    /// A fresh secret from the operating system's random number generator.
+    pub fn generate() -> Result<Secret> {
+        auth::random().map(Secret)
+    }
+
+    /// A secret from raw bytes.
+    pub fn from_bytes(bytes: [u8; 32]) -> Secret {
+        Secret(bytes)
+    }
+
+    /// The raw bytes.
+    pub fn as_bytes(&self) -> &[u8; 32] {
+        &self.0
+    }
+
+    /// Parses 64 hex digits (either case), as in [`XDEV_SECRET`].
+    pub fn from_hex(hex: &str) -> Result<Secret> {
+        let hex = hex.trim();
+        let bad = || {
+            Error::Config(format!(
+                "{XDEV_SECRET} must be 64 hex digits (32 bytes), got {} characters",
+                hex.len()
+            ))
+        };
+        if hex.len() != 64 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(bad());
+        }
+        let mut out = [0u8; 32];
+        for (i, pair) in hex.as_bytes().chunks_exact(2).enumerate() {
+            let s = std::str::from_utf8(pair).map_err(|_| bad())?;
+            out[i] = u8::from_str_radix(s, 16).map_err(|_| bad())?;
+        }
+        Ok(Secret(out))
+    }
+
+    /// The secret as 64 lower-case hex digits.
+    pub fn to_hex(&self) -> String {
+        self.0.iter().map(|b| format!("{b:02x}")).collect()
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Secret(..)")
+    }
+}
+
+/// Everything the launcher puts in a rank's environment, parsed.
+#[derive(Clone, Debug)]
+pub struct JobEnv {
+    /// Rank, size and job identity ([`XDEV_RANK`], [`XDEV_SIZE`], [`XDEV_JOB`]).
+    pub config: Config,
+    /// [`XDEV_BOOTSTRAP`], if set.
+    pub bootstrap: Option<String>,
+    /// [`XDEV_SECRET`], if set.
+    pub secret: Option<Secret>,
+    /// [`XDEV_DEVICE`], if set and not empty.
+    pub device: Option<String>,
+}
+
+impl JobEnv {
+    /// Reads the process environment.
+    pub fn from_env() -> Result<JobEnv> {
+        Self::from_lookup(|name| std::env::var_os(name).map(|v| v.to_string_lossy().into_owned()))
+    }
+
+    /// Reads the variables through `lookup` (name → value), e.g. from a map
+    /// in tests. Rank, size and job are required; the rest are optional here
+    /// and checked by whoever needs them.
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<JobEnv> {
+        let need = |name: &str| {
+            lookup(name).ok_or_else(|| {
+                Error::Config(format!(
+                    "{name} is not set (xdev-run sets it; when starting ranks by hand, \
+                     export the lines printed by `xdev-run --serve` and set {XDEV_RANK} per process)"
+                ))
+            })
+        };
+        let number = |name: &str| -> Result<usize> {
+            let v = need(name)?;
+            v.trim()
+                .parse()
+                .map_err(|_| Error::Config(format!("{name}={v:?} is not a non-negative integer")))
+        };
+        let size = number(XDEV_SIZE)?;
+        if size == 0 || size > u32::MAX as usize {
+            return Err(Error::Config(format!(
+                "{XDEV_SIZE}={size} is out of range: a job has 1..={} ranks",
+                u32::MAX
+            )));
+        }
+        let rank = number(XDEV_RANK)?;
+        if rank >= size {
+            return Err(Error::Config(format!(
+                "{XDEV_RANK}={rank} is out of range for {XDEV_SIZE}={size} (ranks are 0..{size})"
+            )));
+        }
+        let job = need(XDEV_JOB)?;
+        if job.is_empty() || job.len() > wire::MAX_JOB_LEN {
+            return Err(Error::Config(format!(
+                "{XDEV_JOB} must be 1..={} bytes long, got {}",
+                wire::MAX_JOB_LEN,
+                job.len()
+            )));
+        }
+        let secret = lookup(XDEV_SECRET)
+            .map(|s| Secret::from_hex(&s))
+            .transpose()?;
+        Ok(JobEnv {
+            config: Config::new(rank, size, job),
+            bootstrap: lookup(XDEV_BOOTSTRAP).filter(|s| !s.is_empty()),
+            secret,
+            device: lookup(XDEV_DEVICE).filter(|s| !s.is_empty()),
+        })
+    }
+}
+
+/// Rank, size and job identity from [`XDEV_RANK`], [`XDEV_SIZE`] and
+/// [`XDEV_JOB`], as a [`Config`] with no options. Fails with
+/// [`Error::Config`] naming the missing or malformed variable.
+pub fn config_from_env() -> Result<Config> {
+    JobEnv::from_env().map(|e| e.config)
+}
+
+/// The device name from [`XDEV_DEVICE`], if set and not empty.
+pub fn device_from_env() -> Option<String> {
+    std::env::var(XDEV_DEVICE).ok().filter(|s| !s.is_empty())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn secret_hex_roundtrip() {
+        let s = Secret::generate().unwrap();
+        assert_eq!(Secret::from_hex(&s.to_hex()).unwrap(), s);
+        assert_eq!(
+            Secret::from_hex(&s.to_hex().to_uppercase()).unwrap(),
+            s,
+            "either case"
+        );
+        assert!(Secret::from_hex("abc").is_err());
+        assert!(Secret::from_hex(&"g".repeat(64)).is_err());
+        assert!(Secret::from_hex(&"+f".repeat(32)).is_err());
+        assert!(Secret::from_hex(&"é".repeat(32)).is_err());
+        assert_eq!(format!("{s:?}"), "Secret(..)");
+    }
+}
