@@ -116,6 +116,11 @@ impl RingRef {
         RingRef { base, nslots }
     }
 
+    /// Start of the ring's memory (for the owner of a mapping, and tests).
+    pub fn base_ptr(&self) -> *mut u8 {
+        self.base.as_ptr()
+    }
+
     /// Number of slots.
     pub fn nslots(&self) -> usize {
         self.nslots
