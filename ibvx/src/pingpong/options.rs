@@ -1,0 +1,508 @@
+//! Command-line options of `ibvx-pingpong`.
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+use crate::verbs::Mtu;
+
+/// The default TCP port of the out-of-band exchange (perftest's).
+pub const DEFAULT_PORT: u16 = 18515;
+
+/// Largest message of `--all` (2^23 bytes, as perftest).
+pub const ALL_MAX_SIZE: usize = 1 << 23;
+
+/// Largest message size accepted (1 GiB).
+pub const MAX_SIZE: usize = 1 << 30;
+
+/// The three tests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum TestKind {
+    /// Send/receive latency, pingpong (perftest's `ib_send_lat`).
+    SendLat,
+    /// RDMA-write latency, pingpong polling the last byte (`ib_write_lat`).
+    WriteLat,
+    /// RDMA-write bandwidth with a window of outstanding writes (`ib_write_bw`).
+    WriteBw,
+}
+
+impl TestKind {
+    /// All tests.
+    pub const ALL: [TestKind; 3] = [TestKind::SendLat, TestKind::WriteLat, TestKind::WriteBw];
+
+    /// The option value: `send_lat`, `write_lat` or `write_bw`.
+    pub fn name(self) -> &'static str {
+        match self {
+            TestKind::SendLat => "send_lat",
+            TestKind::WriteLat => "write_lat",
+            TestKind::WriteBw => "write_bw",
+        }
+    }
+
+    /// The perftest program that runs the same test.
+    pub fn perftest_program(self) -> &'static str {
+        match self {
+            TestKind::SendLat => "ib_send_lat",
+            TestKind::WriteLat => "ib_write_lat",
+            TestKind::WriteBw => "ib_write_bw",
+        }
+    }
+
+    /// Whether the test measures latency (else bandwidth).
+    pub fn is_latency(self) -> bool {
+        !matches!(self, TestKind::WriteBw)
+    }
+
+    /// The title perftest prints above its table.
+    pub fn title(self) -> &'static str {
+        match self {
+            TestKind::SendLat => "Send Latency Test",
+            TestKind::WriteLat => "RDMA_Write Latency Test",
+            TestKind::WriteBw => "RDMA_Write BW Test",
+        }
+    }
+
+    /// Wire code of the native handshake.
+    pub fn code(self) -> u8 {
+        match self {
+            TestKind::SendLat => 1,
+            TestKind::WriteLat => 2,
+            TestKind::WriteBw => 3,
+        }
+    }
+
+    /// From the wire code.
+    pub fn from_code(c: u8) -> Option<TestKind> {
+        TestKind::ALL.into_iter().find(|t| t.code() == c)
+    }
+}
+
+impl fmt::Display for TestKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for TestKind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        TestKind::ALL
+            .into_iter()
+            .find(|t| t.name() == s)
+            .ok_or_else(|| format!("unknown test {s:?} (send_lat, write_lat or write_bw)"))
+    }
+}
+
+/// Everything `ibvx-pingpong` was asked to do, with defaults filled in.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Options {
+    /// Which test.
+    pub test: TestKind,
+    /// The server to connect to (client mode); `None` = server mode.
+    pub host: Option<String>,
+    /// TCP port of the out-of-band exchange.
+    pub port: u16,
+    /// Device name (`None` = first device).
+    pub ib_dev: Option<String>,
+    /// Device port (1-based).
+    pub ib_port: u8,
+    /// GID index (`None` = automatic on RoCE, none on InfiniBand).
+    pub gid_index: Option<u32>,
+    /// Message size (ignored with `all`).
+    pub size: usize,
+    /// Every power of two from 2 to 8 MiB.
+    pub all: bool,
+    /// Iterations per size.
+    pub iters: u64,
+    /// Requested path MTU (`None` = the port's active MTU).
+    pub mtu: Option<Mtu>,
+    /// Messages up to this size are sent inline.
+    pub inline_size: u32,
+    /// Outstanding writes of the bandwidth test.
+    pub tx_depth: u32,
+    /// Posted receives of the send latency test.
+    pub rx_depth: u32,
+    /// Wait for completions on the completion channel instead of polling.
+    pub events: bool,
+    /// Fill messages with a pattern and verify them on arrival.
+    pub check: bool,
+    /// One JSON record per size instead of tables.
+    pub json: bool,
+    /// Speak perftest's out-of-band protocol (peer is `ib_*_lat`/`ib_write_bw`).
+    pub perftest: bool,
+    /// Limit for each phase: waiting for the peer, the handshake, each size's run.
+    pub timeout: Duration,
+    /// How long a client retries a refused connection.
+    pub connect_timeout: Duration,
+}
+
+impl Options {
+    /// Defaults of `test` (perftest's): 2 bytes and 1000 iterations for the
+    /// latency tests, 64 KiB and 5000 iterations for bandwidth.
+    pub fn new(test: TestKind) -> Options {
+        Options {
+            test,
+            host: None,
+            port: DEFAULT_PORT,
+            ib_dev: None,
+            ib_port: 1,
+            gid_index: None,
+            size: if test.is_latency() { 2 } else { 65536 },
+            all: false,
+            iters: if test.is_latency() { 1000 } else { 5000 },
+            mtu: None,
+            inline_size: 0,
+            tx_depth: 128,
+            rx_depth: 512,
+            events: false,
+            check: false,
+            json: false,
+            perftest: false,
+            timeout: Duration::from_secs(300),
+            connect_timeout: Duration::from_secs(5),
+        }
+    }
+
+    /// Client (connects to `host`) or server.
+    pub fn is_client(&self) -> bool {
+        self.host.is_some()
+    }
+
+    /// The message sizes to run, in order.
+    pub fn sizes(&self) -> Vec<usize> {
+        if self.all {
+            all_sizes()
+        } else {
+            vec![self.size]
+        }
+    }
+
+    /// The largest message size.
+    pub fn max_size(&self) -> usize {
+        if self.all {
+            ALL_MAX_SIZE
+        } else {
+            self.size
+        }
+    }
+
+    /// The window of the bandwidth test: `tx_depth`, at most `iters`.
+    pub fn window(&self) -> u32 {
+        u32::try_from(self.iters.min(u64::from(self.tx_depth))).unwrap_or(self.tx_depth)
+    }
+}
+
+/// 2, 4, ... 8 MiB: the sizes of `--all` (perftest's `-a`).
+pub fn all_sizes() -> Vec<usize> {
+    (1..=23).map(|i| 1usize << i).collect()
+}
+
+/// What the command line asks for.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Command {
+    /// Run a test.
+    Run(Box<Options>),
+    /// Print the help text.
+    Help,
+    /// Print the version.
+    Version,
+}
+
+/// The help text.
+pub const HELP: &str = "\
+ibvx-pingpong: verbs latency and bandwidth between two processes (perftest layout)
+
+USAGE:
+  ibvx-pingpong [OPTIONS]          server: wait for a client
+  ibvx-pingpong [OPTIONS] HOST     client: connect to the server on HOST
+
+TESTS (--test, the same on both sides):
+  send_lat    send/receive latency, pingpong            (perftest: ib_send_lat)
+  write_lat   RDMA-write latency, polling the last byte (perftest: ib_write_lat)
+  write_bw    RDMA-write bandwidth, tx-depth window     (perftest: ib_write_bw)
+
+OPTIONS:
+      --test TEST          send_lat (default), write_lat or write_bw
+  -p, --port PORT          TCP port of the out-of-band exchange (default 18515)
+  -d, --ib-dev DEV         RDMA device (default: the first one)
+  -i, --ib-port PORT       device port (default 1)
+  -x, --gid-index N        GID index (default: RoCE v2 IPv4 entry on RoCE, none on IB)
+  -s, --size BYTES         message size (default 2; 65536 for write_bw; K/M/G suffixes)
+  -a, --all                every power of two from 2 to 8 MiB
+  -n, --iters N            iterations per size (default 1000; 5000 for write_bw)
+  -m, --mtu BYTES          path MTU 256..4096 (default: the port's active MTU)
+  -I, --inline-size BYTES  send messages up to this size inline (default 0)
+  -t, --tx-depth N         outstanding writes of write_bw (default 128)
+  -r, --rx-depth N         posted receives of send_lat (default 512)
+  -e, --events             wait on the completion channel instead of polling
+  -c, --check              fill messages with a pattern and verify it (ibvx peers)
+      --json               one JSON record per size instead of the table
+      --perftest           talk to perftest (ib_send_lat, ib_write_lat, ib_write_bw)
+                           instead of ibvx-pingpong; a server also detects it itself
+      --timeout SECS       limit for waiting for the peer, the handshake and each
+                           size's run (default 300)
+      --connect-timeout S  how long a client retries a refused connection (default 5)
+  -h, --help               this text
+  -V, --version            version
+
+Both sides must use the same test, sizes, iterations and MTU: an ibvx-pingpong
+peer refuses a mismatch at the handshake; perftest cannot tell (see --perftest).
+Latency is half the round trip (t_typical is the median), bandwidth is in MiB/s,
+as perftest reports them.";
+
+/// Parses a byte count with an optional K, M or G (binary) suffix.
+pub fn parse_bytes(s: &str) -> Result<usize, String> {
+    let (digits, mult) = match s.as_bytes().last() {
+        Some(b'k' | b'K') => (&s[..s.len() - 1], 1usize << 10),
+        Some(b'm' | b'M') => (&s[..s.len() - 1], 1 << 20),
+        Some(b'g' | b'G') => (&s[..s.len() - 1], 1 << 30),
+        _ => (s, 1),
+    };
+    digits
+        .parse::<usize>()
+        .ok()
+        .and_then(|n| n.checked_mul(mult))
+        .ok_or_else(|| format!("{s:?} is not a byte count"))
+}
+
+fn parse_num<T: FromStr>(name: &str, v: &str) -> Result<T, String> {
+    v.parse()
+        .map_err(|_| format!("{name} takes a number, not {v:?}"))
+}
+
+/// Parses the arguments (without the program name).
+pub fn parse<I, S>(args: I) -> Result<Command, String>
+where
+    I: IntoIterator<Item = S>,
+    S: Into<String>,
+{
+    let mut test = TestKind::SendLat;
+    let mut host: Option<String> = None;
+    let mut size: Option<usize> = None;
+    let mut iters: Option<u64> = None;
+    let mut o = Options::new(TestKind::SendLat);
+    let mut it = args.into_iter().map(Into::into);
+    while let Some(arg) = it.next() {
+        // --name=value
+        let (name, inline_value) = match arg.split_once('=') {
+            Some((n, v)) if n.starts_with("--") => (n.to_string(), Some(v.to_string())),
+            _ => (arg.clone(), None),
+        };
+        let mut value = |what: &str| -> Result<String, String> {
+            match &inline_value {
+                Some(v) => Ok(v.clone()),
+                None => it.next().ok_or_else(|| format!("{what} needs a value")),
+            }
+        };
+        match name.as_str() {
+            "-h" | "--help" => return Ok(Command::Help),
+            "-V" | "--version" => return Ok(Command::Version),
+            "--test" => test = value("--test")?.parse()?,
+            "-p" | "--port" => {
+                o.port = parse_num("--port", &value("--port")?)?;
+                if o.port == 0 {
+                    return Err("--port must be 1..65535".into());
+                }
+            }
+            "-d" | "--ib-dev" => o.ib_dev = Some(value("--ib-dev")?),
+            "-i" | "--ib-port" => {
+                o.ib_port = parse_num("--ib-port", &value("--ib-port")?)?;
+                if o.ib_port == 0 {
+                    return Err("--ib-port counts from 1".into());
+                }
+            }
+            "-x" | "--gid-index" => {
+                let v: u32 = parse_num("--gid-index", &value("--gid-index")?)?;
+                if v > 255 {
+                    return Err("--gid-index must be 0..255".into());
+                }
+                o.gid_index = Some(v);
+            }
+            "-s" | "--size" => size = Some(parse_bytes(&value("--size")?)?),
+            "-a" | "--all" => o.all = true,
+            "-n" | "--iters" => iters = Some(parse_num("--iters", &value("--iters")?)?),
+            "-m" | "--mtu" => {
+                let v = parse_bytes(&value("--mtu")?)?;
+                o.mtu = Some(Mtu::from_bytes(v).ok_or_else(|| {
+                    format!("--mtu must be 256, 512, 1024, 2048 or 4096, not {v}")
+                })?);
+            }
+            "-I" | "--inline-size" => {
+                o.inline_size = u32::try_from(parse_bytes(&value("--inline-size")?)?)
+                    .map_err(|_| "--inline-size is too large".to_string())?;
+            }
+            "-t" | "--tx-depth" => o.tx_depth = parse_num("--tx-depth", &value("--tx-depth")?)?,
+            "-r" | "--rx-depth" => o.rx_depth = parse_num("--rx-depth", &value("--rx-depth")?)?,
+            "-e" | "--events" => o.events = true,
+            "-c" | "--check" => o.check = true,
+            "--json" => o.json = true,
+            "--perftest" => o.perftest = true,
+            "--timeout" => {
+                let s: f64 = parse_num("--timeout", &value("--timeout")?)?;
+                if !(s > 0.0 && s < 1e9) {
+                    return Err("--timeout must be a positive number of seconds".into());
+                }
+                o.timeout = Duration::from_secs_f64(s);
+            }
+            "--connect-timeout" => {
+                let s: f64 = parse_num("--connect-timeout", &value("--connect-timeout")?)?;
+                if !(0.0..1e9).contains(&s) {
+                    return Err("--connect-timeout must be a number of seconds".into());
+                }
+                o.connect_timeout = Duration::from_secs_f64(s);
+            }
+            a if a.starts_with('-') && a.len() > 1 => {
+                return Err(format!("unknown option {a:?} (see --help)"))
+            }
+            _ => {
+                if let Some(h) = &host {
+                    return Err(format!("more than one HOST given ({h:?} and {arg:?})"));
+                }
+                host = Some(arg);
+            }
+        }
+    }
+    let defaults = Options::new(test);
+    o.test = test;
+    o.host = host;
+    o.size = size.unwrap_or(defaults.size);
+    o.iters = iters.unwrap_or(defaults.iters);
+    if o.all && size.is_some() {
+        return Err("--all and --size exclude each other".into());
+    }
+    if o.size == 0 || o.size > MAX_SIZE {
+        return Err(format!("--size must be 1..{MAX_SIZE}"));
+    }
+    if !(5..=100_000_000).contains(&o.iters) {
+        return Err("--iters must be 5..100000000".into());
+    }
+    if !(1..=15000).contains(&o.tx_depth) {
+        return Err("--tx-depth must be 1..15000".into());
+    }
+    if !(1..=16384).contains(&o.rx_depth) {
+        return Err("--rx-depth must be 1..16384".into());
+    }
+    if o.check && o.perftest {
+        return Err(
+            "--check needs ibvx-pingpong on both sides (perftest does not fill or verify data)"
+                .into(),
+        );
+    }
+    Ok(Command::Run(Box::new(o)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(args: &[&str]) -> Options {
+        match parse(args.iter().copied()) {
+            Ok(Command::Run(o)) => *o,
+            other => panic!("{args:?}: {other:?}"),
+        }
+    }
+
+    fn err(args: &[&str]) -> String {
+        match parse(args.iter().copied()) {
+            Err(e) => e,
+            other => panic!("{args:?} parsed: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn defaults_follow_perftest() {
+        let o = run(&[]);
+        assert_eq!(o.test, TestKind::SendLat);
+        assert!(!o.is_client());
+        assert_eq!((o.size, o.iters, o.port), (2, 1000, 18515));
+        let o = run(&["--test", "write_bw", "10.0.0.1"]);
+        assert_eq!((o.size, o.iters, o.tx_depth), (65536, 5000, 128));
+        assert_eq!(o.host.as_deref(), Some("10.0.0.1"));
+        assert_eq!(o.window(), 128);
+        let o = run(&["--test=write_lat", "-n", "7", "-t", "64"]);
+        assert_eq!((o.test, o.iters, o.window()), (TestKind::WriteLat, 7, 7));
+    }
+
+    #[test]
+    fn every_option_parses() {
+        let o = run(&[
+            "-d",
+            "rxe0",
+            "-i",
+            "1",
+            "-x",
+            "1",
+            "-s",
+            "64K",
+            "-n",
+            "100",
+            "-m",
+            "1024",
+            "-I",
+            "64",
+            "-e",
+            "-c",
+            "--json",
+            "-p",
+            "2000",
+            "--timeout",
+            "2.5",
+            "--connect-timeout=0",
+            "-r",
+            "16",
+            "host",
+        ]);
+        assert_eq!(o.ib_dev.as_deref(), Some("rxe0"));
+        assert_eq!((o.ib_port, o.gid_index, o.size), (1, Some(1), 65536));
+        assert_eq!(
+            (o.iters, o.mtu, o.inline_size),
+            (100, Some(Mtu::Mtu1024), 64)
+        );
+        assert!(o.events && o.check && o.json && !o.perftest);
+        assert_eq!((o.port, o.rx_depth), (2000, 16));
+        assert_eq!(o.timeout, Duration::from_millis(2500));
+        assert_eq!(o.connect_timeout, Duration::ZERO);
+        let o = run(&["-a", "--perftest", "--test", "write_lat"]);
+        assert!(o.all && o.perftest);
+        assert_eq!(o.sizes().len(), 23);
+        assert_eq!((o.sizes()[0], o.max_size()), (2, 8 << 20));
+    }
+
+    #[test]
+    fn bad_input_is_refused_with_a_reason() {
+        assert!(err(&["--test", "read_lat"]).contains("unknown test"));
+        assert!(err(&["-m", "1500"]).contains("--mtu must be"));
+        assert!(err(&["-s"]).contains("needs a value"));
+        assert!(err(&["-s", "x"]).contains("not a byte count"));
+        assert!(err(&["-s", "0"]).contains("--size"));
+        assert!(err(&["-n", "4"]).contains("--iters"));
+        assert!(err(&["-a", "-s", "8"]).contains("exclude"));
+        assert!(err(&["--bogus"]).contains("unknown option"));
+        assert!(err(&["a", "b"]).contains("more than one HOST"));
+        assert!(err(&["-c", "--perftest"]).contains("--check"));
+        assert!(err(&["-x", "300"]).contains("--gid-index"));
+        assert!(err(&["--timeout", "0"]).contains("--timeout"));
+        assert_eq!(parse(["-h"]), Ok(Command::Help));
+        assert_eq!(parse(["--version"]), Ok(Command::Version));
+    }
+
+    #[test]
+    fn byte_counts() {
+        assert_eq!(parse_bytes("4096"), Ok(4096));
+        assert_eq!(parse_bytes("1M"), Ok(1 << 20));
+        assert_eq!(parse_bytes("2g"), Ok(2 << 30));
+        assert!(parse_bytes("").is_err());
+        assert!(parse_bytes("K").is_err());
+        assert!(parse_bytes("99999999999999999999G").is_err());
+    }
+
+    #[test]
+    fn test_kinds_round_trip() {
+        for t in TestKind::ALL {
+            assert_eq!(t.name().parse::<TestKind>(), Ok(t));
+            assert_eq!(TestKind::from_code(t.code()), Some(t));
+            assert!(t.perftest_program().starts_with("ib_"));
+        }
+        assert_eq!(TestKind::from_code(0), None);
+    }
+}

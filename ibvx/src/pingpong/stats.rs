@@ -1,0 +1,352 @@
+//! Statistics and output, computed and laid out as perftest does.
+
+use std::fmt::Write as _;
+
+/// Samples perftest drops from the top of the sorted latency samples before
+/// computing the median, mean and percentiles (`LAT_MEASURE_TAIL`).
+pub const LAT_MEASURE_TAIL: usize = 2;
+
+/// The dashed line around perftest's tables.
+pub const RESULT_LINE: &str =
+    "---------------------------------------------------------------------------------------";
+
+/// Header of the latency table (perftest's `RESULT_FMT_LAT`).
+pub const LAT_HEADER: &str = " #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    t_avg[usec]    t_stdev[usec]   99% percentile[usec]   99.9% percentile[usec] ";
+
+/// Header of the bandwidth table (perftest's `RESULT_FMT`); MB is 2^20 bytes.
+pub const BW_HEADER: &str =
+    " #bytes     #iterations    BW peak[MB/sec]    BW average[MB/sec]   MsgRate[Mpps]";
+
+/// One latency result, in microseconds.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LatencyStats {
+    /// Smallest sample.
+    pub min: f64,
+    /// Largest sample kept (perftest's `t_max`: the tail of
+    /// [`LAT_MEASURE_TAIL`] samples minus one is left out).
+    pub max: f64,
+    /// Median ("typical").
+    pub typical: f64,
+    /// Mean.
+    pub avg: f64,
+    /// Standard deviation (computed in floating point; perftest truncates
+    /// each deviation to an integer).
+    pub stdev: f64,
+    /// 99th percentile.
+    pub p99: f64,
+    /// 99.9th percentile.
+    pub p99_9: f64,
+}
+
+/// Latency from the post timestamps of a pingpong (`stamps[i]` is when
+/// iteration `i` posted, in cycles): samples are the differences between
+/// consecutive posts (one round trip each) divided by two, as perftest's
+/// `print_report_lat` does. `None` with fewer than 2 samples.
+pub fn latency_stats(stamps: &[u64], cycles_per_us: f64) -> Option<LatencyStats> {
+    let mut d: Vec<u64> = stamps
+        .windows(2)
+        .map(|w| w[1].saturating_sub(w[0]))
+        .collect();
+    if d.len() < 2 || cycles_per_us <= 0.0 {
+        return None;
+    }
+    d.sort_unstable();
+    let n = d.len();
+    let m = if n > LAT_MEASURE_TAIL + 1 {
+        n - LAT_MEASURE_TAIL
+    } else {
+        n
+    };
+    let us = |c: u64| c as f64 / cycles_per_us / 2.0;
+    // perftest's get_median(m, delta): integer mean of the two middle samples.
+    let median = if (m - 1) % 2 != 0 {
+        (d[m / 2] + d[m / 2 - 1]) / 2
+    } else {
+        d[m / 2]
+    };
+    let avg = d[..m].iter().map(|&c| us(c)).sum::<f64>() / m as f64;
+    let var = d[..m].iter().map(|&c| (us(c) - avg).powi(2)).sum::<f64>() / m as f64;
+    let at = |q: f64| d[((m as f64 * q).ceil() as usize).min(n - 1)];
+    Some(LatencyStats {
+        min: us(d[0]),
+        max: us(d[m.min(n - 1)]),
+        typical: us(median),
+        avg,
+        stdev: var.sqrt(),
+        p99: us(at(0.99)),
+        p99_9: us(at(0.999)),
+    })
+}
+
+/// One bandwidth result.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct BwStats {
+    /// Best rate over any run of consecutive messages, MiB/s.
+    pub peak: f64,
+    /// Average rate from the first post to the last completion, MiB/s.
+    pub avg: f64,
+    /// Messages per second, in millions.
+    pub msg_rate: f64,
+}
+
+/// Bandwidth as perftest's `print_report_bw` computes it. `posted[i]` is
+/// when message `i` was posted; `completed` holds `(j, t)`: messages up to
+/// `j` were complete at `t` (one entry per signaled completion), all in
+/// cycles. The average runs from the first post to the last completion;
+/// the peak is the best `(j - i + 1) * size / (t_j - posted[i])`.
+pub fn bw_stats(
+    size: usize,
+    posted: &[u64],
+    completed: &[(usize, u64)],
+    cycles_per_us: f64,
+) -> Option<BwStats> {
+    let &(last_j, last_t) = completed.last()?;
+    let first = *posted.first()?;
+    if cycles_per_us <= 0.0 || last_t <= first {
+        return None;
+    }
+    let mib = (1u64 << 20) as f64;
+    let cycles_per_s = cycles_per_us * 1e6;
+    let n = (last_j + 1) as f64;
+    let secs = (last_t - first) as f64 / cycles_per_s;
+    // The exact search is O(posts x completions); bound the work on huge runs.
+    let span = if posted.len().saturating_mul(completed.len()) > 20_000_000 {
+        4096
+    } else {
+        usize::MAX
+    };
+    let mut best = 0.0f64;
+    for &(j, t) in completed {
+        for (i, &p) in posted
+            .iter()
+            .enumerate()
+            .take(j + 1)
+            .skip(j.saturating_sub(span))
+        {
+            if t > p {
+                best = best.max((j - i + 1) as f64 / ((t - p) as f64 / cycles_per_s));
+            }
+        }
+    }
+    Some(BwStats {
+        peak: best * size as f64 / mib,
+        avg: n * size as f64 / secs / mib,
+        msg_rate: n / secs / 1e6,
+    })
+}
+
+/// A latency row in perftest's `REPORT_FMT_LAT` layout.
+pub fn latency_row(size: usize, iters: u64, s: &LatencyStats) -> String {
+    format!(
+        " {:<7} {}          {:<7.2}        {:<7.2}      {:<7.2}  \t       {:<7.2}     \t{:<7.2}\t\t{:<7.2} \t\t{:<7.2}",
+        size, iters, s.min, s.max, s.typical, s.avg, s.stdev, s.p99, s.p99_9
+    )
+}
+
+/// A bandwidth row in perftest's `REPORT_FMT` layout.
+pub fn bw_row(size: u64, iters: u64, s: &BwStats) -> String {
+    format!(
+        " {:<7}    {:<10}       {:<7.2}            {:<7.2}\t\t   {:<7.6}",
+        size, iters, s.peak, s.avg, s.msg_rate
+    )
+}
+
+/// A JSON number, or `null` when not finite.
+fn num(v: f64) -> String {
+    if v.is_finite() {
+        format!("{v:.4}")
+    } else {
+        "null".into()
+    }
+}
+
+/// A JSON string literal.
+pub fn json_str(s: &str) -> String {
+    let mut o = String::with_capacity(s.len() + 2);
+    o.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => o.push_str("\\\""),
+            '\\' => o.push_str("\\\\"),
+            c if (c as u32) < 0x20 => {
+                let _ = write!(o, "\\u{:04x}", c as u32);
+            }
+            c => o.push(c),
+        }
+    }
+    o.push('"');
+    o
+}
+
+/// Fields common to every JSON record.
+#[derive(Debug, Clone)]
+pub struct RecordContext {
+    /// Test name.
+    pub test: String,
+    /// `client` or `server`.
+    pub role: String,
+    /// `ibvx-pingpong` or `perftest`.
+    pub peer: String,
+    /// Device name.
+    pub device: String,
+}
+
+impl RecordContext {
+    fn prefix(&self) -> String {
+        format!(
+            "{{\"tool\":\"ibvx-pingpong\",\"test\":{},\"role\":{},\"peer\":{},\"device\":{}",
+            json_str(&self.test),
+            json_str(&self.role),
+            json_str(&self.peer),
+            json_str(&self.device)
+        )
+    }
+
+    /// A latency record (microseconds).
+    pub fn latency_json(&self, size: usize, iters: u64, s: &LatencyStats) -> String {
+        format!(
+            "{},\"bytes\":{size},\"iterations\":{iters},\"t_min_us\":{},\"t_max_us\":{},\"t_typical_us\":{},\"t_avg_us\":{},\"t_stdev_us\":{},\"t_p99_us\":{},\"t_p99_9_us\":{}}}",
+            self.prefix(),
+            num(s.min),
+            num(s.max),
+            num(s.typical),
+            num(s.avg),
+            num(s.stdev),
+            num(s.p99),
+            num(s.p99_9)
+        )
+    }
+
+    /// A bandwidth record (MiB/s, as perftest's MB/sec; Mpps).
+    pub fn bw_json(&self, size: u64, iters: u64, s: &BwStats) -> String {
+        format!(
+            "{},\"bytes\":{size},\"iterations\":{iters},\"bw_peak_mib_s\":{},\"bw_avg_mib_s\":{},\"msg_rate_mpps\":{}}}",
+            self.prefix(),
+            num(s.peak),
+            num(s.avg),
+            format_args!("{:.6}", if s.msg_rate.is_finite() { s.msg_rate } else { 0.0 })
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn latency_is_half_the_round_trip_like_perftest() {
+        // 1 cycle per us; round trips of 20 cycles, two outliers at the top.
+        let mut t = vec![0u64];
+        for i in 0..100 {
+            let rt = if i == 50 {
+                2000
+            } else if i == 60 {
+                1000
+            } else {
+                20 + (i % 3) as u64
+            };
+            t.push(t.last().unwrap() + rt);
+        }
+        let s = latency_stats(&t, 1.0).unwrap();
+        assert_eq!(s.min, 10.0);
+        assert_eq!(s.typical, 10.5); // median of 20, 21, 22 cycles, halved
+                                     // perftest's t_max is the second largest sample: the largest is dropped.
+        assert_eq!(s.max, 500.0);
+        assert!(s.avg > 10.0 && s.avg < 11.5, "{}", s.avg);
+        assert!(s.stdev < 1.0, "{}", s.stdev);
+        assert!(s.p99 >= s.typical && s.p99_9 >= s.p99);
+        assert_eq!(latency_stats(&[0, 5], 1.0), None);
+        assert_eq!(latency_stats(&t, 0.0), None);
+    }
+
+    #[test]
+    fn perftest_median_of_an_even_count() {
+        // 5 stamps -> 4 samples, 2 kept after the tail: (d0 + d1) / 2.
+        let s = latency_stats(&[0, 10, 30, 60, 100], 1.0).unwrap();
+        assert_eq!(s.typical, 7.5); // (10 + 20) / 2 / 2
+        assert_eq!(s.max, 15.0); // delta[measure_cnt] = 30
+    }
+
+    #[test]
+    fn bandwidth_average_and_peak() {
+        // 1 MiB messages, 1000 cycles/us; one message every 10 ms (1e7 cycles),
+        // completions at the same pace: 100 MiB/s.
+        let posted: Vec<u64> = (0..10).map(|i| i * 10_000_000).collect();
+        let completed: Vec<(usize, u64)> =
+            (0..10).map(|j| (j, (j as u64 + 1) * 10_000_000)).collect();
+        let s = bw_stats(1 << 20, &posted, &completed, 1000.0).unwrap();
+        assert!((s.avg - 100.0).abs() < 1e-9, "{}", s.avg);
+        assert!((s.peak - 100.0).abs() < 1e-9, "{}", s.peak);
+        assert!((s.msg_rate - 0.0001).abs() < 1e-12, "{}", s.msg_rate);
+        assert!(bw_stats(8, &[], &[], 1.0).is_none());
+    }
+
+    #[test]
+    fn rows_match_perftests_layout() {
+        let s = LatencyStats {
+            min: 13.63,
+            max: 271.5,
+            typical: 14.68,
+            avg: 16.71,
+            stdev: 14.01,
+            p99: 62.88,
+            p99_9: 271.5,
+        };
+        // A row printed by ib_send_lat 6.06.
+        assert_eq!(
+            latency_row(8, 1000, &s),
+            " 8       1000          13.63          271.50       14.68    \t       16.71       \t14.01  \t\t62.88   \t\t271.50 "
+        );
+        let b = BwStats {
+            peak: 56.57,
+            avg: 50.55,
+            msg_rate: 0.000051,
+        };
+        assert_eq!(
+            bw_row(1048576, 300, &b),
+            " 1048576    300              56.57              50.55  \t\t   0.000051"
+        );
+    }
+
+    #[test]
+    fn json_records_are_single_lines() {
+        let c = RecordContext {
+            test: "send_lat".into(),
+            role: "client".into(),
+            peer: "perftest".into(),
+            device: "rx\"e0".into(),
+        };
+        let s = LatencyStats {
+            min: 1.0,
+            max: f64::NAN,
+            typical: 1.5,
+            avg: 1.25,
+            stdev: 0.1,
+            p99: 2.0,
+            p99_9: 3.0,
+        };
+        let j = c.latency_json(8, 1000, &s);
+        assert!(
+            j.starts_with("{\"tool\":\"ibvx-pingpong\",\"test\":\"send_lat\""),
+            "{j}"
+        );
+        assert!(j.contains("\"device\":\"rx\\\"e0\""), "{j}");
+        assert!(j.contains("\"t_max_us\":null"), "{j}");
+        assert!(j.contains("\"t_typical_us\":1.5000"), "{j}");
+        assert!(j.ends_with('}') && !j.contains('\n'));
+        let b = c.bw_json(
+            65536,
+            5000,
+            &BwStats {
+                peak: 1.0,
+                avg: 0.5,
+                msg_rate: 0.000008,
+            },
+        );
+        assert!(
+            b.contains("\"bw_avg_mib_s\":0.5000") && b.contains("\"msg_rate_mpps\":0.000008"),
+            "{b}"
+        );
+        assert_eq!(json_str("a\nb"), "\"a\\u000ab\"");
+    }
+}

@@ -1,0 +1,450 @@
+//! Memory regions: registered buffers, their keys and scatter/gather entries.
+
+use std::alloc::{self, Layout};
+use std::fmt;
+use std::marker::PhantomData;
+use std::ops::BitOr;
+use std::ptr::{self, NonNull};
+
+use ibvx_sys as sys;
+
+use super::error::{errno_error, Error, Result};
+use super::pd::ProtectionDomain;
+
+/// Access rights of a memory region (`ibv_access_flags`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Access(u32);
+
+impl Access {
+    /// Local read access only (no flag).
+    pub const NONE: Access = Access(0);
+    /// The device may write the region for local operations (receives).
+    pub const LOCAL_WRITE: Access = Access(sys::IBV_ACCESS_LOCAL_WRITE);
+    /// Peers may RDMA-write the region (implies `LOCAL_WRITE`).
+    pub const REMOTE_WRITE: Access = Access(sys::IBV_ACCESS_REMOTE_WRITE);
+    /// Peers may RDMA-read the region.
+    pub const REMOTE_READ: Access = Access(sys::IBV_ACCESS_REMOTE_READ);
+    /// Peers may perform atomics on the region (implies `LOCAL_WRITE`).
+    pub const REMOTE_ATOMIC: Access = Access(sys::IBV_ACCESS_REMOTE_ATOMIC);
+
+    /// The `ibv_access_flags` bits.
+    pub fn bits(self) -> u32 {
+        self.0
+    }
+
+    /// Whether every flag of `other` is set.
+    pub fn contains(self, other: Access) -> bool {
+        self.0 & other.0 == other.0
+    }
+}
+
+impl BitOr for Access {
+    type Output = Access;
+    fn bitor(self, rhs: Access) -> Access {
+        Access(self.0 | rhs.0)
+    }
+}
+
+/// Where the bytes of a [`MemoryRegion`] live.
+enum Storage {
+    /// A zeroed, page-aligned allocation owned by the region.
+    Owned(Layout),
+    /// A caller's buffer, borrowed for the region's lifetime parameter.
+    Borrowed,
+}
+
+/// A registered buffer (`ibv_mr`) and its bytes.
+///
+/// The region either owns its memory ([`MemoryRegion::alloc`], a zeroed
+/// page-aligned allocation; `'buf` is `'static`) or mutably borrows the
+/// caller's buffer for `'buf` ([`MemoryRegion::register`]). Dropping the
+/// region deregisters it first (after which the device can no longer touch
+/// the memory) and then frees or releases the buffer. It holds its
+/// [`ProtectionDomain`], so the domain outlives it.
+///
+/// The device reads and writes the bytes behind the program's back (sends,
+/// receives and, with [`Access::REMOTE_WRITE`], peers' RDMA writes at any
+/// time), so the region hands out no long-lived references by default: the
+/// accessors copy in and out through raw pointers ([`MemoryRegion::write`],
+/// [`MemoryRegion::read`]) or use volatile accesses
+/// ([`MemoryRegion::load_u8`], for polling a byte a peer writes).
+/// [`MemoryRegion::as_slice`] and [`MemoryRegion::as_mut_slice`] exist for
+/// zero-copy use, under the contract stated there.
+pub struct MemoryRegion<'buf> {
+    raw: NonNull<sys::ibv_mr>,
+    ptr: NonNull<u8>,
+    len: usize,
+    access: Access,
+    storage: Storage,
+    pd: ProtectionDomain,
+    _buf: PhantomData<&'buf mut [u8]>,
+}
+
+// SAFETY: the region's memory is only reached through the methods below
+// (writes need `&mut self`), and ibv_mr may be used from any thread.
+unsafe impl Send for MemoryRegion<'_> {}
+// SAFETY: `&self` methods only read the memory (through raw pointers) or
+// return keys/addresses; mutation needs `&mut self`.
+unsafe impl Sync for MemoryRegion<'_> {}
+
+/// Page size used to align owned regions.
+const ALIGN: usize = 4096;
+
+impl MemoryRegion<'static> {
+    /// Allocates `len` zeroed bytes (page aligned, at least one byte) and
+    /// registers them with `access` on `pd`.
+    pub fn alloc(
+        pd: &ProtectionDomain,
+        len: usize,
+        access: Access,
+    ) -> Result<MemoryRegion<'static>> {
+        let layout = Layout::from_size_align(len.max(1), ALIGN)
+            .map_err(|_| Error::InvalidArgument(format!("region of {len} bytes is too large")))?;
+        // SAFETY: the layout has a non-zero size.
+        let p = unsafe { alloc::alloc_zeroed(layout) };
+        let Some(ptr) = NonNull::new(p) else {
+            return Err(Error::Registration {
+                len,
+                source: std::io::Error::from_raw_os_error(libc::ENOMEM),
+                hint: " (out of memory)",
+            });
+        };
+        // SAFETY: `ptr` is a fresh allocation of `layout.size()` bytes that
+        // the region owns and frees only after deregistering.
+        match unsafe { Self::register_raw(pd, ptr, layout.size(), access) } {
+            Ok(raw) => Ok(MemoryRegion {
+                raw,
+                ptr,
+                len: layout.size(),
+                access,
+                storage: Storage::Owned(layout),
+                pd: pd.clone(),
+                _buf: PhantomData,
+            }),
+            Err(e) => {
+                // SAFETY: allocated above with `layout`, not registered.
+                unsafe { alloc::dealloc(ptr.as_ptr(), layout) };
+                Err(e)
+            }
+        }
+    }
+}
+
+impl<'buf> MemoryRegion<'buf> {
+    /// Registers the caller's `buf` with `access` on `pd`. The buffer stays
+    /// mutably borrowed until the region is dropped (deregistered).
+    pub fn register(
+        pd: &ProtectionDomain,
+        buf: &'buf mut [u8],
+        access: Access,
+    ) -> Result<MemoryRegion<'buf>> {
+        if buf.is_empty() {
+            return Err(Error::InvalidArgument(
+                "cannot register an empty buffer".into(),
+            ));
+        }
+        let len = buf.len();
+        let ptr = NonNull::from(buf).cast::<u8>();
+        // SAFETY: `buf` is borrowed exclusively for 'buf, which the region
+        // cannot outlive, so it stays mapped until deregistration.
+        let raw = unsafe { Self::register_raw(pd, ptr, len, access)? };
+        Ok(MemoryRegion {
+            raw,
+            ptr,
+            len,
+            access,
+            storage: Storage::Borrowed,
+            pd: pd.clone(),
+            _buf: PhantomData,
+        })
+    }
+
+    /// # Safety
+    /// `ptr .. ptr + len` must stay mapped until the returned MR is
+    /// deregistered.
+    unsafe fn register_raw(
+        pd: &ProtectionDomain,
+        ptr: NonNull<u8>,
+        len: usize,
+        access: Access,
+    ) -> Result<NonNull<sys::ibv_mr>> {
+        let verbs = pd.context().verbs();
+        // SAFETY: live PD; the memory stays mapped per this function's contract.
+        let raw = unsafe { verbs.reg_mr(pd.as_raw(), ptr.as_ptr().cast(), len, access.bits()) };
+        NonNull::new(raw).ok_or_else(|| {
+            let source = std::io::Error::last_os_error();
+            let hint = match source.raw_os_error() {
+                Some(libc::ENOMEM) | Some(libc::EPERM) | Some(libc::EAGAIN) => {
+                    " (check the locked-memory limit: ulimit -l)"
+                }
+                _ => "",
+            };
+            Error::Registration { len, source, hint }
+        })
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the region is empty (never: regions have at least one byte).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Start address, as work requests and peers name it.
+    pub fn addr(&self) -> u64 {
+        self.ptr.as_ptr() as u64
+    }
+
+    /// Local key, for scatter/gather entries.
+    pub fn lkey(&self) -> u32 {
+        // SAFETY: live MR; plain field read.
+        unsafe { (*self.raw.as_ptr()).lkey }
+    }
+
+    /// Remote key, for peers' RDMA operations.
+    pub fn rkey(&self) -> u32 {
+        // SAFETY: live MR; plain field read.
+        unsafe { (*self.raw.as_ptr()).rkey }
+    }
+
+    /// The access rights the region was registered with.
+    pub fn access(&self) -> Access {
+        self.access
+    }
+
+    /// The protection domain.
+    pub fn pd(&self) -> &ProtectionDomain {
+        &self.pd
+    }
+
+    /// The raw `ibv_mr`, valid while the region lives.
+    pub fn as_raw(&self) -> *mut sys::ibv_mr {
+        self.raw.as_ptr()
+    }
+
+    fn check_range(&self, offset: usize, len: usize) {
+        assert!(
+            offset.checked_add(len).is_some_and(|end| end <= self.len),
+            "range {offset}+{len} outside the {}-byte memory region",
+            self.len
+        );
+    }
+
+    /// A scatter/gather entry for `len` bytes at `offset`, for work requests.
+    ///
+    /// # Panics
+    /// If the range is not inside the region.
+    pub fn sge(&self, offset: usize, len: usize) -> Sge<'_> {
+        self.check_range(offset, len);
+        Sge {
+            raw: sys::ibv_sge {
+                addr: self.addr() + offset as u64,
+                length: u32::try_from(len).expect("a scatter/gather entry is at most 4 GiB"),
+                lkey: self.lkey(),
+            },
+            _mr: PhantomData,
+        }
+    }
+
+    /// The remote address of `offset`, for a peer's RDMA operations (send it
+    /// with the region's length so the peer can stay inside it).
+    ///
+    /// # Panics
+    /// If `offset` is past the end of the region.
+    pub fn remote(&self, offset: usize) -> RemoteAddr {
+        self.check_range(offset, 0);
+        RemoteAddr {
+            addr: self.addr() + offset as u64,
+            rkey: self.rkey(),
+        }
+    }
+
+    /// Copies `data` into the region at `offset`.
+    ///
+    /// # Panics
+    /// If the range is not inside the region.
+    pub fn write(&mut self, offset: usize, data: &[u8]) {
+        self.check_range(offset, data.len());
+        // SAFETY: in bounds (checked); `data` cannot overlap the region
+        // (the region is borrowed mutably or owned).
+        unsafe {
+            ptr::copy_nonoverlapping(data.as_ptr(), self.ptr.as_ptr().add(offset), data.len())
+        };
+    }
+
+    /// Fills `len` bytes at `offset` with `f(i)` for `i` in `0..len`.
+    ///
+    /// # Panics
+    /// If the range is not inside the region.
+    pub fn fill(&mut self, offset: usize, len: usize, mut f: impl FnMut(usize) -> u8) {
+        self.check_range(offset, len);
+        let base = self.ptr.as_ptr();
+        for i in 0..len {
+            // SAFETY: in bounds (checked); raw write, no reference created.
+            unsafe { base.add(offset + i).write(f(i)) };
+        }
+    }
+
+    /// Copies `out.len()` bytes at `offset` into `out`.
+    ///
+    /// # Panics
+    /// If the range is not inside the region.
+    pub fn read(&self, offset: usize, out: &mut [u8]) {
+        self.check_range(offset, out.len());
+        // SAFETY: in bounds (checked); `out` is a distinct buffer.
+        unsafe {
+            ptr::copy_nonoverlapping(self.ptr.as_ptr().add(offset), out.as_mut_ptr(), out.len())
+        };
+    }
+
+    /// Volatile read of the byte at `offset`: sees a peer's RDMA write as
+    /// soon as it lands (for polling, as perftest's write latency test does).
+    ///
+    /// # Panics
+    /// If `offset` is outside the region.
+    #[inline]
+    pub fn load_u8(&self, offset: usize) -> u8 {
+        assert!(
+            offset < self.len,
+            "offset {offset} outside the {}-byte region",
+            self.len
+        );
+        // SAFETY: in bounds; a volatile read of initialized memory.
+        unsafe { ptr::read_volatile(self.ptr.as_ptr().add(offset)) }
+    }
+
+    /// Volatile write of the byte at `offset`.
+    ///
+    /// # Panics
+    /// If `offset` is outside the region.
+    #[inline]
+    pub fn store_u8(&mut self, offset: usize, value: u8) {
+        assert!(
+            offset < self.len,
+            "offset {offset} outside the {}-byte region",
+            self.len
+        );
+        // SAFETY: in bounds; a volatile write.
+        unsafe { ptr::write_volatile(self.ptr.as_ptr().add(offset), value) };
+    }
+
+    /// The bytes as a slice.
+    ///
+    /// # Safety
+    /// While the slice lives, no outstanding work request and no peer may
+    /// write the region (receives, RDMA writes from peers, atomics):
+    /// memory behind a shared reference must not change.
+    pub unsafe fn as_slice(&self) -> &[u8] {
+        // SAFETY: in bounds and initialized; immutability is the caller's promise.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+
+    /// The bytes as a mutable slice.
+    ///
+    /// # Safety
+    /// While the slice lives, no outstanding work request may read or write
+    /// the region and no peer may access it remotely.
+    pub unsafe fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: in bounds and initialized; exclusivity is the caller's promise.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl Drop for MemoryRegion<'_> {
+    fn drop(&mut self) {
+        let verbs = self.pd.context().verbs();
+        // SAFETY: registered by reg_mr and deregistered once.
+        let rc = unsafe { (verbs.ibv_dereg_mr)(self.raw.as_ptr()) };
+        if rc != 0 {
+            // The device may still reach the memory: leaking it is the only
+            // safe choice.
+            eprintln!(
+                "ibvx: ibv_dereg_mr failed ({}); leaking {} bytes",
+                errno_error(rc),
+                self.len
+            );
+            return;
+        }
+        if let Storage::Owned(layout) = self.storage {
+            // SAFETY: allocated in `alloc` with this layout; deregistered above.
+            unsafe { alloc::dealloc(self.ptr.as_ptr(), layout) };
+        }
+    }
+}
+
+impl fmt::Debug for MemoryRegion<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MemoryRegion")
+            .field("addr", &format_args!("{:#x}", self.addr()))
+            .field("len", &self.len)
+            .field("lkey", &format_args!("{:#x}", self.lkey()))
+            .field("rkey", &format_args!("{:#x}", self.rkey()))
+            .finish()
+    }
+}
+
+/// A scatter/gather entry (`ibv_sge`) inside a live [`MemoryRegion`]; the
+/// borrow keeps the region registered while the entry is in use. Layout
+/// compatible with `ibv_sge`, so a slice of entries is passed to the
+/// provider as is.
+#[derive(Clone, Copy)]
+#[repr(transparent)]
+pub struct Sge<'mr> {
+    raw: sys::ibv_sge,
+    _mr: PhantomData<&'mr ()>,
+}
+
+impl Sge<'_> {
+    /// Start address.
+    pub fn addr(&self) -> u64 {
+        self.raw.addr
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> u32 {
+        self.raw.length
+    }
+
+    /// Whether the entry covers no byte.
+    pub fn is_empty(&self) -> bool {
+        self.raw.length == 0
+    }
+
+    /// Local key.
+    pub fn lkey(&self) -> u32 {
+        self.raw.lkey
+    }
+}
+
+impl fmt::Debug for Sge<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "Sge {{ addr: {:#x}, len: {}, lkey: {:#x} }}",
+            self.raw.addr, self.raw.length, self.raw.lkey
+        )
+    }
+}
+
+/// A peer's memory for RDMA operations: an address in one of its regions
+/// and the region's remote key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct RemoteAddr {
+    /// Remote virtual address.
+    pub addr: u64,
+    /// Remote key of the region.
+    pub rkey: u32,
+}
+
+impl RemoteAddr {
+    /// The address `offset` bytes further.
+    pub fn offset(self, offset: u64) -> RemoteAddr {
+        RemoteAddr {
+            addr: self.addr + offset,
+            rkey: self.rkey,
+        }
+    }
+}

@@ -1,0 +1,439 @@
+//! The safe verbs layer on a real device: two RC QPs of one device connected
+//! to each other, every operation the layer offers, and its error paths.
+//!
+//! Needs an RDMA device (soft-RoCE is enough); without one each test prints
+//! "skipped: no RDMA device (runs in ci/vm-suite.sh)" and returns.
+//! Environment: `RXE_DEVICE` (default: the first device), `RXE_GID_INDEX`
+//! (default: the layer's choice).
+
+use std::time::{Duration, Instant};
+
+use ibvx::verbs::*;
+
+const SKIP: &str = "skipped: no RDMA device (runs in ci/vm-suite.sh)";
+const PORT: u8 = 1;
+const TIMEOUT: Duration = Duration::from_secs(10);
+
+fn open() -> Option<Context> {
+    match Context::open(std::env::var("RXE_DEVICE").ok().as_deref()) {
+        Ok(c) => Some(c),
+        Err(e @ (Error::NoDevice { .. } | Error::Unavailable(_))) => {
+            println!("{SKIP} [{e}]");
+            None
+        }
+        Err(e) => panic!("{e}"),
+    }
+}
+
+fn gid_index() -> Option<u32> {
+    std::env::var("RXE_GID_INDEX")
+        .ok()
+        .map(|v| v.parse().expect("RXE_GID_INDEX"))
+}
+
+/// Two connected RC QPs on one CQ each, plus their regions.
+struct Pair {
+    a: QueuePair,
+    b: QueuePair,
+    cq_a: CompletionQueue,
+    cq_b: CompletionQueue,
+}
+
+fn pair(
+    ctx: &Context,
+    pd: &ProtectionDomain,
+    channel: Option<&CompletionChannel>,
+    inline: u32,
+) -> Pair {
+    let local = ctx.port_address(PORT, gid_index()).unwrap();
+    let cq_a = CompletionQueue::new(ctx, 64, channel).unwrap();
+    let cq_b = CompletionQueue::new(ctx, 64, channel).unwrap();
+    let caps = QpCaps {
+        max_send_sge: 2,
+        max_recv_sge: 2,
+        max_inline_data: inline,
+        ..QpCaps::default()
+    };
+    let a = QueuePair::new_rc(pd, &cq_a, &cq_a, caps, false).unwrap();
+    let b = QueuePair::new_rc(pd, &cq_b, &cq_b, caps, false).unwrap();
+    assert_eq!(a.state().unwrap(), QpState::Reset);
+    for qp in [&a, &b] {
+        qp.modify_to_init(&InitAttr {
+            port: PORT,
+            ..InitAttr::default()
+        })
+        .unwrap();
+    }
+    let gid = local.gid.map(|(_, g)| g);
+    let ra = RemoteQp {
+        qpn: a.qp_num(),
+        psn: 0x100,
+        lid: local.lid,
+        gid,
+    };
+    let rb = RemoteQp {
+        qpn: b.qp_num(),
+        psn: 0x200,
+        lid: local.lid,
+        gid,
+    };
+    a.connect(&local, &rb, local.active_mtu, ra.psn).unwrap();
+    b.connect(&local, &ra, local.active_mtu, rb.psn).unwrap();
+    assert_eq!(a.state().unwrap(), QpState::Rts);
+    Pair { a, b, cq_a, cq_b }
+}
+
+/// Polls until `n` completions arrived (in any status).
+fn poll_n(cq: &CompletionQueue, n: usize) -> Vec<WorkCompletion> {
+    let deadline = Instant::now() + TIMEOUT;
+    let mut got = Vec::new();
+    let mut wcs = [WorkCompletion::default(); 8];
+    while got.len() < n {
+        let k = cq.poll(&mut wcs).unwrap();
+        got.extend_from_slice(&wcs[..k]);
+        assert!(
+            Instant::now() < deadline,
+            "{} of {n} completions",
+            got.len()
+        );
+    }
+    got
+}
+
+fn by_id(wcs: &[WorkCompletion], id: u64) -> WorkCompletion {
+    *wcs.iter()
+        .find(|w| w.wr_id() == id)
+        .unwrap_or_else(|| panic!("no wr_id {id}: {wcs:?}"))
+}
+
+#[test]
+fn device_port_and_gid_queries() {
+    let Some(ctx) = open() else { return };
+    let list = device_list().unwrap();
+    assert!(list.iter().any(|d| d.name == ctx.name()), "{list:?}");
+    assert!(ctx.port_count() >= 1);
+    let attr = ctx.query_port(PORT).unwrap();
+    println!("{}: port {PORT} {attr:?}", ctx.name());
+    assert_eq!(attr.state, PortState::Active);
+    let local = ctx.port_address(PORT, gid_index()).unwrap();
+    if attr.link_layer == LinkLayer::Ethernet {
+        let (i, g) = local.gid.expect("RoCE needs a GID");
+        println!("GID index {i}: {g}");
+        assert!(!g.is_zero());
+        assert_eq!(ctx.query_gid(PORT, i).unwrap(), g);
+    }
+
+    // Errors, each one line naming the problem.
+    let e = Context::open(Some("no-such-device")).unwrap_err();
+    let s = e.to_string();
+    assert!(
+        s.contains("\"no-such-device\" not found") && s.contains(ctx.name()),
+        "{s}"
+    );
+    for port in [0, ctx.port_count() + 1] {
+        let e = ctx.query_port(port).unwrap_err();
+        assert!(matches!(e, Error::BadPort { .. }), "{e}");
+        assert!(
+            e.to_string()
+                .starts_with(&format!("bad port {port} on {}", ctx.name())),
+            "{e}"
+        );
+    }
+    let e = ctx.query_gid(PORT, attr.gid_tbl_len + 5).unwrap_err();
+    assert!(e.to_string().contains("out of range"), "{e}");
+    // An unset entry: rxe fills only the first few.
+    let zero = (0..attr.gid_tbl_len.min(64))
+        .find(|&i| matches!(ctx.query_gid(PORT, i), Err(Error::BadGidIndex { .. })));
+    match zero {
+        Some(i) => {
+            let e = ctx.query_gid(PORT, i).unwrap_err().to_string();
+            assert!(e.contains("all zeros"), "{e}");
+            let e = ctx.port_address(PORT, Some(i)).unwrap_err().to_string();
+            assert!(e.starts_with(&format!("bad GID index {i}")), "{e}");
+        }
+        None => println!("no unset GID entry among the first 64"),
+    }
+}
+
+#[test]
+fn send_write_and_immediates_through_the_safe_layer() {
+    let Some(ctx) = open() else { return };
+    let pd = ProtectionDomain::new(&ctx).unwrap();
+    let p = pair(&ctx, &pd, None, 0);
+    let rw = Access::LOCAL_WRITE | Access::REMOTE_WRITE;
+    let mut a_mem = MemoryRegion::alloc(&pd, 8192, rw).unwrap();
+    let mut b_backing = vec![0u8; 8192];
+    let mut b_mem = MemoryRegion::register(&pd, &mut b_backing, rw).unwrap();
+    assert_eq!(a_mem.addr() % 4096, 0);
+    assert!(a_mem.access().contains(Access::REMOTE_WRITE));
+
+    // send -> recv
+    let msg = b"through the safe verbs layer";
+    b_mem.fill(0, 4096, |_| 0xee);
+    p.b.post_recv(10, &[b_mem.sge(0, 4096)]).unwrap();
+    a_mem.write(0, msg);
+    p.a.post_send(&SendRequest {
+        wr_id: 1,
+        op: SendOp::Send,
+        sges: &[a_mem.sge(0, msg.len())],
+        flags: SendFlags::SIGNALED,
+    })
+    .unwrap();
+    let s = poll_n(&p.cq_a, 1)[0];
+    s.ok().unwrap();
+    assert_eq!((s.wr_id(), s.opcode()), (1, WcOpcode::Send));
+    let r = poll_n(&p.cq_b, 1)[0];
+    r.ok().unwrap();
+    assert_eq!(
+        (r.wr_id(), r.opcode(), r.byte_len()),
+        (10, WcOpcode::Recv, msg.len() as u32)
+    );
+    assert_eq!(r.imm_data(), None);
+    let mut got = vec![0u8; msg.len()];
+    b_mem.read(0, &mut got);
+    assert_eq!(&got, msg);
+
+    // send with immediate, two scatter/gather entries gathered into one
+    p.b.post_recv(11, &[b_mem.sge(0, 4096)]).unwrap();
+    a_mem.write(100, b"abc");
+    a_mem.write(200, b"def");
+    p.a.post_send(&SendRequest {
+        wr_id: 2,
+        op: SendOp::SendWithImm(0xdead_beef),
+        sges: &[a_mem.sge(100, 3), a_mem.sge(200, 3)],
+        flags: SendFlags::SIGNALED,
+    })
+    .unwrap_or_else(|e| {
+        // a provider with one send SGE refuses; fall back to one entry
+        println!("two SGEs refused ({e}); sending one");
+        p.a.post_send(&SendRequest {
+            wr_id: 2,
+            op: SendOp::SendWithImm(0xdead_beef),
+            sges: &[a_mem.sge(100, 3)],
+            flags: SendFlags::SIGNALED,
+        })
+        .unwrap()
+    });
+    poll_n(&p.cq_a, 1)[0].ok().unwrap();
+    let r = poll_n(&p.cq_b, 1)[0];
+    r.ok().unwrap();
+    assert_eq!(r.imm_data(), Some(0xdead_beef));
+    assert_eq!(r.opcode(), WcOpcode::Recv);
+    let mut got = vec![0u8; r.byte_len() as usize];
+    b_mem.read(0, &mut got);
+    assert!(got == b"abcdef" || got == b"abc", "{got:?}");
+
+    // RDMA write: no completion at the target, data visible by polling
+    let dst = b_mem.remote(4096);
+    a_mem.fill(1024, 1000, |i| (i % 251) as u8);
+    a_mem.store_u8(2023, 0x5c);
+    p.a.post_send(&SendRequest {
+        wr_id: 3,
+        op: SendOp::RdmaWrite(dst),
+        sges: &[a_mem.sge(1024, 1000)],
+        flags: SendFlags::SIGNALED,
+    })
+    .unwrap();
+    let w = poll_n(&p.cq_a, 1)[0];
+    w.ok().unwrap();
+    assert_eq!(w.opcode(), WcOpcode::RdmaWrite);
+    let deadline = Instant::now() + TIMEOUT;
+    while b_mem.load_u8(4096 + 999) != 0x5c {
+        assert!(Instant::now() < deadline, "RDMA write not visible");
+    }
+    let mut got = vec![0u8; 999];
+    b_mem.read(4096, &mut got);
+    assert!(got.iter().enumerate().all(|(i, &v)| v == (i % 251) as u8));
+    let mut none = [WorkCompletion::default(); 1];
+    assert_eq!(p.cq_b.poll(&mut none).unwrap(), 0);
+
+    // RDMA write with immediate: consumes a receive (even an empty one)
+    p.b.post_recv(12, &[]).unwrap();
+    p.a.post_send(&SendRequest {
+        wr_id: 4,
+        op: SendOp::RdmaWriteWithImm(dst.offset(2000), 42),
+        sges: &[a_mem.sge(0, 16)],
+        flags: SendFlags::SIGNALED,
+    })
+    .unwrap();
+    poll_n(&p.cq_a, 1)[0].ok().unwrap();
+    let r = poll_n(&p.cq_b, 1)[0];
+    r.ok().unwrap();
+    assert_eq!(
+        (r.wr_id(), r.opcode(), r.imm_data()),
+        (12, WcOpcode::RecvRdmaWithImm, Some(42))
+    );
+
+    // unsignaled sends produce no completion; a later signaled one does
+    for id in 5..8 {
+        p.b.post_recv(100 + id, &[b_mem.sge(0, 64)]).unwrap();
+        p.a.post_send(&SendRequest {
+            wr_id: id,
+            op: SendOp::Send,
+            sges: &[a_mem.sge(0, 8)],
+            flags: if id == 7 {
+                SendFlags::SIGNALED
+            } else {
+                SendFlags::NONE
+            },
+        })
+        .unwrap();
+    }
+    let s = poll_n(&p.cq_a, 1);
+    assert_eq!(s[0].wr_id(), 7);
+    let r = poll_n(&p.cq_b, 3);
+    assert_eq!(by_id(&r, 107).byte_len(), 8);
+    drop(b_mem);
+    // the borrow ended with the region
+    b_backing[0] = 1;
+}
+
+#[test]
+fn inline_sends_and_event_driven_completions() {
+    let Some(ctx) = open() else { return };
+    let pd = ProtectionDomain::new(&ctx).unwrap();
+    let channel = CompletionChannel::new(&ctx).unwrap();
+    let p = pair(&ctx, &pd, Some(&channel), 64);
+    let max_inline = p.a.caps().max_inline_data;
+    println!("max_inline_data granted: {max_inline}");
+    let mut a_mem = MemoryRegion::alloc(&pd, 4096, Access::LOCAL_WRITE).unwrap();
+    let b_mem = MemoryRegion::alloc(&pd, 4096, Access::LOCAL_WRITE).unwrap();
+
+    p.cq_b.req_notify(false).unwrap();
+    p.b.post_recv(1, &[b_mem.sge(0, 4096)]).unwrap();
+    a_mem.write(0, b"inline!");
+    let inline = max_inline >= 7;
+    p.a.post_send(&SendRequest {
+        wr_id: 1,
+        op: SendOp::Send,
+        sges: &[a_mem.sge(0, 7)],
+        flags: SendFlags::SIGNALED.with(SendFlags::INLINE, inline),
+    })
+    .unwrap();
+    // inline data was copied at post time: overwriting it changes nothing
+    if inline {
+        a_mem.write(0, b"XXXXXXX");
+    }
+    assert!(
+        p.cq_b.wait_event(Some(TIMEOUT)).unwrap(),
+        "no completion event"
+    );
+    let r = poll_n(&p.cq_b, 1)[0];
+    r.ok().unwrap();
+    let mut got = [0u8; 7];
+    b_mem.read(0, &mut got);
+    if inline {
+        assert_eq!(&got, b"inline!");
+    }
+    poll_n(&p.cq_a, 1)[0].ok().unwrap();
+    // nothing pending: the wait times out
+    p.cq_b.req_notify(false).unwrap();
+    assert!(!p.cq_b.wait_event(Some(Duration::from_millis(20))).unwrap());
+
+    // an inline send above the limit is refused before reaching the provider
+    let e =
+        p.a.post_send(&SendRequest {
+            wr_id: 9,
+            op: SendOp::Send,
+            sges: &[a_mem.sge(0, max_inline as usize + 1)],
+            flags: SendFlags::INLINE,
+        })
+        .unwrap_err();
+    assert!(e.to_string().contains("max_inline_data"), "{e}");
+}
+
+#[test]
+fn error_paths_name_the_failure() {
+    let Some(ctx) = open() else { return };
+    let pd = ProtectionDomain::new(&ctx).unwrap();
+
+    // Registration: remote write without local write is invalid.
+    match MemoryRegion::alloc(&pd, 4096, Access::REMOTE_WRITE) {
+        Err(e @ Error::Registration { .. }) => {
+            let s = e.to_string();
+            assert!(
+                s.starts_with("memory registration of 4096 bytes failed: "),
+                "{s}"
+            );
+        }
+        Err(e) => panic!("{e}"),
+        Ok(_) => println!("the provider accepted REMOTE_WRITE without LOCAL_WRITE"),
+    }
+
+    // QP transition: RESET -> RTR skips INIT.
+    let cq = CompletionQueue::new(&ctx, 16, None).unwrap();
+    let qp = QueuePair::new_rc(&pd, &cq, &cq, QpCaps::default(), false).unwrap();
+    let local = ctx.port_address(PORT, gid_index()).unwrap();
+    let e = qp
+        .connect(
+            &local,
+            &RemoteQp {
+                qpn: qp.qp_num(),
+                psn: 0,
+                lid: local.lid,
+                gid: local.gid.map(|(_, g)| g),
+            },
+            local.active_mtu,
+            0,
+        )
+        .unwrap_err();
+    let s = e.to_string();
+    assert!(s.contains("transition INIT->RTR failed"), "{s}");
+
+    // Work completion error: an RDMA write with a bad rkey.
+    let p = pair(&ctx, &pd, None, 0);
+    let mem = MemoryRegion::alloc(&pd, 4096, Access::LOCAL_WRITE | Access::REMOTE_WRITE).unwrap();
+    let bad = RemoteAddr {
+        addr: mem.addr(),
+        rkey: mem.rkey() ^ 0x5a5a00,
+    };
+    p.a.post_send(&SendRequest {
+        wr_id: 77,
+        op: SendOp::RdmaWrite(bad),
+        sges: &[mem.sge(0, 64)],
+        flags: SendFlags::SIGNALED,
+    })
+    .unwrap();
+    let wc = poll_n(&p.cq_a, 1)[0];
+    let e = wc.ok().unwrap_err();
+    let s = e.to_string();
+    println!("{s}");
+    assert!(s.starts_with("work completion error: "), "{s}");
+    assert!(s.contains("wr_id 0x4d"), "{s}");
+    assert!(
+        s.contains("remote access error") || s.contains("remote"),
+        "{s}"
+    );
+    // the QP is in error now; moving it there explicitly is also fine
+    p.a.modify_to_error().unwrap();
+    assert_eq!(p.a.state().unwrap(), QpState::Error);
+}
+
+#[test]
+fn objects_outlive_the_handles_they_came_from() {
+    let Some(ctx) = open() else { return };
+    // Build everything, then drop the context and PD handles first: the QP,
+    // CQs and MR keep what they need alive.
+    let pd = ProtectionDomain::new(&ctx).unwrap();
+    let p = pair(&ctx, &pd, None, 0);
+    let mem = MemoryRegion::alloc(&pd, 4096, Access::LOCAL_WRITE).unwrap();
+    drop(pd);
+    drop(ctx);
+    p.b.post_recv(1, &[mem.sge(0, 64)]).unwrap();
+    p.a.post_send(&SendRequest {
+        wr_id: 2,
+        op: SendOp::Send,
+        sges: &[mem.sge(64, 8)],
+        flags: SendFlags::SIGNALED,
+    })
+    .unwrap();
+    poll_n(&p.cq_a, 1)[0].ok().unwrap();
+    poll_n(&p.cq_b, 1)[0].ok().unwrap();
+    // drop in "wrong" order: CQ handles before the QPs
+    let Pair { a, b, cq_a, cq_b } = p;
+    drop(cq_a);
+    drop(cq_b);
+    drop(a);
+    drop(mem);
+    drop(b);
+}
