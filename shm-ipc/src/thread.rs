@@ -54,7 +54,13 @@ const ENTRY_CHARGE: u64 = 64;
 /// [`Config::options`] under the same name.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ThreadOptions {
-    /// Largest payload sent eagerly (default 8 KiB, capped by the ring).
+    /// Largest payload sent eagerly (default 4 KiB, capped by the ring).
+    ///
+    /// Chosen by `xdev-bench --test crossover` on the 2-core test machine:
+    /// eager (two copies through the ring) wins latency up to 4 KiB (0.40 vs
+    /// 0.43 us), the two tie at 8 KiB (0.53 vs 0.51 us, equal bandwidth), and
+    /// rendezvous (one copy) wins from 16 KiB on (0.75 vs 0.78 us, 16.3 vs
+    /// 11.0 GB/s).
     pub eager_limit: usize,
     /// Bytes per pair ring (default 64 KiB up to 22 ranks, then 32 MiB / n²,
     /// at least 8 KiB). Rings are allocated on first use.
@@ -72,7 +78,7 @@ impl ThreadOptions {
             .clamp(8 << 10, 64 << 10)
             .next_power_of_two();
         ThreadOptions {
-            eager_limit: 8 << 10,
+            eager_limit: 4 << 10,
             ring_bytes,
             credit_bytes: 4 * ring_bytes,
         }
