@@ -832,16 +832,6 @@ impl Engine {
         any
     }
 
-    /// Whether anything is waiting in this rank's rings (without the lock;
-    /// `true` when the lock is busy, so that the caller does not sleep).
-    fn has_incoming(&self) -> bool {
-        match self.local.try_lock() {
-            Some(mut l) => (0..self.world.size())
-                .any(|s| self.consumer(&mut l, s).is_some_and(|c| c.peek().is_some())),
-            None => true,
-        }
-    }
-
     /// A lock-free hint that a step may find something: a message in one of
     /// this rank's rings, or a peer's departure not yet handled.
     fn worth_a_step(&self, departures_seen: u64) -> bool {
@@ -898,9 +888,12 @@ impl Engine {
                 } else {
                     Duration::from_millis(50)
                 };
-                self.me().doorbell.sleep(t, Scope::Private, || {
-                    ready() || self.worth_a_step(seen) || self.has_incoming()
-                });
+                // A message another thread of this rank is consuming right now
+                // may hide from `worth_a_step`; that thread rings our doorbell
+                // when its progress round ends.
+                self.me()
+                    .doorbell
+                    .sleep(t, Scope::Private, || ready() || self.worth_a_step(seen));
             }
         }
     }
@@ -1094,12 +1087,11 @@ impl Engine {
                     .is_some_and(|(b, _)| b.done.load(Ordering::Acquire))
             },
         );
-        let taken = queued.borrow_mut().take();
-        if let Some((b, id)) = taken {
-            // Never return while the entry can still be written.
-            let mut l = self.lock();
-            l.matching.cancel(id);
-            drop(l);
+        // Never read a queued entry's outcome while it can still be written:
+        // dropping `unpost` takes it out of the matching engine first.
+        let queued_recv = queued.borrow().as_ref().map(|(b, _)| b.clone());
+        drop(unpost);
+        if let Some(b) = queued_recv {
             if b.done.load(Ordering::Acquire) {
                 let st = b.status.lock().unwrap_or_else(|p| p.into_inner()).take();
                 return st.map(|s| s.into_result()).unwrap_or(Err(Error::Closed));
