@@ -126,10 +126,9 @@ impl RingRef {
         self.nslots
     }
 
-    /// The largest payload one message may carry: half the ring, so that a
-    /// message always fits once the consumer catches up.
+    /// The largest payload one message may carry (see [`max_payload_for`]).
     pub fn max_payload(&self) -> usize {
-        INLINE + (self.nslots / 2 - 1) * SLOT
+        max_payload_for(self.nslots)
     }
 
     /// Whether a message is published at the consumer's position: a
@@ -168,6 +167,12 @@ impl RingRef {
         // SAFETY: CONTROL is within the mapping.
         unsafe { self.base.as_ptr().add(CONTROL) }
     }
+}
+
+/// The largest payload one message may carry in a ring of `nslots` slots:
+/// half the ring, so that a message always fits once the consumer catches up.
+pub fn max_payload_for(nslots: usize) -> usize {
+    INLINE + (nslots / 2 - 1) * SLOT
 }
 
 /// Slots a message with `len` payload bytes occupies.

@@ -127,6 +127,9 @@ struct RankShared {
 struct World {
     job: String,
     opts: ThreadOptions,
+    /// The eager limit in force: `opts.eager_limit`, capped by what one ring
+    /// message can carry.
+    eager_max: usize,
     ranks: Box<[RankShared]>,
     /// Bumped whenever a rank closes or dies, so others re-check their peers.
     departures: AtomicU64,
@@ -136,6 +139,9 @@ impl World {
     fn new(job: String, size: usize, opts: ThreadOptions) -> World {
         World {
             job,
+            eager_max: opts
+                .eager_limit
+                .min(crate::ring::max_payload_for(opts.nslots())),
             ranks: (0..size)
                 .map(|_| RankShared {
                     doorbell: Doorbell::new(),
@@ -649,10 +655,7 @@ impl Engine {
         } = *out;
         let opts = &self.world.opts;
         let charge = data.len() as u64 + ENTRY_CHARGE;
-        let mut eager = data.len()
-            <= opts
-                .eager_limit
-                .min(self.world.ring(self.rank, dest).max_payload());
+        let mut eager = data.len() <= self.world.eager_max;
         if eager && l.eager_sent[dest] + charge - l.freed_seen[dest] > opts.credit_bytes as u64 {
             // Acquire pairs with the receiver's Release store of its credit.
             l.freed_seen[dest] = self.world.ranks[dest].freed[self.rank]
