@@ -21,7 +21,7 @@
 //! the same argument. The futex word `seq` is bumped before each wake, so a
 //! wake between the re-check and the sleep makes `FUTEX_WAIT` return at once.
 
-use std::sync::atomic::{compiler_fence, fence, AtomicU32, AtomicU8, Ordering};
+use std::sync::atomic::{compiler_fence, fence, AtomicU32, Ordering};
 use std::sync::OnceLock;
 use std::time::Duration;
 
@@ -75,11 +75,6 @@ impl Doorbell {
     }
 }
 
-const FENCES_UNSET: u8 = 0;
-const FENCES_ASYMMETRIC: u8 = 1;
-const FENCES_SYMMETRIC: u8 = 2;
-static FENCES: AtomicU8 = AtomicU8::new(FENCES_UNSET);
-
 /// How the doorbell's fences work in this process.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub enum FenceMode {
@@ -89,29 +84,29 @@ pub enum FenceMode {
     Symmetric,
 }
 
+static FENCE_MODE: OnceLock<FenceMode> = OnceLock::new();
+
 /// Registers this process for `membarrier` and fixes the fence mode. Device
 /// constructors call it before creating anything that rings or sleeps;
 /// calling it again is free.
 pub fn init_fences() -> FenceMode {
-    static MODE: OnceLock<FenceMode> = OnceLock::new();
-    *MODE.get_or_init(|| {
-        let mode = if crate::futex::membarrier_register_global_expedited().is_ok() {
+    *FENCE_MODE.get_or_init(|| {
+        if crate::futex::membarrier_register_global_expedited().is_ok() {
             FenceMode::Asymmetric
         } else {
             FenceMode::Symmetric
-        };
-        let v = match mode {
-            FenceMode::Asymmetric => FENCES_ASYMMETRIC,
-            FenceMode::Symmetric => FENCES_SYMMETRIC,
-        };
-        FENCES.store(v, Ordering::SeqCst);
-        mode
+        }
     })
+}
+
+fn asymmetric() -> bool {
+    // Unset (nothing initialised yet) counts as symmetric: the safe side.
+    FENCE_MODE.get() == Some(&FenceMode::Asymmetric)
 }
 
 #[inline]
 fn light_fence() {
-    if FENCES.load(Ordering::Relaxed) == FENCES_ASYMMETRIC {
+    if asymmetric() {
         compiler_fence(Ordering::SeqCst);
     } else {
         fence(Ordering::SeqCst);
@@ -119,11 +114,13 @@ fn light_fence() {
 }
 
 fn heavy_fence() {
-    if FENCES.load(Ordering::Relaxed) == FENCES_ASYMMETRIC
-        && crate::futex::membarrier_global_expedited().is_ok()
-    {
+    if asymmetric() && crate::futex::membarrier_global_expedited().is_ok() {
         return;
     }
+    // Symmetric mode. (A membarrier failure after successful registration is
+    // not expected; this fence alone would not pair with the publisher's
+    // compiler fence then, and what bounds a missed wake-up in that case is
+    // the sleep's timeout, which every caller passes.)
     fence(Ordering::SeqCst);
 }
 
