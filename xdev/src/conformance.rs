@@ -189,8 +189,8 @@ fn ctx(case: u32, sub: u32) -> Context {
     SUITE_CONTEXT_BASE + case * 0x1_0000 + sub
 }
 
-fn e<T>(what: &str) -> impl FnOnce(Error) -> String + '_ {
-    let _ = std::marker::PhantomData::<T>;
+/// Turns an error into a failure message prefixed with `what`.
+fn e(what: &str) -> impl FnOnce(Error) -> String + '_ {
     move |err| format!("{what}: {err}")
 }
 
@@ -281,10 +281,10 @@ fn errors(dev: &dyn Device) -> CaseResult {
     // Still usable afterwards.
     let me = dev.id();
     dev.send(b"ok", me, 1, c)
-        .map_err(e::<()>("self send after errors"))?;
+        .map_err(e("self send after errors"))?;
     let mut b = [0u8; 2];
     dev.recv(&mut b, Source::Rank(me), TagSel::Tag(1), c)
-        .map_err(e::<()>("self recv after errors"))?;
+        .map_err(e("self recv after errors"))?;
     ensure!(&b == b"ok", "payload after errors");
     Ok(())
 }
@@ -298,20 +298,20 @@ fn zero_byte_messages(dev: &dyn Device) -> CaseResult {
         return Ok(());
     }
     if dev.id() == 0 {
-        dev.send(&[], peer, 1, c).map_err(e::<()>("send 0"))?;
+        dev.send(&[], peer, 1, c).map_err(e("send 0"))?;
         wait_ok(dev.isend(Buffer::zeroed(0), peer, 2, c), "isend 0")?;
-        dev.ssend(&[], peer, 3, c).map_err(e::<()>("ssend 0"))?;
+        dev.ssend(&[], peer, 3, c).map_err(e("ssend 0"))?;
     } else {
         let st = dev
             .probe(Source::Rank(peer), TagSel::Tag(1), c)
-            .map_err(e::<()>("probe"))?;
+            .map_err(e("probe"))?;
         ensure!(
             st.count == 0 && st.message_len == 0,
             "probe of empty message: {st:?}"
         );
         let st = dev
             .recv(&mut [], Source::Rank(peer), TagSel::Tag(1), c)
-            .map_err(e::<()>("recv"))?;
+            .map_err(e("recv"))?;
         ensure!(
             st.count == 0 && st.source == peer && st.tag == 1,
             "status {st:?}"
@@ -326,17 +326,17 @@ fn zero_byte_messages(dev: &dyn Device) -> CaseResult {
         );
         let st = dev
             .recv(&mut [7; 4], ANY_SOURCE, TagSel::Tag(3), c)
-            .map_err(e::<()>("recv"))?;
+            .map_err(e("recv"))?;
         ensure!(st.count == 0, "ssend 0 received {st:?}");
     }
     Ok(())
 }
 
 fn self_zero(dev: &dyn Device, c: Context) -> CaseResult {
-    dev.send(&[], 0, 1, c).map_err(e::<()>("self send 0"))?;
+    dev.send(&[], 0, 1, c).map_err(e("self send 0"))?;
     let st = dev
         .recv(&mut [], Source::Rank(0), TagSel::Tag(1), c)
-        .map_err(e::<()>("recv"))?;
+        .map_err(e("recv"))?;
     ensure!(st.count == 0, "status {st:?}");
     Ok(())
 }
@@ -345,11 +345,11 @@ fn self_send(dev: &dyn Device) -> CaseResult {
     let me = dev.id();
     let c = ctx(2, 0);
     // Eager through a blocking send.
-    dev.send(b"hello me", me, 5, c).map_err(e::<()>("send"))?;
+    dev.send(b"hello me", me, 5, c).map_err(e("send"))?;
     let mut b = [0u8; 8];
     let st = dev
         .recv(&mut b, Source::Rank(me), TagSel::Tag(5), c)
-        .map_err(e::<()>("recv"))?;
+        .map_err(e("recv"))?;
     ensure!(
         &b == b"hello me" && st.source == me && st.count == 8,
         "eager self: {st:?}"
@@ -359,13 +359,13 @@ fn self_send(dev: &dyn Device) -> CaseResult {
     let s = dev.isend(Buffer::from(patterned(LARGE, 77)), me, 6, c);
     let mut big = vec![0u8; LARGE];
     dev.recv(&mut big, ANY_SOURCE, TagSel::Tag(6), c)
-        .map_err(e::<()>("large recv"))?;
+        .map_err(e("large recv"))?;
     checked(&big, 77, "large self")?;
     wait_ok(s, "large self isend")?;
     // Synchronous to self with the receive posted first.
     let r = dev.irecv(Buffer::zeroed(4), Source::Rank(me), TagSel::Tag(7), c);
     dev.ssend(&[1, 2, 3, 4], me, 7, c)
-        .map_err(e::<()>("self ssend"))?;
+        .map_err(e("self ssend"))?;
     let (b, _) = wait_ok(r, "self irecv")?;
     ensure!(b[..] == [1, 2, 3, 4], "self ssend payload");
     Ok(())
@@ -380,8 +380,7 @@ fn ordering_under_wildcards(dev: &dyn Device) -> CaseResult {
             let size = if i % 50 == 7 { LARGE / 4 } else { 16 };
             let mut v = patterned(size, i);
             v[..8].copy_from_slice(&i.to_le_bytes());
-            dev.send(&v, 0, (i % 3) as i32, c)
-                .map_err(e::<()>("send"))?;
+            dev.send(&v, 0, (i % 3) as i32, c).map_err(e("send"))?;
         }
     } else {
         let mut next = vec![0u64; n];
@@ -389,7 +388,7 @@ fn ordering_under_wildcards(dev: &dyn Device) -> CaseResult {
         for _ in 0..(n as u64 - 1) * M {
             let st = dev
                 .recv(&mut buf, ANY_SOURCE, ANY_TAG, c)
-                .map_err(e::<()>("recv"))?;
+                .map_err(e("recv"))?;
             let i = u64::from_le_bytes(buf[..8].try_into().unwrap());
             ensure!(
                 i == next[st.source],
@@ -410,26 +409,26 @@ fn ordering_under_wildcards(dev: &dyn Device) -> CaseResult {
         // Tags 5, 6, 5: a receive for 6 skips the first 5; ANY_TAG then takes
         // the earliest remaining.
         for (k, t) in [5, 6, 5].into_iter().enumerate() {
-            dev.send(&[k as u8], peer, t, c2).map_err(e::<()>("send"))?;
+            dev.send(&[k as u8], peer, t, c2).map_err(e("send"))?;
         }
         barrier(dev).map_err(|e| e.to_string())?;
         // Two messages for two posted wildcard receives.
-        dev.send(&[10], peer, 7, c2).map_err(e::<()>("send"))?;
-        dev.send(&[11], peer, 7, c2).map_err(e::<()>("send"))?;
+        dev.send(&[10], peer, 7, c2).map_err(e("send"))?;
+        dev.send(&[11], peer, 7, c2).map_err(e("send"))?;
     } else if me == 0 {
         let mut b = [0u8; 1];
         dev.recv(&mut b, Source::Rank(peer), TagSel::Tag(6), c2)
-            .map_err(e::<()>("recv 6"))?;
+            .map_err(e("recv 6"))?;
         ensure!(b[0] == 1, "tag 6 matched message {}", b[0]);
         dev.recv(&mut b, Source::Rank(peer), ANY_TAG, c2)
-            .map_err(e::<()>("recv any"))?;
+            .map_err(e("recv any"))?;
         ensure!(
             b[0] == 0,
             "ANY_TAG took message {}, want the earliest (0)",
             b[0]
         );
         dev.recv(&mut b, ANY_SOURCE, ANY_TAG, c2)
-            .map_err(e::<()>("recv any"))?;
+            .map_err(e("recv any"))?;
         ensure!(b[0] == 2, "third message {}", b[0]);
         let first = dev.irecv(Buffer::zeroed(1), ANY_SOURCE, TagSel::Tag(7), c2);
         let second = dev.irecv(Buffer::zeroed(1), ANY_SOURCE, ANY_TAG, c2);
@@ -453,7 +452,7 @@ fn probe_then_recv(dev: &dyn Device) -> CaseResult {
     let me = dev.id();
     match dev
         .iprobe(ANY_SOURCE, ANY_TAG, ctx(4, 9))
-        .map_err(e::<()>("iprobe"))?
+        .map_err(e("iprobe"))?
     {
         None => {}
         Some(st) => return Err(format!("iprobe on an unused context found {st:?}")),
@@ -464,13 +463,11 @@ fn probe_then_recv(dev: &dyn Device) -> CaseResult {
     if me == 1 {
         for (t, len) in [(11, 100usize), (12, LARGE)] {
             dev.send(&patterned(len, t as u64), peer, t, c)
-                .map_err(e::<()>("send"))?;
+                .map_err(e("send"))?;
         }
     } else if me == 0 {
         for expect in [(11, 100usize), (12, LARGE)] {
-            let st = dev
-                .probe(ANY_SOURCE, ANY_TAG, c)
-                .map_err(e::<()>("probe"))?;
+            let st = dev.probe(ANY_SOURCE, ANY_TAG, c).map_err(e("probe"))?;
             ensure!(
                 (st.tag, st.count, st.source) == (expect.0, expect.1, peer),
                 "probe gave {st:?}, want tag {} len {}",
@@ -481,7 +478,7 @@ fn probe_then_recv(dev: &dyn Device) -> CaseResult {
             let again = loop {
                 if let Some(s) = dev
                     .iprobe(Source::Rank(peer), TagSel::Tag(st.tag), c)
-                    .map_err(e::<()>("iprobe"))?
+                    .map_err(e("iprobe"))?
                 {
                     break s;
                 }
@@ -490,13 +487,13 @@ fn probe_then_recv(dev: &dyn Device) -> CaseResult {
             let mut buf = vec![0u8; st.count];
             let got = dev
                 .recv(&mut buf, Source::Rank(st.source), TagSel::Tag(st.tag), c)
-                .map_err(e::<()>("recv"))?;
+                .map_err(e("recv"))?;
             ensure!(got.count == st.count, "recv count {}", got.count);
             checked(&buf, st.tag as u64, "probed message")?;
         }
         ensure!(
             dev.iprobe(ANY_SOURCE, ANY_TAG, c)
-                .map_err(e::<()>("iprobe"))?
+                .map_err(e("iprobe"))?
                 .is_none(),
             "iprobe after receiving everything found a message"
         );
@@ -551,11 +548,11 @@ fn truncation(dev: &dyn Device) -> CaseResult {
         // The device stays usable: exact and larger buffers work.
         let mut b = vec![0u8; 4096];
         dev.recv(&mut b, ANY_SOURCE, TagSel::Tag(4), c)
-            .map_err(e::<()>("exact recv"))?;
+            .map_err(e("exact recv"))?;
         checked(&b, 4, "exact")?;
         let st = dev
             .recv(&mut b, ANY_SOURCE, TagSel::Tag(5), c)
-            .map_err(e::<()>("recv"))?;
+            .map_err(e("recv"))?;
         ensure!(st.count == 8 && st.error.is_none(), "short message {st:?}");
         checked(&b[..8], 5, "short")?;
     }
@@ -585,33 +582,33 @@ fn ssend_semantics(dev: &dyn Device) -> CaseResult {
                 }
                 Err(r) => r,
             };
-            dev.send(&[], peer, 0, go).map_err(e::<()>("go"))?;
+            dev.send(&[], peer, 0, go).map_err(e("go"))?;
             wait_ok(r, "issend")?;
             // Blocking ssend: the receiver checks that nothing sent after it
             // arrived before it matched.
             dev.ssend(&patterned(len, 2), peer, 2, c)
-                .map_err(e::<()>("ssend"))?;
-            dev.send(&[1], peer, 3, after).map_err(e::<()>("after"))?;
+                .map_err(e("ssend"))?;
+            dev.send(&[1], peer, 3, after).map_err(e("after"))?;
         } else if me == 0 {
             dev.recv(&mut [], Source::Rank(peer), TagSel::Tag(0), go)
-                .map_err(e::<()>("go"))?;
+                .map_err(e("go"))?;
             let mut b = vec![0u8; len];
             dev.recv(&mut b, Source::Rank(peer), TagSel::Tag(1), c)
-                .map_err(e::<()>("recv"))?;
+                .map_err(e("recv"))?;
             checked(&b, 1, "issend payload")?;
             std::thread::sleep(Duration::from_millis(50));
             let early = dev
                 .iprobe(Source::Rank(peer), ANY_TAG, after)
-                .map_err(e::<()>("iprobe"))?;
+                .map_err(e("iprobe"))?;
             ensure!(
                 early.is_none(),
                 "ssend of {len} bytes returned before its receive matched"
             );
             dev.recv(&mut b, Source::Rank(peer), TagSel::Tag(2), c)
-                .map_err(e::<()>("recv"))?;
+                .map_err(e("recv"))?;
             checked(&b, 2, "ssend payload")?;
             dev.recv(&mut [0], Source::Rank(peer), TagSel::Tag(3), after)
-                .map_err(e::<()>("after"))?;
+                .map_err(e("after"))?;
         }
     }
     Ok(())
@@ -634,8 +631,7 @@ fn cancel(dev: &dyn Device) -> CaseResult {
     );
     // A message sent afterwards goes to the next receive, not the cancelled one.
     let r = dev.irecv(Buffer::zeroed(4), Source::Rank(me), TagSel::Tag(99), c);
-    dev.send(&[4, 3, 2, 1], me, 99, c)
-        .map_err(e::<()>("send"))?;
+    dev.send(&[4, 3, 2, 1], me, 99, c).map_err(e("send"))?;
     let (b, st) = wait_ok(r, "receive after cancel")?;
     ensure!(
         b[..] == [4, 3, 2, 1] && !st.cancelled,
@@ -657,7 +653,7 @@ fn peek_wait_any(dev: &dyn Device) -> CaseResult {
     let c = ctx(8, 0);
     let me = dev.id();
     ensure!(
-        dev.peek().map_err(e::<()>("peek"))?.is_none(),
+        dev.peek().map_err(e("peek"))?.is_none(),
         "peek with nothing outstanding"
     );
     let Some(peer) = other(dev) else {
@@ -667,23 +663,17 @@ fn peek_wait_any(dev: &dyn Device) -> CaseResult {
         let reqs: Vec<Request> = (1..=3)
             .map(|t| dev.irecv(Buffer::zeroed(4), Source::Rank(peer), TagSel::Tag(t), c))
             .collect();
-        dev.send(&[], peer, 0, ctx(8, 1)).map_err(e::<()>("go"))?;
-        let p = dev
-            .peek()
-            .map_err(e::<()>("peek"))?
-            .ok_or("peek gave None")?;
+        dev.send(&[], peer, 0, ctx(8, 1)).map_err(e("go"))?;
+        let p = dev.peek().map_err(e("peek"))?.ok_or("peek gave None")?;
         ensure!(
             p.id == reqs[1].id() && p.status.tag == 2,
             "peek reported {:?}",
             p
         );
-        dev.send(&[], peer, 0, ctx(8, 1)).map_err(e::<()>("go"))?;
+        dev.send(&[], peer, 0, ctx(8, 1)).map_err(e("go"))?;
         let mut seen = vec![p.id];
         while seen.len() < 3 {
-            let p = dev
-                .peek()
-                .map_err(e::<()>("peek"))?
-                .ok_or("peek gave None")?;
+            let p = dev.peek().map_err(e("peek"))?.ok_or("peek gave None")?;
             ensure!(!seen.contains(&p.id), "peek reported {:?} twice", p.id);
             seen.push(p.id);
         }
@@ -697,12 +687,12 @@ fn peek_wait_any(dev: &dyn Device) -> CaseResult {
         }
     } else if me == 1 {
         dev.recv(&mut [], Source::Rank(peer), ANY_TAG, ctx(8, 1))
-            .map_err(e::<()>("go"))?;
-        dev.send(&[2; 4], peer, 2, c).map_err(e::<()>("send"))?;
+            .map_err(e("go"))?;
+        dev.send(&[2; 4], peer, 2, c).map_err(e("send"))?;
         dev.recv(&mut [], Source::Rank(peer), ANY_TAG, ctx(8, 1))
-            .map_err(e::<()>("go"))?;
-        dev.send(&[1; 4], peer, 1, c).map_err(e::<()>("send"))?;
-        dev.send(&[3; 4], peer, 3, c).map_err(e::<()>("send"))?;
+            .map_err(e("go"))?;
+        dev.send(&[1; 4], peer, 1, c).map_err(e("send"))?;
+        dev.send(&[3; 4], peer, 3, c).map_err(e("send"))?;
     }
     Ok(())
 }
@@ -720,7 +710,7 @@ fn many_contexts(dev: &dyn Device) -> CaseResult {
         let mut b = [0u8; 4];
         let st = dev
             .recv(&mut b, ANY_SOURCE, ANY_TAG, ctx(9, k))
-            .map_err(e::<()>("recv"))?;
+            .map_err(e("recv"))?;
         ensure!(
             u32::from_le_bytes(b) == k && st.source == from && st.context == ctx(9, k),
             "context {k} received payload {} from {}",
@@ -751,7 +741,7 @@ fn concurrent_threads(dev: &dyn Device) -> CaseResult {
                         let r = dev.isend(Buffer::from(patterned(len, seed)), to, t, c);
                         let mut b = vec![0u8; len];
                         dev.recv(&mut b, Source::Rank(from), TagSel::Tag(t), c)
-                            .map_err(e::<()>("recv"))?;
+                            .map_err(e("recv"))?;
                         checked(&b, seed, "threaded message")?;
                         wait_ok(r, "isend")?;
                     }
@@ -814,7 +804,7 @@ fn large_64mib(dev: &dyn Device) -> CaseResult {
         let s = dev.isend(Buffer::from(patterned(LEN, 640)), peer, 1, c);
         if dev.size() == 1 {
             dev.recv(&mut buf, ANY_SOURCE, TagSel::Tag(1), c)
-                .map_err(e::<()>("recv"))?;
+                .map_err(e("recv"))?;
             checked(&buf, 640, "64 MiB self")?;
         }
         wait_ok(s, "64 MiB isend")?;
@@ -829,11 +819,11 @@ fn large_64mib(dev: &dyn Device) -> CaseResult {
     } else {
         let st = dev
             .recv(&mut buf, Source::Rank(peer), TagSel::Tag(1), c)
-            .map_err(e::<()>("recv"))?;
+            .map_err(e("recv"))?;
         ensure!(st.count == LEN, "count {}", st.count);
         checked(&buf, 640, "64 MiB")?;
         fill(&mut buf, 641);
-        dev.send(&buf, peer, 2, c).map_err(e::<()>("send back"))?;
+        dev.send(&buf, peer, 2, c).map_err(e("send back"))?;
     }
     Ok(())
 }
@@ -864,7 +854,7 @@ fn many_outstanding_isends(dev: &dyn Device) -> CaseResult {
     if me <= 1 {
         let r = dev.irecv(Buffer::zeroed(4), Source::Rank(peer), TagSel::Tag(0), note);
         dev.send(&pid.to_le_bytes(), peer, 0, note)
-            .map_err(e::<()>("pid"))?;
+            .map_err(e("pid"))?;
         let (b, _) = wait_ok(r, "pid")?;
         peer_pid.copy_from_slice(&b);
     }
@@ -879,15 +869,14 @@ fn many_outstanding_isends(dev: &dyn Device) -> CaseResult {
             })
             .collect();
         // All posted without the receiver receiving anything: tell it.
-        dev.send(&[], peer, 1, note)
-            .map_err(e::<()>("posted note"))?;
+        dev.send(&[], peer, 1, note).map_err(e("posted note"))?;
         for r in reqs {
             wait_ok(r, "outstanding isend")?;
         }
     } else if me == 0 {
         let before = rss_bytes();
         dev.recv(&mut [], Source::Rank(peer), TagSel::Tag(1), note)
-            .map_err(e::<()>("note"))?;
+            .map_err(e("note"))?;
         std::thread::sleep(Duration::from_millis(200)); // a slow receiver
         if let (Some(b), Some(a)) = (before, rss_bytes()) {
             let user = if same_process { COUNT * LEN } else { 0 };
@@ -903,7 +892,7 @@ fn many_outstanding_isends(dev: &dyn Device) -> CaseResult {
         for i in 0..COUNT {
             let st = dev
                 .recv(&mut b, Source::Rank(peer), ANY_TAG, c)
-                .map_err(e::<()>("recv"))?;
+                .map_err(e("recv"))?;
             let got = u64::from_le_bytes(b[..8].try_into().unwrap());
             ensure!(
                 got == i as u64 && b[LEN - 1] == i as u8 && st.tag == (i % 7) as i32,
