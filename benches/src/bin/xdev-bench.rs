@@ -188,18 +188,10 @@ fn run_crossover(a: &Args, device: &str) -> Result<(), String> {
                 ("ring_bytes", (256usize << 10).to_string()),
             ];
             let (iters, skip) = scaled(a.quick, latency_iterations(size));
-            let out = world(a, &extra).run(|dev| latency(dev, size, iters, skip));
-            let us = out[0]
-                .clone()
-                .map_err(|e| e.to_string())?
-                .unwrap_or(f64::NAN);
+            let us = rank0(world(a, &extra).run(|dev| latency(dev, size, iters, skip)))?;
             row.push_str(&format!("{us:>20.2}"));
             let (iters, skip) = scaled(a.quick, bandwidth_iterations(size));
-            let out = world(a, &extra).run(|dev| bandwidth(dev, size, iters, skip));
-            let mbs = out[0]
-                .clone()
-                .map_err(|e| e.to_string())?
-                .unwrap_or(f64::NAN);
+            let mbs = rank0(world(a, &extra).run(|dev| bandwidth(dev, size, iters, skip)))?;
             bws.push_str(&format!("{mbs:>20.2}"));
         }
         println!("{row}{bws}");
