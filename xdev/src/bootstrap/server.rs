@@ -200,6 +200,19 @@ impl State {
         }
     }
 
+    /// Answers request `id` of `rank` with a failure of `kind`, blaming `who`.
+    fn refuse(
+        &self,
+        out: &mut Vec<Out>,
+        rank: Rank,
+        id: u32,
+        kind: FailureKind,
+        who: Rank,
+        text: String,
+    ) {
+        self.reply(out, rank, failed(id, kind, who, text), None);
+    }
+
     fn put(&mut self, limit: usize, rank: Rank, id: u32, key: String, value: Vec<u8>) -> Vec<Out> {
         let mut out = Vec::new();
         let old = self.store.get(&key).map_or(0, |v| key.len() + v.len());
@@ -209,11 +222,13 @@ impl State {
                 "bootstrap store full: {} of {limit} bytes in use, a {add}-byte entry does not fit",
                 self.used
             );
-            self.reply(
+            self.refuse(
                 &mut out,
                 rank,
-                failed(id, FailureKind::ResourceExhausted, rank, text),
-                None,
+                id,
+                FailureKind::ResourceExhausted,
+                rank,
+                text,
             );
             return out;
         }
@@ -238,19 +253,16 @@ impl State {
             self.reply(&mut out, rank, head, Some(v));
         } else if self.waiting.contains_key(&(rank, id)) {
             let text = format!("request id {id} is already waiting");
-            self.reply(
-                &mut out,
-                rank,
-                failed(id, FailureKind::Protocol, rank, text),
-                None,
-            );
+            self.refuse(&mut out, rank, id, FailureKind::Protocol, rank, text);
         } else if self.waiting_per_rank[rank] >= max_waiting {
             let text = format!("rank {rank} already has {max_waiting} gets waiting");
-            self.reply(
+            self.refuse(
                 &mut out,
                 rank,
-                failed(id, FailureKind::ResourceExhausted, rank, text),
-                None,
+                id,
+                FailureKind::ResourceExhausted,
+                rank,
+                text,
             );
         } else {
             self.waiters
@@ -285,7 +297,7 @@ impl State {
         self.coll.kind = None;
         for (r, part) in parts.into_iter().enumerate() {
             if let Some((id, _)) = part {
-                self.reply(out, r, failed(id, kind, rank, text.to_owned()), None);
+                self.refuse(out, r, id, kind, rank, text.to_owned());
             }
         }
     }
@@ -308,22 +320,12 @@ impl State {
                 kind.name()
             );
             self.fail_collective(&mut out, FailureKind::PeerLost, d, &text);
-            self.reply(
-                &mut out,
-                rank,
-                failed(id, FailureKind::PeerLost, d, text),
-                None,
-            );
+            self.refuse(&mut out, rank, id, FailureKind::PeerLost, d, text);
             return out;
         }
         if self.coll.parts[rank].is_some() {
             let text = format!("rank {rank} entered a collective it is already in (request {id})");
-            self.reply(
-                &mut out,
-                rank,
-                failed(id, FailureKind::Protocol, rank, text),
-                None,
-            );
+            self.refuse(&mut out, rank, id, FailureKind::Protocol, rank, text);
             return out;
         }
         if let Some(current) = self.coll.kind.filter(|&k| k != kind) {
@@ -333,12 +335,7 @@ impl State {
                 current.name()
             );
             self.fail_collective(&mut out, FailureKind::Protocol, rank, &text);
-            self.reply(
-                &mut out,
-                rank,
-                failed(id, FailureKind::Protocol, rank, text),
-                None,
-            );
+            self.refuse(&mut out, rank, id, FailureKind::Protocol, rank, text);
             return out;
         }
         if self.used + data.len() > limit {
@@ -347,11 +344,13 @@ impl State {
                 self.used,
                 data.len()
             );
-            self.reply(
+            self.refuse(
                 &mut out,
                 rank,
-                failed(id, FailureKind::ResourceExhausted, rank, text),
-                None,
+                id,
+                FailureKind::ResourceExhausted,
+                rank,
+                text,
             );
             return out;
         }
