@@ -73,6 +73,21 @@ pub struct Row {
     pub stats: RowStats,
 }
 
+impl Row {
+    /// A bandwidth row from the figures a peer reported (either handshake).
+    fn bandwidth(size: u64, iters: u64, peak: f64, avg: f64, msg_rate: f64) -> Row {
+        Row {
+            size: size as usize,
+            iters,
+            stats: RowStats::Bandwidth(BwStats {
+                peak,
+                avg,
+                msg_rate,
+            }),
+        }
+    }
+}
+
 /// The verbs objects of a run.
 struct Resources {
     local: PortAddress,
@@ -951,15 +966,13 @@ impl Session<'_> {
                         )))
                     }
                 };
-                self.emit_row(Row {
-                    size: rep.size as usize,
-                    iters: rep.iters,
-                    stats: RowStats::Bandwidth(BwStats {
-                        peak: rep.peak,
-                        avg: rep.avg,
-                        msg_rate: rep.msg_rate,
-                    }),
-                })
+                self.emit_row(Row::bandwidth(
+                    rep.size,
+                    rep.iters,
+                    rep.peak,
+                    rep.avg,
+                    rep.msg_rate,
+                ))
             }
         }
     }
@@ -1001,15 +1014,9 @@ impl Session<'_> {
                     }
                     if !self.client() {
                         let r = PerftestBwReport::from_fields(&theirs);
-                        self.emit_row(Row {
-                            size: r.size as usize,
-                            iters: r.iters,
-                            stats: RowStats::Bandwidth(BwStats {
-                                peak: r.bw_peak,
-                                avg: r.bw_avg,
-                                msg_rate: r.msg_rate,
-                            }),
-                        })?;
+                        self.emit_row(Row::bandwidth(
+                            r.size, r.iters, r.bw_peak, r.bw_avg, r.msg_rate,
+                        ))?;
                     }
                     self.key_xchg("the closing handshake")?;
                     self.perftest_done();
