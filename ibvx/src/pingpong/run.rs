@@ -528,23 +528,13 @@ impl Session<'_> {
                     h
                 }
                 Message::Reject(why) => return Err(PingpongError::Rejected(why)),
-                m => {
-                    return Err(PingpongError::Protocol(format!(
-                        "expected Hello, got {}",
-                        m.name()
-                    )))
-                }
+                m => return Err(unexpected("Hello", &m)),
             }
         } else {
             debug_assert_eq!(first, Some(MAGIC));
             let h = match self.link.recv("the client's parameters")? {
                 Message::Hello(h) => h,
-                m => {
-                    return Err(PingpongError::Protocol(format!(
-                        "expected Hello, got {}",
-                        m.name()
-                    )))
-                }
+                m => return Err(unexpected("Hello", &m)),
             };
             if let Some(m) = wire::mismatch(&mine, &h) {
                 let mut reply = MAGIC.to_vec();
@@ -959,12 +949,7 @@ impl Session<'_> {
                 }
                 let rep = match self.link.recv("the client's bandwidth report")? {
                     Message::BwReport(r) => r,
-                    m => {
-                        return Err(PingpongError::Protocol(format!(
-                            "expected BwReport, got {}",
-                            m.name()
-                        )))
-                    }
+                    m => return Err(unexpected("BwReport", &m)),
                 };
                 self.emit_row(Row::bandwidth(
                     rep.size,
@@ -1032,10 +1017,7 @@ impl Session<'_> {
     fn expect_bye(&mut self) -> Result<(), PingpongError> {
         match self.link.recv("the end of the run")? {
             Message::Bye => Ok(()),
-            m => Err(PingpongError::Protocol(format!(
-                "expected Bye, got {}",
-                m.name()
-            ))),
+            m => Err(unexpected("Bye", &m)),
         }
     }
 
@@ -1291,6 +1273,11 @@ fn write_bw_client(
         }
     }
     Ok((posted, completed))
+}
+
+/// The error for a message of the wrong kind where `want` was due.
+fn unexpected(want: &str, got: &Message) -> PingpongError {
+    PingpongError::Protocol(format!("expected {want}, got {}", got.name()))
 }
 
 #[cfg(test)]
