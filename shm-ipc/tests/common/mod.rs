@@ -99,12 +99,17 @@ pub fn wait_all(mut run: Running, timeout: Duration) -> Vec<(bool, String, Strin
         .children
         .iter_mut()
         .map(|c| {
-            let mut so = c.stdout.take().unwrap();
-            let mut se = c.stderr.take().unwrap();
+            // stdout may have been taken by wait_for_line.
+            let so = c.stdout.take();
+            let se = c.stderr.take();
             std::thread::spawn(move || {
                 let (mut a, mut b) = (String::new(), String::new());
-                let _ = so.read_to_string(&mut a);
-                let _ = se.read_to_string(&mut b);
+                if let Some(mut so) = so {
+                    let _ = so.read_to_string(&mut a);
+                }
+                if let Some(mut se) = se {
+                    let _ = se.read_to_string(&mut b);
+                }
                 (a, b)
             })
         })

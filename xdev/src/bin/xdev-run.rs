@@ -585,5 +585,8 @@ fn launch(opts: &Opts) -> i32 {
         }
     }
     drop(server);
+    // Ranks unlink their shared-memory segments once all have attached; a
+    // rank that died before that leaves its segment behind: remove it.
+    xdev::bootstrap::remove_job_shm(&job);
     code
 }
