@@ -11,6 +11,7 @@ pub mod doorbell;
 pub mod futex;
 pub mod lock;
 pub mod ring;
+mod sync;
 pub mod thread;
 
 pub use doorbell::{Backoff, Doorbell};

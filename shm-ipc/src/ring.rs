@@ -21,10 +21,16 @@
 //! Everything read from the ring is validated before use: a header whose
 //! length could not fit the ring is reported as [`RingError::Corrupt`], and
 //! payload copies never leave the ring's memory.
+//!
+//! The orderings are model-checked with loom: `tests/ring_loom.rs`, built
+//! with `RUSTFLAGS="--cfg loom"`. In that build the shared words come from a
+//! side table instead of the raw memory (see the `shadow` module); the
+//! push/peek/copy/pop code is the same.
 
 use std::alloc::Layout;
 use std::ptr::{self, NonNull};
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+use crate::sync::{AtomicU32, AtomicU64, Ordering};
 
 /// Bytes per slot (one cache line).
 pub const SLOT: usize = 64;
@@ -42,6 +48,8 @@ const OFF_CONTEXT: usize = 16;
 const OFF_LEN: usize = 20;
 const OFF_COOKIE: usize = 24;
 const OFF_AUX: usize = 32;
+// (The loom build keeps `waiting` in its side table.)
+#[cfg_attr(loom, allow(dead_code))]
 const OFF_WAITING: usize = 64;
 
 /// The fixed fields of a message.
@@ -95,6 +103,9 @@ pub fn bytes_for(nslots: usize) -> usize {
 pub struct RingRef {
     base: NonNull<u8>,
     nslots: usize,
+    /// Loom build only: the side table holding the shared words.
+    #[cfg(loom)]
+    shadow: NonNull<shadow::Shadow>,
 }
 
 // SAFETY: RingRef is an address and a size; all access through it goes through
@@ -113,7 +124,12 @@ impl RingRef {
     pub unsafe fn from_raw(base: NonNull<u8>, nslots: usize) -> RingRef {
         debug_assert!(nslots.is_power_of_two() && nslots >= 4);
         debug_assert_eq!(base.as_ptr() as usize % 64, 0);
-        RingRef { base, nslots }
+        RingRef {
+            base,
+            nslots,
+            #[cfg(loom)]
+            shadow: shadow::none(),
+        }
     }
 
     /// Start of the ring's memory (for the owner of a mapping, and tests).
@@ -139,12 +155,14 @@ impl RingRef {
         self.seq(t).load(Ordering::Acquire) == t + 1
     }
 
+    #[cfg(not(loom))]
     fn tail(&self) -> &AtomicU64 {
         // SAFETY: the control block starts at `base` (aligned, in bounds per
         // from_raw) and the tail word is only accessed atomically.
         unsafe { &*(self.base.as_ptr() as *const AtomicU64) }
     }
 
+    #[cfg(not(loom))]
     fn waiting(&self) -> &AtomicU32 {
         // SAFETY: offset 64 is inside the 128-byte control block, 4-aligned,
         // and only accessed atomically.
@@ -157,10 +175,47 @@ impl RingRef {
         unsafe { self.base.as_ptr().add(CONTROL + i * SLOT) }
     }
 
+    #[cfg(not(loom))]
     fn seq(&self, pos: u64) -> &AtomicU64 {
         // SAFETY: every slot starts 64-aligned and its first word is accessed
         // atomically by both sides whenever they may race on it.
         unsafe { &*(self.slot(pos) as *const AtomicU64) }
+    }
+
+    #[cfg(loom)]
+    fn shadow(&self) -> &shadow::Shadow {
+        // SAFETY: the shadow belongs to the HeapRing this view came from,
+        // which outlives its views like the memory does (same rule as `base`).
+        unsafe { self.shadow.as_ref() }
+    }
+
+    #[cfg(loom)]
+    fn tail(&self) -> &AtomicU64 {
+        &self.shadow().tail
+    }
+
+    #[cfg(loom)]
+    fn waiting(&self) -> &AtomicU32 {
+        &self.shadow().waiting
+    }
+
+    #[cfg(loom)]
+    fn seq(&self, pos: u64) -> &AtomicU64 {
+        &self.shadow().seq[pos as usize & (self.nslots - 1)]
+    }
+
+    /// Loom build only: records an access to the plain bytes of the `k`
+    /// slots from `pos` (see the `shadow` module).
+    #[cfg(loom)]
+    fn touch(&self, pos: u64, k: u64, write: bool) {
+        for p in pos..pos + k {
+            let cell = &self.shadow().bytes[p as usize & (self.nslots - 1)];
+            if write {
+                cell.with_mut(|_| ());
+            } else {
+                cell.with(|_| ());
+            }
+        }
     }
 
     fn area(&self) -> *mut u8 {
@@ -236,6 +291,8 @@ impl Producer {
         }
         let slot = self.ring.slot(self.head);
         let first = payload.len().min(INLINE);
+        #[cfg(loom)]
+        self.ring.touch(self.head, slots_for(payload.len()), true);
         // SAFETY: slots head..head+k are free (has_room) and owned by the
         // producer until published; all offsets are inside the first slot or
         // inside the slot area (wrapping handled by `write_wrapped`).
@@ -314,6 +371,8 @@ impl Consumer {
             return None;
         }
         let slot = self.ring.slot(self.tail);
+        #[cfg(loom)]
+        self.ring.touch(self.tail, 1, false);
         // SAFETY: the slot is published and not reused by the producer until
         // we advance tail; reads are within the first slot. A hostile peer in
         // another process may still scribble here: every field is plain data
@@ -341,6 +400,8 @@ impl Consumer {
         let len = (msg.header.len as usize).min(dst.len());
         let first = len.min(INLINE);
         let slot = self.ring.slot(self.tail);
+        #[cfg(loom)]
+        self.ring.touch(self.tail, slots_for(len), false);
         // SAFETY: `msg` was validated by peek for this tail (len <= max_payload),
         // so the bytes lie inside the published slots; dst has room for len.
         unsafe {
@@ -362,6 +423,10 @@ impl Consumer {
     /// that it waits for room (the caller then rings its doorbell).
     pub fn pop(&mut self, msg: &Incoming) -> bool {
         let k = slots_for(msg.header.len as usize);
+        // The zeroing writes the first word of every slot, which in a
+        // continuation slot is payload memory.
+        #[cfg(loom)]
+        self.ring.touch(self.tail, k, true);
         for p in self.tail..self.tail + k {
             // Relaxed: ordered before the producer's reuse by the Release
             // store of tail below.
@@ -378,6 +443,8 @@ pub struct HeapRing {
     ptr: NonNull<u8>,
     layout: Layout,
     nslots: usize,
+    #[cfg(loom)]
+    shadow: Box<shadow::Shadow>,
 }
 
 // SAFETY: HeapRing owns a plain allocation; concurrent use goes through
@@ -398,6 +465,8 @@ impl HeapRing {
             ptr,
             layout,
             nslots,
+            #[cfg(loom)]
+            shadow: Box::new(shadow::Shadow::new(nslots)),
         }
     }
 
@@ -405,7 +474,16 @@ impl HeapRing {
     pub fn view(&self) -> RingRef {
         // SAFETY: the allocation is 64-aligned, zeroed, of bytes_for(nslots)
         // bytes, and nslots is a power of two >= 4.
-        unsafe { RingRef::from_raw(self.ptr, self.nslots) }
+        #[cfg(not(loom))]
+        let view = unsafe { RingRef::from_raw(self.ptr, self.nslots) };
+        // The loom build's view also carries the side table (from_raw has none).
+        #[cfg(loom)]
+        let view = RingRef {
+            base: self.ptr,
+            nslots: self.nslots,
+            shadow: NonNull::from(&*self.shadow),
+        };
+        view
     }
 }
 
@@ -413,6 +491,55 @@ impl Drop for HeapRing {
     fn drop(&mut self) {
         // SAFETY: allocated in `new` with this layout.
         unsafe { std::alloc::dealloc(self.ptr.as_ptr(), self.layout) }
+    }
+}
+
+/// The loom build's home for the shared words.
+///
+/// Loom's atomics are objects of its model, not views of raw memory, so the
+/// `tail`, `waiting` and per-slot `seq` words cannot be cast from the ring's
+/// bytes as in the real build: in a `--cfg loom` build they live in this side
+/// table, created with the [`HeapRing`], and `RingRef::tail`/`waiting`/`seq`
+/// resolve to it. Everything else (push, peek, copy, pop, with their
+/// orderings) is the real code on the real memory.
+///
+/// Loom does not see plain memory either, and it runs one thread at a time on
+/// real memory, so a payload read that no ordering protects would still find
+/// the right bytes. Each slot therefore also has a loom `UnsafeCell<()>`
+/// that the code touches where it writes (push, and pop's zeroing) or reads
+/// (peek, copy) that slot's bytes: loom then panics with a "causality
+/// violation" on any access not ordered after the previous conflicting one by
+/// the ring's atomics.
+#[cfg(loom)]
+mod shadow {
+    use std::ptr::NonNull;
+
+    use loom::cell::UnsafeCell;
+
+    use crate::sync::{AtomicU32, AtomicU64};
+
+    pub(super) struct Shadow {
+        pub(super) tail: AtomicU64,
+        pub(super) waiting: AtomicU32,
+        pub(super) seq: Box<[AtomicU64]>,
+        pub(super) bytes: Box<[UnsafeCell<()>]>,
+    }
+
+    impl Shadow {
+        /// Zeroed words for a fresh ring of `nslots` slots.
+        pub(super) fn new(nslots: usize) -> Shadow {
+            Shadow {
+                tail: AtomicU64::new(0),
+                waiting: AtomicU32::new(0),
+                seq: (0..nslots).map(|_| AtomicU64::new(0)).collect(),
+                bytes: (0..nslots).map(|_| UnsafeCell::new(())).collect(),
+            }
+        }
+    }
+
+    /// `RingRef::from_raw` in a loom build: raw memory has no side table.
+    pub(super) fn none() -> NonNull<Shadow> {
+        panic!("loom models build rings with HeapRing (RingRef::from_raw has no loom side table)")
     }
 }
 
