@@ -18,9 +18,13 @@
 //! releases the slots by storing `tail` (`Release`); the producer reads `tail`
 //! with `Acquire` before reusing them.
 //!
-//! Everything read from the ring is validated before use: a header whose
-//! length could not fit the ring is reported as [`RingError::Corrupt`], and
-//! payload copies never leave the ring's memory.
+//! Everything read from the ring is validated before use, since the peer
+//! may be buggy or hostile and write anything anywhere in the ring: a header
+//! whose length could not fit the ring is reported as [`RingError::Corrupt`],
+//! a consumer position the consumer could not have published as
+//! [`RingError::BadTail`], and payload copies never leave the ring's memory.
+//! The worst a scribbling peer gets is such an error or garbage payload
+//! bytes: never an out-of-bounds access, a panic or an endless loop here.
 //!
 //! The orderings are model-checked with loom: `tests/ring_loom.rs`, built
 //! with `RUSTFLAGS="--cfg loom"`. In that build the shared words come from a
@@ -80,12 +84,27 @@ pub enum RingError {
         /// The claimed payload length.
         len: u32,
     },
+    /// The consumer's position (the ring's `tail` word) went backwards or
+    /// past the producer's head: the producer cannot tell which slots are
+    /// free.
+    BadTail {
+        /// The position read from the ring.
+        tail: u64,
+        /// The producer's position.
+        head: u64,
+    },
 }
 
 impl std::fmt::Display for RingError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             RingError::Corrupt { len } => write!(f, "ring entry claims {len} payload bytes"),
+            RingError::BadTail { tail, head } => {
+                write!(
+                    f,
+                    "ring consumer position {tail} impossible (producer at {head})"
+                )
+            }
         }
     }
 }
@@ -264,30 +283,51 @@ impl Producer {
 
     /// Whether a message of `len` bytes fits now (refreshing the consumer's
     /// position if needed).
-    pub fn has_room(&mut self, len: usize) -> bool {
+    ///
+    /// # Errors
+    /// [`RingError::BadTail`] if the consumer's position read from the ring
+    /// is one it cannot have published (behind the last one seen, or past
+    /// this producer's head): the ring is corrupt. Nothing is changed then,
+    /// and a later call reads the position again.
+    pub fn has_room(&mut self, len: usize) -> Result<bool, RingError> {
         let k = slots_for(len);
         let n = self.ring.nslots as u64;
+        // No underflow: tail_cache <= head always (it only takes validated
+        // values, and head only grows).
         if self.head + k - self.tail_cache <= n {
-            return true;
+            return Ok(true);
         }
         // Acquire pairs with the consumer's Release store of tail: its zeroing
         // of the freed slots happens before our reuse.
-        self.tail_cache = self.ring.tail().load(Ordering::Acquire);
-        self.head + k - self.tail_cache <= n
+        let tail = self.ring.tail().load(Ordering::Acquire);
+        // A real consumer's position only grows (and coherence keeps our
+        // loads of it in order), and never passes what we published.
+        if tail < self.tail_cache || tail > self.head {
+            return Err(RingError::BadTail {
+                tail,
+                head: self.head,
+            });
+        }
+        self.tail_cache = tail;
+        Ok(self.head + k - tail <= n)
     }
 
-    /// Appends a message; false (and nothing written) if the ring lacks room.
-    /// `header.len` is set from `payload`.
+    /// Appends a message: `Ok(false)` (and nothing written) if the ring
+    /// lacks room. `header.len` is set from `payload`.
+    ///
+    /// # Errors
+    /// [`RingError::BadTail`] (nothing written) if the consumer's position is
+    /// corrupt, see [`has_room`](Producer::has_room).
     ///
     /// # Panics
     /// If `payload` exceeds [`RingRef::max_payload`] (a caller bug).
-    pub fn try_push(&mut self, header: &Header, payload: &[u8]) -> bool {
+    pub fn try_push(&mut self, header: &Header, payload: &[u8]) -> Result<bool, RingError> {
         assert!(
             payload.len() <= self.ring.max_payload(),
             "message too large for ring"
         );
-        if !self.has_room(payload.len()) {
-            return false;
+        if !self.has_room(payload.len())? {
+            return Ok(false);
         }
         let slot = self.ring.slot(self.head);
         let first = payload.len().min(INLINE);
@@ -314,7 +354,7 @@ impl Producer {
             .seq(self.head)
             .store(self.head + 1, Ordering::SeqCst);
         self.head += slots_for(payload.len());
-        true
+        Ok(true)
     }
 
     /// # Safety
@@ -589,7 +629,7 @@ mod tests {
                 cookie: seed,
                 ..Header::default()
             };
-            while !p.try_push(&h, &payload) {
+            while !p.try_push(&h, &payload).unwrap() {
                 let (gh, gp) = recv(&mut c).expect("full ring must have a message");
                 let (eh, ep): (Header, Vec<u8>) = sent.pop_front().unwrap();
                 assert_eq!((gh, gp), (eh, ep));
@@ -613,7 +653,7 @@ mod tests {
         for (i, w) in payload.chunks_mut(8).enumerate() {
             w.copy_from_slice(&(i as u64 + 2).to_le_bytes());
         }
-        assert!(p.try_push(&Header::default(), &payload));
+        assert!(p.try_push(&Header::default(), &payload).unwrap());
         assert!(recv(&mut c).is_some());
         assert!(c.peek().is_none(), "stale payload read as a message");
     }
@@ -621,7 +661,7 @@ mod tests {
     #[test]
     fn corrupt_length_is_reported() {
         let (r, mut p, c) = pair(8);
-        assert!(p.try_push(&Header::default(), b"x"));
+        assert!(p.try_push(&Header::default(), b"x").unwrap());
         // Scribble an impossible length, as a hostile peer could.
         // SAFETY: offset OFF_LEN of slot 0 is inside the ring allocation.
         unsafe { ptr::write_unaligned(r.view().slot(0).add(OFF_LEN) as *mut u32, u32::MAX) };
@@ -629,6 +669,37 @@ mod tests {
             c.peek().unwrap().unwrap_err(),
             RingError::Corrupt { len: u32::MAX }
         );
+    }
+
+    #[test]
+    fn corrupt_tail_is_reported() {
+        let (r, mut p, _c) = pair(4);
+        let set_tail = |t: u64| {
+            // SAFETY: the tail word is the first 8 bytes of the ring
+            // allocation; nothing accesses it concurrently in this test.
+            unsafe { ptr::write(r.view().base_ptr() as *mut u64, t) }
+        };
+        let big = [0u8; INLINE + 1];
+        assert_eq!(p.try_push(&Header::default(), &big), Ok(true));
+        assert_eq!(p.try_push(&Header::default(), &big), Ok(true));
+        // Full ring (head 4): the tail is read, and must lie in 0..=4.
+        for bad in [5, u64::MAX] {
+            set_tail(bad);
+            assert_eq!(
+                p.try_push(&Header::default(), b"x"),
+                Err(RingError::BadTail { tail: bad, head: 4 })
+            );
+        }
+        set_tail(2);
+        assert_eq!(p.try_push(&Header::default(), b"x"), Ok(true));
+        // Head 5, tail seen at 2: a tail of 1 went backwards.
+        set_tail(1);
+        assert_eq!(
+            p.try_push(&Header::default(), &big),
+            Err(RingError::BadTail { tail: 1, head: 5 })
+        );
+        set_tail(5);
+        assert_eq!(p.try_push(&Header::default(), &big), Ok(true));
     }
 
     #[test]
@@ -645,7 +716,7 @@ mod tests {
                     tag: i as i32,
                     ..Header::default()
                 };
-                while !p.try_push(&hd, &payload) {
+                while !p.try_push(&hd, &payload).unwrap() {
                     std::hint::spin_loop();
                 }
             }

@@ -48,6 +48,7 @@ proptest! {
                     prop_assert!(len as usize > r.view().max_payload());
                     break;
                 }
+                Some(Err(e)) => prop_assert!(false, "the consumer reported {e}"),
                 Some(Ok(m)) => {
                     prop_assert!(m.header.len as usize <= r.view().max_payload());
                     let n = c.copy_payload(&m, &mut dst);

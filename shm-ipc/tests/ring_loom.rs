@@ -80,7 +80,7 @@ fn pair() -> (Arc<HeapRing>, Producer, Consumer) {
 fn produce(mut p: Producer) {
     for i in 0..LENS.len() {
         let (h, data) = message(i);
-        while !p.try_push(&h, &data) {
+        while !p.try_push(&h, &data).expect("tail valid") {
             thread::yield_now();
         }
     }
@@ -175,18 +175,20 @@ fn waiting_flag_handshake() {
         let t = thread::spawn(move || {
             let _keep = keep;
             let big = vec![7u8; INLINE + 1];
-            assert!(p.try_push(&Header::default(), &big));
-            assert!(p.try_push(&Header::default(), &big));
-            if !p.try_push(&Header::default(), b"x") {
+            let push =
+                |p: &mut Producer, data: &[u8]| p.try_push(&Header::default(), data).unwrap();
+            assert!(push(&mut p, &big));
+            assert!(push(&mut p, &big));
+            if !push(&mut p, b"x") {
                 p.set_waiting(true);
-                if !p.try_push(&Header::default(), b"x") {
+                if !push(&mut p, b"x") {
                     let (m, cv) = &*pbell;
                     let mut rung = m.lock().unwrap();
                     while !*rung {
                         rung = cv.wait(rung).unwrap();
                     }
                     drop(rung);
-                    assert!(p.try_push(&Header::default(), b"x"), "rung without room");
+                    assert!(push(&mut p, b"x"), "rung without room");
                 }
                 p.set_waiting(false);
             }
