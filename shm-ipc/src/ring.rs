@@ -170,8 +170,10 @@ impl RingRef {
     /// lock-free hint for waiters (exact only on the consumer's own thread).
     #[inline]
     pub fn has_message(&self) -> bool {
+        // Relaxed: a hint; a stale tail only makes the answer stale. The word
+        // is in shared memory, so it may hold anything: wrapping, not `+`.
         let t = self.tail().load(Ordering::Relaxed);
-        self.seq(t).load(Ordering::Acquire) == t + 1
+        self.seq(t).load(Ordering::Acquire) == t.wrapping_add(1)
     }
 
     #[cfg(not(loom))]
@@ -414,16 +416,19 @@ impl Consumer {
         #[cfg(loom)]
         self.ring.touch(self.tail, 1, false);
         // SAFETY: the slot is published and not reused by the producer until
-        // we advance tail; reads are within the first slot. A hostile peer in
-        // another process may still scribble here: every field is plain data
-        // and `len` is validated below before it sizes any copy.
+        // we advance tail; reads are within the first slot, and every field is
+        // naturally aligned in the 64-aligned slot. A hostile peer in another
+        // process may still scribble here: every field is plain data and
+        // `len` is validated below before it sizes any copy. `len` is read
+        // once, volatile, so what is validated is what sizes the copies (no
+        // second fetch from the shared memory).
         let header = unsafe {
             Header {
                 kind: ptr::read_volatile(slot.add(OFF_KIND)),
                 flags: ptr::read_volatile(slot.add(OFF_FLAGS)),
                 tag: ptr::read_unaligned(slot.add(OFF_TAG) as *const i32),
                 context: ptr::read_unaligned(slot.add(OFF_CONTEXT) as *const u32),
-                len: ptr::read_unaligned(slot.add(OFF_LEN) as *const u32),
+                len: ptr::read_volatile(slot.add(OFF_LEN) as *const u32),
                 cookie: ptr::read_unaligned(slot.add(OFF_COOKIE) as *const u64),
                 aux: ptr::read_unaligned(slot.add(OFF_AUX) as *const u64),
             }
@@ -436,14 +441,24 @@ impl Consumer {
 
     /// Copies the head message's payload (its first `dst.len()` bytes at
     /// most) into `dst`; returns the bytes copied.
+    ///
+    /// `msg` should come from [`peek`](Consumer::peek) at this position; an
+    /// `Incoming` made up by the caller still never reads outside the ring
+    /// (its length is capped at [`RingRef::max_payload`]), it only copies
+    /// garbage.
     pub fn copy_payload(&self, msg: &Incoming, dst: &mut [u8]) -> usize {
-        let len = (msg.header.len as usize).min(dst.len());
+        let len = self.payload_len(msg).min(dst.len());
         let first = len.min(INLINE);
         let slot = self.ring.slot(self.tail);
         #[cfg(loom)]
         self.ring.touch(self.tail, slots_for(len), false);
-        // SAFETY: `msg` was validated by peek for this tail (len <= max_payload),
-        // so the bytes lie inside the published slots; dst has room for len.
+        // SAFETY: len <= max_payload = INLINE + (nslots/2 - 1) * SLOT and
+        // dst.len() >= len. The first `first` <= INLINE bytes lie in the head
+        // slot after its header. The rest (rest = len - first < size/2) starts
+        // at the next slot's offset off <= size - SLOT: n1 <= size - off bytes
+        // from off stay inside the area, and the remaining rest - n1 < size
+        // bytes from the area's start too. Every tail position and every len
+        // are checked against a byte model in the unit tests.
         unsafe {
             ptr::copy_nonoverlapping(slot.add(HEADER), dst.as_mut_ptr(), first);
             if len > first {
@@ -462,7 +477,8 @@ impl Consumer {
     /// Releases the head message. Returns true when the producer has flagged
     /// that it waits for room (the caller then rings its doorbell).
     pub fn pop(&mut self, msg: &Incoming) -> bool {
-        let k = slots_for(msg.header.len as usize);
+        // At most nslots/2 slots, whatever `msg` says (see copy_payload).
+        let k = slots_for(self.payload_len(msg));
         // The zeroing writes the first word of every slot, which in a
         // continuation slot is payload memory.
         #[cfg(loom)]
@@ -475,6 +491,13 @@ impl Consumer {
         self.tail += k;
         self.ring.tail().store(self.tail, Ordering::Release);
         self.ring.waiting().load(Ordering::Relaxed) != 0
+    }
+
+    /// `msg`'s payload length, capped at what the ring can hold (a no-op for
+    /// a message from `peek`, which rejects larger ones).
+    #[inline]
+    fn payload_len(&self, msg: &Incoming) -> usize {
+        (msg.header.len as usize).min(self.ring.max_payload())
     }
 }
 
@@ -700,6 +723,212 @@ mod tests {
         );
         set_tail(5);
         assert_eq!(p.try_push(&Header::default(), &big), Ok(true));
+    }
+
+    /// Ring memory with guard bytes on both sides, to see accesses that
+    /// leave it.
+    struct Guarded {
+        ptr: NonNull<u8>,
+        layout: Layout,
+        nslots: usize,
+    }
+
+    const GUARD: usize = 256;
+    const GUARD_BYTE: u8 = 0xEE;
+
+    impl Guarded {
+        fn new(nslots: usize) -> Guarded {
+            let layout = Layout::from_size_align(bytes_for(nslots) + 2 * GUARD, 64).unwrap();
+            // SAFETY: non-zero size.
+            let ptr = NonNull::new(unsafe { std::alloc::alloc_zeroed(layout) }).unwrap();
+            let g = Guarded {
+                ptr,
+                layout,
+                nslots,
+            };
+            g.all()[..GUARD].fill(GUARD_BYTE);
+            g.all()[GUARD + bytes_for(nslots)..].fill(GUARD_BYTE);
+            g
+        }
+
+        #[allow(clippy::mut_from_ref)]
+        fn all(&self) -> &mut [u8] {
+            // SAFETY: the allocation; the tests never hold two of these
+            // slices, or one across a ring call.
+            unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.layout.size()) }
+        }
+
+        /// The slot area.
+        #[allow(clippy::mut_from_ref)]
+        fn area(&self) -> &mut [u8] {
+            let start = GUARD + CONTROL;
+            &mut self.all()[start..start + self.nslots * SLOT]
+        }
+
+        fn view(&self) -> RingRef {
+            // SAFETY: GUARD is a multiple of 64, so the ring is 64-aligned,
+            // inside the allocation, and zeroed; nslots is a power of two >= 4.
+            unsafe {
+                RingRef::from_raw(
+                    NonNull::new(self.ptr.as_ptr().add(GUARD)).unwrap(),
+                    self.nslots,
+                )
+            }
+        }
+
+        fn assert_guards(&self) {
+            let all = self.all();
+            let n = all.len();
+            assert!(
+                all[..GUARD].iter().all(|&b| b == GUARD_BYTE),
+                "write before the ring"
+            );
+            assert!(
+                all[n - GUARD..].iter().all(|&b| b == GUARD_BYTE),
+                "write after the ring"
+            );
+        }
+    }
+
+    impl Drop for Guarded {
+        fn drop(&mut self) {
+            // SAFETY: allocated in `new` with this layout.
+            unsafe { std::alloc::dealloc(self.ptr.as_ptr(), self.layout) }
+        }
+    }
+
+    /// Area offset of payload byte `j` of a message whose first slot is at
+    /// position `pos` (the layout the module docs describe, spelled out with
+    /// safe arithmetic).
+    fn payload_offset(nslots: usize, pos: u64, j: usize) -> usize {
+        let size = nslots * SLOT;
+        let first = (pos as usize % nslots) * SLOT;
+        if j < INLINE {
+            first + HEADER + j
+        } else {
+            (first + SLOT + (j - INLINE)) % size
+        }
+    }
+
+    /// Positions to try: two laps, and a few far ones.
+    fn positions(nslots: usize) -> impl Iterator<Item = u64> {
+        (0..2 * nslots as u64).chain([1 << 40, (1 << 40) + nslots as u64 - 1])
+    }
+
+    #[test]
+    fn consumer_copies_stay_in_the_ring_for_every_length_and_position() {
+        for nslots in [4, 8, 16] {
+            let g = Guarded::new(nslots);
+            let v = g.view();
+            for tail in positions(nslots) {
+                for len in 0..=v.max_payload() {
+                    // Pattern bytes never equal the guard byte.
+                    for (i, b) in g.area().iter_mut().enumerate() {
+                        *b = (i % 200) as u8;
+                    }
+                    let slot = (tail as usize % nslots) * SLOT;
+                    let area = g.area();
+                    area[slot..slot + 8].copy_from_slice(&(tail + 1).to_le_bytes());
+                    area[slot + OFF_LEN..slot + OFF_LEN + 4]
+                        .copy_from_slice(&(len as u32).to_le_bytes());
+                    let want: Vec<u8> = (0..len)
+                        .map(|j| g.area()[payload_offset(nslots, tail, j)])
+                        .collect();
+                    let mut c = Consumer { ring: v, tail };
+                    let m = c.peek().expect("published").expect("valid");
+                    assert_eq!(m.header.len as usize, len);
+                    for cap in [len, len / 2, len + 7] {
+                        let mut dst = vec![GUARD_BYTE; cap];
+                        let n = c.copy_payload(&m, &mut dst);
+                        assert_eq!(n, len.min(cap));
+                        assert_eq!(
+                            dst[..n],
+                            want[..n],
+                            "{nslots} slots, tail {tail}, len {len}"
+                        );
+                        assert!(dst[n..].iter().all(|&b| b == GUARD_BYTE));
+                    }
+                    c.pop(&m);
+                    assert_eq!(c.tail, tail + slots_for(len));
+                    for p in tail..c.tail {
+                        assert_eq!(v.seq(p).load(Ordering::Relaxed), 0);
+                    }
+                    g.assert_guards();
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn made_up_messages_stay_in_the_ring() {
+        // An Incoming that did not come from peek: capped, never outside.
+        let g = Guarded::new(4);
+        let mut c = Consumer {
+            ring: g.view(),
+            tail: 3,
+        };
+        let m = Incoming {
+            header: Header {
+                len: u32::MAX,
+                ..Header::default()
+            },
+        };
+        let mut dst = vec![0u8; 4096];
+        assert_eq!(c.copy_payload(&m, &mut dst), g.view().max_payload());
+        c.pop(&m);
+        assert_eq!(c.tail, 3 + slots_for(g.view().max_payload()));
+        g.assert_guards();
+    }
+
+    #[test]
+    fn producer_writes_stay_in_the_ring_for_every_length_and_position() {
+        for nslots in [4, 8, 16] {
+            let g = Guarded::new(nslots);
+            let v = g.view();
+            for head in positions(nslots) {
+                for len in 0..=v.max_payload() {
+                    for (i, b) in g.area().iter_mut().enumerate() {
+                        *b = (i % 200) as u8;
+                    }
+                    let mut want = g.area().to_vec();
+                    let payload: Vec<u8> = (0..len).map(|j| 200 + (j % 37) as u8).collect();
+                    let h = Header {
+                        kind: 1,
+                        flags: 2,
+                        tag: -3,
+                        context: 4,
+                        len: 0,
+                        cookie: 5,
+                        aux: 6,
+                    };
+                    let mut p = Producer {
+                        ring: v,
+                        head,
+                        tail_cache: head,
+                    };
+                    assert_eq!(p.try_push(&h, &payload), Ok(true));
+                    assert_eq!(p.head, head + slots_for(len));
+                    // The expected bytes, field by field.
+                    let s = (head as usize % nslots) * SLOT;
+                    let mut put = |off: usize, bytes: &[u8]| {
+                        want[s + off..s + off + bytes.len()].copy_from_slice(bytes)
+                    };
+                    put(0, &(head + 1).to_le_bytes());
+                    put(OFF_KIND, &[1]);
+                    put(OFF_FLAGS, &[2]);
+                    put(OFF_TAG, &(-3i32).to_le_bytes());
+                    put(OFF_CONTEXT, &4u32.to_le_bytes());
+                    put(OFF_LEN, &(len as u32).to_le_bytes());
+                    put(OFF_COOKIE, &5u64.to_le_bytes());
+                    put(OFF_AUX, &6u64.to_le_bytes());
+                    for (j, &b) in payload.iter().enumerate() {
+                        want[payload_offset(nslots, head, j)] = b;
+                    }
+                    assert!(g.area() == want, "{nslots} slots, head {head}, len {len}");
+                    g.assert_guards();
+                }
+            }
+        }
     }
 
     #[test]
