@@ -376,7 +376,12 @@ impl Producer {
 
     /// Tells the consumer the producer waits for room (it then rings the
     /// producer's doorbell when it frees slots).
+    ///
+    /// A hint, not a guarantee: see [`Consumer::pop`]. A producer that sleeps
+    /// on it must bound the sleep and re-check for room.
     pub fn set_waiting(&self, waiting: bool) {
+        // SeqCst: the strongest store, though without a fence on the
+        // consumer's side it cannot close the race described at pop.
         self.ring.waiting().store(waiting as u32, Ordering::SeqCst);
     }
 }
@@ -476,6 +481,13 @@ impl Consumer {
 
     /// Releases the head message. Returns true when the producer has flagged
     /// that it waits for room (the caller then rings its doorbell).
+    ///
+    /// The flag can be missed: the handshake is the store-buffer pattern
+    /// (the producer stores `waiting` then loads `tail`, this stores `tail`
+    /// then loads `waiting`) with no fence between this store and load, so
+    /// both loads may see the old values and the producer sleeps although
+    /// room was freed. `tests/ring_loom.rs` (`waiting_flag_handshake`) shows
+    /// the lost wake-up; waiters bound their sleep.
     pub fn pop(&mut self, msg: &Incoming) -> bool {
         // At most nslots/2 slots, whatever `msg` says (see copy_payload).
         let k = slots_for(self.payload_len(msg));
@@ -489,7 +501,12 @@ impl Consumer {
             self.ring.seq(p).store(0, Ordering::Relaxed);
         }
         self.tail += k;
+        // Release: our reads of the message and the zeroing above happen
+        // before the producer's Acquire load of tail and its reuse.
         self.ring.tail().store(self.tail, Ordering::Release);
+        // Relaxed: the flag orders nothing (the caller only rings a
+        // doorbell, which has its own fences), and it is best-effort anyway
+        // (see above).
         self.ring.waiting().load(Ordering::Relaxed) != 0
     }
 
