@@ -76,13 +76,22 @@ fn pair() -> (Arc<HeapRing>, Producer, Consumer) {
     unsafe { (r.clone(), Producer::new(v), Consumer::new(v)) }
 }
 
+/// Executions in which the producer found the ring full (plain std atomic:
+/// bookkeeping outside the model).
+static FULL: AtomicUsize = AtomicUsize::new(0);
+
 /// Pushes the model's messages, yielding while the ring is full.
 fn produce(mut p: Producer) {
+    let mut full = false;
     for i in 0..LENS.len() {
         let (h, data) = message(i);
         while !p.try_push(&h, &data).expect("tail valid") {
+            full = true;
             thread::yield_now();
         }
+    }
+    if full {
+        FULL.fetch_add(1, Ordering::Relaxed);
     }
 }
 
@@ -146,6 +155,9 @@ fn push_wrap_and_full_ring() {
         t.join().unwrap();
         drop(r);
     });
+    let full = FULL.load(Ordering::Relaxed);
+    println!("push_wrap_and_full_ring: the producer met a full ring in {full} executions");
+    assert!(full > 0, "the model never took the ring-full path");
 }
 
 /// The `waiting` flag handshake, with a sleeper that trusts it fully: the
