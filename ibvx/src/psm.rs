@@ -245,10 +245,15 @@ impl Engine {
         };
         if env.source >= self.size {
             let what = format!("message tagged with source rank {}", env.source);
-            return Status::failed(env, Error::Protocol { rank: env.source, what });
+            return Status::failed(
+                env,
+                Error::Protocol {
+                    rank: env.source,
+                    what,
+                },
+            );
         }
-        if st.error_code != psm2_error::PSM2_OK && st.error_code != psm2_error::PSM2_MQ_TRUNCATION
-        {
+        if st.error_code != psm2_error::PSM2_OK && st.error_code != psm2_error::PSM2_MQ_TRUNCATION {
             return Status::failed(env, psm_err(self.psm(), "receive", st.error_code));
         }
         Status::received(env, st.msg_length as usize, cap)
@@ -459,7 +464,14 @@ impl Engine {
         Ok(req as Key)
     }
 
-    fn blocking_send(&self, data: &[u8], dest: Rank, t: Tag, ctx: Context, sync: bool) -> Result<()> {
+    fn blocking_send(
+        &self,
+        data: &[u8],
+        dest: Rank,
+        t: Tag,
+        ctx: Context,
+        sync: bool,
+    ) -> Result<()> {
         check_send(dest, t, self.size)?;
         self.check_open()?;
         let key = {
@@ -679,7 +691,8 @@ impl PsmDevice {
             epids.push(u64::from_le_bytes(id));
             // Connecting to an epid shm cannot reach crashes libpsm2 (psm_sys
             // docs): in shm-only mode all ranks must be on this host.
-            if lib.mode == PsmMode::ShmOnly && (host.is_empty() || b[8..] != *host.trim().as_bytes())
+            if lib.mode == PsmMode::ShmOnly
+                && (host.is_empty() || b[8..] != *host.trim().as_bytes())
             {
                 return Err(fail(Error::Config(format!(
                     "PSM2 shm-only mode needs every rank on this host; rank {r} is not \
@@ -923,7 +936,8 @@ impl Device for PsmDevice {
                         tag: -1,
                         context: 0,
                     };
-                    eng.tracker.complete(&core, Status::failed(env, Error::Closed));
+                    eng.tracker
+                        .complete(&core, Status::failed(env, Error::Closed));
                 }
             }
         }
@@ -948,7 +962,8 @@ impl Device for PsmDevice {
                     tag: -1,
                     context: 0,
                 };
-                eng.tracker.complete(&core, Status::failed(env, Error::Closed));
+                eng.tracker
+                    .complete(&core, Status::failed(env, Error::Closed));
             }
         }
         drop(l);
@@ -966,7 +981,9 @@ impl Engine {
         };
         let mut st = std::mem::MaybeUninit::<psm2_mq_status2_t>::zeroed();
         // SAFETY: mq is open; tags and status are valid for the call.
-        let e = unsafe { (self.psm().psm2_mq_iprobe2)(l.mq, src, &mut rtag, &mut sel, st.as_mut_ptr()) };
+        let e = unsafe {
+            (self.psm().psm2_mq_iprobe2)(l.mq, src, &mut rtag, &mut sel, st.as_mut_ptr())
+        };
         if e != psm2_error::PSM2_OK {
             return None;
         }
@@ -978,7 +995,14 @@ impl Engine {
 }
 
 impl PsmDevice {
-    fn start_send(&self, buf: Buffer, dest: Rank, tag: Tag, context: Context, sync: bool) -> Request {
+    fn start_send(
+        &self,
+        buf: Buffer,
+        dest: Rank,
+        tag: Tag,
+        context: Context,
+        sync: bool,
+    ) -> Request {
         let eng = &self.engine;
         let env = Envelope {
             source: dest,

@@ -33,7 +33,11 @@ fn run(n: usize, case: &str) {
     // Honest about the mode it ran in.
     let shm_only = !std::path::Path::new("/dev/hfi1_0").exists();
     if shm_only {
-        assert!(exits[0].stderr.contains("shm-only mode"), "{}", exits[0].stderr);
+        assert!(
+            exits[0].stderr.contains("shm-only mode"),
+            "{}",
+            exits[0].stderr
+        );
     }
 }
 
