@@ -140,7 +140,9 @@ fn library() -> Result<&'static Library> {
     .map_err(Clone::clone)
 }
 
-/// A PSM2 request handle as a map key.
+/// Our id of an outstanding PSM2 request, passed to PSM2 as the request's
+/// context and read back from its completion status. (PSM2 reuses request
+/// handles as soon as they are freed, so handles cannot be keys.)
 type Key = usize;
 
 /// What an outstanding PSM2 request belongs to.
@@ -152,11 +154,19 @@ enum Slot {
         send: Option<(Envelope, usize)>,
         /// For receives, the source it names (to fail it if that peer leaves).
         source: Option<Rank>,
+        /// For receives of a message probed first, its length (see
+        /// `take_unexpected`).
+        known_len: Option<usize>,
     },
     /// A blocking call waits for it; its status goes to `done`.
     Blocking,
     /// Its call gave up (peer gone); the status is dropped on completion.
     Abandoned,
+    /// A blocking send to this rank itself, sent from a copy: PSM2's `self`
+    /// device completes a send only when a receive matches it, so the
+    /// blocking call returns once the copy is taken (as an eager send
+    /// would), and the copy is dropped when PSM2 completes the send.
+    SelfCopy(#[allow(dead_code)] Box<[u8]>),
 }
 
 struct Inner {
@@ -164,6 +174,9 @@ struct Inner {
     mq: psm2_mq_t,
     addrs: Vec<psm2_epaddr_t>,
     live: HashMap<Key, Slot>,
+    /// PSM2's handle of each outstanding request (for cancel).
+    handles: HashMap<Key, psm2_mq_req_t>,
+    next_key: Key,
     done: HashMap<Key, psm2_mq_status2_t>,
     gone: Vec<bool>,
     departures_seen: usize,
@@ -235,7 +248,7 @@ impl Engine {
     }
 
     /// The xdev status of a completed receive.
-    fn recv_status(&self, st: &psm2_mq_status2_t, cap: usize) -> Status {
+    fn recv_status(&self, st: &psm2_mq_status2_t, cap: usize, known_len: Option<usize>) -> Status {
         // SAFETY: every bit pattern of the union is a valid [u32; 4].
         let t = unsafe { st.msg_tag.tag };
         let env = Envelope {
@@ -256,7 +269,7 @@ impl Engine {
         if st.error_code != psm2_error::PSM2_OK && st.error_code != psm2_error::PSM2_MQ_TRUNCATION {
             return Status::failed(env, psm_err(self.psm(), "receive", st.error_code));
         }
-        Status::received(env, st.msg_length as usize, cap)
+        Status::received(env, known_len.unwrap_or(st.msg_length as usize), cap)
     }
 
     fn send_status(&self, st: &psm2_mq_status2_t, env: Envelope, len: usize) -> Status {
@@ -284,25 +297,31 @@ impl Engine {
                 break;
             }
             any = true;
-            let key = req as Key;
             let mut st = std::mem::MaybeUninit::<psm2_mq_status2_t>::zeroed();
             // SAFETY: req is a completed request from ipeek; test2 frees it
             // and fills the status.
             unsafe { (psm.psm2_mq_test2)(&mut req, st.as_mut_ptr()) };
             // SAFETY: zero-initialised, then filled by PSM2.
             let st = unsafe { st.assume_init() };
+            let key = st.context as Key;
+            l.handles.remove(&key);
             match l.live.remove(&key) {
-                Some(Slot::Request { core, send, .. }) => {
+                Some(Slot::Request {
+                    core,
+                    send,
+                    known_len,
+                    ..
+                }) => {
                     let status = match send {
                         Some((env, len)) => self.send_status(&st, env, len),
-                        None => self.recv_status(&st, core.buffer_len()),
+                        None => self.recv_status(&st, core.buffer_len(), known_len),
                     };
                     self.tracker.complete(&core, status);
                 }
                 Some(Slot::Blocking) => {
                     l.done.insert(key, st);
                 }
-                Some(Slot::Abandoned) | None => {}
+                Some(Slot::Abandoned | Slot::SelfCopy(_)) | None => {}
             }
         }
         any
@@ -348,15 +367,18 @@ impl Engine {
     /// is then returned to PSM2; the caller removes its slot).
     fn cancel_key(&self, l: &mut Inner, key: Key) -> bool {
         let psm = self.psm();
-        let mut req = key as psm2_mq_req_t;
-        // SAFETY: key is a live receive request of this MQ.
+        let Some(&handle) = l.handles.get(&key) else {
+            return false;
+        };
+        let mut req = handle;
+        // SAFETY: req is a live receive request of this MQ.
         if unsafe { (psm.psm2_mq_cancel)(&mut req) } != psm2_error::PSM2_OK {
             return false;
         }
         let mut st = std::mem::MaybeUninit::<psm2_mq_status2_t>::zeroed();
         // SAFETY: a cancelled request must be returned with test/wait (psm2_mq.h).
         unsafe { (psm.psm2_mq_wait2)(&mut req, st.as_mut_ptr()) };
-        let _ = l;
+        l.handles.remove(&key);
         true
     }
 
@@ -409,6 +431,7 @@ impl Engine {
         }
         let mut stag = tag(t, context, self.rank);
         let mut req: psm2_mq_req_t = ptr::null_mut();
+        let key = l.next_key;
         let flags = if sync { PSM2_MQ_FLAG_SENDSYNC } else { 0 };
         // SAFETY: data stays valid and unmodified until the request completes
         // (owned by a request core, or borrowed by a blocking call that waits
@@ -421,14 +444,16 @@ impl Engine {
                 &mut stag,
                 data.as_ptr().cast::<c_void>(),
                 data.len() as u32,
-                ptr::null_mut(),
+                key as *mut c_void,
                 &mut req,
             )
         };
         if e != psm2_error::PSM2_OK {
             return Err(psm_err(self.psm(), "psm2_mq_isend2", e));
         }
-        Ok(req as Key)
+        l.next_key += 1;
+        l.handles.insert(key, req);
+        Ok(key)
     }
 
     fn post_recv(&self, l: &mut Inner, buf: *mut u8, cap: usize, p: &Pattern) -> Result<Key> {
@@ -443,6 +468,7 @@ impl Engine {
             Source::Any => PSM2_MQ_ANY_ADDR,
         };
         let mut req: psm2_mq_req_t = ptr::null_mut();
+        let key = l.next_key;
         // SAFETY: buf is valid for cap bytes until the request completes or is
         // cancelled (see post_send); tags and out-pointer are valid.
         let e = unsafe {
@@ -454,14 +480,16 @@ impl Engine {
                 0,
                 buf.cast::<c_void>(),
                 cap as u32,
-                ptr::null_mut(),
+                key as *mut c_void,
                 &mut req,
             )
         };
         if e != psm2_error::PSM2_OK {
             return Err(psm_err(self.psm(), "psm2_mq_irecv2", e));
         }
-        Ok(req as Key)
+        l.next_key += 1;
+        l.handles.insert(key, req);
+        Ok(key)
     }
 
     fn blocking_send(
@@ -478,6 +506,12 @@ impl Engine {
             let mut l = self.lock();
             if l.gone[dest] {
                 return Err(lost(dest));
+            }
+            if dest == self.rank && !sync {
+                let copy: Box<[u8]> = data.into();
+                let key = self.post_send(&mut l, &copy, dest, t, ctx, false)?;
+                l.live.insert(key, Slot::SelfCopy(copy));
+                return Ok(());
             }
             let key = self.post_send(&mut l, data, dest, t, ctx, sync)?;
             l.live.insert(key, Slot::Blocking);
@@ -506,41 +540,103 @@ impl Engine {
         result
     }
 
+    /// Matches a message already waiting in PSM2's unexpected queue
+    /// (`psm2_mq_improbe2`) and receives it into `buf` (`psm2_mq_imrecv`).
+    /// Returns the request's key and the message's length as the probe saw
+    /// it: PSM2's completion status of a truncated rendezvous message that
+    /// arrived before its receive reports neither the truncation nor the
+    /// sender's length (observed with libpsm2 11.2.185), so receives take
+    /// the length from here whenever they can.
+    fn take_unexpected(
+        &self,
+        l: &mut Inner,
+        buf: *mut u8,
+        cap: usize,
+        p: &Pattern,
+    ) -> Result<Option<(Key, usize)>> {
+        let psm = self.psm();
+        let (mut rtag, mut sel) = selector(p);
+        let src = match p.source {
+            Source::Rank(s) => l.addrs[s],
+            Source::Any => PSM2_MQ_ANY_ADDR,
+        };
+        let mut req: psm2_mq_req_t = ptr::null_mut();
+        let mut st = std::mem::MaybeUninit::<psm2_mq_status2_t>::zeroed();
+        // SAFETY: mq is open; tags, request and status are valid for the call.
+        let e = unsafe {
+            (psm.psm2_mq_improbe2)(l.mq, src, &mut rtag, &mut sel, &mut req, st.as_mut_ptr())
+        };
+        if e != psm2_error::PSM2_OK {
+            return Ok(None);
+        }
+        // SAFETY: filled by PSM2 on success.
+        let st = unsafe { st.assume_init() };
+        let key = l.next_key;
+        // SAFETY: req was matched by improbe; buf is valid for cap bytes until
+        // the request completes (see post_send).
+        let e = unsafe {
+            (psm.psm2_mq_imrecv)(
+                l.mq,
+                0,
+                buf.cast::<c_void>(),
+                cap as u32,
+                key as *mut c_void,
+                &mut req,
+            )
+        };
+        if e != psm2_error::PSM2_OK {
+            return Err(psm_err(psm, "psm2_mq_imrecv", e));
+        }
+        l.next_key += 1;
+        l.handles.insert(key, req);
+        Ok(Some((key, st.msg_length as usize)))
+    }
+
     fn blocking_recv(&self, buf: &mut [u8], p: Pattern) -> Result<Status> {
         check_recv(p.source, p.tag, self.size)?;
         self.check_open()?;
+        if buf.len() > u32::MAX as usize {
+            return Err(Error::ResourceExhausted(
+                "PSM2 messages are limited to 4 GiB".into(),
+            ));
+        }
         let cap = buf.len();
-        let key = {
-            let mut l = self.lock();
-            if let Source::Rank(s) = p.source {
-                if l.gone[s] {
-                    return Err(lost(s));
-                }
-            }
-            let key = self.post_recv(&mut l, buf.as_mut_ptr(), cap, &p)?;
-            l.live.insert(key, Slot::Blocking);
-            key
-        };
+        let ptr = buf.as_mut_ptr();
+        // The receive is not posted: it takes the first matching message from
+        // PSM2's unexpected queue (so its length is known, see
+        // take_unexpected). Once matched, PSM2 owns `buf` until the request
+        // completes, and this call does not return before that.
+        let mut matched: Option<(Key, usize)> = None;
         let mut status = None;
-        // Whatever ends this wait, the receive is either complete or
-        // cancelled before `buf`'s borrow ends.
-        let r = self.block_until(|eng, l| {
+        self.block_until(|eng, l| {
             if !l.open {
                 return Err(Error::Closed); // closed under us: PSM2 let go
             }
+            let (key, len) = match matched {
+                Some(m) => m,
+                None => match eng.take_unexpected(l, ptr, cap, &p)? {
+                    Some(m) => {
+                        l.live.insert(m.0, Slot::Blocking);
+                        matched = Some(m);
+                        eng.progress_locked(l);
+                        m
+                    }
+                    None => {
+                        if let Source::Rank(s) = p.source {
+                            if l.gone[s] {
+                                return Err(lost(s));
+                            }
+                        }
+                        return Ok(false);
+                    }
+                },
+            };
             if let Some(st) = l.done.remove(&key) {
-                status = Some(eng.recv_status(&st, cap));
+                status = Some(eng.recv_status(&st, cap, Some(len)));
                 return Ok(true);
             }
-            if let Source::Rank(s) = p.source {
-                if l.gone[s] && eng.cancel_key(l, key) {
-                    l.live.remove(&key);
-                    return Err(lost(s));
-                }
-            }
             Ok(false)
-        });
-        r?;
+        })?;
         status.expect("set when done").into_result()
     }
 }
@@ -599,6 +695,13 @@ impl Drop for Engine {
 pub struct PsmDevice {
     engine: Arc<Engine>,
 }
+
+/// Default of the `rndv_shm_bytes` option: the message size from which
+/// PSM2's shm device uses rendezvous instead of eager copies. PSM2 buffers
+/// unexpected eager messages without bound, so this bounds what a slow
+/// receiver holds per message to an envelope for anything larger (10,000
+/// unreceived 8 KiB sends would otherwise take 80 MiB at the receiver).
+pub const DEFAULT_RNDV_SHM_BYTES: u32 = 4096;
 
 /// Seconds allowed for `psm2_ep_connect` and a graceful `psm2_ep_close`.
 const PSM_TIMEOUT_NS: i64 = 30_000_000_000;
@@ -668,6 +771,17 @@ impl PsmDevice {
             close_ep(ep);
             return Err(psm_err(psm, "psm2_mq_init", e));
         }
+        let rndv: u32 = config.option("rndv_shm_bytes", DEFAULT_RNDV_SHM_BYTES)?;
+        // SAFETY: mq is open; the option takes a u32 read through the pointer.
+        let e = unsafe {
+            (psm.psm2_mq_setopt)(mq, PSM2_MQ_RNDV_SHM_SZ as i32, (&rndv as *const u32).cast())
+        };
+        if e != psm2_error::PSM2_OK {
+            // SAFETY: mq and ep are open and unused elsewhere.
+            unsafe { (psm.psm2_mq_finalize)(mq) };
+            close_ep(ep);
+            return Err(psm_err(psm, "psm2_mq_setopt(PSM2_MQ_RNDV_SHM_SZ)", e));
+        }
         let fail = |err: Error| {
             // SAFETY: mq and ep are open and unused elsewhere.
             unsafe { (psm.psm2_mq_finalize)(mq) };
@@ -715,14 +829,30 @@ impl PsmDevice {
             )
         };
         if e != psm2_error::PSM2_OK {
-            let r = errors.iter().position(|e| *e != psm2_error::PSM2_OK);
+            let per_rank: Vec<String> = errors
+                .iter()
+                .enumerate()
+                .filter(|(_, e)| **e != psm2_error::PSM2_OK)
+                .map(|(r, e)| format!("rank {r}: {}", describe(psm, *e)))
+                .collect();
             return Err(fail(psm_err(
                 psm,
-                &format!("psm2_ep_connect (first failing rank: {r:?})"),
+                &format!("psm2_ep_connect ({})", per_rank.join(", ")),
                 e,
             )));
         }
-        boot.barrier().map_err(fail)?;
+        // PSM2 completes a peer's connection only while we poll: keep polling
+        // until everyone has connected.
+        let barrier = std::thread::scope(|s| {
+            let b = s.spawn(|| boot.barrier());
+            while !b.is_finished() {
+                // SAFETY: the endpoint is open; only this thread uses it now.
+                unsafe { (psm.psm2_poll)(ep) };
+                std::thread::sleep(Duration::from_micros(50));
+            }
+            b.join().unwrap_or(Err(Error::Closed))
+        });
+        barrier.map_err(fail)?;
         std::mem::forget(release);
         Ok(PsmDevice {
             engine: Arc::new(Engine {
@@ -734,6 +864,8 @@ impl PsmDevice {
                     mq,
                     addrs,
                     live: HashMap::new(),
+                    handles: HashMap::new(),
+                    next_key: 1,
                     done: HashMap::new(),
                     gone: vec![false; size],
                     departures_seen: 0,
@@ -827,8 +959,14 @@ impl Device for PsmDevice {
             }
         }
         let core = eng.tracker.start(RequestKind::Recv, buf);
-        match eng.post_recv(&mut l, core.buffer_ptr(), core.buffer_len(), &pattern) {
-            Ok(key) => {
+        let (ptr, cap) = (core.buffer_ptr(), core.buffer_len());
+        let posted = match eng.take_unexpected(&mut l, ptr, cap, &pattern) {
+            Ok(Some((key, len))) => Ok((key, Some(len))),
+            Ok(None) => eng.post_recv(&mut l, ptr, cap, &pattern).map(|k| (k, None)),
+            Err(e) => Err(e),
+        };
+        match posted {
+            Ok((key, known_len)) => {
                 core.set_token(key as u64);
                 let source = match source {
                     Source::Rank(s) => Some(s),
@@ -840,6 +978,7 @@ impl Device for PsmDevice {
                         core: core.clone(),
                         send: None,
                         source,
+                        known_len,
                     },
                 );
             }
@@ -989,7 +1128,7 @@ impl Engine {
         }
         // SAFETY: filled by PSM2 on success.
         let st = unsafe { st.assume_init() };
-        let s = self.recv_status(&st, st.msg_length as usize);
+        let s = self.recv_status(&st, st.msg_length as usize, None);
         Some(s)
     }
 }
@@ -1035,6 +1174,7 @@ impl PsmDevice {
                         core: core.clone(),
                         send: Some((env, data.len())),
                         source: None,
+                        known_len: None,
                     },
                 );
             }
