@@ -370,6 +370,8 @@ struct Local {
     departures_seen: u64,
     /// Bumped by every progress round that did something.
     events: u64,
+    /// Blocking sends waiting for ring room right now.
+    room_waiters: usize,
     gone: Vec<bool>,
 }
 
@@ -866,7 +868,10 @@ impl Engine {
                 if done(self, &mut l)? {
                     return Ok(());
                 }
-                (l.events != before, l.backlog_total > 0, l.departures_seen)
+                // Sends waiting for ring room sleep briefly: the consumer's
+                // wake-up on freed room is only a hint (see ring::Producer).
+                let backlog = l.backlog_total + l.room_waiters > 0;
+                (l.events != before, backlog, l.departures_seen)
             };
             if self.closed.load(Ordering::Acquire) {
                 return Err(Error::Closed);
@@ -938,7 +943,8 @@ impl Engine {
             return Err(lost(dest, "peer finished or died"));
         }
         let mut hand = None;
-        self.block_until(
+        let mut full = false;
+        let r = self.block_until(
             |eng, l| {
                 if !l.backlog[dest].is_empty() {
                     eng.progress_locked(l, None);
@@ -956,7 +962,14 @@ impl Engine {
                     data: buf,
                     sync,
                 };
-                match eng.push(l, &out, None) {
+                let sent = eng.push(l, &out, None);
+                let was_full = std::mem::replace(&mut full, matches!(sent, Sent::Full));
+                match (was_full, full) {
+                    (false, true) => l.room_waiters += 1,
+                    (true, false) => l.room_waiters -= 1,
+                    _ => {}
+                }
+                match sent {
                     Sent::Complete => Ok(true),
                     Sent::Waiting(h) => {
                         hand = Some(h);
@@ -970,7 +983,11 @@ impl Engine {
                 }
             },
             || false,
-        )?;
+        );
+        if full {
+            self.lock().room_waiters -= 1;
+        }
+        r?;
         match hand {
             Some(h) => {
                 // `h` points into the caller's borrowed `buf`: whatever happens
@@ -1293,6 +1310,7 @@ impl ThreadDevice {
                 handoffs_compact_at: 64,
                 departures_seen: 0,
                 events: 0,
+                room_waiters: 0,
                 gone: vec![false; n],
             }),
             world,
