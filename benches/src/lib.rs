@@ -7,6 +7,8 @@
 //! It is not a timed test suite: nothing here asserts a speed. The figures are
 //! ratios read side by side (value / floor).
 
+pub mod psm_raw;
+
 use std::hint::black_box;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;

@@ -883,6 +883,36 @@ impl PsmDevice {
     pub fn mode(&self) -> &PsmMode {
         &self.engine.lib.mode
     }
+
+    /// The raw PSM2 handles under this device: the library, the matched
+    /// queue and every rank's endpoint address. For benchmarks that compare
+    /// the device with raw PSM2 calls on the same endpoint.
+    ///
+    /// # Safety
+    /// While the caller uses the handles, no operation of this device may
+    /// run or be outstanding (the device's progress would complete the
+    /// caller's requests, and the caller's would disturb the device's), the
+    /// caller must complete every request it starts before using the device
+    /// again, use only contexts (the middle tag word) the device's users do
+    /// not use, and never close or finalize anything.
+    pub unsafe fn raw_handles(&self) -> RawPsm {
+        let l = self.engine.lock();
+        RawPsm {
+            psm: self.engine.psm(),
+            mq: l.mq,
+            addrs: l.addrs.clone(),
+        }
+    }
+}
+
+/// Raw PSM2 handles of an open [`PsmDevice`] (see [`PsmDevice::raw_handles`]).
+pub struct RawPsm {
+    /// The library's function table.
+    pub psm: &'static Psm2,
+    /// The matched queue.
+    pub mq: psm2_mq_t,
+    /// Endpoint address of each rank.
+    pub addrs: Vec<psm2_epaddr_t>,
 }
 
 /// Frees the process's endpoint slot if opening fails.

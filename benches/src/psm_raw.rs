@@ -1,0 +1,199 @@
+//! The raw PSM2 peer of the `psm` device: the same OSU latency and bandwidth
+//! loops as [`crate::latency`] and [`crate::bandwidth`], written directly
+//! against `psm-sys` on the device's own endpoint and matched queue, so the
+//! device's overhead over PSM2 is measured side by side in one run.
+//!
+//! Raw messages use their own context (the middle tag word), which no xdev
+//! user of the benchmark uses.
+
+use std::ffi::c_void;
+use std::ptr;
+use std::time::Instant;
+
+use ibvx::psm::RawPsm;
+use psm_sys::ffi::*;
+use xdev::{Error, Rank, Result};
+
+use crate::WINDOW;
+
+/// Context word of raw PSM2 benchmark traffic.
+const RAW_CONTEXT: u32 = 0x5241_5750;
+
+fn check(what: &str, e: psm2_error_t) -> Result<()> {
+    if e == psm2_error::PSM2_OK {
+        Ok(())
+    } else {
+        Err(Error::Config(format!(
+            "raw PSM2 {what} failed with error {}",
+            e.0
+        )))
+    }
+}
+
+fn tag(t: u32, source: Rank) -> psm2_mq_tag_t {
+    psm2_mq_tag_t {
+        tag: [t, RAW_CONTEXT, source as u32, 0],
+    }
+}
+
+const EXACT: psm2_mq_tag_t = psm2_mq_tag_t {
+    tag: [u32::MAX, u32::MAX, u32::MAX, 0],
+};
+
+fn send(raw: &RawPsm, to: Rank, me: Rank, t: u32, buf: &[u8]) -> Result<()> {
+    let mut stag = tag(t, me);
+    // SAFETY: mq and the address come from an open device the caller does
+    // not use meanwhile (RawPsm's contract); psm2_mq_send2 returns once `buf`
+    // may be reused.
+    let e = unsafe {
+        (raw.psm.psm2_mq_send2)(
+            raw.mq,
+            raw.addrs[to],
+            0,
+            &mut stag,
+            buf.as_ptr().cast::<c_void>(),
+            buf.len() as u32,
+        )
+    };
+    check("send", e)
+}
+
+fn post_recv(raw: &RawPsm, from: Rank, t: u32, buf: &mut [u8]) -> Result<psm2_mq_req_t> {
+    let mut rtag = tag(t, from);
+    let mut sel = EXACT;
+    let mut req: psm2_mq_req_t = ptr::null_mut();
+    // SAFETY: as in `send`; `buf` outlives the request, which the caller
+    // waits for before touching `buf` again.
+    let e = unsafe {
+        (raw.psm.psm2_mq_irecv2)(
+            raw.mq,
+            raw.addrs[from],
+            &mut rtag,
+            &mut sel,
+            0,
+            buf.as_mut_ptr().cast::<c_void>(),
+            buf.len() as u32,
+            ptr::null_mut(),
+            &mut req,
+        )
+    };
+    check("irecv", e)?;
+    Ok(req)
+}
+
+fn post_send(raw: &RawPsm, to: Rank, me: Rank, t: u32, buf: &[u8]) -> Result<psm2_mq_req_t> {
+    let mut stag = tag(t, me);
+    let mut req: psm2_mq_req_t = ptr::null_mut();
+    // SAFETY: as in `post_recv`.
+    let e = unsafe {
+        (raw.psm.psm2_mq_isend2)(
+            raw.mq,
+            raw.addrs[to],
+            0,
+            &mut stag,
+            buf.as_ptr().cast::<c_void>(),
+            buf.len() as u32,
+            ptr::null_mut(),
+            &mut req,
+        )
+    };
+    check("isend", e)?;
+    Ok(req)
+}
+
+fn wait(raw: &RawPsm, mut req: psm2_mq_req_t) -> Result<()> {
+    let mut st = std::mem::MaybeUninit::<psm2_mq_status2_t>::zeroed();
+    // SAFETY: req is a live request of this MQ; wait2 frees it.
+    let e = unsafe { (raw.psm.psm2_mq_wait2)(&mut req, st.as_mut_ptr()) };
+    check("wait", e)
+}
+
+fn recv(raw: &RawPsm, from: Rank, t: u32, buf: &mut [u8]) -> Result<()> {
+    let req = post_recv(raw, from, t, buf)?;
+    wait(raw, req)
+}
+
+/// Raw PSM2 pingpong between ranks 0 and 1 (blocking send, posted receive
+/// and wait), as [`crate::latency`]: half the round trip in microseconds on
+/// rank 0.
+pub fn latency(
+    raw: &RawPsm,
+    me: Rank,
+    size: usize,
+    iters: usize,
+    skip: usize,
+) -> Result<Option<f64>> {
+    let mut buf = vec![0xA5u8; size];
+    let mut step = || -> Result<()> {
+        match me {
+            0 => {
+                send(raw, 1, 0, 1, &buf)?;
+                recv(raw, 1, 1, &mut buf)?;
+            }
+            1 => {
+                recv(raw, 0, 1, &mut buf)?;
+                send(raw, 0, 1, 1, &buf)?;
+            }
+            _ => {}
+        }
+        Ok(())
+    };
+    for _ in 0..skip {
+        step()?;
+    }
+    let start = Instant::now();
+    for _ in 0..iters {
+        step()?;
+    }
+    let secs = start.elapsed().as_secs_f64();
+    Ok((me == 0).then_some(secs * 1e6 / (2.0 * iters as f64)))
+}
+
+/// Raw PSM2 osu_bw, as [`crate::bandwidth`]: `WINDOW` non-blocking sends
+/// against `WINDOW` posted receives, then a zero-byte acknowledgement. MB/s
+/// on rank 0.
+pub fn bandwidth(
+    raw: &RawPsm,
+    me: Rank,
+    size: usize,
+    iters: usize,
+    skip: usize,
+) -> Result<Option<f64>> {
+    let mut bufs: Vec<Vec<u8>> = (0..WINDOW).map(|_| vec![0x5Au8; size]).collect();
+    let mut step = || -> Result<()> {
+        match me {
+            0 => {
+                let reqs = bufs
+                    .iter()
+                    .map(|b| post_send(raw, 1, 0, 2, b))
+                    .collect::<Result<Vec<_>>>()?;
+                for r in reqs {
+                    wait(raw, r)?;
+                }
+                recv(raw, 1, 3, &mut [])?;
+            }
+            1 => {
+                let reqs = bufs
+                    .iter_mut()
+                    .map(|b| post_recv(raw, 0, 2, b))
+                    .collect::<Result<Vec<_>>>()?;
+                for r in reqs {
+                    wait(raw, r)?;
+                }
+                send(raw, 0, 1, 3, &[])?;
+            }
+            _ => {}
+        }
+        Ok(())
+    };
+    for _ in 0..skip {
+        step()?;
+    }
+    let start = Instant::now();
+    for _ in 0..iters {
+        step()?;
+    }
+    let secs = start.elapsed().as_secs_f64();
+    let mb = (size * WINDOW * iters) as f64 / 1e6;
+    Ok((me == 0).then_some(mb / secs))
+}
