@@ -6,10 +6,12 @@
 //! matching layer:
 //!
 //! * **Tags.** PSM2's 96-bit tag carries the xdev tag (`tag0`), the context
-//!   (`tag1`) and the sender's rank (`tag2`). A receive selects all three
-//!   bits exactly except what a wildcard clears: `ANY_TAG` clears `tag0`'s
-//!   mask, `ANY_SOURCE` clears `tag2`'s and uses `PSM2_MQ_ANY_ADDR`. The
-//!   context is never a wildcard. PSM2's MQ keeps MPI's ordering rules.
+//!   (`tag1`) and the message length (`tag2`, never matched: PSM2 does not
+//!   report the sender's length of a truncated rendezvous message, and xdev
+//!   must). A receive selects the tag exactly unless `ANY_TAG`, the context
+//!   always, and the source by endpoint address (`PSM2_MQ_ANY_ADDR` for
+//!   `ANY_SOURCE`); the sender's rank comes back from the status's
+//!   `msg_peer`. PSM2's MQ keeps MPI's ordering rules.
 //! * **Operations.** `isend`/`irecv` are `psm2_mq_isend2`/`psm2_mq_irecv2`
 //!   with the request's buffer; `ssend` uses `PSM2_MQ_FLAG_SENDSYNC` (done
 //!   only once matched); `probe` is `psm2_mq_iprobe2` in a progress loop;
@@ -154,9 +156,6 @@ enum Slot {
         send: Option<(Envelope, usize)>,
         /// For receives, the source it names (to fail it if that peer leaves).
         source: Option<Rank>,
-        /// For receives of a message probed first, its length (see
-        /// `take_unexpected`).
-        known_len: Option<usize>,
     },
     /// A blocking call waits for it; its status goes to `done`.
     Blocking,
@@ -194,31 +193,38 @@ struct Engine {
     lib: &'static Library,
     rank: Rank,
     size: usize,
+    /// Rank of each endpoint address (statuses name the sender by address).
+    ranks_by_addr: HashMap<usize, Rank>,
     inner: Mutex<Inner>,
     tracker: Arc<Tracker>,
     closing: AtomicBool,
     boot: Bootstrap,
 }
 
-fn tag(tag: Tag, context: Context, source: Rank) -> psm2_mq_tag_t {
+/// The PSM2 tag of a message: the xdev tag, the context, and the message's
+/// length. The length is never matched on (receives mask it out); it is
+/// there because PSM2 does not report the sender's length of a truncated
+/// rendezvous message (libpsm2 11.2.185 in shm mode completes such a receive
+/// with `msg_length` equal to the receive buffer and no error), and the xdev
+/// contract needs it to report truncation. The source is matched by endpoint
+/// address instead, and read back from the status's `msg_peer`.
+fn tag(tag: Tag, context: Context, len: u32) -> psm2_mq_tag_t {
     psm2_mq_tag_t {
-        tag: [tag as u32, context, source as u32, 0],
+        tag: [tag as u32, context, len, 0],
     }
 }
 
+/// Tag and selector of a receive: the tag exactly unless `ANY_TAG`, the
+/// context always, never the length word.
 fn selector(p: &Pattern) -> (psm2_mq_tag_t, psm2_mq_tag_t) {
     let (t, tmask) = match p.tag {
         TagSel::Tag(t) => (t, u32::MAX),
         TagSel::Any => (0, 0),
     };
-    let (s, smask) = match p.source {
-        Source::Rank(s) => (s, u32::MAX),
-        Source::Any => (0, 0),
-    };
     (
-        tag(t, p.context, s),
+        tag(t, p.context, 0),
         psm2_mq_tag_t {
-            tag: [tmask, u32::MAX, smask, 0],
+            tag: [tmask, u32::MAX, 0, 0],
         },
     )
 }
@@ -247,29 +253,39 @@ impl Engine {
         }
     }
 
-    /// The xdev status of a completed receive.
-    fn recv_status(&self, st: &psm2_mq_status2_t, cap: usize, known_len: Option<usize>) -> Status {
+    /// The xdev status of a completed receive into `cap` bytes, or of a
+    /// probed message (`cap` = `None`).
+    fn recv_status(&self, st: &psm2_mq_status2_t, cap: Option<usize>) -> Status {
         // SAFETY: every bit pattern of the union is a valid [u32; 4].
         let t = unsafe { st.msg_tag.tag };
+        let source = self.ranks_by_addr.get(&(st.msg_peer as usize)).copied();
         let env = Envelope {
-            source: t[2] as Rank,
+            source: source.unwrap_or(usize::MAX),
             tag: t[0] as i32,
             context: t[1],
         };
-        if env.source >= self.size {
-            let what = format!("message tagged with source rank {}", env.source);
+        let Some(source) = source else {
+            let what = "a message from an endpoint that is not in the job".to_string();
             return Status::failed(
                 env,
                 Error::Protocol {
-                    rank: env.source,
+                    rank: usize::MAX,
                     what,
                 },
             );
-        }
+        };
         if st.error_code != psm2_error::PSM2_OK && st.error_code != psm2_error::PSM2_MQ_TRUNCATION {
             return Status::failed(env, psm_err(self.psm(), "receive", st.error_code));
         }
-        Status::received(env, known_len.unwrap_or(st.msg_length as usize), cap)
+        let len = t[2] as usize;
+        let Some(cap) = cap else {
+            return Status::ok(env, len);
+        };
+        if (st.nbytes as usize) != len.min(cap) {
+            let what = format!("message says {len} bytes, PSM2 delivered {}", st.nbytes);
+            return Status::failed(env, Error::Protocol { rank: source, what });
+        }
+        Status::received(env, len, cap)
     }
 
     fn send_status(&self, st: &psm2_mq_status2_t, env: Envelope, len: usize) -> Status {
@@ -306,15 +322,10 @@ impl Engine {
             let key = st.context as Key;
             l.handles.remove(&key);
             match l.live.remove(&key) {
-                Some(Slot::Request {
-                    core,
-                    send,
-                    known_len,
-                    ..
-                }) => {
+                Some(Slot::Request { core, send, .. }) => {
                     let status = match send {
                         Some((env, len)) => self.send_status(&st, env, len),
-                        None => self.recv_status(&st, core.buffer_len(), known_len),
+                        None => self.recv_status(&st, Some(core.buffer_len())),
                     };
                     self.tracker.complete(&core, status);
                 }
@@ -429,7 +440,7 @@ impl Engine {
                 "PSM2 messages are limited to 4 GiB".into(),
             ));
         }
-        let mut stag = tag(t, context, self.rank);
+        let mut stag = tag(t, context, data.len() as u32);
         let mut req: psm2_mq_req_t = ptr::null_mut();
         let key = l.next_key;
         let flags = if sync { PSM2_MQ_FLAG_SENDSYNC } else { 0 };
@@ -540,100 +551,37 @@ impl Engine {
         result
     }
 
-    /// Matches a message already waiting in PSM2's unexpected queue
-    /// (`psm2_mq_improbe2`) and receives it into `buf` (`psm2_mq_imrecv`).
-    /// Returns the request's key and the message's length as the probe saw
-    /// it: PSM2's completion status of a truncated rendezvous message that
-    /// arrived before its receive reports neither the truncation nor the
-    /// sender's length (observed with libpsm2 11.2.185), so receives take
-    /// the length from here whenever they can.
-    fn take_unexpected(
-        &self,
-        l: &mut Inner,
-        buf: *mut u8,
-        cap: usize,
-        p: &Pattern,
-    ) -> Result<Option<(Key, usize)>> {
-        let psm = self.psm();
-        let (mut rtag, mut sel) = selector(p);
-        let src = match p.source {
-            Source::Rank(s) => l.addrs[s],
-            Source::Any => PSM2_MQ_ANY_ADDR,
-        };
-        let mut req: psm2_mq_req_t = ptr::null_mut();
-        let mut st = std::mem::MaybeUninit::<psm2_mq_status2_t>::zeroed();
-        // SAFETY: mq is open; tags, request and status are valid for the call.
-        let e = unsafe {
-            (psm.psm2_mq_improbe2)(l.mq, src, &mut rtag, &mut sel, &mut req, st.as_mut_ptr())
-        };
-        if e != psm2_error::PSM2_OK {
-            return Ok(None);
-        }
-        // SAFETY: filled by PSM2 on success.
-        let st = unsafe { st.assume_init() };
-        let key = l.next_key;
-        // SAFETY: req was matched by improbe; buf is valid for cap bytes until
-        // the request completes (see post_send).
-        let e = unsafe {
-            (psm.psm2_mq_imrecv)(
-                l.mq,
-                0,
-                buf.cast::<c_void>(),
-                cap as u32,
-                key as *mut c_void,
-                &mut req,
-            )
-        };
-        if e != psm2_error::PSM2_OK {
-            return Err(psm_err(psm, "psm2_mq_imrecv", e));
-        }
-        l.next_key += 1;
-        l.handles.insert(key, req);
-        Ok(Some((key, st.msg_length as usize)))
-    }
-
     fn blocking_recv(&self, buf: &mut [u8], p: Pattern) -> Result<Status> {
         check_recv(p.source, p.tag, self.size)?;
         self.check_open()?;
-        if buf.len() > u32::MAX as usize {
-            return Err(Error::ResourceExhausted(
-                "PSM2 messages are limited to 4 GiB".into(),
-            ));
-        }
         let cap = buf.len();
-        let ptr = buf.as_mut_ptr();
-        // The receive is not posted: it takes the first matching message from
-        // PSM2's unexpected queue (so its length is known, see
-        // take_unexpected). Once matched, PSM2 owns `buf` until the request
-        // completes, and this call does not return before that.
-        let mut matched: Option<(Key, usize)> = None;
+        let key = {
+            let mut l = self.lock();
+            if let Source::Rank(s) = p.source {
+                if l.gone[s] {
+                    return Err(lost(s));
+                }
+            }
+            let key = self.post_recv(&mut l, buf.as_mut_ptr(), cap, &p)?;
+            l.live.insert(key, Slot::Blocking);
+            key
+        };
         let mut status = None;
+        // Whatever ends this wait, the receive is complete or cancelled (or
+        // the endpoint closed) before `buf`'s borrow ends.
         self.block_until(|eng, l| {
             if !l.open {
                 return Err(Error::Closed); // closed under us: PSM2 let go
             }
-            let (key, len) = match matched {
-                Some(m) => m,
-                None => match eng.take_unexpected(l, ptr, cap, &p)? {
-                    Some(m) => {
-                        l.live.insert(m.0, Slot::Blocking);
-                        matched = Some(m);
-                        eng.progress_locked(l);
-                        m
-                    }
-                    None => {
-                        if let Source::Rank(s) = p.source {
-                            if l.gone[s] {
-                                return Err(lost(s));
-                            }
-                        }
-                        return Ok(false);
-                    }
-                },
-            };
             if let Some(st) = l.done.remove(&key) {
-                status = Some(eng.recv_status(&st, cap, Some(len)));
+                status = Some(eng.recv_status(&st, Some(cap)));
                 return Ok(true);
+            }
+            if let Source::Rank(s) = p.source {
+                if l.gone[s] && eng.cancel_key(l, key) {
+                    l.live.remove(&key);
+                    return Err(lost(s));
+                }
             }
             Ok(false)
         })?;
@@ -859,6 +807,11 @@ impl PsmDevice {
                 lib,
                 rank,
                 size,
+                ranks_by_addr: addrs
+                    .iter()
+                    .enumerate()
+                    .map(|(r, a)| (*a as usize, r))
+                    .collect(),
                 inner: Mutex::new(Inner {
                     ep,
                     mq,
@@ -989,14 +942,8 @@ impl Device for PsmDevice {
             }
         }
         let core = eng.tracker.start(RequestKind::Recv, buf);
-        let (ptr, cap) = (core.buffer_ptr(), core.buffer_len());
-        let posted = match eng.take_unexpected(&mut l, ptr, cap, &pattern) {
-            Ok(Some((key, len))) => Ok((key, Some(len))),
-            Ok(None) => eng.post_recv(&mut l, ptr, cap, &pattern).map(|k| (k, None)),
-            Err(e) => Err(e),
-        };
-        match posted {
-            Ok((key, known_len)) => {
+        match eng.post_recv(&mut l, core.buffer_ptr(), core.buffer_len(), &pattern) {
+            Ok(key) => {
                 core.set_token(key as u64);
                 let source = match source {
                     Source::Rank(s) => Some(s),
@@ -1008,7 +955,6 @@ impl Device for PsmDevice {
                         core: core.clone(),
                         send: None,
                         source,
-                        known_len,
                     },
                 );
             }
@@ -1158,7 +1104,7 @@ impl Engine {
         }
         // SAFETY: filled by PSM2 on success.
         let st = unsafe { st.assume_init() };
-        let s = self.recv_status(&st, st.msg_length as usize, None);
+        let s = self.recv_status(&st, None);
         Some(s)
     }
 }
@@ -1204,7 +1150,6 @@ impl PsmDevice {
                         core: core.clone(),
                         send: Some((env, data.len())),
                         source: None,
-                        known_len: None,
                     },
                 );
             }

@@ -3,6 +3,8 @@
 //!
 //! ```text
 //! xdev-rank conformance CASE [KEY=VALUE...]   run one xdev conformance case
+//! xdev-rank posted-truncation [KEY=VALUE...]  a large message into a smaller
+//!                                             receive posted before it was sent
 //! ```
 //! Exits 0 on success, 1 with a message on failure.
 
@@ -35,7 +37,8 @@ fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let r = match args.first().map(String::as_str) {
         Some("conformance") if args.len() >= 2 => conformance(&args[1], &args[2..]),
-        _ => Err("usage: xdev-rank conformance CASE [K=V...]".into()),
+        Some("posted-truncation") => posted_truncation(&args[1..]),
+        _ => Err("usage: xdev-rank conformance CASE [K=V...] | posted-truncation [K=V...]".into()),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,
@@ -50,6 +53,51 @@ fn conformance(case: &str, options: &[String]) -> Result<(), String> {
     let dev = open(options)?;
     run_case(&*dev, case).map_err(|f| f.to_string())?;
     // Everyone is done with the case before anyone closes its endpoint.
+    barrier(&*dev).map_err(|e| format!("final barrier: {e}"))?;
+    dev.finish().map_err(|e| format!("finish: {e}"))
+}
+
+/// Rank 0 posts a 1000-byte receive, then rank 1 sends 1 MiB to it (a
+/// rendezvous on every device): the receive must report the truncation with
+/// the sender's length, and the bytes that fit must be intact.
+fn posted_truncation(options: &[String]) -> Result<(), String> {
+    const LEN: usize = 1 << 20;
+    let dev = open(options)?;
+    let ctx = 0x5452_554e;
+    let data: Vec<u8> = (0..LEN).map(|i| (i * 31 % 251) as u8).collect();
+    match dev.id() {
+        0 => {
+            let r = dev.irecv(
+                xdev::Buffer::zeroed(1000),
+                xdev::Source::Rank(1),
+                xdev::TagSel::Tag(1),
+                ctx,
+            );
+            barrier(&*dev).map_err(|e| format!("barrier: {e}"))?;
+            let done = r.wait();
+            match &done.status.error {
+                Some(xdev::Error::Truncated {
+                    message_len,
+                    capacity,
+                    ..
+                }) if *message_len == LEN && *capacity == 1000 => {}
+                other => {
+                    return Err(format!(
+                        "posted receive of 1 MiB into 1000 bytes: {other:?}"
+                    ))
+                }
+            }
+            if done.buf[..] != data[..1000] {
+                return Err("the bytes that fit differ".into());
+            }
+        }
+        1 => {
+            barrier(&*dev).map_err(|e| format!("barrier: {e}"))?;
+            dev.send(&data, 0, 1, ctx)
+                .map_err(|e| format!("send: {e}"))?;
+        }
+        _ => barrier(&*dev).map_err(|e| format!("barrier: {e}"))?,
+    }
     barrier(&*dev).map_err(|e| format!("final barrier: {e}"))?;
     dev.finish().map_err(|e| format!("finish: {e}"))
 }
