@@ -1,0 +1,111 @@
+//! `shm-rank`: one rank of a test job on the `shm` process device, started by
+//! `xdev-run` (or by the shm-ipc tests, which serve the bootstrap
+//! themselves).
+//!
+//! ```text
+//! shm-rank conformance CASE [KEY=VALUE...]   run one xdev conformance case
+//! shm-rank victim [KEY=VALUE...]             dead-peer test (see tests/process_faults.rs)
+//! ```
+//! Exits 0 on success, 1 with a message on failure.
+
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use shm_ipc::ProcessDevice;
+use xdev::conformance::{barrier, run_case};
+use xdev::{Buffer, Config, Device, Error, Source, TagSel};
+
+fn config(options: &[String]) -> Result<Config, String> {
+    let mut cfg = xdev::bootstrap::config_from_env().map_err(|e| e.to_string())?;
+    for kv in options {
+        let (k, v) = kv
+            .split_once('=')
+            .ok_or_else(|| format!("option {kv:?} is not KEY=VALUE"))?;
+        cfg = cfg.with(k, v);
+    }
+    Ok(cfg)
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let r = match args.first().map(String::as_str) {
+        Some("conformance") if args.len() >= 2 => conformance(&args[1], &args[2..]),
+        Some("victim") => victim(&args[1..]),
+        _ => Err("usage: shm-rank conformance CASE [K=V...] | victim [K=V...]".into()),
+    };
+    match r {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("shm-rank: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn open(options: &[String]) -> Result<ProcessDevice, String> {
+    let cfg = config(options)?;
+    ProcessDevice::open(&cfg).map_err(|e| format!("open: {e}"))
+}
+
+fn conformance(case: &str, options: &[String]) -> Result<(), String> {
+    let dev = open(options)?;
+    if dev.id() == 0 {
+        println!("rendezvous path: {:?}", dev.rendezvous());
+    }
+    run_case(&dev, case).map_err(|f| f.to_string())?;
+    dev.finish().map_err(|e| format!("finish: {e}"))
+}
+
+/// Rank 1 is the victim: after a barrier it prints `ready` and waits to be
+/// killed. The others have a receive from it, an unmatched rendezvous send
+/// to it and a synchronous send to it in flight; each must fail with
+/// PeerLost, new operations to it must fail at once, and the survivors must
+/// still talk to each other and finish.
+fn victim(options: &[String]) -> Result<(), String> {
+    let dev = open(options)?;
+    let ctx = 0x5151;
+    barrier(&dev).map_err(|e| format!("barrier: {e}"))?;
+    if dev.id() == 1 {
+        println!("ready");
+        loop {
+            std::thread::sleep(Duration::from_secs(1));
+        }
+    }
+    let recv = dev.irecv(Buffer::zeroed(64), Source::Rank(1), TagSel::Any, ctx);
+    let big = dev.isend(Buffer::from(vec![7u8; 1 << 20]), 1, 1, ctx);
+    let sync = dev.issend(Buffer::from(vec![1u8; 8]), 1, 2, ctx);
+    let start = Instant::now();
+    for (what, req) in [("irecv", recv), ("rendezvous isend", big), ("issend", sync)] {
+        let done = req.wait();
+        match done.status.error {
+            Some(Error::PeerLost { rank: 1, .. }) => {}
+            other => {
+                return Err(format!(
+                    "{what}: expected PeerLost from rank 1, got {other:?}"
+                ))
+            }
+        }
+    }
+    let noticed = start.elapsed();
+    let t = Instant::now();
+    match dev.send(b"x", 1, 3, ctx) {
+        Err(Error::PeerLost { rank: 1, .. }) => {}
+        other => return Err(format!("send to the dead rank: {other:?}")),
+    }
+    if t.elapsed() > Duration::from_millis(100) {
+        return Err(format!("send to the dead rank took {:?}", t.elapsed()));
+    }
+    // Survivors 0 and 2 still talk.
+    let peer = 2 - dev.id();
+    let mut got = [0u8; 4];
+    dev.send(&(dev.id() as u32).to_le_bytes(), peer, 9, ctx)
+        .map_err(|e| format!("survivor send: {e}"))?;
+    dev.recv(&mut got, Source::Rank(peer), TagSel::Tag(9), ctx)
+        .map_err(|e| format!("survivor recv: {e}"))?;
+    if u32::from_le_bytes(got) as usize != peer {
+        return Err("survivor message corrupted".into());
+    }
+    dev.finish().map_err(|e| format!("finish: {e}"))?;
+    println!("noticed after {} ms", noticed.as_millis());
+    Ok(())
+}

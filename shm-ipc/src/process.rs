@@ -1,0 +1,1902 @@
+//! The process device (`shm`): ranks are processes on one host, talking
+//! through job-private shared memory.
+//!
+//! Set-up goes through the [bootstrap](xdev::bootstrap): every rank creates
+//! its [inbox segment](crate::segment) (one ring per sender, its doorbell,
+//! its state word and the eager credit it returns), publishes the name, its
+//! pid and a probe address with an allgather, maps every peer's inbox, starts
+//! a [`PeerWatch`] on the peers' pids, and after a barrier unlinks its own
+//! segment. Then:
+//!
+//! * **Eager** (payload up to `eager_limit`): the payload is written into the
+//!   receiver's ring by the sender and copied out by the receiver. Up to 24
+//!   bytes it is one cache line. Synchronous eager sends are acknowledged
+//!   (`ACK`) when matched.
+//! * **Rendezvous** (larger, or when eager credit runs out): the ring carries a
+//!   `RendezvousStart` (the sender's buffer address and length). Once matched,
+//!   the receiver copies straight from the sender's memory with
+//!   `process_vm_readv` (CMA, one copy) and answers `FIN`, which completes the
+//!   send. Where ptrace rules forbid CMA, the receiver answers `PULL` instead
+//!   and the sender streams the data through the same ring in fragments of
+//!   `fragment_bytes` (a pipelined copy: several fragments are in flight while
+//!   the receiver copies earlier ones out). The choice is made at run time per
+//!   peer: a probe at start-up ([`ProcessDevice::rendezvous`]) and any later
+//!   `EPERM` switch to the pipelined path.
+//! * **Order** holds across both paths because every message of a pair, eager
+//!   or rendezvous, goes through the pair's one ring and is matched in ring
+//!   order; replies (`ACK`, `FIN`, `PULL`) and fragments are not matched.
+//! * **Flow control**: a full ring never drops or overwrites. Sends wait in a
+//!   per-destination backlog (their buffers stay owned by their requests),
+//!   replies in a per-destination control queue, fragments in the stream
+//!   queue. Unexpected eager data is bounded per sender by `credit_bytes`
+//!   (enforced by the sender, checked by the receiver).
+//! * **Dead peers**: the [`PeerWatch`] thread notices a peer's exit at once
+//!   (pidfd), a peer that finishes marks its state word; either way every
+//!   rank's waits are woken, requests involving the peer fail with
+//!   [`Error::PeerLost`], new operations to it fail at once, and what it sent
+//!   before is still delivered.
+//! * **Hostile peers**: everything read from shared memory is validated
+//!   (ring headers, reply ids, fragment offsets, credit counters, segment
+//!   headers); a violation fails that peer with [`Error::Protocol`] and its
+//!   ring is not read again. Rendezvous addresses are only ever used in
+//!   `process_vm_readv` on the sender's address space, checked by the kernel.
+//!
+//! Waits spin briefly, then sleep on the rank's [`Doorbell`](crate::Doorbell)
+//! (a futex in its inbox); publishers wake it only when a sleeper is armed.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use xdev::bootstrap::{Bootstrap, JobEnv};
+use xdev::matching::{MatchingEngine, Posted, PostedId};
+use xdev::registry::{Entry, Placement};
+use xdev::{
+    check_recv, check_send, Buffer, Config, Context, Device, Envelope, Error, Pattern, Peeked,
+    Progress, Rank, Registry, Request, RequestCore, RequestKind, Result, Source, Status, Tag,
+    TagSel, Tracker,
+};
+
+use crate::doorbell::Backoff;
+use crate::futex::Scope;
+use crate::liveness::PeerWatch;
+use crate::lock::{RankGuard, RankLock};
+use crate::ring::{Consumer, Header, Incoming, Producer, INLINE};
+use crate::segment::{self, state, Inbox, InboxLayout};
+
+const KIND_EAGER: u8 = 1;
+const KIND_RNDV: u8 = 2;
+const KIND_ACK: u8 = 3;
+const KIND_FIN: u8 = 4;
+const KIND_PULL: u8 = 5;
+const KIND_DATA: u8 = 6;
+const FLAG_SYNC: u8 = 1;
+/// On `FIN`: the receiver could not read the data (the send fails).
+const FLAG_FAILED: u8 = 2;
+
+/// Bytes charged against eager credit per message besides its payload.
+const ENTRY_CHARGE: u64 = 64;
+
+/// How rendezvous data moves.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum CmaMode {
+    /// Use `process_vm_readv` where the kernel allows it (default).
+    Auto,
+    /// Never use CMA: always the pipelined copy through the segment.
+    Off,
+}
+
+impl std::str::FromStr for CmaMode {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "auto" => Ok(CmaMode::Auto),
+            "off" => Ok(CmaMode::Off),
+            _ => Err(format!("cma must be auto or off, not {s:?}")),
+        }
+    }
+}
+
+/// The rendezvous path found at start-up (see [`ProcessDevice::rendezvous`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RendezvousPath {
+    /// One copy with `process_vm_readv`.
+    Cma,
+    /// Fragments through the ring (two copies, pipelined), and why.
+    Pipelined(String),
+}
+
+/// Tunables of the process device. Every field can be set through
+/// [`Config::options`] under the same name; all ranks must agree on
+/// `ring_bytes` and `credit_bytes`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProcessOptions {
+    /// Largest payload sent eagerly (default 16 KiB, capped by the ring).
+    ///
+    /// Chosen with `xdev-bench --device shm --test crossover` on the 2-core
+    /// test machine (see the README's figures): below it, two copies through
+    /// a warm ring beat a `process_vm_readv` system call plus the `FIN`
+    /// round trip.
+    pub eager_limit: usize,
+    /// Bytes per pair ring (default as the thread device: 64 KiB up to 22
+    /// ranks, then 32 MiB / n², at least 8 KiB). Each rank's inbox holds
+    /// `size` rings.
+    pub ring_bytes: usize,
+    /// Eager bytes (plus 64 per message) a sender may have unreceived at one
+    /// receiver before it switches to rendezvous (default 4 × `ring_bytes`).
+    pub credit_bytes: usize,
+    /// CMA use (default `auto`).
+    pub cma: CmaMode,
+    /// Fragment size of the pipelined rendezvous (default a quarter of the
+    /// ring, so that several fragments are in flight).
+    pub fragment_bytes: usize,
+}
+
+impl ProcessOptions {
+    /// Defaults for a world of `size` ranks.
+    pub fn for_size(size: usize) -> Self {
+        let t = crate::ThreadOptions::for_size(size);
+        ProcessOptions {
+            eager_limit: 16 << 10,
+            ring_bytes: t.ring_bytes,
+            credit_bytes: t.credit_bytes,
+            cma: CmaMode::Auto,
+            fragment_bytes: t.ring_bytes / 4,
+        }
+    }
+
+    /// Defaults for `config.size`, overridden by its options.
+    pub fn from_config(config: &Config) -> Result<Self> {
+        let d = Self::for_size(config.size);
+        let ring_bytes: usize = config.option("ring_bytes", d.ring_bytes)?;
+        if !(4096..=(1 << 30)).contains(&ring_bytes) {
+            return Err(Error::Config(
+                "ring_bytes must be between 4 KiB and 1 GiB".into(),
+            ));
+        }
+        let cma = match config.options.get("cma") {
+            None => d.cma,
+            Some(v) => v.parse().map_err(Error::Config)?,
+        };
+        let o = ProcessOptions {
+            eager_limit: config.option("eager_limit", d.eager_limit)?,
+            ring_bytes,
+            credit_bytes: config.option("credit_bytes", 4 * ring_bytes)?,
+            cma,
+            fragment_bytes: config.option("fragment_bytes", ring_bytes / 4)?,
+        };
+        if o.fragment_bytes < INLINE {
+            return Err(Error::Config(format!(
+                "fragment_bytes must be at least {INLINE}"
+            )));
+        }
+        Ok(o)
+    }
+
+    fn nslots(&self) -> usize {
+        (self.ring_bytes / crate::ring::SLOT).next_power_of_two()
+    }
+}
+
+/// What each rank publishes through the bootstrap at start-up.
+///
+/// Encoded as `XSP1`, then little-endian pid (u32), slots per ring (u32),
+/// credit bytes (u64), probe address (u64), probe value (u64), name length
+/// (u16) and the segment name. [`PeerInfo::decode`] accepts exactly that and
+/// nothing else.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PeerInfo {
+    /// The rank's process id.
+    pub pid: u32,
+    /// Slots per ring.
+    pub nslots: u32,
+    /// Eager credit per pair.
+    pub credit_bytes: u64,
+    /// Address of an 8-byte probe value (CMA check).
+    pub probe_addr: u64,
+    /// The probe value.
+    pub probe_value: u64,
+    /// The inbox segment's name.
+    pub segment: String,
+}
+
+const INFO_MAGIC: &[u8; 4] = b"XSP1";
+const INFO_FIXED: usize = 4 + 4 + 4 + 8 + 8 + 8 + 2;
+
+impl PeerInfo {
+    /// The wire form.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut v = Vec::with_capacity(INFO_FIXED + self.segment.len());
+        v.extend_from_slice(INFO_MAGIC);
+        v.extend_from_slice(&self.pid.to_le_bytes());
+        v.extend_from_slice(&self.nslots.to_le_bytes());
+        v.extend_from_slice(&self.credit_bytes.to_le_bytes());
+        v.extend_from_slice(&self.probe_addr.to_le_bytes());
+        v.extend_from_slice(&self.probe_value.to_le_bytes());
+        v.extend_from_slice(&(self.segment.len() as u16).to_le_bytes());
+        v.extend_from_slice(self.segment.as_bytes());
+        v
+    }
+
+    /// Parses the wire form; rejects anything malformed (wrong magic or
+    /// length, a segment name that is not a valid segment name).
+    pub fn decode(b: &[u8]) -> std::result::Result<PeerInfo, String> {
+        if b.len() < INFO_FIXED || &b[..4] != INFO_MAGIC {
+            return Err(format!("bad peer record ({} bytes)", b.len()));
+        }
+        let u32_at = |o: usize| u32::from_le_bytes(b[o..o + 4].try_into().expect("4 bytes"));
+        let u64_at = |o: usize| u64::from_le_bytes(b[o..o + 8].try_into().expect("8 bytes"));
+        let name_len = u16::from_le_bytes([b[36], b[37]]) as usize;
+        if b.len() != INFO_FIXED + name_len {
+            return Err(format!(
+                "peer record is {} bytes, its name length says {}",
+                b.len(),
+                INFO_FIXED + name_len
+            ));
+        }
+        let segment = std::str::from_utf8(&b[INFO_FIXED..])
+            .map_err(|_| "segment name is not UTF-8".to_string())?
+            .to_string();
+        if !segment::valid_name(&segment) {
+            return Err(format!("invalid segment name {segment:?}"));
+        }
+        let nslots = u32_at(8);
+        if !nslots.is_power_of_two() || nslots < 4 {
+            return Err(format!("invalid ring size {nslots}"));
+        }
+        if u32_at(4) == 0 {
+            return Err("pid 0".into());
+        }
+        Ok(PeerInfo {
+            pid: u32_at(4),
+            nslots,
+            credit_bytes: u64_at(12),
+            probe_addr: u64_at(20),
+            probe_value: u64_at(28),
+            segment,
+        })
+    }
+}
+
+/// Everything fixed after start-up, shared by the engine and the watch thread.
+struct Shared {
+    rank: Rank,
+    size: usize,
+    opts: ProcessOptions,
+    eager_max: usize,
+    fragment: usize,
+    mine: Inbox,
+    /// Every rank's inbox (`None` at our own index: use `mine`).
+    peers: Vec<Option<Inbox>>,
+    pids: Vec<u32>,
+    /// Set by the watch thread when a peer's process has exited.
+    exited: Box<[AtomicBool]>,
+}
+
+impl Shared {
+    fn inbox(&self, r: Rank) -> &Inbox {
+        self.peers[r].as_ref().unwrap_or(&self.mine)
+    }
+
+    fn gone(&self, r: Rank) -> bool {
+        self.exited[r].load(Ordering::Acquire)
+            || self.inbox(r).state().load(Ordering::Acquire) != state::OPEN
+    }
+
+    fn wake(&self, r: Rank) {
+        self.inbox(r).doorbell().ring(Scope::Shared);
+    }
+}
+
+fn lost(rank: Rank, reason: &str) -> Error {
+    Error::PeerLost {
+        rank,
+        reason: reason.to_string(),
+    }
+}
+
+/// A message the receiver keeps before a receive matches it.
+enum Unexpected {
+    Eager { data: Vec<u8>, sync: Option<u64> },
+    Rndv { id: u64, addr: u64, len: usize },
+}
+
+impl Unexpected {
+    fn len(&self) -> usize {
+        match self {
+            Unexpected::Eager { data, .. } => data.len(),
+            Unexpected::Rndv { len, .. } => *len,
+        }
+    }
+}
+
+/// A blocking receive waiting in the matching engine or for a pipelined
+/// rendezvous: its buffer is borrowed by the waiting call, which never
+/// returns while the entry is registered (its [`Unpost`] guard removes it).
+struct BlockingRecv {
+    ptr: *mut u8,
+    cap: usize,
+    done: AtomicBool,
+    status: Mutex<Option<Status>>,
+}
+
+// SAFETY: `ptr` is written only under the rank lock while the blocking call
+// that owns the borrow is waiting (see BlockingRecv).
+unsafe impl Send for BlockingRecv {}
+// SAFETY: as above.
+unsafe impl Sync for BlockingRecv {}
+
+/// Where a matched message goes.
+enum Target {
+    Request(Arc<RequestCore>),
+    Blocking(Arc<BlockingRecv>),
+}
+
+impl Target {
+    fn dst(&self) -> (*mut u8, usize) {
+        match self {
+            Target::Request(c) => (c.buffer_ptr(), c.buffer_len()),
+            Target::Blocking(b) => (b.ptr, b.cap),
+        }
+    }
+}
+
+/// A blocking send waiting for its reply (`ACK`, `FIN`, or the end of its
+/// stream): the waiting call owns the borrowed buffer and returns only
+/// once `done` or the receiver is gone.
+struct BlockingSend {
+    done: AtomicBool,
+    error: Mutex<Option<Error>>,
+}
+
+enum SendOwner {
+    Request(Arc<RequestCore>),
+    Blocking(Arc<BlockingSend>),
+}
+
+/// A send that waits for the receiver.
+struct OutSend {
+    dest: Rank,
+    env: Envelope,
+    data: *const u8,
+    len: usize,
+    owner: SendOwner,
+    /// Bytes already streamed (pipelined rendezvous), once `PULL`ed.
+    streamed: Option<usize>,
+}
+
+// SAFETY: `data` is only read (by this rank, under its lock, or by the
+// receiver through CMA) while the send's buffer is guaranteed alive: owned by
+// its request, or borrowed by a blocking send that waits for completion.
+unsafe impl Send for OutSend {}
+// SAFETY: as above; OutSend is only accessed under the rank lock.
+unsafe impl Sync for OutSend {}
+
+/// A pipelined rendezvous being received.
+struct InStream {
+    target: Target,
+    env: Envelope,
+    len: usize,
+    got: usize,
+}
+
+/// A send waiting for ring room.
+struct Pending {
+    core: Arc<RequestCore>,
+    tag: Tag,
+    context: Context,
+    sync: bool,
+}
+
+/// One rank's private protocol state, behind the rank lock.
+struct Local {
+    consumers: Vec<Consumer>,
+    producers: Vec<Producer>,
+    matching: MatchingEngine<Unexpected, Target>,
+    backlog: Vec<VecDeque<Pending>>,
+    backlog_total: usize,
+    /// Replies waiting for ring room, per destination.
+    control: Vec<VecDeque<Header>>,
+    control_total: usize,
+    /// Sends waiting for a reply, by id.
+    sends: HashMap<u64, OutSend>,
+    next_id: u64,
+    /// Ids being streamed, per destination, in order.
+    streams_out: Vec<VecDeque<u64>>,
+    streams_total: usize,
+    streams_in: HashMap<(Rank, u64), InStream>,
+    eager_sent: Vec<u64>,
+    freed_seen: Vec<u64>,
+    freed_local: Vec<u64>,
+    /// Eager bytes (with charges) read from each sender's ring.
+    eager_recv: Vec<u64>,
+    /// Whether CMA reads from each peer are allowed.
+    cma: Vec<bool>,
+    departures_seen: u64,
+    events: u64,
+    gone: Vec<bool>,
+    /// Peers whose ring is no longer read (protocol violation).
+    broken: Vec<bool>,
+}
+
+/// The engine of one rank: shared by the device handle and its requests.
+struct Engine {
+    sh: Arc<Shared>,
+    tracker: Arc<Tracker>,
+    local: RankLock<Local>,
+    closing: AtomicBool,
+    closed: AtomicBool,
+    watch: Mutex<Option<PeerWatch>>,
+    rendezvous: RendezvousPath,
+    _boot: Bootstrap,
+    _probe: Box<u64>,
+}
+
+/// One message to send.
+#[derive(Copy, Clone)]
+struct Outgoing<'a> {
+    dest: Rank,
+    tag: Tag,
+    context: Context,
+    data: &'a [u8],
+    sync: bool,
+}
+
+enum Sent {
+    /// Eager, not synchronous: the buffer may be reused.
+    Complete,
+    /// Registered in `sends`, waiting for a reply.
+    Waiting,
+    /// No room in the ring: nothing was sent.
+    Full,
+    /// Refused (the device is closing).
+    Refused(Error),
+}
+
+/// The outcome of delivering a matched message.
+enum Outcome {
+    Done(Status),
+    /// A pipelined rendezvous: data will arrive in fragments.
+    Stream {
+        id: u64,
+        len: usize,
+    },
+}
+
+/// A receive that can complete straight from the ring (the caller's buffer).
+struct Direct<'a> {
+    pattern: Pattern,
+    buf: &'a mut [u8],
+    status: Option<Status>,
+    stream: Option<Arc<BlockingRecv>>,
+}
+
+impl Direct<'_> {
+    fn resolved(&self) -> bool {
+        self.status.is_some() || self.stream.is_some()
+    }
+}
+
+/// Takes a blocking receive out of the engine when its call ends, even by
+/// unwinding, so that the device never keeps a pointer into a buffer whose
+/// borrow ended.
+struct Unpost<'e> {
+    engine: &'e Engine,
+    queued: std::cell::RefCell<Option<(Arc<BlockingRecv>, Option<PostedId>)>>,
+}
+
+impl Drop for Unpost<'_> {
+    fn drop(&mut self) {
+        if let Some((b, id)) = self.queued.get_mut().take() {
+            let mut l = self.engine.lock();
+            if let Some(id) = id {
+                l.matching.cancel(id);
+            }
+            if !b.done.load(Ordering::Acquire) {
+                l.streams_in
+                    .retain(|_, s| !matches!(&s.target, Target::Blocking(t) if Arc::ptr_eq(t, &b)));
+            }
+        }
+    }
+}
+
+impl Engine {
+    fn lock(&self) -> RankGuard<'_, Local> {
+        self.local.lock()
+    }
+
+    fn check_open(&self) -> Result<()> {
+        if self.closing.load(Ordering::Acquire) {
+            Err(Error::Closed)
+        } else {
+            Ok(())
+        }
+    }
+
+    // ------------------------------------------------------------ replies
+
+    /// Sends a reply (`ACK`, `FIN`, `PULL`) to `dest`, queueing it if its
+    /// ring is full. Replies to a gone peer are dropped.
+    fn reply(&self, l: &mut Local, dest: Rank, kind: u8, flags: u8, id: u64) {
+        if l.gone[dest] {
+            return;
+        }
+        let h = Header {
+            kind,
+            flags,
+            cookie: id,
+            ..Header::default()
+        };
+        if l.control[dest].is_empty() && l.producers[dest].try_push(&h, &[]) {
+            self.sh.wake(dest);
+            return;
+        }
+        l.control[dest].push_back(h);
+        l.control_total += 1;
+        l.producers[dest].set_waiting(true);
+    }
+
+    fn flush_control(&self, l: &mut Local) -> bool {
+        let mut any = false;
+        for d in 0..self.sh.size {
+            let mut pushed = false;
+            while let Some(h) = l.control[d].front() {
+                if !l.producers[d].try_push(h, &[]) {
+                    break;
+                }
+                l.control[d].pop_front();
+                l.control_total -= 1;
+                pushed = true;
+            }
+            if pushed {
+                any = true;
+                self.sh.wake(d);
+            }
+        }
+        any
+    }
+
+    // ------------------------------------------------------------ receiving
+
+    /// Returns eager credit for `len` payload bytes to sender `s`.
+    fn credit(&self, l: &mut Local, s: Rank, len: u64) {
+        l.freed_local[s] += len + ENTRY_CHARGE;
+        // Release: the sender that sees the credit may reuse it; nothing else
+        // is published by it.
+        self.sh
+            .mine
+            .freed(s)
+            .store(l.freed_local[s], Ordering::Release);
+    }
+
+    /// The receiver side of a rendezvous once matched: one CMA copy and
+    /// `FIN`, or a `PULL` for the pipelined path.
+    #[allow(clippy::too_many_arguments)]
+    fn rendezvous(
+        &self,
+        l: &mut Local,
+        env: Envelope,
+        id: u64,
+        addr: u64,
+        len: usize,
+        dst: *mut u8,
+        cap: usize,
+    ) -> Outcome {
+        let s = env.source;
+        if l.gone[s] {
+            // A sender that left cannot have finished with this send
+            // outstanding: it died.
+            return Outcome::Done(Status::failed(env, lost(s, "sender died")));
+        }
+        let n = len.min(cap);
+        if n == 0 {
+            self.reply(l, s, KIND_FIN, 0, id);
+            return Outcome::Done(Status::received(env, len, cap));
+        }
+        if l.cma[s] {
+            // SAFETY: dst is valid for cap >= n bytes and exclusively ours
+            // (a matched target's buffer or the caller's slice).
+            let out = unsafe { std::slice::from_raw_parts_mut(dst, n) };
+            match crate::cma::read_remote(self.sh.pids[s], addr, out) {
+                Ok(()) => {
+                    self.reply(l, s, KIND_FIN, 0, id);
+                    return Outcome::Done(Status::received(env, len, cap));
+                }
+                Err(e) if matches!(e.raw_os_error(), Some(libc::EPERM | libc::ENOSYS)) => {
+                    l.cma[s] = false;
+                }
+                Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {
+                    return Outcome::Done(Status::failed(env, lost(s, "sender process is gone")));
+                }
+                Err(e) => {
+                    self.reply(l, s, KIND_FIN, FLAG_FAILED, id);
+                    let what = format!("rendezvous source {addr:#x}+{len} unreadable: {e}");
+                    return Outcome::Done(Status::failed(env, Error::Protocol { rank: s, what }));
+                }
+            }
+        }
+        self.reply(l, s, KIND_PULL, 0, id);
+        Outcome::Stream { id, len }
+    }
+
+    /// Delivers the message at the head of `s`'s ring into `dst`.
+    fn deliver_from_ring(
+        &self,
+        l: &mut Local,
+        s: Rank,
+        msg: &Incoming,
+        dst: *mut u8,
+        cap: usize,
+    ) -> Outcome {
+        let h = msg.header;
+        let env = Envelope {
+            source: s,
+            tag: h.tag,
+            context: h.context,
+        };
+        if h.kind == KIND_EAGER {
+            // SAFETY: dst is valid for cap bytes and nobody else writes it now.
+            let out = unsafe { std::slice::from_raw_parts_mut(dst, cap) };
+            l.consumers[s].copy_payload(msg, out);
+            self.credit(l, s, h.len as u64);
+            if h.flags & FLAG_SYNC != 0 {
+                self.reply(l, s, KIND_ACK, 0, h.cookie);
+            }
+            return Outcome::Done(Status::received(env, h.len as usize, cap));
+        }
+        let (id, addr, len) = self.rndv_fields(l, s, msg);
+        self.rendezvous(l, env, id, addr, len, dst, cap)
+    }
+
+    fn rndv_fields(&self, l: &Local, s: Rank, msg: &Incoming) -> (u64, u64, usize) {
+        let mut a = [0u8; 8];
+        l.consumers[s].copy_payload(msg, &mut a);
+        (
+            msg.header.cookie,
+            u64::from_le_bytes(a),
+            msg.header.aux as usize,
+        )
+    }
+
+    fn deliver_unexpected(
+        &self,
+        l: &mut Local,
+        env: Envelope,
+        u: Unexpected,
+        dst: *mut u8,
+        cap: usize,
+    ) -> Outcome {
+        match u {
+            Unexpected::Eager { data, sync } => {
+                let n = data.len().min(cap);
+                // SAFETY: dst is valid for cap >= n bytes and exclusively ours.
+                unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), dst, n) };
+                self.credit(l, env.source, data.len() as u64);
+                if let Some(id) = sync {
+                    self.reply(l, env.source, KIND_ACK, 0, id);
+                }
+                Outcome::Done(Status::received(env, data.len(), cap))
+            }
+            Unexpected::Rndv { id, addr, len } => self.rendezvous(l, env, id, addr, len, dst, cap),
+        }
+    }
+
+    fn start_stream(&self, l: &mut Local, env: Envelope, id: u64, len: usize, target: Target) {
+        l.streams_in.insert(
+            (env.source, id),
+            InStream {
+                target,
+                env,
+                len,
+                got: 0,
+            },
+        );
+    }
+
+    /// Finishes a delivery to a queued target.
+    fn settle(&self, l: &mut Local, env: Envelope, out: Outcome, target: Target) {
+        match out {
+            Outcome::Done(st) => self.complete_target(target, st),
+            Outcome::Stream { id, len } => self.start_stream(l, env, id, len, target),
+        }
+    }
+
+    /// Finishes a delivery to a direct receive.
+    fn settle_direct(&self, l: &mut Local, env: Envelope, out: Outcome, d: &mut Direct<'_>) {
+        match out {
+            Outcome::Done(st) => d.status = Some(st),
+            Outcome::Stream { id, len } => {
+                let b = Arc::new(BlockingRecv {
+                    ptr: d.buf.as_mut_ptr(),
+                    cap: d.buf.len(),
+                    done: AtomicBool::new(false),
+                    status: Mutex::new(None),
+                });
+                self.start_stream(l, env, id, len, Target::Blocking(b.clone()));
+                d.stream = Some(b);
+            }
+        }
+    }
+
+    /// Completes `d` from the unexpected queue if a queued message matches.
+    fn direct_from_unexpected(&self, l: &mut Local, d: &mut Direct<'_>) -> bool {
+        if l.matching.unexpected_len() == 0 {
+            return false;
+        }
+        let Some((env, u)) = l.matching.take(&d.pattern) else {
+            return false;
+        };
+        let out = self.deliver_unexpected(l, env, u, d.buf.as_mut_ptr(), d.buf.len());
+        self.settle_direct(l, env, out, d);
+        true
+    }
+
+    fn complete_target(&self, t: Target, st: Status) {
+        match t {
+            Target::Request(core) => {
+                self.tracker.complete(&core, st);
+            }
+            Target::Blocking(b) => {
+                *b.status.lock().unwrap_or_else(|p| p.into_inner()) = Some(st);
+                b.done.store(true, Ordering::Release);
+            }
+        }
+    }
+
+    fn complete_send(&self, e: OutSend, result: Result<()>) {
+        match e.owner {
+            SendOwner::Request(core) => {
+                let st = match result {
+                    Ok(()) => Status::ok(e.env, e.len),
+                    Err(err) => Status::failed(e.env, err),
+                };
+                self.tracker.complete(&core, st);
+            }
+            SendOwner::Blocking(b) => {
+                *b.error.lock().unwrap_or_else(|p| p.into_inner()) = result.err();
+                b.done.store(true, Ordering::Release);
+            }
+        }
+    }
+
+    /// Handles a reply or fragment from `s`. Returns a protocol violation.
+    fn control_message(&self, l: &mut Local, s: Rank, msg: &Incoming) -> Result<(), String> {
+        let h = msg.header;
+        match h.kind {
+            KIND_ACK | KIND_FIN => {
+                let e = match l.sends.remove(&h.cookie) {
+                    Some(e) if e.dest == s && e.streamed.is_none() => e,
+                    Some(e) => {
+                        l.sends.insert(h.cookie, e);
+                        return Err(format!("reply for send {} it does not hold", h.cookie));
+                    }
+                    None => return Err(format!("reply for unknown send {}", h.cookie)),
+                };
+                let r = if h.flags & FLAG_FAILED != 0 {
+                    Err(Error::Protocol {
+                        rank: self.sh.rank,
+                        what: format!("rank {s} could not read the rendezvous data"),
+                    })
+                } else {
+                    Ok(())
+                };
+                self.complete_send(e, r);
+            }
+            KIND_PULL => {
+                match l.sends.get_mut(&h.cookie) {
+                    Some(e) if e.dest == s && e.streamed.is_none() && e.len > 0 => {
+                        e.streamed = Some(0);
+                    }
+                    _ => return Err(format!("PULL for send {} it does not hold", h.cookie)),
+                }
+                l.streams_out[s].push_back(h.cookie);
+                l.streams_total += 1;
+            }
+            KIND_DATA => {
+                let key = (s, h.cookie);
+                let Some(st) = l.streams_in.get_mut(&key) else {
+                    return Ok(()); // an abandoned stream (its receive ended)
+                };
+                let off = h.aux as usize;
+                let n = h.len as usize;
+                if off != st.got || n == 0 || off + n > st.len {
+                    return Err(format!(
+                        "fragment {off}+{n} of a {}-byte stream at {}",
+                        st.len, st.got
+                    ));
+                }
+                let (dst, cap) = st.target.dst();
+                if off < cap {
+                    let k = n.min(cap - off);
+                    // SAFETY: dst is valid for cap bytes, off + k <= cap, and the
+                    // target is exclusively ours until completed.
+                    let out = unsafe { std::slice::from_raw_parts_mut(dst.add(off), k) };
+                    l.consumers[s].copy_payload(msg, out);
+                }
+                st.got += n;
+                if st.got == st.len {
+                    let st = l.streams_in.remove(&key).expect("present");
+                    let status = Status::received(st.env, st.len, cap);
+                    self.complete_target(st.target, status);
+                }
+            }
+            k => return Err(format!("unknown message kind {k}")),
+        }
+        Ok(())
+    }
+
+    /// Processes the messages waiting in the ring from `s`. With `direct`,
+    /// stops as soon as that receive is resolved.
+    fn drain(&self, l: &mut Local, s: Rank, mut direct: Option<&mut Direct<'_>>) -> bool {
+        let mut any = false;
+        loop {
+            if l.broken[s] || direct.as_ref().is_some_and(|d| d.resolved()) {
+                return any;
+            }
+            let msg = match l.consumers[s].peek() {
+                None => return any,
+                Some(Ok(m)) => m,
+                Some(Err(e)) => {
+                    self.violation(l, s, e.to_string());
+                    return true;
+                }
+            };
+            any = true;
+            let h = msg.header;
+            if h.kind == KIND_EAGER || h.kind == KIND_RNDV {
+                if h.kind == KIND_EAGER {
+                    l.eager_recv[s] += h.len as u64 + ENTRY_CHARGE;
+                    if l.eager_recv[s] - l.freed_local[s] > self.sh.opts.credit_bytes as u64 {
+                        self.violation(l, s, "eager data beyond its credit".into());
+                        return true;
+                    }
+                } else if h.len != 8 {
+                    self.violation(l, s, format!("rendezvous start of {} bytes", h.len));
+                    return true;
+                }
+                let env = Envelope {
+                    source: s,
+                    tag: h.tag,
+                    context: h.context,
+                };
+                let direct_hit = match direct.as_deref_mut() {
+                    Some(d) if l.matching.posted_len() == 0 && d.pattern.matches(&env) => Some(d),
+                    _ => None,
+                };
+                if let Some(d) = direct_hit {
+                    let out = self.deliver_from_ring(l, s, &msg, d.buf.as_mut_ptr(), d.buf.len());
+                    self.settle_direct(l, env, out, d);
+                } else if let Some((_, target)) = l.matching.take_posted(&env) {
+                    let (p, n) = target.dst();
+                    let out = self.deliver_from_ring(l, s, &msg, p, n);
+                    self.settle(l, env, out, target);
+                } else {
+                    let u = if h.kind == KIND_EAGER {
+                        let mut data = vec![0u8; h.len as usize];
+                        l.consumers[s].copy_payload(&msg, &mut data);
+                        let sync = (h.flags & FLAG_SYNC != 0).then_some(h.cookie);
+                        Unexpected::Eager { data, sync }
+                    } else {
+                        let (id, addr, len) = self.rndv_fields(l, s, &msg);
+                        Unexpected::Rndv { id, addr, len }
+                    };
+                    l.matching.push_unexpected(env, u);
+                }
+            } else if let Err(what) = self.control_message(l, s, &msg) {
+                self.violation(l, s, what);
+                return true;
+            }
+            if l.consumers[s].pop(&msg) {
+                self.sh.wake(s);
+            }
+        }
+    }
+
+    /// A peer broke the protocol: stop reading its ring, fail what involves it.
+    fn violation(&self, l: &mut Local, s: Rank, what: String) {
+        l.broken[s] = true;
+        if !l.gone[s] {
+            self.fail_peer(l, s, Error::Protocol { rank: s, what });
+        }
+    }
+
+    // ------------------------------------------------------------ sending
+
+    /// Tries to put one message into the destination's ring.
+    fn push(&self, l: &mut Local, out: &Outgoing<'_>, owner: impl FnOnce() -> SendOwner) -> Sent {
+        let Outgoing {
+            dest,
+            tag,
+            context,
+            data,
+            sync,
+        } = *out;
+        let credit = self.sh.opts.credit_bytes as u64;
+        let charge = data.len() as u64 + ENTRY_CHARGE;
+        let mut eager = data.len() <= self.sh.eager_max;
+        if eager && l.eager_sent[dest] + charge - l.freed_seen[dest] > credit {
+            // Acquire pairs with the receiver's Release store of its credit.
+            // The counter is the receiver's to write: never trust it beyond
+            // what we sent, nor let it go backwards.
+            let seen = self
+                .sh
+                .inbox(dest)
+                .freed(self.sh.rank)
+                .load(Ordering::Acquire);
+            l.freed_seen[dest] = seen.clamp(l.freed_seen[dest], l.eager_sent[dest]);
+            eager = l.eager_sent[dest] + charge - l.freed_seen[dest] <= credit;
+        }
+        let waits = sync || !eager;
+        if waits && self.closing.load(Ordering::Acquire) {
+            // finish() checks `sends` under this lock after setting `closing`.
+            return Sent::Refused(Error::Closed);
+        }
+        let id = l.next_id;
+        let mut header = Header {
+            kind: if eager { KIND_EAGER } else { KIND_RNDV },
+            flags: if sync { FLAG_SYNC } else { 0 },
+            tag,
+            context,
+            cookie: id,
+            aux: data.len() as u64,
+            ..Header::default()
+        };
+        let addr = (data.as_ptr() as u64).to_le_bytes();
+        let payload = if eager { data } else { &addr[..] };
+        if !eager {
+            header.flags = 0;
+        }
+        if !l.producers[dest].try_push(&header, payload) {
+            return Sent::Full;
+        }
+        if eager {
+            l.eager_sent[dest] += charge;
+        }
+        self.sh.wake(dest);
+        if !waits {
+            return Sent::Complete;
+        }
+        l.next_id += 1;
+        l.sends.insert(
+            id,
+            OutSend {
+                dest,
+                env: Envelope {
+                    source: dest,
+                    tag,
+                    context,
+                },
+                data: data.as_ptr(),
+                len: data.len(),
+                owner: owner(),
+                streamed: None,
+            },
+        );
+        Sent::Waiting
+    }
+
+    fn push_pending(&self, l: &mut Local, dest: Rank, p: &Pending) -> bool {
+        // SAFETY: the request owns its buffer until completed, and it is not
+        // completed before this send is pushed (complete) or answered.
+        let data = unsafe { std::slice::from_raw_parts(p.core.buffer_ptr(), p.core.buffer_len()) };
+        let out = Outgoing {
+            dest,
+            tag: p.tag,
+            context: p.context,
+            data,
+            sync: p.sync,
+        };
+        let env = Envelope {
+            source: dest,
+            tag: p.tag,
+            context: p.context,
+        };
+        match self.push(l, &out, || SendOwner::Request(p.core.clone())) {
+            Sent::Full => false,
+            Sent::Complete => {
+                self.tracker.complete(&p.core, Status::ok(env, data.len()));
+                true
+            }
+            Sent::Refused(e) => {
+                self.tracker.complete(&p.core, Status::failed(env, e));
+                true
+            }
+            Sent::Waiting => true,
+        }
+    }
+
+    fn flush_backlogs(&self, l: &mut Local) -> bool {
+        let mut any = false;
+        for d in 0..l.backlog.len() {
+            while let Some(p) = l.backlog[d].pop_front() {
+                if self.push_pending(l, d, &p) {
+                    any = true;
+                    l.backlog_total -= 1;
+                } else {
+                    l.backlog[d].push_front(p);
+                    break;
+                }
+            }
+            l.producers[d].set_waiting(!l.backlog[d].is_empty());
+        }
+        any
+    }
+
+    /// Pushes fragments of `PULL`ed sends while their rings have room.
+    fn flush_streams(&self, l: &mut Local) -> bool {
+        let mut any = false;
+        let frag = self.sh.fragment;
+        for d in 0..self.sh.size {
+            let mut pushed = false;
+            'stream: while let Some(&id) = l.streams_out[d].front() {
+                let Local {
+                    sends, producers, ..
+                } = &mut *l;
+                let Some(e) = sends.get_mut(&id) else {
+                    l.streams_out[d].pop_front();
+                    l.streams_total -= 1;
+                    continue;
+                };
+                let mut off = e.streamed.unwrap_or(0);
+                while off < e.len {
+                    let n = frag.min(e.len - off);
+                    let h = Header {
+                        kind: KIND_DATA,
+                        cookie: id,
+                        aux: off as u64,
+                        ..Header::default()
+                    };
+                    // SAFETY: the send's buffer is valid for len bytes until
+                    // the send completes (owned by its request, or borrowed by
+                    // a blocking send that waits for completion).
+                    let chunk = unsafe { std::slice::from_raw_parts(e.data.add(off), n) };
+                    if !producers[d].try_push(&h, chunk) {
+                        e.streamed = Some(off);
+                        producers[d].set_waiting(true);
+                        break 'stream;
+                    }
+                    pushed = true;
+                    off += n;
+                }
+                let e = l.sends.remove(&id).expect("present");
+                self.complete_send(e, Ok(()));
+                l.streams_out[d].pop_front();
+                l.streams_total -= 1;
+            }
+            if pushed {
+                any = true;
+                self.sh.wake(d);
+            }
+        }
+        any
+    }
+
+    // ------------------------------------------------------------ progress
+
+    /// One round of progress: departures, all rings, then replies, streams
+    /// and backlogs. Counts `events`.
+    fn progress_locked(&self, l: &mut Local, mut direct: Option<&mut Direct<'_>>) -> bool {
+        let mut any = false;
+        let dep = self.sh.mine.departures().load(Ordering::Acquire);
+        if dep != l.departures_seen {
+            l.departures_seen = dep;
+            any |= self.handle_departures(l);
+        }
+        let first = match direct.as_ref().map(|d| d.pattern.source) {
+            Some(Source::Rank(s)) => s,
+            _ => self.sh.rank,
+        };
+        let n = self.sh.size;
+        for k in 0..n {
+            any |= self.drain(l, (first + k) % n, direct.as_deref_mut());
+        }
+        if l.control_total > 0 {
+            any |= self.flush_control(l);
+        }
+        if l.streams_total > 0 {
+            any |= self.flush_streams(l);
+        }
+        if l.backlog_total > 0 {
+            any |= self.flush_backlogs(l);
+        }
+        if any {
+            l.events += 1;
+            // Other threads of this rank may sleep on requests we completed.
+            self.sh.mine.doorbell().ring(Scope::Shared);
+        }
+        any
+    }
+
+    fn handle_departures(&self, l: &mut Local) -> bool {
+        let mut any = false;
+        for d in 0..self.sh.size {
+            if l.gone[d] || d == self.sh.rank || !self.sh.gone(d) {
+                continue;
+            }
+            any = true;
+            // What it sent before leaving is still deliverable.
+            self.drain(l, d, None);
+            if !l.gone[d] {
+                self.fail_peer(l, d, lost(d, "peer finished or died"));
+            }
+        }
+        any
+    }
+
+    /// Fails everything that involves `d` with `err` and marks it gone.
+    fn fail_peer(&self, l: &mut Local, d: Rank, err: Error) {
+        l.gone[d] = true;
+        for t in l
+            .matching
+            .remove_posted_where(|p, _| p.source == Source::Rank(d))
+        {
+            let env = Envelope {
+                source: d,
+                tag: -1,
+                context: 0,
+            };
+            self.complete_target(t, Status::failed(env, err.clone()));
+        }
+        for p in std::mem::take(&mut l.backlog[d]) {
+            l.backlog_total -= 1;
+            let env = Envelope {
+                source: d,
+                tag: p.tag,
+                context: p.context,
+            };
+            self.tracker
+                .complete(&p.core, Status::failed(env, err.clone()));
+        }
+        let ids: Vec<u64> = l
+            .sends
+            .iter()
+            .filter(|(_, e)| e.dest == d)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in ids {
+            let e = l.sends.remove(&id).expect("present");
+            self.complete_send(e, Err(err.clone()));
+        }
+        l.streams_total -= l.streams_out[d].len();
+        l.streams_out[d].clear();
+        l.control_total -= l.control[d].len();
+        l.control[d].clear();
+        let keys: Vec<(Rank, u64)> = l.streams_in.keys().filter(|k| k.0 == d).copied().collect();
+        for k in keys {
+            let st = l.streams_in.remove(&k).expect("present");
+            self.complete_target(st.target, Status::failed(st.env, err.clone()));
+        }
+        // Unexpected rendezvous starts from it fail when matched (l.gone).
+    }
+
+    /// A lock-free hint that a step may find something.
+    fn worth_a_step(&self, departures_seen: u64) -> bool {
+        self.sh.mine.departures().load(Ordering::Relaxed) != departures_seen
+            || (0..self.sh.size).any(|s| self.sh.mine.ring(s).has_message())
+    }
+
+    /// Calls `done` (which makes progress itself) until it says done,
+    /// spinning then sleeping while nothing happens. With `until_closed`, a
+    /// closed device ends the wait with [`Error::Closed`].
+    fn block_until(
+        &self,
+        until_closed: bool,
+        mut done: impl FnMut(&Self, &mut Local) -> Result<bool>,
+        ready: impl Fn() -> bool,
+    ) -> Result<()> {
+        let mut backoff = Backoff::new();
+        loop {
+            let (busy, queued, seen) = {
+                let mut l = self.lock();
+                let before = l.events;
+                if done(self, &mut l)? {
+                    return Ok(());
+                }
+                let queued = l.backlog_total + l.control_total + l.streams_total > 0;
+                (l.events != before, queued, l.departures_seen)
+            };
+            if until_closed && self.closed.load(Ordering::Acquire) {
+                return Err(Error::Closed);
+            }
+            if busy {
+                backoff.reset();
+                continue;
+            }
+            let mut sleep = false;
+            while !ready() && !self.worth_a_step(seen) {
+                if !backoff.snooze() {
+                    sleep = true;
+                    break;
+                }
+                if queued {
+                    break;
+                }
+            }
+            if sleep {
+                // Short sleeps while our sends wait for room (a consumer's
+                // wake-up on freed room is best-effort), longer otherwise.
+                let t = if queued {
+                    Duration::from_millis(1)
+                } else {
+                    Duration::from_millis(50)
+                };
+                self.sh
+                    .mine
+                    .doorbell()
+                    .sleep(t, Scope::Shared, || ready() || self.worth_a_step(seen));
+            }
+        }
+    }
+
+    // ------------------------------------------------------------ operations
+
+    fn blocking_send(
+        &self,
+        buf: &[u8],
+        dest: Rank,
+        tag: Tag,
+        context: Context,
+        sync: bool,
+    ) -> Result<()> {
+        check_send(dest, tag, self.sh.size)?;
+        self.check_open()?;
+        if dest != self.sh.rank && self.sh.gone(dest) {
+            return Err(lost(dest, "peer finished or died"));
+        }
+        let waiter = Arc::new(BlockingSend {
+            done: AtomicBool::new(false),
+            error: Mutex::new(None),
+        });
+        let mut waiting = false;
+        self.block_until(
+            true,
+            |eng, l| {
+                if !l.backlog[dest].is_empty() {
+                    eng.progress_locked(l, None);
+                    if !l.backlog[dest].is_empty() {
+                        return Ok(false); // keep order behind queued isends
+                    }
+                }
+                if l.gone[dest] {
+                    return Err(lost(dest, "peer finished or died"));
+                }
+                let out = Outgoing {
+                    dest,
+                    tag,
+                    context,
+                    data: buf,
+                    sync,
+                };
+                match eng.push(l, &out, || SendOwner::Blocking(waiter.clone())) {
+                    Sent::Complete => Ok(true),
+                    Sent::Waiting => {
+                        waiting = true;
+                        Ok(true)
+                    }
+                    Sent::Refused(e) => Err(e),
+                    Sent::Full => {
+                        l.producers[dest].set_waiting(true);
+                        eng.progress_locked(l, None);
+                        Ok(false)
+                    }
+                }
+            },
+            || false,
+        )?;
+        if !waiting {
+            return Ok(());
+        }
+        // The receiver may read `buf` until the reply comes or it is gone:
+        // this wait ignores our own closing (finish() waits for it instead).
+        let _ = self.block_until(
+            false,
+            |eng, l| {
+                if !waiter.done.load(Ordering::Acquire) {
+                    eng.progress_locked(l, None);
+                }
+                Ok(waiter.done.load(Ordering::Acquire))
+            },
+            || waiter.done.load(Ordering::Acquire),
+        );
+        let error = waiter
+            .error
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        match error {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    fn start_send(
+        self: &Arc<Self>,
+        buf: Buffer,
+        dest: Rank,
+        tag: Tag,
+        context: Context,
+        sync: bool,
+    ) -> Request {
+        let env = Envelope {
+            source: dest,
+            tag,
+            context,
+        };
+        let rejected = check_send(dest, tag, self.sh.size)
+            .and_then(|_| self.check_open())
+            .and_then(|_| {
+                if dest != self.sh.rank && self.sh.gone(dest) {
+                    Err(lost(dest, "peer finished or died"))
+                } else {
+                    Ok(())
+                }
+            });
+        if let Err(e) = rejected {
+            let core = self
+                .tracker
+                .rejected(RequestKind::Send, buf, Status::failed(env, e));
+            return Request::new(core, self.clone());
+        }
+        let core = self.tracker.start(RequestKind::Send, buf);
+        let p = Pending {
+            core: core.clone(),
+            tag,
+            context,
+            sync,
+        };
+        let mut l = self.lock();
+        if l.gone[dest] {
+            self.tracker.complete(
+                &core,
+                Status::failed(env, lost(dest, "peer finished or died")),
+            );
+        } else if !(l.backlog[dest].is_empty() && self.push_pending(&mut l, dest, &p)) {
+            l.backlog[dest].push_back(p);
+            l.backlog_total += 1;
+            l.producers[dest].set_waiting(true);
+        }
+        drop(l);
+        Request::new(core, self.clone())
+    }
+
+    fn recv_into(&self, buf: &mut [u8], pattern: Pattern) -> Result<Status> {
+        check_recv(pattern.source, pattern.tag, self.sh.size)?;
+        self.check_open()?;
+        let mut direct = Direct {
+            pattern,
+            buf,
+            status: None,
+            stream: None,
+        };
+        let unpost = Unpost {
+            engine: self,
+            queued: Default::default(),
+        };
+        let queued = &unpost.queued;
+        let r = self.block_until(
+            true,
+            |eng, l| {
+                if let Some((b, _)) = &*queued.borrow() {
+                    eng.progress_locked(l, None);
+                    return Ok(b.done.load(Ordering::Acquire));
+                }
+                if l.matching.posted_len() == 0 {
+                    if !eng.direct_from_unexpected(l, &mut direct) {
+                        eng.progress_locked(l, Some(&mut direct));
+                        // Progress may have queued a match as unexpected (a
+                        // departed peer's ring is drained whole).
+                        if !direct.resolved() {
+                            eng.direct_from_unexpected(l, &mut direct);
+                        }
+                    }
+                    if direct.status.is_some() {
+                        return Ok(true);
+                    }
+                    if let Some(b) = direct.stream.take() {
+                        *queued.borrow_mut() = Some((b, None));
+                        return Ok(false);
+                    }
+                    if let Source::Rank(s) = pattern.source {
+                        if l.gone[s] && s != eng.sh.rank {
+                            return Err(lost(s, "peer finished or died"));
+                        }
+                    }
+                    if l.matching.posted_len() == 0 {
+                        return Ok(false);
+                    }
+                }
+                // Other receives are posted: queue behind them to keep order.
+                let b = Arc::new(BlockingRecv {
+                    ptr: direct.buf.as_mut_ptr(),
+                    cap: direct.buf.len(),
+                    done: AtomicBool::new(false),
+                    status: Mutex::new(None),
+                });
+                match l.matching.post(pattern, Target::Blocking(b.clone())) {
+                    Posted::Matched { env, msg, recv } => {
+                        let (p, n) = recv.dst();
+                        let out = eng.deliver_unexpected(l, env, msg, p, n);
+                        eng.settle(l, env, out, recv);
+                        let done = b.done.load(Ordering::Acquire);
+                        *queued.borrow_mut() = Some((b, None));
+                        Ok(done)
+                    }
+                    Posted::Queued(id) => {
+                        *queued.borrow_mut() = Some((b, Some(id)));
+                        Ok(false)
+                    }
+                }
+            },
+            || {
+                queued
+                    .borrow()
+                    .as_ref()
+                    .is_some_and(|(b, _)| b.done.load(Ordering::Acquire))
+            },
+        );
+        // Never read a queued entry's outcome while it can still be written:
+        // dropping `unpost` takes it out of the engine first.
+        let queued_recv = queued.borrow().as_ref().map(|(b, _)| b.clone());
+        drop(unpost);
+        if let Some(b) = queued_recv {
+            if b.done.load(Ordering::Acquire) {
+                let st = b.status.lock().unwrap_or_else(|p| p.into_inner()).take();
+                return st.map(|s| s.into_result()).unwrap_or(Err(Error::Closed));
+            }
+            r?;
+            return Err(Error::Closed);
+        }
+        r?;
+        direct
+            .status
+            .map(|s| s.into_result())
+            .unwrap_or(Err(Error::Closed))
+    }
+
+    fn probe_once(&self, l: &mut Local, pattern: &Pattern) -> Option<Status> {
+        self.progress_locked(l, None);
+        l.matching
+            .probe(pattern)
+            .map(|(env, u)| Status::ok(env, u.len()))
+    }
+
+    fn finish(&self) -> Result<()> {
+        if self.closing.swap(true, Ordering::AcqRel) {
+            return Ok(());
+        }
+        // Our sends (requests and blocking ones) and our replies must be
+        // through: a peer that got our data must not see us leave before
+        // our FIN/ACK.
+        let r = self.block_until(
+            false,
+            |eng, l| {
+                eng.progress_locked(l, None);
+                Ok(eng.tracker.outstanding_sends() == 0
+                    && l.sends.is_empty()
+                    && l.backlog_total == 0
+                    && l.control_total == 0)
+            },
+            || false,
+        );
+        let mut l = self.lock();
+        for t in l.matching.remove_posted_where(|_, _| true) {
+            let env = Envelope {
+                source: self.sh.rank,
+                tag: -1,
+                context: 0,
+            };
+            self.complete_target(t, Status::failed(env, Error::Closed));
+        }
+        for (_, st) in std::mem::take(&mut l.streams_in) {
+            self.complete_target(st.target, Status::failed(st.env, Error::Closed));
+        }
+        l.matching.drain_unexpected();
+        drop(l);
+        self.depart(state::CLOSED);
+        r
+    }
+
+    fn depart(&self, st: u32) {
+        self.closed.store(true, Ordering::Release);
+        self.sh.mine.state().store(st, Ordering::Release);
+        for r in 0..self.sh.size {
+            let inbox = self.sh.inbox(r);
+            inbox.departures().fetch_add(1, Ordering::AcqRel);
+            inbox.doorbell().wake_all(Scope::Shared);
+        }
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        drop(self.watch.lock().unwrap_or_else(|p| p.into_inner()).take());
+        if !self.closed.load(Ordering::Acquire) {
+            self.depart(state::DEAD);
+        }
+        // A peer may still be reading a rendezvous buffer with CMA (it does
+        // not know yet that we are gone): leak those buffers rather than free
+        // memory another process is copying from.
+        let mut l = self.lock();
+        for (_, e) in l.sends.drain() {
+            if let SendOwner::Request(core) = e.owner {
+                std::mem::forget(core);
+            }
+        }
+    }
+}
+
+impl Progress for Engine {
+    fn progress(&self) {
+        if let Some(mut l) = self.local.try_lock() {
+            self.progress_locked(&mut l, None);
+        }
+    }
+
+    fn wait(&self, core: &RequestCore) {
+        let _ = self.block_until(
+            true,
+            |eng, l| {
+                if !core.is_done() {
+                    eng.progress_locked(l, None);
+                }
+                Ok(core.is_done())
+            },
+            || core.is_done(),
+        );
+        // A closed device completes every request it holds (receives fail with
+        // Closed); spin out the tiny window before that completion lands.
+        while !core.is_done() {
+            std::thread::yield_now();
+        }
+    }
+
+    fn cancel(&self, core: &Arc<RequestCore>) -> bool {
+        if core.kind() != RequestKind::Recv || core.token() == u64::MAX {
+            return false;
+        }
+        let mut l = self.lock();
+        match l.matching.cancel(PostedId::from_raw(core.token())) {
+            Some(t) => {
+                drop(l);
+                let st = Status::cancelled(Pattern::new(Source::Any, TagSel::Any, 0));
+                self.complete_target(t, st);
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+/// One rank of a job whose ranks are processes on this host: an xdev
+/// [`Device`] over job-private shared memory.
+pub struct ProcessDevice {
+    engine: Arc<Engine>,
+}
+
+impl ProcessDevice {
+    /// Opens the device for `config` with the bootstrap service named by the
+    /// environment (`XDEV_BOOTSTRAP`, `XDEV_SECRET`; `xdev-run` sets them).
+    /// The environment's rank, size and job must match `config`.
+    pub fn open(config: &Config) -> Result<ProcessDevice> {
+        let env = JobEnv::from_env()?;
+        let c = &env.config;
+        if (c.rank, c.size, &c.job) != (config.rank, config.size, &config.job) {
+            return Err(Error::Config(format!(
+                "the environment says rank {} of {} in job {:?}, the config rank {} of {} in {:?}",
+                c.rank, c.size, c.job, config.rank, config.size, config.job
+            )));
+        }
+        Self::with_bootstrap(config, Bootstrap::from_job_env(&env)?)
+    }
+
+    /// Opens the device for `config` over an already connected bootstrap
+    /// (collective: every rank of the job must call it).
+    pub fn with_bootstrap(config: &Config, boot: Bootstrap) -> Result<ProcessDevice> {
+        config.validate()?;
+        if (boot.rank(), boot.size(), boot.job()) != (config.rank, config.size, &config.job[..]) {
+            return Err(Error::Config(
+                "the bootstrap connection is for another rank, size or job".into(),
+            ));
+        }
+        let opts = ProcessOptions::from_config(config)?;
+        crate::doorbell::init_fences();
+        let (rank, size) = (config.rank, config.size);
+        let cma_wanted = opts.cma == CmaMode::Auto;
+        if cma_wanted {
+            // Lets sibling ranks read our buffers under Yama ptrace_scope 1;
+            // fails harmlessly (EINVAL) where Yama is absent.
+            let _ = crate::cma::allow_any_ptracer();
+        }
+        let layout = InboxLayout {
+            size,
+            nslots: opts.nslots(),
+        };
+        let mut mine = Inbox::create(&segment::name_prefix(&config.job), rank, layout)?;
+        let mut rnd = [0u8; 8];
+        let _ = getrandom::fill(&mut rnd);
+        let probe = Box::new(u64::from_le_bytes(rnd) | 1);
+        let info = PeerInfo {
+            pid: std::process::id(),
+            nslots: layout.nslots as u32,
+            credit_bytes: opts.credit_bytes as u64,
+            probe_addr: &*probe as *const u64 as u64,
+            probe_value: *probe,
+            segment: mine.name().to_string(),
+        };
+        let all = boot.allgather(&info.encode())?;
+        let mut infos = Vec::with_capacity(size);
+        for (r, b) in all.iter().enumerate() {
+            let i = PeerInfo::decode(b).map_err(|what| Error::Protocol { rank: r, what })?;
+            if i.nslots != info.nslots || i.credit_bytes != info.credit_bytes {
+                return Err(Error::Config(format!(
+                    "rank {r} uses ring_bytes/credit_bytes different from rank {rank}'s"
+                )));
+            }
+            infos.push(i);
+        }
+        let mut peers = Vec::with_capacity(size);
+        for (r, i) in infos.iter().enumerate() {
+            peers.push(if r == rank {
+                None
+            } else {
+                Some(Inbox::attach(&i.segment, r, i.pid, layout)?)
+            });
+        }
+        // Everyone has attached every inbox: the names can go.
+        boot.barrier()?;
+        mine.unlink();
+        let pids: Vec<u32> = infos.iter().map(|i| i.pid).collect();
+        let sh = Arc::new(Shared {
+            rank,
+            size,
+            eager_max: opts
+                .eager_limit
+                .min(crate::ring::max_payload_for(layout.nslots)),
+            fragment: opts
+                .fragment_bytes
+                .min(crate::ring::max_payload_for(layout.nslots)),
+            opts,
+            mine,
+            peers,
+            pids: pids.clone(),
+            exited: (0..size).map(|_| AtomicBool::new(false)).collect(),
+        });
+        let watched: Vec<(Rank, u32)> = (0..size)
+            .filter(|&r| r != rank)
+            .map(|r| (r, pids[r]))
+            .collect();
+        let w = sh.clone();
+        let watch = PeerWatch::start(watched, move |r| {
+            w.exited[r].store(true, Ordering::Release);
+            w.mine.departures().fetch_add(1, Ordering::AcqRel);
+            w.mine.doorbell().wake_all(Scope::Shared);
+        })
+        .map_err(|e| Error::transport("starting the peer watch", e))?;
+        let rendezvous = if !cma_wanted {
+            RendezvousPath::Pipelined("disabled by option cma=off".into())
+        } else {
+            let p = (rank + 1) % size;
+            let mut got = [0u8; 8];
+            match crate::cma::read_remote(pids[p], infos[p].probe_addr, &mut got) {
+                Ok(()) if u64::from_le_bytes(got) == infos[p].probe_value => RendezvousPath::Cma,
+                Ok(()) => {
+                    RendezvousPath::Pipelined(format!("CMA probe of rank {p} read the wrong value"))
+                }
+                Err(e) => RendezvousPath::Pipelined(format!(
+                    "process_vm_readv from rank {p} refused: {e}"
+                )),
+            }
+        };
+        let cma_ok = rendezvous == RendezvousPath::Cma;
+        let n = size;
+        let local = Local {
+            // SAFETY: each ring lives in a mapping held by `sh` (kept alive by
+            // the engine for as long as Local); this rank is the only consumer
+            // of the rings in its own inbox and the only producer of its ring
+            // in every peer's inbox.
+            consumers: (0..n)
+                .map(|s| unsafe { Consumer::new(sh.mine.ring(s)) })
+                .collect(),
+            // SAFETY: as above.
+            producers: (0..n)
+                .map(|d| unsafe { Producer::new(sh.inbox(d).ring(rank)) })
+                .collect(),
+            matching: MatchingEngine::new(),
+            backlog: (0..n).map(|_| VecDeque::new()).collect(),
+            backlog_total: 0,
+            control: (0..n).map(|_| VecDeque::new()).collect(),
+            control_total: 0,
+            sends: HashMap::new(),
+            next_id: 1,
+            streams_out: (0..n).map(|_| VecDeque::new()).collect(),
+            streams_total: 0,
+            streams_in: HashMap::new(),
+            eager_sent: vec![0; n],
+            freed_seen: vec![0; n],
+            freed_local: vec![0; n],
+            eager_recv: vec![0; n],
+            cma: vec![cma_ok; n],
+            departures_seen: 0,
+            events: 0,
+            gone: vec![false; n],
+            broken: vec![false; n],
+        };
+        Ok(ProcessDevice {
+            engine: Arc::new(Engine {
+                sh,
+                tracker: Arc::new(Tracker::new()),
+                local: RankLock::new(local),
+                closing: AtomicBool::new(false),
+                closed: AtomicBool::new(false),
+                watch: Mutex::new(Some(watch)),
+                rendezvous,
+                _boot: boot,
+                _probe: probe,
+            }),
+        })
+    }
+
+    /// The options in force.
+    pub fn options(&self) -> &ProcessOptions {
+        &self.engine.sh.opts
+    }
+
+    /// How rendezvous data moves, as found at start-up: CMA, or the
+    /// pipelined copy and why. (A later `EPERM` from a peer also switches
+    /// that peer to the pipelined path.)
+    pub fn rendezvous(&self) -> &RendezvousPath {
+        &self.engine.rendezvous
+    }
+}
+
+impl Device for ProcessDevice {
+    fn name(&self) -> &'static str {
+        "shm"
+    }
+
+    fn id(&self) -> Rank {
+        self.engine.sh.rank
+    }
+
+    fn size(&self) -> usize {
+        self.engine.sh.size
+    }
+
+    fn send(&self, buf: &[u8], dest: Rank, tag: Tag, context: Context) -> Result<()> {
+        self.engine.blocking_send(buf, dest, tag, context, false)
+    }
+
+    fn ssend(&self, buf: &[u8], dest: Rank, tag: Tag, context: Context) -> Result<()> {
+        self.engine.blocking_send(buf, dest, tag, context, true)
+    }
+
+    fn recv(
+        &self,
+        buf: &mut [u8],
+        source: Source,
+        tag: TagSel,
+        context: Context,
+    ) -> Result<Status> {
+        self.engine
+            .recv_into(buf, Pattern::new(source, tag, context))
+    }
+
+    fn isend(&self, buf: Buffer, dest: Rank, tag: Tag, context: Context) -> Request {
+        self.engine.start_send(buf, dest, tag, context, false)
+    }
+
+    fn issend(&self, buf: Buffer, dest: Rank, tag: Tag, context: Context) -> Request {
+        self.engine.start_send(buf, dest, tag, context, true)
+    }
+
+    fn irecv(&self, buf: Buffer, source: Source, tag: TagSel, context: Context) -> Request {
+        let eng = &self.engine;
+        let pattern = Pattern::new(source, tag, context);
+        if let Err(e) = check_recv(source, tag, eng.sh.size).and_then(|_| eng.check_open()) {
+            let env = Envelope {
+                source: eng.sh.rank,
+                tag: -1,
+                context,
+            };
+            let core = eng
+                .tracker
+                .rejected(RequestKind::Recv, buf, Status::failed(env, e));
+            return Request::new(core, eng.clone());
+        }
+        let core = eng.tracker.start(RequestKind::Recv, buf);
+        let mut l = eng.lock();
+        match l.matching.post(pattern, Target::Request(core.clone())) {
+            Posted::Matched { env, msg, recv } => {
+                let (p, n) = recv.dst();
+                let out = eng.deliver_unexpected(&mut l, env, msg, p, n);
+                eng.settle(&mut l, env, out, recv);
+            }
+            Posted::Queued(id) => {
+                core.set_token(id.as_u64());
+                // A receive naming a peer that already left fails at once
+                // (after what it sent has been drained).
+                if let Source::Rank(s) = source {
+                    eng.drain(&mut l, s, None);
+                    if l.gone[s] && s != eng.sh.rank && !core.is_done() {
+                        if let Some(t) = l.matching.cancel(id) {
+                            let env = Envelope {
+                                source: s,
+                                tag: -1,
+                                context,
+                            };
+                            eng.complete_target(
+                                t,
+                                Status::failed(env, lost(s, "peer finished or died")),
+                            );
+                        }
+                    }
+                }
+            }
+        }
+        drop(l);
+        Request::new(core, eng.clone())
+    }
+
+    fn probe(&self, source: Source, tag: TagSel, context: Context) -> Result<Status> {
+        let eng = &self.engine;
+        check_recv(source, tag, eng.sh.size)?;
+        eng.check_open()?;
+        let pattern = Pattern::new(source, tag, context);
+        let mut found = None;
+        eng.block_until(
+            true,
+            |eng, l| {
+                found = eng.probe_once(l, &pattern);
+                if found.is_none() {
+                    if let Source::Rank(s) = source {
+                        if l.gone[s] && s != eng.sh.rank {
+                            return Err(lost(s, "peer finished or died"));
+                        }
+                    }
+                }
+                Ok(found.is_some())
+            },
+            || false,
+        )?;
+        found.ok_or(Error::Closed)
+    }
+
+    fn iprobe(&self, source: Source, tag: TagSel, context: Context) -> Result<Option<Status>> {
+        let eng = &self.engine;
+        check_recv(source, tag, eng.sh.size)?;
+        eng.check_open()?;
+        let pattern = Pattern::new(source, tag, context);
+        let mut l = eng.lock();
+        Ok(eng.probe_once(&mut l, &pattern))
+    }
+
+    fn peek(&self) -> Result<Option<Peeked>> {
+        let eng = &self.engine;
+        let mut found = None;
+        eng.block_until(
+            true,
+            |eng, l| {
+                eng.progress_locked(l, None);
+                found = eng.tracker.pop_completed();
+                Ok(found.is_some() || eng.tracker.outstanding() == 0)
+            },
+            || false,
+        )?;
+        Ok(found.or_else(|| eng.tracker.pop_completed()))
+    }
+
+    fn finish(&self) -> Result<()> {
+        self.engine.finish()
+    }
+}
+
+/// Adds the `shm` device to `registry`.
+pub fn register(registry: &mut Registry) {
+    registry.register(Entry {
+        name: "shm",
+        description: "ranks as processes on one host; shared-memory rings, CMA rendezvous",
+        placement: Placement::Processes,
+        open: |cfg| Ok(Arc::new(ProcessDevice::open(cfg)?) as Arc<dyn Device>),
+    });
+}
