@@ -891,8 +891,11 @@ mod tests {
         }
     }
 
+    /// The thread device and the two test devices (not this build's
+    /// process devices, so the tests do not depend on what is linked).
     fn test_registry() -> Registry {
-        let mut r = registry();
+        let mut r = Registry::new();
+        shm_ipc::thread::register(&mut r);
         r.register(kv_entry());
         r.register(Entry {
             name: "broken",
@@ -1058,10 +1061,15 @@ mod tests {
         assert!(plan(&args("--device nope"), &reg)
             .unwrap_err()
             .contains("devices here: thread, kv, broken"));
-        assert_eq!(
-            names(plan(&args(""), &registry()).unwrap()),
-            [(true, Some("thread"))]
-        );
+        // The default run of this build: every linked device, in its place.
+        let linked = registry();
+        let every: Vec<(bool, Option<&str>)> = linked
+            .entries()
+            .iter()
+            .map(|e| (e.placement == Placement::Threads, Some(e.name)))
+            .collect();
+        assert_eq!(names(plan(&args(""), &linked).unwrap()), every);
+        assert!(every.contains(&(true, Some("thread"))));
     }
 
     #[test]
