@@ -45,6 +45,8 @@
 //! (a futex in its inbox); publishers wake it only when a sleeper is armed.
 
 use std::collections::{HashMap, VecDeque};
+#[cfg(test)]
+use std::sync::atomic::AtomicU64;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -416,6 +418,8 @@ struct Local {
     departures_seen: u64,
     events: u64,
     gone: Vec<bool>,
+    /// Why each gone peer is gone (what its operations fail with).
+    gone_why: Vec<Option<Error>>,
     /// Peers whose ring is no longer read (protocol violation).
     broken: Vec<bool>,
 }
@@ -499,6 +503,13 @@ impl Drop for Unpost<'_> {
             }
         }
     }
+}
+
+/// What operations involving gone peer `s` fail with.
+fn gone_error(l: &Local, s: Rank) -> Error {
+    l.gone_why[s]
+        .clone()
+        .unwrap_or_else(|| lost(s, "peer finished or died"))
 }
 
 impl Engine {
@@ -1127,6 +1138,7 @@ impl Engine {
     /// Fails everything that involves `d` with `err` and marks it gone.
     fn fail_peer(&self, l: &mut Local, d: Rank, err: Error) {
         l.gone[d] = true;
+        l.gone_why[d] = Some(err.clone());
         for t in l
             .matching
             .remove_posted_where(|p, _| p.source == Source::Rank(d))
@@ -1259,7 +1271,7 @@ impl Engine {
                     }
                 }
                 if l.gone[dest] {
-                    return Err(lost(dest, "peer finished or died"));
+                    return Err(gone_error(l, dest));
                 }
                 let out = Outgoing {
                     dest,
@@ -1347,10 +1359,8 @@ impl Engine {
         };
         let mut l = self.lock();
         if l.gone[dest] {
-            self.tracker.complete(
-                &core,
-                Status::failed(env, lost(dest, "peer finished or died")),
-            );
+            let err = gone_error(&l, dest);
+            self.tracker.complete(&core, Status::failed(env, err));
         } else if !(l.backlog[dest].is_empty() && self.push_pending(&mut l, dest, &p)) {
             l.backlog[dest].push_back(p);
             l.backlog_total += 1;
@@ -1399,7 +1409,7 @@ impl Engine {
                     }
                     if let Source::Rank(s) = pattern.source {
                         if l.gone[s] && s != eng.sh.rank {
-                            return Err(lost(s, "peer finished or died"));
+                            return Err(gone_error(l, s));
                         }
                     }
                     if l.matching.posted_len() == 0 {
@@ -1720,6 +1730,7 @@ impl ProcessDevice {
             departures_seen: 0,
             events: 0,
             gone: vec![false; n],
+            gone_why: vec![None; n],
             broken: vec![false; n],
         };
         Ok(ProcessDevice {
@@ -1825,10 +1836,8 @@ impl Device for ProcessDevice {
                                 tag: -1,
                                 context,
                             };
-                            eng.complete_target(
-                                t,
-                                Status::failed(env, lost(s, "peer finished or died")),
-                            );
+                            let err = gone_error(&l, s);
+                            eng.complete_target(t, Status::failed(env, err));
                         }
                     }
                 }
@@ -1851,7 +1860,7 @@ impl Device for ProcessDevice {
                 if found.is_none() {
                     if let Source::Rank(s) = source {
                         if l.gone[s] && s != eng.sh.rank {
-                            return Err(lost(s, "peer finished or died"));
+                            return Err(gone_error(l, s));
                         }
                     }
                 }
@@ -1899,4 +1908,192 @@ pub fn register(registry: &mut Registry) {
         placement: Placement::Processes,
         open: |cfg| Ok(Arc::new(ProcessDevice::open(cfg)?) as Arc<dyn Device>),
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use xdev::bootstrap::{BootstrapServer, Secret};
+
+    /// Two ranks of one job as two devices in this process (threads).
+    fn pair(options: &[(&str, &str)]) -> (ProcessDevice, ProcessDevice) {
+        static JOBS: AtomicU64 = AtomicU64::new(0);
+        let job = format!(
+            "unit-{}-{}",
+            std::process::id(),
+            JOBS.fetch_add(1, Ordering::Relaxed)
+        );
+        let secret = Secret::generate().unwrap();
+        let server =
+            BootstrapServer::start("127.0.0.1:0".parse().unwrap(), 2, &job, secret.clone())
+                .unwrap();
+        let addr = server.addr();
+        let mut devs: Vec<ProcessDevice> = std::thread::scope(|s| {
+            let hs: Vec<_> = (0..2)
+                .map(|rank| {
+                    let (job, secret) = (job.clone(), secret.clone());
+                    s.spawn(move || {
+                        let boot = Bootstrap::connect(addr, rank, 2, &job, &secret).unwrap();
+                        let mut cfg = Config::new(rank, 2, job);
+                        for (k, v) in options {
+                            cfg = cfg.with(k, v);
+                        }
+                        ProcessDevice::with_bootstrap(&cfg, boot).unwrap()
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        std::mem::forget(server); // lives as long as the test process
+        let d1 = devs.pop().unwrap();
+        (devs.pop().unwrap(), d1)
+    }
+
+    /// Rank 1 pushes a raw entry into its ring to rank 0, bypassing its
+    /// protocol (a buggy or hostile peer).
+    fn raw_push(from: &ProcessDevice, to: Rank, h: Header, payload: &[u8]) -> bool {
+        let mut l = from.engine.lock();
+        let ok = l.producers[to].try_push(&h, payload);
+        from.engine.sh.wake(to);
+        ok
+    }
+
+    fn recv_from_1(d0: &ProcessDevice) -> Result<Status> {
+        let mut buf = [0u8; 256];
+        d0.recv(&mut buf, Source::Rank(1), TagSel::Any, 1)
+    }
+
+    fn assert_violation(d0: &ProcessDevice, needle: &str) {
+        match recv_from_1(d0) {
+            Err(Error::Protocol { rank: 1, what }) => assert!(what.contains(needle), "{what}"),
+            other => panic!("expected a protocol violation by rank 1, got {other:?}"),
+        }
+        // Rank 1 is cut off; rank 0 itself still works.
+        d0.send(b"self", 0, 5, 1).unwrap();
+        let mut b = [0u8; 4];
+        d0.recv(&mut b, Source::Rank(0), TagSel::Tag(5), 1).unwrap();
+        assert_eq!(&b, b"self");
+        // New operations involving rank 1 fail with the same cause.
+        assert!(matches!(
+            d0.send(b"x", 1, 0, 1),
+            Err(Error::Protocol { rank: 1, .. })
+        ));
+        let r = d0
+            .irecv(Buffer::zeroed(4), Source::Rank(1), TagSel::Any, 1)
+            .wait();
+        assert!(matches!(
+            r.status.error,
+            Some(Error::Protocol { rank: 1, .. })
+        ));
+    }
+
+    #[test]
+    fn unknown_kind_is_a_violation() {
+        let (d0, d1) = pair(&[]);
+        let h = Header {
+            kind: 99,
+            ..Header::default()
+        };
+        assert!(raw_push(&d1, 0, h, &[]));
+        assert_violation(&d0, "unknown message kind 99");
+    }
+
+    #[test]
+    fn reply_for_unknown_send_is_a_violation() {
+        let (d0, d1) = pair(&[]);
+        let h = Header {
+            kind: KIND_FIN,
+            cookie: 12345,
+            ..Header::default()
+        };
+        assert!(raw_push(&d1, 0, h, &[]));
+        assert_violation(&d0, "unknown send 12345");
+    }
+
+    #[test]
+    fn malformed_rendezvous_start_is_a_violation() {
+        let (d0, d1) = pair(&[]);
+        let h = Header {
+            kind: KIND_RNDV,
+            aux: 1 << 20,
+            ..Header::default()
+        };
+        assert!(raw_push(&d1, 0, h, &[0u8; 3]));
+        assert_violation(&d0, "rendezvous start of 3 bytes");
+    }
+
+    #[test]
+    fn eager_data_beyond_credit_is_a_violation() {
+        let (d0, d1) = pair(&[("ring_bytes", "4096"), ("credit_bytes", "4096")]);
+        let h = Header {
+            kind: KIND_EAGER,
+            tag: 3,
+            context: 1,
+            ..Header::default()
+        };
+        // Nothing is received, so all of it is unexpected data held by rank 0.
+        let mut pushed = 0;
+        while pushed < 200 {
+            if raw_push(&d1, 0, h, &[7u8; 500]) {
+                pushed += 1;
+            } else {
+                // Let rank 0 drain its ring into its unexpected queue.
+                let _ = d0.iprobe(Source::Rank(1), TagSel::Tag(99), 1);
+            }
+            if d0.engine.lock().broken[1] {
+                break;
+            }
+        }
+        assert!(pushed < 200, "rank 0 kept accepting uncredited data");
+        let _ = d0.iprobe(Source::Any, TagSel::Any, 1);
+        assert!(d0.engine.lock().broken[1]);
+    }
+
+    #[test]
+    fn unreadable_rendezvous_source_fails_that_receive_only() {
+        let (d0, d1) = pair(&[]);
+        let h = Header {
+            kind: KIND_RNDV,
+            tag: 4,
+            context: 1,
+            cookie: 1,
+            aux: 100,
+            ..Header::default()
+        };
+        assert!(raw_push(&d1, 0, h, &8u64.to_le_bytes()));
+        match recv_from_1(&d0) {
+            Err(Error::Protocol { rank: 1, what }) => {
+                assert!(what.contains("unreadable"), "{what}")
+            }
+            other => panic!("expected an unreadable source, got {other:?}"),
+        }
+        // Not a ring violation: rank 1 may still talk to rank 0.
+        d1.send(b"ok", 0, 6, 1).unwrap();
+        let mut b = [0u8; 2];
+        d0.recv(&mut b, Source::Rank(1), TagSel::Tag(6), 1).unwrap();
+        assert_eq!(&b, b"ok");
+    }
+
+    #[test]
+    fn peer_info_roundtrip_and_rejects() {
+        let i = PeerInfo {
+            pid: 42,
+            nslots: 1024,
+            credit_bytes: 1 << 18,
+            probe_addr: 0xdead_beef,
+            probe_value: 7,
+            segment: "/xdev-job-0-abcdef".into(),
+        };
+        assert_eq!(PeerInfo::decode(&i.encode()).unwrap(), i);
+        let mut b = i.encode();
+        b.push(0);
+        assert!(PeerInfo::decode(&b).is_err());
+        let bad = PeerInfo {
+            segment: "/xdev-../x".into(),
+            ..i.clone()
+        };
+        assert!(PeerInfo::decode(&bad.encode()).is_err());
+        let bad = PeerInfo { nslots: 1000, ..i };
+        assert!(PeerInfo::decode(&bad.encode()).is_err());
+    }
 }

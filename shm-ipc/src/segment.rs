@@ -47,26 +47,7 @@ pub mod state {
     pub const DEAD: u32 = 2;
 }
 
-/// The prefix of every segment name of `job`: `/xdev-<sanitized job>-`.
-/// `xdev-run` removes leftovers with this prefix when a job ends.
-pub fn name_prefix(job: &str) -> String {
-    let clean: String = job
-        .chars()
-        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
-        .take(64)
-        .collect();
-    format!("/xdev-{clean}-")
-}
-
-/// Whether `name` is a well-formed segment name (what a peer may send us).
-pub fn valid_name(name: &str) -> bool {
-    name.len() > 6
-        && name.len() <= 200
-        && name.starts_with("/xdev-")
-        && name[1..]
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
-}
+pub use xdev::bootstrap::{is_xdev_shm_name as valid_name, shm_prefix as name_prefix};
 
 /// Where everything sits in an inbox segment. Computed locally; never read
 /// from shared memory.
@@ -344,28 +325,6 @@ fn map(fd: &Fd, len: usize) -> Result<NonNull<u8>> {
     Ok(NonNull::new(p.cast()).expect("mmap returned null"))
 }
 
-/// Removes every leftover segment of `job` in `/dev/shm` (used by the
-/// launcher when a job ends). Returns how many were removed.
-pub fn sweep(job: &str) -> usize {
-    let prefix = name_prefix(job);
-    let Ok(dir) = std::fs::read_dir("/dev/shm") else {
-        return 0;
-    };
-    let mut n = 0;
-    for e in dir.flatten() {
-        let name = format!("/{}", e.file_name().to_string_lossy());
-        if name.starts_with(&prefix) && valid_name(&name) {
-            if let Ok(c) = shm_name(&name) {
-                // SAFETY: c is NUL-terminated; unlink only removes a name.
-                if unsafe { libc::shm_unlink(c.as_ptr()) } == 0 {
-                    n += 1;
-                }
-            }
-        }
-    }
-    n
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -418,19 +377,10 @@ mod tests {
             format!("/dev/shm{}", b.name()),
         );
         std::mem::forget(a); // a crash: never unlinked
-        assert_eq!(sweep("sweep-a"), 1);
+        assert_eq!(xdev::bootstrap::remove_job_shm("sweep-a"), 1);
         assert!(!std::path::Path::new(&pa).exists());
         assert!(std::path::Path::new(&pb).exists());
         drop(b);
         assert!(!std::path::Path::new(&pb).exists());
-    }
-
-    #[test]
-    fn names_are_validated() {
-        assert!(valid_name("/xdev-job-0-00ff"));
-        assert!(!valid_name("/xdev-"));
-        assert!(!valid_name("/xdev-../../etc"));
-        assert!(!valid_name("/other-1"));
-        assert!(!valid_name(&format!("/xdev-{}", "a".repeat(300))));
     }
 }

@@ -6,14 +6,14 @@
 
 mod common;
 
-use common::{run_job, Job};
+use common::run_job;
 
 fn run(n: usize, case: &str) {
-    run_job(Job::new(n, &["conformance", case]));
+    run_job(n, &["conformance", case]);
 }
 
 fn run_tiny(n: usize, case: &str) {
-    run_job(Job::new(
+    run_job(
         n,
         &[
             "conformance",
@@ -24,7 +24,7 @@ fn run_tiny(n: usize, case: &str) {
             "fragment_bytes=1000",
             "cma=off",
         ],
-    ));
+    );
 }
 
 mod two_processes {

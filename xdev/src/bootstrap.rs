@@ -84,10 +84,12 @@
 mod auth;
 mod client;
 mod server;
+mod shm_names;
 pub mod wire;
 
 pub use client::{Bootstrap, Departure, CONNECT_TIMEOUT};
 pub use server::{BootstrapServer, ServerOptions, ServerStatus};
+pub use shm_names::{is_xdev_shm_name, remove_job_shm, shm_prefix};
 
 use std::fmt;
 

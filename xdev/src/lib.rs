@@ -15,6 +15,7 @@ mod buffer;
 pub mod conformance;
 mod device;
 mod error;
+pub mod launch;
 pub mod matching;
 pub mod registry;
 mod request;

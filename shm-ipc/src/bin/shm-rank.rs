@@ -4,6 +4,8 @@
 //!
 //! ```text
 //! shm-rank conformance CASE [KEY=VALUE...]   run one xdev conformance case
+//! shm-rank no-ptrace CASE [KEY=VALUE...]     the same in a process that others
+//!                                            may not ptrace (so CMA is refused)
 //! shm-rank victim [KEY=VALUE...]             dead-peer test (see tests/process_faults.rs)
 //! ```
 //! Exits 0 on success, 1 with a message on failure.
@@ -30,6 +32,9 @@ fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let r = match args.first().map(String::as_str) {
         Some("conformance") if args.len() >= 2 => conformance(&args[1], &args[2..]),
+        Some("no-ptrace") if args.len() >= 2 => {
+            forbid_ptrace().and_then(|()| conformance(&args[1], &args[2..]))
+        }
         Some("victim") => victim(&args[1..]),
         _ => Err("usage: shm-rank conformance CASE [K=V...] | victim [K=V...]".into()),
     };
@@ -54,6 +59,45 @@ fn conformance(case: &str, options: &[String]) -> Result<(), String> {
     }
     run_case(&dev, case).map_err(|f| f.to_string())?;
     dev.finish().map_err(|e| format!("finish: {e}"))
+}
+
+/// Makes this process non-dumpable and drops `CAP_SYS_PTRACE`, so that
+/// neither it nor its peers (which do the same) may `process_vm_readv` each
+/// other: the kernel's real refusal, as under Yama or in a container.
+fn forbid_ptrace() -> Result<(), String> {
+    const CAP_SYS_PTRACE: u32 = 19;
+    #[repr(C)]
+    struct Header {
+        version: u32,
+        pid: i32,
+    }
+    #[repr(C)]
+    #[derive(Copy, Clone, Default)]
+    struct Data {
+        effective: u32,
+        permitted: u32,
+        inheritable: u32,
+    }
+    let mut h = Header {
+        version: 0x2008_0522, // _LINUX_CAPABILITY_VERSION_3
+        pid: 0,
+    };
+    let mut d = [Data::default(); 2];
+    // SAFETY: capget writes two Data structs (version 3) through a valid pointer.
+    if unsafe { libc::syscall(libc::SYS_capget, &mut h as *mut Header, d.as_mut_ptr()) } != 0 {
+        return Err(format!("capget: {}", std::io::Error::last_os_error()));
+    }
+    d[0].effective &= !(1 << CAP_SYS_PTRACE);
+    d[0].permitted &= !(1 << CAP_SYS_PTRACE);
+    // SAFETY: capset reads the header and two Data structs.
+    if unsafe { libc::syscall(libc::SYS_capset, &mut h as *mut Header, d.as_ptr()) } != 0 {
+        return Err(format!("capset: {}", std::io::Error::last_os_error()));
+    }
+    // SAFETY: PR_SET_DUMPABLE takes an integer; no memory effects.
+    if unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) } != 0 {
+        return Err(format!("prctl: {}", std::io::Error::last_os_error()));
+    }
+    Ok(())
 }
 
 /// Rank 1 is the victim: after a barrier it prints `ready` and waits to be

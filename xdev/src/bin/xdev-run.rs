@@ -10,7 +10,7 @@ use std::ffi::OsString;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Child, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::mpsc;
 use std::thread;
@@ -454,15 +454,16 @@ fn launch(opts: &Opts) -> i32 {
     let (done_tx, done_rx) = mpsc::channel();
     let mut children: Vec<Child> = Vec::with_capacity(opts.n);
     for rank in 0..opts.n {
-        let mut cmd = Command::new(&opts.program[0]);
-        cmd.args(&opts.program[1..])
-            .env(XDEV_RANK, rank.to_string())
-            .env(XDEV_SIZE, opts.n.to_string())
-            .env(XDEV_JOB, &job)
-            .env(XDEV_BOOTSTRAP, addr.to_string())
-            .env(XDEV_SECRET, secret.to_hex())
-            .stdin(Stdio::null())
-            .process_group(0);
+        let mut cmd = xdev::launch::rank_command(
+            &opts.program[0],
+            &opts.program[1..],
+            rank,
+            opts.n,
+            &job,
+            addr,
+            &secret,
+        );
+        cmd.process_group(0);
         match &opts.device {
             Some(d) => cmd.env(XDEV_DEVICE, d),
             None => cmd.env_remove(XDEV_DEVICE),
@@ -585,5 +586,8 @@ fn launch(opts: &Opts) -> i32 {
         }
     }
     drop(server);
+    // Ranks unlink their shared-memory segments once all have attached; a
+    // rank that died before that leaves its segment behind: remove it.
+    xdev::bootstrap::remove_job_shm(&job);
     code
 }

@@ -1,0 +1,191 @@
+//! Starting the ranks of a job as local processes: the environment contract
+//! ([`rank_command`]) shared by `xdev-run` and by tests, and [`LocalJob`], a
+//! job whose bootstrap service runs in the calling process (what integration
+//! tests of multi-process devices use).
+//!
+//! It is not a process manager: `xdev-run` adds output labels, signal
+//! forwarding and kill-on-first-failure on top.
+
+use std::ffi::OsStr;
+use std::io::Read;
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use crate::bootstrap::{
+    BootstrapServer, Secret, XDEV_BOOTSTRAP, XDEV_JOB, XDEV_RANK, XDEV_SECRET, XDEV_SIZE,
+};
+use crate::{Error, Rank, Result};
+
+/// A command that runs `program args` as `rank` of a job of `size` ranks,
+/// with the bootstrap environment set.
+pub fn rank_command(
+    program: impl AsRef<OsStr>,
+    args: &[impl AsRef<OsStr>],
+    rank: Rank,
+    size: usize,
+    job: &str,
+    service: SocketAddr,
+    secret: &Secret,
+) -> Command {
+    let mut cmd = Command::new(program);
+    cmd.args(args)
+        .env(XDEV_RANK, rank.to_string())
+        .env(XDEV_SIZE, size.to_string())
+        .env(XDEV_JOB, job)
+        .env(XDEV_BOOTSTRAP, service.to_string())
+        .env(XDEV_SECRET, secret.to_hex())
+        .stdin(Stdio::null());
+    cmd
+}
+
+/// A job of local processes with its bootstrap service served by this
+/// process on loopback. Each rank's stdout and stderr are captured.
+pub struct LocalJob {
+    /// The rank processes, in rank order (stdout/stderr piped).
+    pub children: Vec<Child>,
+    /// The job identity (unique per call).
+    pub job: String,
+    server: BootstrapServer,
+}
+
+/// How one rank ended.
+#[derive(Clone, Debug)]
+pub struct RankExit {
+    /// Exit status 0.
+    pub success: bool,
+    /// What it wrote to stdout (empty if the caller took the pipe).
+    pub stdout: String,
+    /// What it wrote to stderr.
+    pub stderr: String,
+}
+
+impl LocalJob {
+    /// Starts `size` processes of `program args`, each with `env` added.
+    pub fn start(
+        size: usize,
+        program: impl AsRef<OsStr>,
+        args: &[impl AsRef<OsStr>],
+        env: &[(&str, &str)],
+    ) -> Result<LocalJob> {
+        static JOBS: AtomicU64 = AtomicU64::new(0);
+        let job = format!(
+            "local-{}-{}",
+            std::process::id(),
+            JOBS.fetch_add(1, Ordering::Relaxed)
+        );
+        let secret = Secret::generate()?;
+        let bind: SocketAddr = "127.0.0.1:0".parse().expect("loopback address");
+        let server = BootstrapServer::start(bind, size, &job, secret.clone())?;
+        let mut children = Vec::with_capacity(size);
+        for rank in 0..size {
+            let mut cmd = rank_command(&program, args, rank, size, &job, server.addr(), &secret);
+            cmd.envs(env.iter().copied())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped());
+            match cmd.spawn() {
+                Ok(c) => children.push(c),
+                Err(e) => {
+                    for c in &mut children {
+                        let _ = c.kill();
+                        let _ = c.wait();
+                    }
+                    return Err(Error::transport(
+                        format!("starting rank {rank} of {:?}", program.as_ref()),
+                        e,
+                    ));
+                }
+            }
+        }
+        Ok(LocalJob {
+            children,
+            job,
+            server,
+        })
+    }
+
+    /// The bootstrap service's address.
+    pub fn service(&self) -> SocketAddr {
+        self.server.addr()
+    }
+
+    /// Waits for every rank; at `timeout` kills the rest and fails with
+    /// [`Error::Transport`] (a hung job), after collecting their output.
+    pub fn wait(mut self, timeout: Duration) -> Result<Vec<RankExit>> {
+        let deadline = Instant::now() + timeout;
+        let readers: Vec<_> = self
+            .children
+            .iter_mut()
+            .map(|c| {
+                let (so, se) = (c.stdout.take(), c.stderr.take());
+                std::thread::spawn(move || {
+                    let (mut a, mut b) = (String::new(), String::new());
+                    if let Some(mut so) = so {
+                        let _ = so.read_to_string(&mut a);
+                    }
+                    if let Some(mut se) = se {
+                        let _ = se.read_to_string(&mut b);
+                    }
+                    (a, b)
+                })
+            })
+            .collect();
+        let mut timed_out = false;
+        let mut success = Vec::with_capacity(self.children.len());
+        for c in &mut self.children {
+            let st = loop {
+                match c.try_wait() {
+                    Ok(Some(st)) => break st.success(),
+                    Ok(None) => {}
+                    Err(_) => break false,
+                }
+                if Instant::now() > deadline {
+                    timed_out = true;
+                    let _ = c.kill();
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            };
+            success.push(st);
+        }
+        let exits: Vec<RankExit> = success
+            .into_iter()
+            .zip(readers)
+            .map(|(success, h)| {
+                let (stdout, stderr) = h.join().unwrap_or_default();
+                RankExit {
+                    success,
+                    stdout,
+                    stderr,
+                }
+            })
+            .collect();
+        if timed_out {
+            let out: Vec<String> = exits
+                .iter()
+                .enumerate()
+                .map(|(r, e)| format!("rank {r}: {}{}", e.stdout, e.stderr))
+                .collect();
+            return Err(Error::transport(
+                format!(
+                    "job {} timed out after {timeout:?}\n{}",
+                    self.job,
+                    out.join("\n")
+                ),
+                std::io::Error::from(std::io::ErrorKind::TimedOut),
+            ));
+        }
+        Ok(exits)
+    }
+}
+
+impl Drop for LocalJob {
+    fn drop(&mut self) {
+        for c in &mut self.children {
+            if let Ok(None) = c.try_wait() {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+        }
+    }
+}
