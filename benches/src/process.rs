@@ -15,7 +15,7 @@ use std::io;
 use std::ptr::NonNull;
 use std::time::Duration;
 
-use xdev::bootstrap::Bootstrap;
+use xdev::bootstrap::{is_xdev_shm_name, shm_prefix, Bootstrap};
 use xdev::{Device, Error, Rank, Source, TagSel};
 
 use crate::{HandoffLine, BENCH_CONTEXT};
@@ -123,9 +123,9 @@ impl Coordinator for DeviceCoordinator<'_> {
     }
 }
 
-/// Prefix of the shared-memory objects this module creates (and the only
-/// names [`SharedLine::attach`] accepts).
-pub const SHM_PREFIX: &str = "/xdev-bench-";
+/// What follows the job's prefix ([`shm_prefix`]) in the names of the
+/// objects [`SharedLine::create`] makes.
+const NAME_TAG: &str = "bench-line-";
 
 /// Bytes mapped: one page holds the line.
 const MAP_LEN: usize = 4096;
@@ -151,7 +151,8 @@ pub struct ShmObject {
 }
 
 impl ShmObject {
-    /// The object's name (`/xdev-bench-...`), as [`SharedLine::attach`] takes it.
+    /// The object's name (`/xdev-<job>-bench-line-...`), as
+    /// [`SharedLine::attach`] takes it.
     pub fn name(&self) -> &str {
         // Names are built from ASCII in `SharedLine::create`.
         self.name.to_str().unwrap_or_default()
@@ -195,13 +196,15 @@ impl Drop for Fd {
 }
 
 impl SharedLine {
-    /// Creates a shared-memory object with a fresh random name, readable and
-    /// writable by this user only (mode 0600), sized and mapped; the line in
-    /// it is fresh (zero).
-    pub fn create() -> io::Result<(SharedLine, ShmObject)> {
+    /// Creates a shared-memory object of job `job` with a fresh random name
+    /// under the job's prefix ([`shm_prefix`], so that the launcher removes it
+    /// should this process die before removing it), readable and writable by
+    /// this user only (mode 0600), sized and mapped; the line in it is fresh
+    /// (zero).
+    pub fn create(job: &str) -> io::Result<(SharedLine, ShmObject)> {
         let mut tries = 0;
         let (fd, object) = loop {
-            let name = format!("{SHM_PREFIX}{}-{:016x}", std::process::id(), random_u64()?);
+            let name = format!("{}{NAME_TAG}{:016x}", shm_prefix(job), random_u64()?);
             let name = CString::new(name).map_err(io::Error::other)?;
             // SAFETY: `name` is NUL-terminated; shm_open has no other
             // preconditions.
@@ -228,15 +231,12 @@ impl SharedLine {
         Ok((Self::map(&fd)?, object))
     }
 
-    /// Maps the object `name` made by [`SharedLine::create`] in another
-    /// process. Only names with [`SHM_PREFIX`] and objects of the size
-    /// `create` gives are accepted.
-    pub fn attach(name: &str) -> io::Result<SharedLine> {
-        let valid = name.strip_prefix(SHM_PREFIX).is_some_and(|rest| {
-            !rest.is_empty()
-                && rest.len() <= 64
-                && rest.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
-        });
+    /// Maps the object `name` that [`SharedLine::create`] made for job `job`
+    /// in another process. Only well-formed names under the job's prefix and
+    /// objects of the size `create` gives are accepted.
+    pub fn attach(job: &str, name: &str) -> io::Result<SharedLine> {
+        let ours = format!("{}{NAME_TAG}", shm_prefix(job));
+        let valid = is_xdev_shm_name(name) && name.len() > ours.len() && name.starts_with(&ours);
         if !valid {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
@@ -333,13 +333,13 @@ pub struct ProcessFloor {
 const NAME_KEY: &str = "xdev-bench/cache-line";
 
 impl ProcessFloor {
-    /// Sets the floor up across the job: rank 0 creates the shared object and
+    /// Sets the floor up across job `job`: rank 0 creates the shared object and
     /// shares its name through `coord`, rank 1 maps it, and once every rank
     /// has passed the barrier (rank 1 has attached, or failed to) rank 0
     /// removes the name, so nothing is left in `/dev/shm` whatever happens
     /// next. Ranks beyond 1 take no part in the measurement. Collective: every
     /// rank calls it, in the same place of its sequence of calls on `coord`.
-    pub fn setup(coord: &dyn Coordinator) -> xdev::Result<ProcessFloor> {
+    pub fn setup(coord: &dyn Coordinator, job: &str) -> xdev::Result<ProcessFloor> {
         let rank = coord.rank();
         if coord.size() < 2 {
             return Err(Error::Config(
@@ -353,7 +353,7 @@ impl ProcessFloor {
         match rank {
             0 => {
                 let (shared, object) =
-                    SharedLine::create().map_err(io_err("creating the shared object"))?;
+                    SharedLine::create(job).map_err(io_err("creating the shared object"))?;
                 coord.share(NAME_KEY, object.name().as_bytes())?;
                 let joined = coord.barrier();
                 drop(object);
@@ -367,7 +367,7 @@ impl ProcessFloor {
                 let name = coord.share(NAME_KEY, &[])?;
                 let name = String::from_utf8_lossy(&name).into_owned();
                 let attached =
-                    SharedLine::attach(&name).map_err(io_err(&format!("attaching {name:?}")));
+                    SharedLine::attach(job, &name).map_err(io_err(&format!("attaching {name:?}")));
                 // Pass the barrier even on failure, so rank 0 removes the name.
                 coord.barrier()?;
                 Ok(ProcessFloor {
@@ -404,34 +404,39 @@ impl ProcessFloor {
 mod tests {
     use super::*;
 
+    fn job() -> String {
+        format!("bench-test-{}", std::process::id())
+    }
+
     #[test]
     fn shared_line_is_shared_between_mappings() {
-        let (a, object) = SharedLine::create().unwrap();
-        let b = SharedLine::attach(object.name()).unwrap();
+        let (a, object) = SharedLine::create(&job()).unwrap();
+        assert!(object.name().starts_with(&shm_prefix(&job())));
+        let b = SharedLine::attach(&job(), object.name()).unwrap();
         std::thread::scope(|s| {
             s.spawn(|| b.line().echo());
             assert!(a.line().ping(1_000) > 0.0);
         });
+        let name = object.name().to_string();
         drop(object);
-        assert!(SharedLine::attach(&format!("{SHM_PREFIX}gone")).is_err());
+        let gone = SharedLine::attach(&job(), &name).err().unwrap();
+        assert_eq!(gone.kind(), io::ErrorKind::NotFound);
     }
 
     #[test]
     fn attach_refuses_foreign_names() {
-        for name in [
-            "/etc-passwd",
-            "/xdev-bench-",
-            "/xdev-bench-../x",
-            "xdev-bench-1",
-        ] {
-            let e = SharedLine::attach(name).err().unwrap();
+        let ours = format!("{}{NAME_TAG}", shm_prefix(&job()));
+        let other = format!("{}{NAME_TAG}1", shm_prefix("another-job"));
+        let up = format!("{ours}../x");
+        for name in ["/etc-passwd", &ours, &up, &ours[1..], &other] {
+            let e = SharedLine::attach(&job(), name).err().unwrap();
             assert_eq!(e.kind(), io::ErrorKind::InvalidInput, "{name}");
         }
     }
 
     #[test]
     fn created_objects_are_private() {
-        let (_line, object) = SharedLine::create().unwrap();
+        let (_line, object) = SharedLine::create(&job()).unwrap();
         let path = format!("/dev/shm{}", object.name());
         let mode = std::os::unix::fs::PermissionsExt::mode(
             &std::fs::metadata(&path).unwrap().permissions(),
@@ -444,7 +449,7 @@ mod tests {
     #[test]
     fn floor_over_the_thread_device() {
         let out = shm_ipc::ThreadWorld::new(3).run(|dev| {
-            let floor = ProcessFloor::setup(&DeviceCoordinator(dev)).unwrap();
+            let floor = ProcessFloor::setup(&DeviceCoordinator(dev), &job()).unwrap();
             // Few round trips: three spinning ranks may share two cores.
             let runs: Vec<Option<f64>> = (0..3).map(|_| floor.cache_line(100)).collect();
             let shared = DeviceCoordinator(dev).share("k", b"from 0").unwrap();

@@ -625,7 +625,7 @@ fn rank_main(a: &Args, reg: &Registry) -> Result<(), Failure> {
     if a.test == "floor" {
         // No device: the bootstrap connection is this program's to use.
         let boot = Bootstrap::from_env().map_err(|e| fail(e.to_string()))?;
-        let floor = ProcessFloor::setup(&boot).map_err(|e| fail(e.to_string()))?;
+        let floor = ProcessFloor::setup(&boot, &config.job).map_err(|e| fail(e.to_string()))?;
         let rig = ProcessRig {
             rank,
             dev: None,
@@ -655,7 +655,8 @@ fn rank_main(a: &Args, reg: &Registry) -> Result<(), Failure> {
     })?;
     // The device may hold this rank's bootstrap connection (a rank connects
     // once per job), so the floor is set up through the device itself.
-    let floor = ProcessFloor::setup(&DeviceCoordinator(&*dev)).map_err(|e| fail(e.to_string()))?;
+    let floor = ProcessFloor::setup(&DeviceCoordinator(&*dev), &config.job)
+        .map_err(|e| fail(e.to_string()))?;
     let rig = ProcessRig {
         rank,
         dev: Some(dev),
