@@ -17,6 +17,7 @@ pub mod lock;
 pub mod process;
 pub mod ring;
 pub mod segment;
+mod sync;
 pub mod thread;
 
 pub use doorbell::{Backoff, Doorbell};

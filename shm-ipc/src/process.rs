@@ -417,6 +417,9 @@ struct Local {
     cma: Vec<bool>,
     departures_seen: u64,
     events: u64,
+    /// Blocking sends waiting for ring room right now (the consumer's
+    /// wake-up on freed room is only a hint, so their sleeps stay short).
+    room_waiters: usize,
     gone: Vec<bool>,
     /// Why each gone peer is gone (what its operations fail with).
     gone_why: Vec<Option<Error>>,
@@ -525,6 +528,19 @@ impl Engine {
         }
     }
 
+    /// Pushes into `d`'s ring. A ring whose consumer position is impossible
+    /// (written by a broken or hostile peer) is a protocol violation: the
+    /// peer is failed and its error returned.
+    fn try_push(&self, l: &mut Local, d: Rank, h: &Header, payload: &[u8]) -> Result<bool> {
+        match l.producers[d].try_push(h, payload) {
+            Ok(pushed) => Ok(pushed),
+            Err(e) => {
+                self.violation(l, d, format!("its ring's consumer position: {e}"));
+                Err(gone_error(l, d))
+            }
+        }
+    }
+
     // ------------------------------------------------------------ replies
 
     /// Sends a reply (`ACK`, `FIN`, `PULL`) to `dest`, queueing it if its
@@ -539,9 +555,15 @@ impl Engine {
             cookie: id,
             ..Header::default()
         };
-        if l.control[dest].is_empty() && l.producers[dest].try_push(&h, &[]) {
-            self.sh.wake(dest);
-            return;
+        if l.control[dest].is_empty() {
+            match self.try_push(l, dest, &h, &[]) {
+                Ok(true) => {
+                    self.sh.wake(dest);
+                    return;
+                }
+                Ok(false) => {}
+                Err(_) => return,
+            }
         }
         l.control[dest].push_back(h);
         l.control_total += 1;
@@ -552,8 +574,8 @@ impl Engine {
         let mut any = false;
         for d in 0..self.sh.size {
             let mut pushed = false;
-            while let Some(h) = l.control[d].front() {
-                if !l.producers[d].try_push(h, &[]) {
+            while let Some(&h) = l.control[d].front() {
+                if self.try_push(l, d, &h, &[]) != Ok(true) {
                     break;
                 }
                 l.control[d].pop_front();
@@ -939,6 +961,9 @@ impl Engine {
             eager = l.eager_sent[dest] + charge - l.freed_seen[dest] <= credit;
         }
         let waits = sync || !eager;
+        if l.gone[dest] {
+            return Sent::Refused(gone_error(l, dest));
+        }
         if waits && self.closing.load(Ordering::Acquire) {
             // finish() checks `sends` under this lock after setting `closing`.
             return Sent::Refused(Error::Closed);
@@ -958,8 +983,10 @@ impl Engine {
         if !eager {
             header.flags = 0;
         }
-        if !l.producers[dest].try_push(&header, payload) {
-            return Sent::Full;
+        match self.try_push(l, dest, &header, payload) {
+            Ok(true) => {}
+            Ok(false) => return Sent::Full,
+            Err(e) => return Sent::Refused(e),
         }
         if eager {
             l.eager_sent[dest] += charge;
@@ -1041,17 +1068,15 @@ impl Engine {
         for d in 0..self.sh.size {
             let mut pushed = false;
             'stream: while let Some(&id) = l.streams_out[d].front() {
-                let Local {
-                    sends, producers, ..
-                } = &mut *l;
-                let Some(e) = sends.get_mut(&id) else {
+                let Some(e) = l.sends.get(&id) else {
                     l.streams_out[d].pop_front();
                     l.streams_total -= 1;
                     continue;
                 };
+                let (data, len) = (e.data, e.len);
                 let mut off = e.streamed.unwrap_or(0);
-                while off < e.len {
-                    let n = frag.min(e.len - off);
+                while off < len {
+                    let n = frag.min(len - off);
                     let h = Header {
                         kind: KIND_DATA,
                         cookie: id,
@@ -1061,11 +1086,18 @@ impl Engine {
                     // SAFETY: the send's buffer is valid for len bytes until
                     // the send completes (owned by its request, or borrowed by
                     // a blocking send that waits for completion).
-                    let chunk = unsafe { std::slice::from_raw_parts(e.data.add(off), n) };
-                    if !producers[d].try_push(&h, chunk) {
-                        e.streamed = Some(off);
-                        producers[d].set_waiting(true);
-                        break 'stream;
+                    let chunk = unsafe { std::slice::from_raw_parts(data.add(off), n) };
+                    match self.try_push(l, d, &h, chunk) {
+                        Ok(true) => {}
+                        Ok(false) => {
+                            if let Some(e) = l.sends.get_mut(&id) {
+                                e.streamed = Some(off);
+                            }
+                            l.producers[d].set_waiting(true);
+                            break 'stream;
+                        }
+                        // The peer was failed: its streams are gone.
+                        Err(_) => break 'stream,
                     }
                     pushed = true;
                     off += n;
@@ -1205,7 +1237,8 @@ impl Engine {
                 if done(self, &mut l)? {
                     return Ok(());
                 }
-                let queued = l.backlog_total + l.control_total + l.streams_total > 0;
+                let queued =
+                    l.backlog_total + l.control_total + l.streams_total + l.room_waiters > 0;
                 (l.events != before, queued, l.departures_seen)
             };
             if until_closed && self.closed.load(Ordering::Acquire) {
@@ -1261,7 +1294,8 @@ impl Engine {
             error: Mutex::new(None),
         });
         let mut waiting = false;
-        self.block_until(
+        let mut full = false;
+        let r = self.block_until(
             true,
             |eng, l| {
                 if !l.backlog[dest].is_empty() {
@@ -1280,7 +1314,14 @@ impl Engine {
                     data: buf,
                     sync,
                 };
-                match eng.push(l, &out, || SendOwner::Blocking(waiter.clone())) {
+                let sent = eng.push(l, &out, || SendOwner::Blocking(waiter.clone()));
+                let was_full = std::mem::replace(&mut full, matches!(sent, Sent::Full));
+                match (was_full, full) {
+                    (false, true) => l.room_waiters += 1,
+                    (true, false) => l.room_waiters -= 1,
+                    _ => {}
+                }
+                match sent {
                     Sent::Complete => Ok(true),
                     Sent::Waiting => {
                         waiting = true;
@@ -1295,7 +1336,11 @@ impl Engine {
                 }
             },
             || false,
-        )?;
+        );
+        if full {
+            self.lock().room_waiters -= 1;
+        }
+        r?;
         if !waiting {
             return Ok(());
         }
@@ -1729,6 +1774,7 @@ impl ProcessDevice {
             cma: vec![cma_ok; n],
             departures_seen: 0,
             events: 0,
+            room_waiters: 0,
             gone: vec![false; n],
             gone_why: vec![None; n],
             broken: vec![false; n],
@@ -1953,7 +1999,7 @@ mod tests {
     /// protocol (a buggy or hostile peer).
     fn raw_push(from: &ProcessDevice, to: Rank, h: Header, payload: &[u8]) -> bool {
         let mut l = from.engine.lock();
-        let ok = l.producers[to].try_push(&h, payload);
+        let ok = l.producers[to].try_push(&h, payload).unwrap();
         from.engine.sh.wake(to);
         ok
     }

@@ -18,13 +18,23 @@
 //! releases the slots by storing `tail` (`Release`); the producer reads `tail`
 //! with `Acquire` before reusing them.
 //!
-//! Everything read from the ring is validated before use: a header whose
-//! length could not fit the ring is reported as [`RingError::Corrupt`], and
-//! payload copies never leave the ring's memory.
+//! Everything read from the ring is validated before use, since the peer
+//! may be buggy or hostile and write anything anywhere in the ring: a header
+//! whose length could not fit the ring is reported as [`RingError::Corrupt`],
+//! a consumer position the consumer could not have published as
+//! [`RingError::BadTail`], and payload copies never leave the ring's memory.
+//! The worst a scribbling peer gets is such an error or garbage payload
+//! bytes: never an out-of-bounds access, a panic or an endless loop here.
+//!
+//! The orderings are model-checked with loom: `tests/ring_loom.rs`, built
+//! with `RUSTFLAGS="--cfg loom"`. In that build the shared words come from a
+//! side table instead of the raw memory (see the `shadow` module); the
+//! push/peek/copy/pop code is the same.
 
 use std::alloc::Layout;
 use std::ptr::{self, NonNull};
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+use crate::sync::{AtomicU32, AtomicU64, Ordering};
 
 /// Bytes per slot (one cache line).
 pub const SLOT: usize = 64;
@@ -42,6 +52,8 @@ const OFF_CONTEXT: usize = 16;
 const OFF_LEN: usize = 20;
 const OFF_COOKIE: usize = 24;
 const OFF_AUX: usize = 32;
+// (The loom build keeps `waiting` in its side table.)
+#[cfg_attr(loom, allow(dead_code))]
 const OFF_WAITING: usize = 64;
 
 /// The fixed fields of a message.
@@ -72,12 +84,27 @@ pub enum RingError {
         /// The claimed payload length.
         len: u32,
     },
+    /// The consumer's position (the ring's `tail` word) went backwards or
+    /// past the producer's head: the producer cannot tell which slots are
+    /// free.
+    BadTail {
+        /// The position read from the ring.
+        tail: u64,
+        /// The producer's position.
+        head: u64,
+    },
 }
 
 impl std::fmt::Display for RingError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             RingError::Corrupt { len } => write!(f, "ring entry claims {len} payload bytes"),
+            RingError::BadTail { tail, head } => {
+                write!(
+                    f,
+                    "ring consumer position {tail} impossible (producer at {head})"
+                )
+            }
         }
     }
 }
@@ -95,6 +122,9 @@ pub fn bytes_for(nslots: usize) -> usize {
 pub struct RingRef {
     base: NonNull<u8>,
     nslots: usize,
+    /// Loom build only: the side table holding the shared words.
+    #[cfg(loom)]
+    shadow: NonNull<shadow::Shadow>,
 }
 
 // SAFETY: RingRef is an address and a size; all access through it goes through
@@ -113,7 +143,12 @@ impl RingRef {
     pub unsafe fn from_raw(base: NonNull<u8>, nslots: usize) -> RingRef {
         debug_assert!(nslots.is_power_of_two() && nslots >= 4);
         debug_assert_eq!(base.as_ptr() as usize % 64, 0);
-        RingRef { base, nslots }
+        RingRef {
+            base,
+            nslots,
+            #[cfg(loom)]
+            shadow: shadow::none(),
+        }
     }
 
     /// Start of the ring's memory (for the owner of a mapping, and tests).
@@ -135,16 +170,20 @@ impl RingRef {
     /// lock-free hint for waiters (exact only on the consumer's own thread).
     #[inline]
     pub fn has_message(&self) -> bool {
+        // Relaxed: a hint; a stale tail only makes the answer stale. The word
+        // is in shared memory, so it may hold anything: wrapping, not `+`.
         let t = self.tail().load(Ordering::Relaxed);
-        self.seq(t).load(Ordering::Acquire) == t + 1
+        self.seq(t).load(Ordering::Acquire) == t.wrapping_add(1)
     }
 
+    #[cfg(not(loom))]
     fn tail(&self) -> &AtomicU64 {
         // SAFETY: the control block starts at `base` (aligned, in bounds per
         // from_raw) and the tail word is only accessed atomically.
         unsafe { &*(self.base.as_ptr() as *const AtomicU64) }
     }
 
+    #[cfg(not(loom))]
     fn waiting(&self) -> &AtomicU32 {
         // SAFETY: offset 64 is inside the 128-byte control block, 4-aligned,
         // and only accessed atomically.
@@ -157,10 +196,47 @@ impl RingRef {
         unsafe { self.base.as_ptr().add(CONTROL + i * SLOT) }
     }
 
+    #[cfg(not(loom))]
     fn seq(&self, pos: u64) -> &AtomicU64 {
         // SAFETY: every slot starts 64-aligned and its first word is accessed
         // atomically by both sides whenever they may race on it.
         unsafe { &*(self.slot(pos) as *const AtomicU64) }
+    }
+
+    #[cfg(loom)]
+    fn shadow(&self) -> &shadow::Shadow {
+        // SAFETY: the shadow belongs to the HeapRing this view came from,
+        // which outlives its views like the memory does (same rule as `base`).
+        unsafe { self.shadow.as_ref() }
+    }
+
+    #[cfg(loom)]
+    fn tail(&self) -> &AtomicU64 {
+        &self.shadow().tail
+    }
+
+    #[cfg(loom)]
+    fn waiting(&self) -> &AtomicU32 {
+        &self.shadow().waiting
+    }
+
+    #[cfg(loom)]
+    fn seq(&self, pos: u64) -> &AtomicU64 {
+        &self.shadow().seq[pos as usize & (self.nslots - 1)]
+    }
+
+    /// Loom build only: records an access to the plain bytes of the `k`
+    /// slots from `pos` (see the `shadow` module).
+    #[cfg(loom)]
+    fn touch(&self, pos: u64, k: u64, write: bool) {
+        for p in pos..pos + k {
+            let cell = &self.shadow().bytes[p as usize & (self.nslots - 1)];
+            if write {
+                cell.with_mut(|_| ());
+            } else {
+                cell.with(|_| ());
+            }
+        }
     }
 
     fn area(&self) -> *mut u8 {
@@ -209,33 +285,56 @@ impl Producer {
 
     /// Whether a message of `len` bytes fits now (refreshing the consumer's
     /// position if needed).
-    pub fn has_room(&mut self, len: usize) -> bool {
+    ///
+    /// # Errors
+    /// [`RingError::BadTail`] if the consumer's position read from the ring
+    /// is one it cannot have published (behind the last one seen, or past
+    /// this producer's head): the ring is corrupt. Nothing is changed then,
+    /// and a later call reads the position again.
+    pub fn has_room(&mut self, len: usize) -> Result<bool, RingError> {
         let k = slots_for(len);
         let n = self.ring.nslots as u64;
+        // No underflow: tail_cache <= head always (it only takes validated
+        // values, and head only grows).
         if self.head + k - self.tail_cache <= n {
-            return true;
+            return Ok(true);
         }
         // Acquire pairs with the consumer's Release store of tail: its zeroing
         // of the freed slots happens before our reuse.
-        self.tail_cache = self.ring.tail().load(Ordering::Acquire);
-        self.head + k - self.tail_cache <= n
+        let tail = self.ring.tail().load(Ordering::Acquire);
+        // A real consumer's position only grows (and coherence keeps our
+        // loads of it in order), and never passes what we published.
+        if tail < self.tail_cache || tail > self.head {
+            return Err(RingError::BadTail {
+                tail,
+                head: self.head,
+            });
+        }
+        self.tail_cache = tail;
+        Ok(self.head + k - tail <= n)
     }
 
-    /// Appends a message; false (and nothing written) if the ring lacks room.
-    /// `header.len` is set from `payload`.
+    /// Appends a message: `Ok(false)` (and nothing written) if the ring
+    /// lacks room. `header.len` is set from `payload`.
+    ///
+    /// # Errors
+    /// [`RingError::BadTail`] (nothing written) if the consumer's position is
+    /// corrupt, see [`has_room`](Producer::has_room).
     ///
     /// # Panics
     /// If `payload` exceeds [`RingRef::max_payload`] (a caller bug).
-    pub fn try_push(&mut self, header: &Header, payload: &[u8]) -> bool {
+    pub fn try_push(&mut self, header: &Header, payload: &[u8]) -> Result<bool, RingError> {
         assert!(
             payload.len() <= self.ring.max_payload(),
             "message too large for ring"
         );
-        if !self.has_room(payload.len()) {
-            return false;
+        if !self.has_room(payload.len())? {
+            return Ok(false);
         }
         let slot = self.ring.slot(self.head);
         let first = payload.len().min(INLINE);
+        #[cfg(loom)]
+        self.ring.touch(self.head, slots_for(payload.len()), true);
         // SAFETY: slots head..head+k are free (has_room) and owned by the
         // producer until published; all offsets are inside the first slot or
         // inside the slot area (wrapping handled by `write_wrapped`).
@@ -252,12 +351,15 @@ impl Producer {
                 self.write_wrapped(self.head + 1, &payload[first..]);
             }
         }
-        // SeqCst: publication, and the first half of the doorbell argument.
+        // Release: publication (pairs with the consumer's Acquire load of
+        // seq). A sleeping consumer is covered by the doorbell the caller
+        // rings next: its fence after this store is the publisher's half of
+        // the doorbell argument (see `crate::doorbell`), so no SeqCst here.
         self.ring
             .seq(self.head)
-            .store(self.head + 1, Ordering::SeqCst);
+            .store(self.head + 1, Ordering::Release);
         self.head += slots_for(payload.len());
-        true
+        Ok(true)
     }
 
     /// # Safety
@@ -277,7 +379,12 @@ impl Producer {
 
     /// Tells the consumer the producer waits for room (it then rings the
     /// producer's doorbell when it frees slots).
+    ///
+    /// A hint, not a guarantee: see [`Consumer::pop`]. A producer that sleeps
+    /// on it must bound the sleep and re-check for room.
     pub fn set_waiting(&self, waiting: bool) {
+        // SeqCst: the strongest store, though without a fence on the
+        // consumer's side it cannot close the race described at pop.
         self.ring.waiting().store(waiting as u32, Ordering::SeqCst);
     }
 }
@@ -314,17 +421,22 @@ impl Consumer {
             return None;
         }
         let slot = self.ring.slot(self.tail);
+        #[cfg(loom)]
+        self.ring.touch(self.tail, 1, false);
         // SAFETY: the slot is published and not reused by the producer until
-        // we advance tail; reads are within the first slot. A hostile peer in
-        // another process may still scribble here: every field is plain data
-        // and `len` is validated below before it sizes any copy.
+        // we advance tail; reads are within the first slot, and every field is
+        // naturally aligned in the 64-aligned slot. A hostile peer in another
+        // process may still scribble here: every field is plain data and
+        // `len` is validated below before it sizes any copy. `len` is read
+        // once, volatile, so what is validated is what sizes the copies (no
+        // second fetch from the shared memory).
         let header = unsafe {
             Header {
                 kind: ptr::read_volatile(slot.add(OFF_KIND)),
                 flags: ptr::read_volatile(slot.add(OFF_FLAGS)),
                 tag: ptr::read_unaligned(slot.add(OFF_TAG) as *const i32),
                 context: ptr::read_unaligned(slot.add(OFF_CONTEXT) as *const u32),
-                len: ptr::read_unaligned(slot.add(OFF_LEN) as *const u32),
+                len: ptr::read_volatile(slot.add(OFF_LEN) as *const u32),
                 cookie: ptr::read_unaligned(slot.add(OFF_COOKIE) as *const u64),
                 aux: ptr::read_unaligned(slot.add(OFF_AUX) as *const u64),
             }
@@ -337,12 +449,24 @@ impl Consumer {
 
     /// Copies the head message's payload (its first `dst.len()` bytes at
     /// most) into `dst`; returns the bytes copied.
+    ///
+    /// `msg` should come from [`peek`](Consumer::peek) at this position; an
+    /// `Incoming` made up by the caller still never reads outside the ring
+    /// (its length is capped at [`RingRef::max_payload`]), it only copies
+    /// garbage.
     pub fn copy_payload(&self, msg: &Incoming, dst: &mut [u8]) -> usize {
-        let len = (msg.header.len as usize).min(dst.len());
+        let len = self.payload_len(msg).min(dst.len());
         let first = len.min(INLINE);
         let slot = self.ring.slot(self.tail);
-        // SAFETY: `msg` was validated by peek for this tail (len <= max_payload),
-        // so the bytes lie inside the published slots; dst has room for len.
+        #[cfg(loom)]
+        self.ring.touch(self.tail, slots_for(len), false);
+        // SAFETY: len <= max_payload = INLINE + (nslots/2 - 1) * SLOT and
+        // dst.len() >= len. The first `first` <= INLINE bytes lie in the head
+        // slot after its header. The rest (rest = len - first < size/2) starts
+        // at the next slot's offset off <= size - SLOT: n1 <= size - off bytes
+        // from off stay inside the area, and the remaining rest - n1 < size
+        // bytes from the area's start too. Every tail position and every len
+        // are checked against a byte model in the unit tests.
         unsafe {
             ptr::copy_nonoverlapping(slot.add(HEADER), dst.as_mut_ptr(), first);
             if len > first {
@@ -360,16 +484,40 @@ impl Consumer {
 
     /// Releases the head message. Returns true when the producer has flagged
     /// that it waits for room (the caller then rings its doorbell).
+    ///
+    /// The flag can be missed: the handshake is the store-buffer pattern
+    /// (the producer stores `waiting` then loads `tail`, this stores `tail`
+    /// then loads `waiting`) with no fence between this store and load, so
+    /// both loads may see the old values and the producer sleeps although
+    /// room was freed. `tests/ring_loom.rs` (`waiting_flag_handshake`) shows
+    /// the lost wake-up; waiters bound their sleep.
     pub fn pop(&mut self, msg: &Incoming) -> bool {
-        let k = slots_for(msg.header.len as usize);
+        // At most nslots/2 slots, whatever `msg` says (see copy_payload).
+        let k = slots_for(self.payload_len(msg));
+        // The zeroing writes the first word of every slot, which in a
+        // continuation slot is payload memory.
+        #[cfg(loom)]
+        self.ring.touch(self.tail, k, true);
         for p in self.tail..self.tail + k {
             // Relaxed: ordered before the producer's reuse by the Release
             // store of tail below.
             self.ring.seq(p).store(0, Ordering::Relaxed);
         }
         self.tail += k;
+        // Release: our reads of the message and the zeroing above happen
+        // before the producer's Acquire load of tail and its reuse.
         self.ring.tail().store(self.tail, Ordering::Release);
+        // Relaxed: the flag orders nothing (the caller only rings a
+        // doorbell, which has its own fences), and it is best-effort anyway
+        // (see above).
         self.ring.waiting().load(Ordering::Relaxed) != 0
+    }
+
+    /// `msg`'s payload length, capped at what the ring can hold (a no-op for
+    /// a message from `peek`, which rejects larger ones).
+    #[inline]
+    fn payload_len(&self, msg: &Incoming) -> usize {
+        (msg.header.len as usize).min(self.ring.max_payload())
     }
 }
 
@@ -378,6 +526,8 @@ pub struct HeapRing {
     ptr: NonNull<u8>,
     layout: Layout,
     nslots: usize,
+    #[cfg(loom)]
+    shadow: Box<shadow::Shadow>,
 }
 
 // SAFETY: HeapRing owns a plain allocation; concurrent use goes through
@@ -398,6 +548,8 @@ impl HeapRing {
             ptr,
             layout,
             nslots,
+            #[cfg(loom)]
+            shadow: Box::new(shadow::Shadow::new(nslots)),
         }
     }
 
@@ -405,7 +557,16 @@ impl HeapRing {
     pub fn view(&self) -> RingRef {
         // SAFETY: the allocation is 64-aligned, zeroed, of bytes_for(nslots)
         // bytes, and nslots is a power of two >= 4.
-        unsafe { RingRef::from_raw(self.ptr, self.nslots) }
+        #[cfg(not(loom))]
+        let view = unsafe { RingRef::from_raw(self.ptr, self.nslots) };
+        // The loom build's view also carries the side table (from_raw has none).
+        #[cfg(loom)]
+        let view = RingRef {
+            base: self.ptr,
+            nslots: self.nslots,
+            shadow: NonNull::from(&*self.shadow),
+        };
+        view
     }
 }
 
@@ -413,6 +574,55 @@ impl Drop for HeapRing {
     fn drop(&mut self) {
         // SAFETY: allocated in `new` with this layout.
         unsafe { std::alloc::dealloc(self.ptr.as_ptr(), self.layout) }
+    }
+}
+
+/// The loom build's home for the shared words.
+///
+/// Loom's atomics are objects of its model, not views of raw memory, so the
+/// `tail`, `waiting` and per-slot `seq` words cannot be cast from the ring's
+/// bytes as in the real build: in a `--cfg loom` build they live in this side
+/// table, created with the [`HeapRing`], and `RingRef::tail`/`waiting`/`seq`
+/// resolve to it. Everything else (push, peek, copy, pop, with their
+/// orderings) is the real code on the real memory.
+///
+/// Loom does not see plain memory either, and it runs one thread at a time on
+/// real memory, so a payload read that no ordering protects would still find
+/// the right bytes. Each slot therefore also has a loom `UnsafeCell<()>`
+/// that the code touches where it writes (push, and pop's zeroing) or reads
+/// (peek, copy) that slot's bytes: loom then panics with a "causality
+/// violation" on any access not ordered after the previous conflicting one by
+/// the ring's atomics.
+#[cfg(loom)]
+mod shadow {
+    use std::ptr::NonNull;
+
+    use loom::cell::UnsafeCell;
+
+    use crate::sync::{AtomicU32, AtomicU64};
+
+    pub(super) struct Shadow {
+        pub(super) tail: AtomicU64,
+        pub(super) waiting: AtomicU32,
+        pub(super) seq: Box<[AtomicU64]>,
+        pub(super) bytes: Box<[UnsafeCell<()>]>,
+    }
+
+    impl Shadow {
+        /// Zeroed words for a fresh ring of `nslots` slots.
+        pub(super) fn new(nslots: usize) -> Shadow {
+            Shadow {
+                tail: AtomicU64::new(0),
+                waiting: AtomicU32::new(0),
+                seq: (0..nslots).map(|_| AtomicU64::new(0)).collect(),
+                bytes: (0..nslots).map(|_| UnsafeCell::new(())).collect(),
+            }
+        }
+    }
+
+    /// `RingRef::from_raw` in a loom build: raw memory has no side table.
+    pub(super) fn none() -> NonNull<Shadow> {
+        panic!("loom models build rings with HeapRing (RingRef::from_raw has no loom side table)")
     }
 }
 
@@ -462,7 +672,7 @@ mod tests {
                 cookie: seed,
                 ..Header::default()
             };
-            while !p.try_push(&h, &payload) {
+            while !p.try_push(&h, &payload).unwrap() {
                 let (gh, gp) = recv(&mut c).expect("full ring must have a message");
                 let (eh, ep): (Header, Vec<u8>) = sent.pop_front().unwrap();
                 assert_eq!((gh, gp), (eh, ep));
@@ -486,7 +696,7 @@ mod tests {
         for (i, w) in payload.chunks_mut(8).enumerate() {
             w.copy_from_slice(&(i as u64 + 2).to_le_bytes());
         }
-        assert!(p.try_push(&Header::default(), &payload));
+        assert!(p.try_push(&Header::default(), &payload).unwrap());
         assert!(recv(&mut c).is_some());
         assert!(c.peek().is_none(), "stale payload read as a message");
     }
@@ -494,7 +704,7 @@ mod tests {
     #[test]
     fn corrupt_length_is_reported() {
         let (r, mut p, c) = pair(8);
-        assert!(p.try_push(&Header::default(), b"x"));
+        assert!(p.try_push(&Header::default(), b"x").unwrap());
         // Scribble an impossible length, as a hostile peer could.
         // SAFETY: offset OFF_LEN of slot 0 is inside the ring allocation.
         unsafe { ptr::write_unaligned(r.view().slot(0).add(OFF_LEN) as *mut u32, u32::MAX) };
@@ -502,6 +712,243 @@ mod tests {
             c.peek().unwrap().unwrap_err(),
             RingError::Corrupt { len: u32::MAX }
         );
+    }
+
+    #[test]
+    fn corrupt_tail_is_reported() {
+        let (r, mut p, _c) = pair(4);
+        let set_tail = |t: u64| {
+            // SAFETY: the tail word is the first 8 bytes of the ring
+            // allocation; nothing accesses it concurrently in this test.
+            unsafe { ptr::write(r.view().base_ptr() as *mut u64, t) }
+        };
+        let big = [0u8; INLINE + 1];
+        assert_eq!(p.try_push(&Header::default(), &big), Ok(true));
+        assert_eq!(p.try_push(&Header::default(), &big), Ok(true));
+        // Full ring (head 4): the tail is read, and must lie in 0..=4.
+        for bad in [5, u64::MAX] {
+            set_tail(bad);
+            assert_eq!(
+                p.try_push(&Header::default(), b"x"),
+                Err(RingError::BadTail { tail: bad, head: 4 })
+            );
+        }
+        set_tail(2);
+        assert_eq!(p.try_push(&Header::default(), b"x"), Ok(true));
+        // Head 5, tail seen at 2: a tail of 1 went backwards.
+        set_tail(1);
+        assert_eq!(
+            p.try_push(&Header::default(), &big),
+            Err(RingError::BadTail { tail: 1, head: 5 })
+        );
+        set_tail(5);
+        assert_eq!(p.try_push(&Header::default(), &big), Ok(true));
+    }
+
+    /// Ring memory with guard bytes on both sides, to see accesses that
+    /// leave it.
+    struct Guarded {
+        ptr: NonNull<u8>,
+        layout: Layout,
+        nslots: usize,
+    }
+
+    const GUARD: usize = 256;
+    const GUARD_BYTE: u8 = 0xEE;
+
+    impl Guarded {
+        fn new(nslots: usize) -> Guarded {
+            let layout = Layout::from_size_align(bytes_for(nslots) + 2 * GUARD, 64).unwrap();
+            // SAFETY: non-zero size.
+            let ptr = NonNull::new(unsafe { std::alloc::alloc_zeroed(layout) }).unwrap();
+            let g = Guarded {
+                ptr,
+                layout,
+                nslots,
+            };
+            g.all()[..GUARD].fill(GUARD_BYTE);
+            g.all()[GUARD + bytes_for(nslots)..].fill(GUARD_BYTE);
+            g
+        }
+
+        #[allow(clippy::mut_from_ref)]
+        fn all(&self) -> &mut [u8] {
+            // SAFETY: the allocation; the tests never hold two of these
+            // slices, or one across a ring call.
+            unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.layout.size()) }
+        }
+
+        /// The slot area.
+        #[allow(clippy::mut_from_ref)]
+        fn area(&self) -> &mut [u8] {
+            let start = GUARD + CONTROL;
+            &mut self.all()[start..start + self.nslots * SLOT]
+        }
+
+        fn view(&self) -> RingRef {
+            // SAFETY: GUARD is a multiple of 64, so the ring is 64-aligned,
+            // inside the allocation, and zeroed; nslots is a power of two >= 4.
+            unsafe {
+                RingRef::from_raw(
+                    NonNull::new(self.ptr.as_ptr().add(GUARD)).unwrap(),
+                    self.nslots,
+                )
+            }
+        }
+
+        fn assert_guards(&self) {
+            let all = self.all();
+            let n = all.len();
+            assert!(
+                all[..GUARD].iter().all(|&b| b == GUARD_BYTE),
+                "write before the ring"
+            );
+            assert!(
+                all[n - GUARD..].iter().all(|&b| b == GUARD_BYTE),
+                "write after the ring"
+            );
+        }
+    }
+
+    impl Drop for Guarded {
+        fn drop(&mut self) {
+            // SAFETY: allocated in `new` with this layout.
+            unsafe { std::alloc::dealloc(self.ptr.as_ptr(), self.layout) }
+        }
+    }
+
+    /// Area offset of payload byte `j` of a message whose first slot is at
+    /// position `pos` (the layout the module docs describe, spelled out with
+    /// safe arithmetic).
+    fn payload_offset(nslots: usize, pos: u64, j: usize) -> usize {
+        let size = nslots * SLOT;
+        let first = (pos as usize % nslots) * SLOT;
+        if j < INLINE {
+            first + HEADER + j
+        } else {
+            (first + SLOT + (j - INLINE)) % size
+        }
+    }
+
+    /// Positions to try: two laps, and a few far ones.
+    fn positions(nslots: usize) -> impl Iterator<Item = u64> {
+        (0..2 * nslots as u64).chain([1 << 40, (1 << 40) + nslots as u64 - 1])
+    }
+
+    #[test]
+    fn consumer_copies_stay_in_the_ring_for_every_length_and_position() {
+        for nslots in [4, 8, 16] {
+            let g = Guarded::new(nslots);
+            let v = g.view();
+            for tail in positions(nslots) {
+                for len in 0..=v.max_payload() {
+                    // Pattern bytes never equal the guard byte.
+                    for (i, b) in g.area().iter_mut().enumerate() {
+                        *b = (i % 200) as u8;
+                    }
+                    let slot = (tail as usize % nslots) * SLOT;
+                    let area = g.area();
+                    area[slot..slot + 8].copy_from_slice(&(tail + 1).to_le_bytes());
+                    area[slot + OFF_LEN..slot + OFF_LEN + 4]
+                        .copy_from_slice(&(len as u32).to_le_bytes());
+                    let want: Vec<u8> = (0..len)
+                        .map(|j| g.area()[payload_offset(nslots, tail, j)])
+                        .collect();
+                    let mut c = Consumer { ring: v, tail };
+                    let m = c.peek().expect("published").expect("valid");
+                    assert_eq!(m.header.len as usize, len);
+                    for cap in [len, len / 2, len + 7] {
+                        let mut dst = vec![GUARD_BYTE; cap];
+                        let n = c.copy_payload(&m, &mut dst);
+                        assert_eq!(n, len.min(cap));
+                        assert_eq!(
+                            dst[..n],
+                            want[..n],
+                            "{nslots} slots, tail {tail}, len {len}"
+                        );
+                        assert!(dst[n..].iter().all(|&b| b == GUARD_BYTE));
+                    }
+                    c.pop(&m);
+                    assert_eq!(c.tail, tail + slots_for(len));
+                    for p in tail..c.tail {
+                        assert_eq!(v.seq(p).load(Ordering::Relaxed), 0);
+                    }
+                    g.assert_guards();
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn made_up_messages_stay_in_the_ring() {
+        // An Incoming that did not come from peek: capped, never outside.
+        let g = Guarded::new(4);
+        let mut c = Consumer {
+            ring: g.view(),
+            tail: 3,
+        };
+        let m = Incoming {
+            header: Header {
+                len: u32::MAX,
+                ..Header::default()
+            },
+        };
+        let mut dst = vec![0u8; 4096];
+        assert_eq!(c.copy_payload(&m, &mut dst), g.view().max_payload());
+        c.pop(&m);
+        assert_eq!(c.tail, 3 + slots_for(g.view().max_payload()));
+        g.assert_guards();
+    }
+
+    #[test]
+    fn producer_writes_stay_in_the_ring_for_every_length_and_position() {
+        for nslots in [4, 8, 16] {
+            let g = Guarded::new(nslots);
+            let v = g.view();
+            for head in positions(nslots) {
+                for len in 0..=v.max_payload() {
+                    for (i, b) in g.area().iter_mut().enumerate() {
+                        *b = (i % 200) as u8;
+                    }
+                    let mut want = g.area().to_vec();
+                    let payload: Vec<u8> = (0..len).map(|j| 200 + (j % 37) as u8).collect();
+                    let h = Header {
+                        kind: 1,
+                        flags: 2,
+                        tag: -3,
+                        context: 4,
+                        len: 0,
+                        cookie: 5,
+                        aux: 6,
+                    };
+                    let mut p = Producer {
+                        ring: v,
+                        head,
+                        tail_cache: head,
+                    };
+                    assert_eq!(p.try_push(&h, &payload), Ok(true));
+                    assert_eq!(p.head, head + slots_for(len));
+                    // The expected bytes, field by field.
+                    let s = (head as usize % nslots) * SLOT;
+                    let mut put = |off: usize, bytes: &[u8]| {
+                        want[s + off..s + off + bytes.len()].copy_from_slice(bytes)
+                    };
+                    put(0, &(head + 1).to_le_bytes());
+                    put(OFF_KIND, &[1]);
+                    put(OFF_FLAGS, &[2]);
+                    put(OFF_TAG, &(-3i32).to_le_bytes());
+                    put(OFF_CONTEXT, &4u32.to_le_bytes());
+                    put(OFF_LEN, &(len as u32).to_le_bytes());
+                    put(OFF_COOKIE, &5u64.to_le_bytes());
+                    put(OFF_AUX, &6u64.to_le_bytes());
+                    for (j, &b) in payload.iter().enumerate() {
+                        want[payload_offset(nslots, head, j)] = b;
+                    }
+                    assert!(g.area() == want, "{nslots} slots, head {head}, len {len}");
+                    g.assert_guards();
+                }
+            }
+        }
     }
 
     #[test]
@@ -518,7 +965,7 @@ mod tests {
                     tag: i as i32,
                     ..Header::default()
                 };
-                while !p.try_push(&hd, &payload) {
+                while !p.try_push(&hd, &payload).unwrap() {
                     std::hint::spin_loop();
                 }
             }

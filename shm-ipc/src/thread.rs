@@ -693,7 +693,12 @@ impl Engine {
             header.cookie = h.clone().into_cookie();
         }
         let payload = if eager { data } else { &[][..] };
-        if !self.producer(l, dest).try_push(&header, payload) {
+        let pushed = match self.producer(l, dest).try_push(&header, payload) {
+            Ok(pushed) => pushed,
+            // Only our own process writes these rings; corruption is a bug.
+            Err(e) => panic!("thread ring to rank {dest} corrupt: {e}"),
+        };
+        if !pushed {
             if hand.is_some() {
                 // SAFETY: the cookie was made just above and never published.
                 drop(unsafe { Handoff::from_cookie(header.cookie) });

@@ -1,0 +1,1058 @@
+//! The PSM2 device (`psm`): xdev over Omni-Path PSM2's matched queues (MQ),
+//! as FastMPJ's psmdev did for Java.
+//!
+//! PSM2 does the matching and the protocols (eager, rendezvous, its shm and
+//! hfi transports); this device only maps xdev onto it, with no second
+//! matching layer:
+//!
+//! * **Tags.** PSM2's 96-bit tag carries the xdev tag (`tag0`), the context
+//!   (`tag1`) and the sender's rank (`tag2`). A receive selects all three
+//!   bits exactly except what a wildcard clears: `ANY_TAG` clears `tag0`'s
+//!   mask, `ANY_SOURCE` clears `tag2`'s and uses `PSM2_MQ_ANY_ADDR`. The
+//!   context is never a wildcard. PSM2's MQ keeps MPI's ordering rules.
+//! * **Operations.** `isend`/`irecv` are `psm2_mq_isend2`/`psm2_mq_irecv2`
+//!   with the request's buffer; `ssend` uses `PSM2_MQ_FLAG_SENDSYNC` (done
+//!   only once matched); `probe` is `psm2_mq_iprobe2` in a progress loop;
+//!   cancel is `psm2_mq_cancel` (receives only, as in PSM2); completions are
+//!   collected with `psm2_mq_ipeek2` + `psm2_mq_test2` by every progress call.
+//!   Truncation is PSM2's: the bytes that fit are delivered and the status
+//!   reports the sender's length.
+//! * **Start-up** goes through the bootstrap: rank 0's job key (a PSM2 UUID)
+//!   is shared, every rank opens its endpoint, the epids are allgathered and
+//!   every rank connects to all (itself included).
+//! * **Shm-only mode.** Without an Omni-Path hfi unit (no `/dev/hfi1_*`),
+//!   `psm2_init` fails with `PSM2_INTERNAL_ERR` yet leaves a library that
+//!   runs PSM2's `self` and `shm` devices (see `psm_sys`'s docs). The device
+//!   then sets `PSM2_DEVICES=self,shm` (unless the user set it), says so on
+//!   stderr once and in [`PsmDevice::mode`], and refuses a job whose ranks
+//!   are not all on this host. With hardware, nothing is overridden.
+//! * **Never crash at finish**: `psm2_finalize` is never called (after the
+//!   failed init it crashes; with hardware, process exit releases the
+//!   library), endpoints are closed with `psm2_ep_close`, and only one
+//!   endpoint exists per process (PSM2's rule): a second open fails cleanly.
+//! * **Waits** poll PSM2, then yield, then sleep in short steps: PSM2's shm
+//!   device offers no wake-up event to block on.
+//! * **Peers that leave** are learnt from the bootstrap (its departure
+//!   notices): new operations to them fail at once with
+//!   [`Error::PeerLost`], as do receives naming them (cancelled in PSM2). A
+//!   send PSM2 has already taken cannot be cancelled; its buffer stays with
+//!   the device (never freed while PSM2 might read it) and the request fails.
+
+use std::collections::HashMap;
+use std::ffi::{c_void, CStr};
+use std::ptr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use psm_sys::ffi::*;
+use psm_sys::Psm2;
+use xdev::bootstrap::{Bootstrap, JobEnv};
+use xdev::registry::{Entry, Placement};
+use xdev::{
+    check_recv, check_send, Buffer, Config, Context, Device, Envelope, Error, Pattern, Peeked,
+    Progress, Rank, Registry, Request, RequestCore, RequestKind, Result, Source, Status, Tag,
+    TagSel, Tracker,
+};
+
+/// How PSM2 runs in this process.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PsmMode {
+    /// `psm2_init` succeeded: PSM2's default devices, hardware included.
+    Hardware,
+    /// No hfi unit: only PSM2's `self` and `shm` devices (ranks on one host).
+    ShmOnly,
+}
+
+/// Process-wide PSM2 state: the library, how `psm2_init` went, and whether
+/// the process's one endpoint is taken.
+struct Library {
+    psm: &'static Psm2,
+    mode: PsmMode,
+}
+
+static ENDPOINT_TAKEN: AtomicBool = AtomicBool::new(false);
+
+fn describe(psm: &Psm2, e: psm2_error_t) -> String {
+    // SAFETY: psm2_error_get_string accepts any code and returns a static
+    // NUL-terminated string or NULL.
+    let s = unsafe { (psm.psm2_error_get_string)(e) };
+    if s.is_null() {
+        format!("PSM2 error {}", e.0)
+    } else {
+        // SAFETY: non-null, NUL-terminated and static (above).
+        let t = unsafe { CStr::from_ptr(s) };
+        format!("{} (PSM2 error {})", t.to_string_lossy(), e.0)
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct PsmError(String);
+
+fn psm_err(psm: &Psm2, what: &str, e: psm2_error_t) -> Error {
+    Error::transport(what.to_string(), PsmError(describe(psm, e)))
+}
+
+fn hfi_present() -> bool {
+    std::fs::read_dir("/dev")
+        .map(|d| {
+            d.flatten()
+                .any(|e| e.file_name().to_string_lossy().starts_with("hfi1_"))
+        })
+        .unwrap_or(false)
+}
+
+/// Loads libpsm2 and runs `psm2_init` once per process.
+fn library() -> Result<&'static Library> {
+    static LIB: std::sync::OnceLock<std::result::Result<Library, Error>> =
+        std::sync::OnceLock::new();
+    LIB.get_or_init(|| {
+        let psm = Psm2::load().map_err(|e| Error::Config(e.to_string()))?;
+        let hfi = hfi_present();
+        if !hfi && std::env::var_os("PSM2_DEVICES").is_none() {
+            // PSM2 reads this in psm2_ep_open; without it, ep_open probes the
+            // missing hfi and crashes (psm_sys docs). Set once, before any
+            // endpoint exists, by the first device to open.
+            std::env::set_var("PSM2_DEVICES", "self,shm");
+        }
+        // SAFETY: a global (NULL endpoint) handler may be registered before
+        // psm2_init; the sentinel makes PSM2 return errors instead of exiting.
+        unsafe { (psm.psm2_error_register_handler)(ptr::null_mut(), errhandler_no_handler()) };
+        let (mut major, mut minor) = (PSM2_VERNO_MAJOR as i32, PSM2_VERNO_MINOR as i32);
+        // SAFETY: both out-pointers are valid.
+        let e = unsafe { (psm.psm2_init)(&mut major, &mut minor) };
+        let mode = if e == psm2_error::PSM2_OK {
+            PsmMode::Hardware
+        } else if e == psm2_error::PSM2_INTERNAL_ERR && !hfi {
+            eprintln!(
+                "xdev psm: no Omni-Path hfi unit on this host: PSM2 runs in shm-only mode \
+                 (PSM2_DEVICES={}); all ranks must share this host",
+                std::env::var("PSM2_DEVICES").unwrap_or_default()
+            );
+            PsmMode::ShmOnly
+        } else {
+            return Err(psm_err(psm, "psm2_init", e));
+        };
+        Ok(Library { psm, mode })
+    })
+    .as_ref()
+    .map_err(Clone::clone)
+}
+
+/// A PSM2 request handle as a map key.
+type Key = usize;
+
+/// What an outstanding PSM2 request belongs to.
+enum Slot {
+    /// A non-blocking request; completed through the tracker.
+    Request {
+        core: Arc<RequestCore>,
+        /// For sends, the envelope (source = destination) and length.
+        send: Option<(Envelope, usize)>,
+        /// For receives, the source it names (to fail it if that peer leaves).
+        source: Option<Rank>,
+    },
+    /// A blocking call waits for it; its status goes to `done`.
+    Blocking,
+    /// Its call gave up (peer gone); the status is dropped on completion.
+    Abandoned,
+}
+
+struct Inner {
+    ep: psm2_ep_t,
+    mq: psm2_mq_t,
+    addrs: Vec<psm2_epaddr_t>,
+    live: HashMap<Key, Slot>,
+    done: HashMap<Key, psm2_mq_status2_t>,
+    gone: Vec<bool>,
+    departures_seen: usize,
+    /// Send buffers PSM2 may still read (their peer left first): never freed.
+    kept: Vec<Arc<RequestCore>>,
+    open: bool,
+}
+
+// SAFETY: the PSM2 handles are used only under the engine's mutex (PSM2 MQ
+// calls on one MQ must not run concurrently), and the raw status contexts are
+// never dereferenced.
+unsafe impl Send for Inner {}
+
+struct Engine {
+    lib: &'static Library,
+    rank: Rank,
+    size: usize,
+    inner: Mutex<Inner>,
+    tracker: Arc<Tracker>,
+    closing: AtomicBool,
+    boot: Bootstrap,
+}
+
+fn tag(tag: Tag, context: Context, source: Rank) -> psm2_mq_tag_t {
+    psm2_mq_tag_t {
+        tag: [tag as u32, context, source as u32, 0],
+    }
+}
+
+fn selector(p: &Pattern) -> (psm2_mq_tag_t, psm2_mq_tag_t) {
+    let (t, tmask) = match p.tag {
+        TagSel::Tag(t) => (t, u32::MAX),
+        TagSel::Any => (0, 0),
+    };
+    let (s, smask) = match p.source {
+        Source::Rank(s) => (s, u32::MAX),
+        Source::Any => (0, 0),
+    };
+    (
+        tag(t, p.context, s),
+        psm2_mq_tag_t {
+            tag: [tmask, u32::MAX, smask, 0],
+        },
+    )
+}
+
+fn lost(rank: Rank) -> Error {
+    Error::PeerLost {
+        rank,
+        reason: "its process left the job".into(),
+    }
+}
+
+impl Engine {
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn psm(&self) -> &'static Psm2 {
+        self.lib.psm
+    }
+
+    fn check_open(&self) -> Result<()> {
+        if self.closing.load(Ordering::Acquire) {
+            Err(Error::Closed)
+        } else {
+            Ok(())
+        }
+    }
+
+    /// The xdev status of a completed receive.
+    fn recv_status(&self, st: &psm2_mq_status2_t, cap: usize) -> Status {
+        // SAFETY: every bit pattern of the union is a valid [u32; 4].
+        let t = unsafe { st.msg_tag.tag };
+        let env = Envelope {
+            source: t[2] as Rank,
+            tag: t[0] as i32,
+            context: t[1],
+        };
+        if env.source >= self.size {
+            let what = format!("message tagged with source rank {}", env.source);
+            return Status::failed(
+                env,
+                Error::Protocol {
+                    rank: env.source,
+                    what,
+                },
+            );
+        }
+        if st.error_code != psm2_error::PSM2_OK && st.error_code != psm2_error::PSM2_MQ_TRUNCATION {
+            return Status::failed(env, psm_err(self.psm(), "receive", st.error_code));
+        }
+        Status::received(env, st.msg_length as usize, cap)
+    }
+
+    fn send_status(&self, st: &psm2_mq_status2_t, env: Envelope, len: usize) -> Status {
+        if st.error_code == psm2_error::PSM2_OK {
+            Status::ok(env, len)
+        } else {
+            Status::failed(env, psm_err(self.psm(), "send", st.error_code))
+        }
+    }
+
+    /// Polls PSM2 and completes what finished. Returns whether anything did.
+    fn progress_locked(&self, l: &mut Inner) -> bool {
+        if !l.open {
+            return false;
+        }
+        let psm = self.psm();
+        // SAFETY: the endpoint is open (l.open).
+        unsafe { (psm.psm2_poll)(l.ep) };
+        let mut any = false;
+        loop {
+            let mut req: psm2_mq_req_t = ptr::null_mut();
+            // SAFETY: mq is open; req is a valid out-pointer; no status wanted.
+            let e = unsafe { (psm.psm2_mq_ipeek2)(l.mq, &mut req, ptr::null_mut()) };
+            if e != psm2_error::PSM2_OK {
+                break;
+            }
+            any = true;
+            let key = req as Key;
+            let mut st = std::mem::MaybeUninit::<psm2_mq_status2_t>::zeroed();
+            // SAFETY: req is a completed request from ipeek; test2 frees it
+            // and fills the status.
+            unsafe { (psm.psm2_mq_test2)(&mut req, st.as_mut_ptr()) };
+            // SAFETY: zero-initialised, then filled by PSM2.
+            let st = unsafe { st.assume_init() };
+            match l.live.remove(&key) {
+                Some(Slot::Request { core, send, .. }) => {
+                    let status = match send {
+                        Some((env, len)) => self.send_status(&st, env, len),
+                        None => self.recv_status(&st, core.buffer_len()),
+                    };
+                    self.tracker.complete(&core, status);
+                }
+                Some(Slot::Blocking) => {
+                    l.done.insert(key, st);
+                }
+                Some(Slot::Abandoned) | None => {}
+            }
+        }
+        any
+    }
+
+    /// Applies the bootstrap's departure notices: receives naming a departed
+    /// peer are cancelled and fail; later operations to it fail at once.
+    fn check_departures(&self, l: &mut Inner) {
+        let Ok(departed) = self.boot.departed() else {
+            return;
+        };
+        if departed.len() == l.departures_seen {
+            return;
+        }
+        l.departures_seen = departed.len();
+        for d in departed {
+            if d >= self.size || l.gone[d] || d == self.rank {
+                continue;
+            }
+            l.gone[d] = true;
+            let keys: Vec<Key> = l
+                .live
+                .iter()
+                .filter(|(_, s)| matches!(s, Slot::Request { source: Some(s), .. } if *s == d))
+                .map(|(k, _)| *k)
+                .collect();
+            for k in keys {
+                if self.cancel_key(l, k) {
+                    if let Some(Slot::Request { core, .. }) = l.live.remove(&k) {
+                        let env = Envelope {
+                            source: d,
+                            tag: -1,
+                            context: 0,
+                        };
+                        self.tracker.complete(&core, Status::failed(env, lost(d)));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Cancels the posted receive `key`; true if it was not matched yet (it
+    /// is then returned to PSM2; the caller removes its slot).
+    fn cancel_key(&self, l: &mut Inner, key: Key) -> bool {
+        let psm = self.psm();
+        let mut req = key as psm2_mq_req_t;
+        // SAFETY: key is a live receive request of this MQ.
+        if unsafe { (psm.psm2_mq_cancel)(&mut req) } != psm2_error::PSM2_OK {
+            return false;
+        }
+        let mut st = std::mem::MaybeUninit::<psm2_mq_status2_t>::zeroed();
+        // SAFETY: a cancelled request must be returned with test/wait (psm2_mq.h).
+        unsafe { (psm.psm2_mq_wait2)(&mut req, st.as_mut_ptr()) };
+        let _ = l;
+        true
+    }
+
+    /// Polls until `done` says so: PSM2 polls, then yields, then sleeps in
+    /// steps of up to 1 ms (PSM2's shm device has no wake-up event).
+    fn block_until(&self, mut done: impl FnMut(&Self, &mut Inner) -> Result<bool>) -> Result<()> {
+        let mut idle: u32 = 0;
+        let mut last_departure_check = Instant::now();
+        loop {
+            {
+                let mut l = self.lock();
+                let any = self.progress_locked(&mut l);
+                if idle > 64 && last_departure_check.elapsed() > Duration::from_millis(5) {
+                    self.check_departures(&mut l);
+                    last_departure_check = Instant::now();
+                }
+                if done(self, &mut l)? {
+                    return Ok(());
+                }
+                if any {
+                    idle = 0;
+                    continue;
+                }
+            }
+            idle = idle.saturating_add(1);
+            if idle < 2_000 {
+                std::hint::spin_loop();
+            } else if idle < 2_100 {
+                std::thread::yield_now();
+            } else {
+                let step = (idle - 2_100).min(20) as u64 * 50;
+                std::thread::sleep(Duration::from_micros(step.max(20)));
+            }
+        }
+    }
+
+    fn post_send(
+        &self,
+        l: &mut Inner,
+        data: &[u8],
+        dest: Rank,
+        t: Tag,
+        context: Context,
+        sync: bool,
+    ) -> Result<Key> {
+        if data.len() > u32::MAX as usize {
+            return Err(Error::ResourceExhausted(
+                "PSM2 messages are limited to 4 GiB".into(),
+            ));
+        }
+        let mut stag = tag(t, context, self.rank);
+        let mut req: psm2_mq_req_t = ptr::null_mut();
+        let flags = if sync { PSM2_MQ_FLAG_SENDSYNC } else { 0 };
+        // SAFETY: data stays valid and unmodified until the request completes
+        // (owned by a request core, or borrowed by a blocking call that waits
+        // for completion or leaves it to the device, see Slot::Abandoned).
+        let e = unsafe {
+            (self.psm().psm2_mq_isend2)(
+                l.mq,
+                l.addrs[dest],
+                flags,
+                &mut stag,
+                data.as_ptr().cast::<c_void>(),
+                data.len() as u32,
+                ptr::null_mut(),
+                &mut req,
+            )
+        };
+        if e != psm2_error::PSM2_OK {
+            return Err(psm_err(self.psm(), "psm2_mq_isend2", e));
+        }
+        Ok(req as Key)
+    }
+
+    fn post_recv(&self, l: &mut Inner, buf: *mut u8, cap: usize, p: &Pattern) -> Result<Key> {
+        if cap > u32::MAX as usize {
+            return Err(Error::ResourceExhausted(
+                "PSM2 messages are limited to 4 GiB".into(),
+            ));
+        }
+        let (mut rtag, mut sel) = selector(p);
+        let src = match p.source {
+            Source::Rank(s) => l.addrs[s],
+            Source::Any => PSM2_MQ_ANY_ADDR,
+        };
+        let mut req: psm2_mq_req_t = ptr::null_mut();
+        // SAFETY: buf is valid for cap bytes until the request completes or is
+        // cancelled (see post_send); tags and out-pointer are valid.
+        let e = unsafe {
+            (self.psm().psm2_mq_irecv2)(
+                l.mq,
+                src,
+                &mut rtag,
+                &mut sel,
+                0,
+                buf.cast::<c_void>(),
+                cap as u32,
+                ptr::null_mut(),
+                &mut req,
+            )
+        };
+        if e != psm2_error::PSM2_OK {
+            return Err(psm_err(self.psm(), "psm2_mq_irecv2", e));
+        }
+        Ok(req as Key)
+    }
+
+    fn blocking_send(
+        &self,
+        data: &[u8],
+        dest: Rank,
+        t: Tag,
+        ctx: Context,
+        sync: bool,
+    ) -> Result<()> {
+        check_send(dest, t, self.size)?;
+        self.check_open()?;
+        let key = {
+            let mut l = self.lock();
+            if l.gone[dest] {
+                return Err(lost(dest));
+            }
+            let key = self.post_send(&mut l, data, dest, t, ctx, sync)?;
+            l.live.insert(key, Slot::Blocking);
+            key
+        };
+        let mut result = Ok(());
+        self.block_until(|_, l| {
+            if !l.open {
+                return Err(Error::Closed); // closed under us: PSM2 let go
+            }
+            if let Some(st) = l.done.remove(&key) {
+                if st.error_code != psm2_error::PSM2_OK {
+                    result = Err(psm_err(self.psm(), "send", st.error_code));
+                }
+                return Ok(true);
+            }
+            if l.gone[dest] {
+                // PSM2 cannot cancel a send. A departed peer no longer reads
+                // it; PSM2 keeps the pointer, but a send's buffer is only
+                // ever read, and only on the peer's behalf.
+                l.live.insert(key, Slot::Abandoned);
+                return Err(lost(dest));
+            }
+            Ok(false)
+        })?;
+        result
+    }
+
+    fn blocking_recv(&self, buf: &mut [u8], p: Pattern) -> Result<Status> {
+        check_recv(p.source, p.tag, self.size)?;
+        self.check_open()?;
+        let cap = buf.len();
+        let key = {
+            let mut l = self.lock();
+            if let Source::Rank(s) = p.source {
+                if l.gone[s] {
+                    return Err(lost(s));
+                }
+            }
+            let key = self.post_recv(&mut l, buf.as_mut_ptr(), cap, &p)?;
+            l.live.insert(key, Slot::Blocking);
+            key
+        };
+        let mut status = None;
+        // Whatever ends this wait, the receive is either complete or
+        // cancelled before `buf`'s borrow ends.
+        let r = self.block_until(|eng, l| {
+            if !l.open {
+                return Err(Error::Closed); // closed under us: PSM2 let go
+            }
+            if let Some(st) = l.done.remove(&key) {
+                status = Some(eng.recv_status(&st, cap));
+                return Ok(true);
+            }
+            if let Source::Rank(s) = p.source {
+                if l.gone[s] && eng.cancel_key(l, key) {
+                    l.live.remove(&key);
+                    return Err(lost(s));
+                }
+            }
+            Ok(false)
+        });
+        r?;
+        status.expect("set when done").into_result()
+    }
+}
+
+impl Progress for Engine {
+    fn progress(&self) {
+        if let Ok(mut l) = self.inner.try_lock() {
+            self.progress_locked(&mut l);
+        }
+    }
+
+    fn wait(&self, core: &RequestCore) {
+        let _ = self.block_until(|_, _| Ok(core.is_done()));
+    }
+
+    fn cancel(&self, core: &Arc<RequestCore>) -> bool {
+        if core.kind() != RequestKind::Recv || core.is_done() {
+            return false;
+        }
+        let mut l = self.lock();
+        let key = core.token() as Key;
+        if !matches!(l.live.get(&key), Some(Slot::Request { core: c, .. }) if Arc::ptr_eq(c, core))
+        {
+            return false;
+        }
+        if !self.cancel_key(&mut l, key) {
+            return false;
+        }
+        l.live.remove(&key);
+        drop(l);
+        let st = Status::cancelled(Pattern::new(Source::Any, TagSel::Any, 0));
+        self.tracker.complete(core, st);
+        true
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        let mut l = self.lock();
+        if l.open {
+            // Unfinished device: force-close so PSM2 lets go of every buffer
+            // before the request cores (and their buffers) are dropped.
+            // SAFETY: the endpoint is open; nothing else uses it (we hold the
+            // only engine reference).
+            unsafe {
+                (self.psm().psm2_mq_finalize)(l.mq);
+                (self.psm().psm2_ep_close)(l.ep, PSM2_EP_CLOSE_FORCE as i32, 0);
+            }
+            l.open = false;
+            ENDPOINT_TAKEN.store(false, Ordering::Release);
+        }
+    }
+}
+
+/// One rank over PSM2's matched queues: an xdev [`Device`].
+pub struct PsmDevice {
+    engine: Arc<Engine>,
+}
+
+/// Seconds allowed for `psm2_ep_connect` and a graceful `psm2_ep_close`.
+const PSM_TIMEOUT_NS: i64 = 30_000_000_000;
+
+impl PsmDevice {
+    /// Opens the device with the bootstrap service named by the environment
+    /// (`xdev-run` sets it). The environment's rank, size and job must match
+    /// `config`.
+    pub fn open(config: &Config) -> Result<PsmDevice> {
+        let env = JobEnv::from_env()?;
+        let c = &env.config;
+        if (c.rank, c.size, &c.job) != (config.rank, config.size, &config.job) {
+            return Err(Error::Config(format!(
+                "the environment says rank {} of {} in job {:?}, the config rank {} of {} in {:?}",
+                c.rank, c.size, c.job, config.rank, config.size, config.job
+            )));
+        }
+        Self::with_bootstrap(config, Bootstrap::from_job_env(&env)?)
+    }
+
+    /// Opens the device over a connected bootstrap (collective).
+    pub fn with_bootstrap(config: &Config, boot: Bootstrap) -> Result<PsmDevice> {
+        config.validate()?;
+        let lib = library()?;
+        let psm = lib.psm;
+        if ENDPOINT_TAKEN.swap(true, Ordering::AcqRel) {
+            return Err(Error::Config(
+                "PSM2 allows one endpoint per process, and this process has one open".into(),
+            ));
+        }
+        let release = Release;
+        let (rank, size) = (config.rank, config.size);
+        // Rank 0's job key for everyone.
+        let mut key: psm2_uuid_t = [0; 16];
+        if rank == 0 {
+            // SAFETY: key is a 16-byte buffer, as psm2_uuid_t requires.
+            unsafe { (psm.psm2_uuid_generate)(key.as_mut_ptr()) };
+        }
+        let keys = boot.allgather(&key)?;
+        key.copy_from_slice(keys[0].get(..16).ok_or_else(|| Error::Protocol {
+            rank: 0,
+            what: "PSM2 job key is not 16 bytes".into(),
+        })?);
+        let mut opts = std::mem::MaybeUninit::<psm2_ep_open_opts>::zeroed();
+        // SAFETY: opts is valid for writes of one psm2_ep_open_opts.
+        let e = unsafe { (psm.psm2_ep_open_opts_get_defaults)(opts.as_mut_ptr()) };
+        if e != psm2_error::PSM2_OK {
+            return Err(psm_err(psm, "psm2_ep_open_opts_get_defaults", e));
+        }
+        // SAFETY: zero-initialised, then filled by PSM2 (integers only).
+        let opts = unsafe { opts.assume_init() };
+        let mut ep: psm2_ep_t = ptr::null_mut();
+        let mut epid: psm2_epid_t = 0;
+        // SAFETY: key, options and out-pointers are valid for the call.
+        let e = unsafe { (psm.psm2_ep_open)(key.as_ptr(), &opts, &mut ep, &mut epid) };
+        if e != psm2_error::PSM2_OK {
+            return Err(psm_err(psm, "psm2_ep_open", e));
+        }
+        let close_ep = |ep| {
+            // SAFETY: ep is an open endpoint that nothing else uses.
+            unsafe { (psm.psm2_ep_close)(ep, PSM2_EP_CLOSE_FORCE as i32, 0) };
+        };
+        let mut mq: psm2_mq_t = ptr::null_mut();
+        // SAFETY: ep is open; no options; mq is a valid out-pointer.
+        let e = unsafe { (psm.psm2_mq_init)(ep, PSM2_MQ_ORDERMASK_ALL, ptr::null(), 0, &mut mq) };
+        if e != psm2_error::PSM2_OK {
+            close_ep(ep);
+            return Err(psm_err(psm, "psm2_mq_init", e));
+        }
+        let fail = |err: Error| {
+            // SAFETY: mq and ep are open and unused elsewhere.
+            unsafe { (psm.psm2_mq_finalize)(mq) };
+            close_ep(ep);
+            err
+        };
+        // Each rank's epid and host identity (the kernel's boot id).
+        let host = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
+        let mut record = epid.to_le_bytes().to_vec();
+        record.extend_from_slice(host.trim().as_bytes());
+        let all = boot.allgather(&record).map_err(fail)?;
+        let mut epids = Vec::with_capacity(size);
+        for (r, b) in all.iter().enumerate() {
+            if b.len() < 8 {
+                return Err(fail(Error::Protocol {
+                    rank: r,
+                    what: "PSM2 endpoint record shorter than an epid".into(),
+                }));
+            }
+            let id: [u8; 8] = b[..8].try_into().expect("8 bytes");
+            epids.push(u64::from_le_bytes(id));
+            // Connecting to an epid shm cannot reach crashes libpsm2 (psm_sys
+            // docs): in shm-only mode all ranks must be on this host.
+            if lib.mode == PsmMode::ShmOnly
+                && (host.is_empty() || b[8..] != *host.trim().as_bytes())
+            {
+                return Err(fail(Error::Config(format!(
+                    "PSM2 shm-only mode needs every rank on this host; rank {r} is not \
+                     (or its host is unknown)"
+                ))));
+            }
+        }
+        let mut errors = vec![psm2_error::PSM2_OK; size];
+        let mut addrs: Vec<psm2_epaddr_t> = vec![ptr::null_mut(); size];
+        // SAFETY: size epids in, size errors and epaddrs out; no mask.
+        let e = unsafe {
+            (psm.psm2_ep_connect)(
+                ep,
+                size as i32,
+                epids.as_ptr(),
+                ptr::null(),
+                errors.as_mut_ptr(),
+                addrs.as_mut_ptr(),
+                PSM_TIMEOUT_NS,
+            )
+        };
+        if e != psm2_error::PSM2_OK {
+            let r = errors.iter().position(|e| *e != psm2_error::PSM2_OK);
+            return Err(fail(psm_err(
+                psm,
+                &format!("psm2_ep_connect (first failing rank: {r:?})"),
+                e,
+            )));
+        }
+        boot.barrier().map_err(fail)?;
+        std::mem::forget(release);
+        Ok(PsmDevice {
+            engine: Arc::new(Engine {
+                lib,
+                rank,
+                size,
+                inner: Mutex::new(Inner {
+                    ep,
+                    mq,
+                    addrs,
+                    live: HashMap::new(),
+                    done: HashMap::new(),
+                    gone: vec![false; size],
+                    departures_seen: 0,
+                    kept: Vec::new(),
+                    open: true,
+                }),
+                tracker: Arc::new(Tracker::new()),
+                closing: AtomicBool::new(false),
+                boot,
+            }),
+        })
+    }
+
+    /// How PSM2 runs in this process (hardware, or shm-only).
+    pub fn mode(&self) -> &PsmMode {
+        &self.engine.lib.mode
+    }
+}
+
+/// Frees the process's endpoint slot if opening fails.
+struct Release;
+
+impl Drop for Release {
+    fn drop(&mut self) {
+        ENDPOINT_TAKEN.store(false, Ordering::Release);
+    }
+}
+
+impl Device for PsmDevice {
+    fn name(&self) -> &'static str {
+        "psm"
+    }
+
+    fn id(&self) -> Rank {
+        self.engine.rank
+    }
+
+    fn size(&self) -> usize {
+        self.engine.size
+    }
+
+    fn send(&self, buf: &[u8], dest: Rank, tag: Tag, context: Context) -> Result<()> {
+        self.engine.blocking_send(buf, dest, tag, context, false)
+    }
+
+    fn ssend(&self, buf: &[u8], dest: Rank, tag: Tag, context: Context) -> Result<()> {
+        self.engine.blocking_send(buf, dest, tag, context, true)
+    }
+
+    fn recv(
+        &self,
+        buf: &mut [u8],
+        source: Source,
+        tag: TagSel,
+        context: Context,
+    ) -> Result<Status> {
+        self.engine
+            .blocking_recv(buf, Pattern::new(source, tag, context))
+    }
+
+    fn isend(&self, buf: Buffer, dest: Rank, tag: Tag, context: Context) -> Request {
+        self.start_send(buf, dest, tag, context, false)
+    }
+
+    fn issend(&self, buf: Buffer, dest: Rank, tag: Tag, context: Context) -> Request {
+        self.start_send(buf, dest, tag, context, true)
+    }
+
+    fn irecv(&self, buf: Buffer, source: Source, tag: TagSel, context: Context) -> Request {
+        let eng = &self.engine;
+        let pattern = Pattern::new(source, tag, context);
+        let env = Envelope {
+            source: eng.rank,
+            tag: -1,
+            context,
+        };
+        let reject = |buf, e| {
+            let core = eng
+                .tracker
+                .rejected(RequestKind::Recv, buf, Status::failed(env, e));
+            Request::new(core, eng.clone())
+        };
+        if let Err(e) = check_recv(source, tag, eng.size).and_then(|_| eng.check_open()) {
+            return reject(buf, e);
+        }
+        let mut l = eng.lock();
+        if let Source::Rank(s) = source {
+            if l.gone[s] {
+                drop(l);
+                return reject(buf, lost(s));
+            }
+        }
+        let core = eng.tracker.start(RequestKind::Recv, buf);
+        match eng.post_recv(&mut l, core.buffer_ptr(), core.buffer_len(), &pattern) {
+            Ok(key) => {
+                core.set_token(key as u64);
+                let source = match source {
+                    Source::Rank(s) => Some(s),
+                    Source::Any => None,
+                };
+                l.live.insert(
+                    key,
+                    Slot::Request {
+                        core: core.clone(),
+                        send: None,
+                        source,
+                    },
+                );
+            }
+            Err(e) => {
+                eng.tracker.complete(&core, Status::failed(env, e));
+            }
+        }
+        drop(l);
+        Request::new(core, eng.clone())
+    }
+
+    fn probe(&self, source: Source, tag: TagSel, context: Context) -> Result<Status> {
+        let eng = &self.engine;
+        check_recv(source, tag, eng.size)?;
+        eng.check_open()?;
+        let p = Pattern::new(source, tag, context);
+        let mut found = None;
+        eng.block_until(|eng, l| {
+            found = eng.iprobe_locked(l, &p);
+            if found.is_none() {
+                if let Source::Rank(s) = source {
+                    if l.gone[s] {
+                        return Err(lost(s));
+                    }
+                }
+            }
+            Ok(found.is_some())
+        })?;
+        found.ok_or(Error::Closed)
+    }
+
+    fn iprobe(&self, source: Source, tag: TagSel, context: Context) -> Result<Option<Status>> {
+        let eng = &self.engine;
+        check_recv(source, tag, eng.size)?;
+        eng.check_open()?;
+        let mut l = eng.lock();
+        eng.progress_locked(&mut l);
+        Ok(eng.iprobe_locked(&mut l, &Pattern::new(source, tag, context)))
+    }
+
+    fn peek(&self) -> Result<Option<Peeked>> {
+        let eng = &self.engine;
+        let mut found = None;
+        eng.block_until(|eng, _| {
+            found = eng.tracker.pop_completed();
+            Ok(found.is_some() || eng.tracker.outstanding() == 0)
+        })?;
+        Ok(found.or_else(|| eng.tracker.pop_completed()))
+    }
+
+    fn finish(&self) -> Result<()> {
+        let eng = &self.engine;
+        if eng.closing.swap(true, Ordering::AcqRel) {
+            return Ok(());
+        }
+        // Our sends first (those to departed peers fail and stay kept).
+        let r = eng.block_until(|eng, l| {
+            eng.check_departures(l);
+            let keys: Vec<Key> = l
+                .live
+                .iter()
+                .filter_map(|(k, s)| match s {
+                    Slot::Request {
+                        send: Some((env, _)),
+                        ..
+                    } if l.gone[env.source] => Some(*k),
+                    _ => None,
+                })
+                .collect();
+            for k in keys {
+                if let Some(Slot::Request { core, send, .. }) = l.live.remove(&k) {
+                    let (env, _) = send.expect("a send");
+                    eng.tracker
+                        .complete(&core, Status::failed(env, lost(env.source)));
+                    l.kept.push(core);
+                    l.live.insert(k, Slot::Abandoned);
+                }
+            }
+            Ok(eng.tracker.outstanding_sends() == 0)
+        });
+        let mut l = eng.lock();
+        // Posted receives end with Closed.
+        let recvs: Vec<Key> = l
+            .live
+            .iter()
+            .filter(|(_, s)| matches!(s, Slot::Request { send: None, .. }))
+            .map(|(k, _)| *k)
+            .collect();
+        for k in recvs {
+            if eng.cancel_key(&mut l, k) {
+                if let Some(Slot::Request { core, .. }) = l.live.remove(&k) {
+                    let env = Envelope {
+                        source: eng.rank,
+                        tag: -1,
+                        context: 0,
+                    };
+                    eng.tracker
+                        .complete(&core, Status::failed(env, Error::Closed));
+                }
+            }
+        }
+        let psm = eng.psm();
+        // SAFETY: the MQ and endpoint are open and used only under this lock;
+        // after this no PSM2 call touches them (l.open = false).
+        let e = unsafe {
+            (psm.psm2_mq_finalize)(l.mq);
+            (psm.psm2_ep_close)(l.ep, PSM2_EP_CLOSE_GRACEFUL as i32, PSM_TIMEOUT_NS)
+        };
+        if e != psm2_error::PSM2_OK {
+            // SAFETY: as above; a graceful close that timed out is forced.
+            unsafe { (psm.psm2_ep_close)(l.ep, PSM2_EP_CLOSE_FORCE as i32, 0) };
+        }
+        l.open = false;
+        // Receives that had matched finish inside the close; what is still
+        // live can no longer complete.
+        for (_, s) in l.live.drain() {
+            if let Slot::Request { core, .. } = s {
+                let env = Envelope {
+                    source: eng.rank,
+                    tag: -1,
+                    context: 0,
+                };
+                eng.tracker
+                    .complete(&core, Status::failed(env, Error::Closed));
+            }
+        }
+        drop(l);
+        ENDPOINT_TAKEN.store(false, Ordering::Release);
+        r
+    }
+}
+
+impl Engine {
+    fn iprobe_locked(&self, l: &mut Inner, p: &Pattern) -> Option<Status> {
+        let (mut rtag, mut sel) = selector(p);
+        let src = match p.source {
+            Source::Rank(s) => l.addrs[s],
+            Source::Any => PSM2_MQ_ANY_ADDR,
+        };
+        let mut st = std::mem::MaybeUninit::<psm2_mq_status2_t>::zeroed();
+        // SAFETY: mq is open; tags and status are valid for the call.
+        let e = unsafe {
+            (self.psm().psm2_mq_iprobe2)(l.mq, src, &mut rtag, &mut sel, st.as_mut_ptr())
+        };
+        if e != psm2_error::PSM2_OK {
+            return None;
+        }
+        // SAFETY: filled by PSM2 on success.
+        let st = unsafe { st.assume_init() };
+        let s = self.recv_status(&st, st.msg_length as usize);
+        Some(s)
+    }
+}
+
+impl PsmDevice {
+    fn start_send(
+        &self,
+        buf: Buffer,
+        dest: Rank,
+        tag: Tag,
+        context: Context,
+        sync: bool,
+    ) -> Request {
+        let eng = &self.engine;
+        let env = Envelope {
+            source: dest,
+            tag,
+            context,
+        };
+        let reject = |buf, e| {
+            let core = eng
+                .tracker
+                .rejected(RequestKind::Send, buf, Status::failed(env, e));
+            Request::new(core, eng.clone())
+        };
+        if let Err(e) = check_send(dest, tag, eng.size).and_then(|_| eng.check_open()) {
+            return reject(buf, e);
+        }
+        let mut l = eng.lock();
+        if l.gone[dest] {
+            drop(l);
+            return reject(buf, lost(dest));
+        }
+        let core = eng.tracker.start(RequestKind::Send, buf);
+        // SAFETY: the core owns its buffer until completed; it is completed
+        // only when PSM2 has finished with it (or kept forever, see Slot).
+        let data = unsafe { std::slice::from_raw_parts(core.buffer_ptr(), core.buffer_len()) };
+        match eng.post_send(&mut l, data, dest, tag, context, sync) {
+            Ok(key) => {
+                l.live.insert(
+                    key,
+                    Slot::Request {
+                        core: core.clone(),
+                        send: Some((env, data.len())),
+                        source: None,
+                    },
+                );
+            }
+            Err(e) => {
+                eng.tracker.complete(&core, Status::failed(env, e));
+            }
+        }
+        drop(l);
+        Request::new(core, eng.clone())
+    }
+}
+
+/// Adds the `psm` device to `registry`.
+pub fn register(registry: &mut Registry) {
+    registry.register(Entry {
+        name: "psm",
+        description: "Omni-Path PSM2 matched queues (shm-only mode without hfi hardware)",
+        placement: Placement::Processes,
+        open: |cfg| Ok(Arc::new(PsmDevice::open(cfg)?) as Arc<dyn Device>),
+    });
+}
