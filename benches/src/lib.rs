@@ -1,8 +1,10 @@
 //! `xdev-bench` is the stack's OSU-style benchmark harness: pingpong latency
 //! and windowed bandwidth over any xdev [`Device`], printed in the OSU
 //! Micro-Benchmarks layout (or as JSON lines), next to **floors** measured in
-//! the same run: the one-way hand-off of a cache line between two pinned
-//! threads, and single-thread `memcpy` bandwidth over the same working set.
+//! the same run: the one-way hand-off of a cache line between the two ranks'
+//! cores (two pinned threads, or for devices whose ranks are processes, the
+//! two rank processes through a shared mapping: [`process`]), and
+//! single-thread `memcpy` bandwidth over the same working set.
 //!
 //! It is not a timed test suite: nothing here asserts a speed. The figures are
 //! ratios read side by side (value / floor).
@@ -11,9 +13,11 @@ pub mod psm_raw;
 
 use std::hint::black_box;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use xdev::{Buffer, Device, Request, Source, TagSel};
+
+pub mod process;
 
 /// Context the benchmarks use.
 pub const BENCH_CONTEXT: u32 = 0x4245_4e43;
@@ -140,57 +144,120 @@ pub fn bandwidth(
     Ok((me == 0).then_some(mb / secs))
 }
 
-#[repr(align(128))]
-struct Line(AtomicU64);
-
-/// The cache-line floor: one-way hand-off time (microseconds) of one cache
-/// line between two threads pinned to different cores, as a pingpong of a
-/// counter in a single line: the best of `reps` runs of at most `iters` round
-/// trips each, every run also bounded to about 200 ms so that a loaded
+/// How long one cache-line floor run may take at most (about): a loaded
 /// machine slows the measurement down instead of stalling it.
-pub fn cache_line_floor(iters: u64, reps: usize) -> f64 {
+pub const FLOOR_BUDGET: Duration = Duration::from_millis(200);
+
+/// One cache line that two parties pass back and forth, the least any message
+/// between two cores can cost: the ping side writes an odd count, the echo
+/// side answers with the next even one. Threads share it on the heap
+/// ([`cache_line_floor`]); rank processes share it through a mapping
+/// ([`process::ProcessFloor`]), so both floors run this very loop.
+///
+/// A run is self-synchronizing: the echo side announces itself before the
+/// ping side starts the clock, and the ping side ends the run, so the same
+/// line serves any number of runs one after the other.
+#[repr(C, align(128))]
+pub struct HandoffLine {
+    /// 0 when fresh; [`Self::READY`] once the echo side waits; odd counts
+    /// from the ping side, even ones from the echo side; [`Self::STOP`] at
+    /// the end of a run.
+    word: AtomicU64,
+}
+
+impl HandoffLine {
+    /// The echo side is in place and the ping side may start.
+    const READY: u64 = u64::MAX - 1;
+    /// The ping side has ended the run.
     const STOP: u64 = u64::MAX;
-    let budget = std::time::Duration::from_millis(200);
+
+    /// A fresh line (all-zero, as a new shared mapping is).
+    pub const fn new() -> Self {
+        HandoffLine {
+            word: AtomicU64::new(0),
+        }
+    }
+
+    /// The timing side of one run: waits for the echo side, then times at
+    /// most `iters` round trips, stopping early once [`FLOOR_BUDGET`] has
+    /// passed (checked every 1024 round trips), and ends the run. Returns the
+    /// one-way hand-off time in microseconds (half a round trip).
+    pub fn ping(&self, iters: u64) -> f64 {
+        // Ends the run even if this side unwinds, so the echo side returns.
+        struct Stop<'a>(&'a AtomicU64);
+        impl Drop for Stop<'_> {
+            fn drop(&mut self) {
+                self.0.store(HandoffLine::STOP, Ordering::Release);
+            }
+        }
+        let word = &self.word;
+        let _stop = Stop(word);
+        let iters = iters.clamp(1, (Self::READY - 1) / 2);
+        while word.load(Ordering::Acquire) != Self::READY {
+            std::hint::spin_loop();
+        }
+        let start = Instant::now();
+        let mut done = 0;
+        while done < iters {
+            word.store(2 * done + 1, Ordering::Release);
+            while word.load(Ordering::Acquire) != 2 * done + 2 {
+                std::hint::spin_loop();
+            }
+            done += 1;
+            if done % 1024 == 0 && start.elapsed() > FLOOR_BUDGET {
+                break;
+            }
+        }
+        start.elapsed().as_secs_f64() * 1e6 / (2.0 * done as f64)
+    }
+
+    /// The echo side of one run: announces itself, answers every hand-off,
+    /// and returns when the ping side ends the run.
+    pub fn echo(&self) {
+        let word = &self.word;
+        // Only the echo side writes READY, and the ping side writes nothing
+        // before it has seen READY, so this store cannot hide a hand-off.
+        word.store(Self::READY, Ordering::Release);
+        let mut i = 0;
+        loop {
+            let v = word.load(Ordering::Acquire);
+            if v == Self::STOP {
+                return;
+            }
+            if v == 2 * i + 1 {
+                word.store(2 * i + 2, Ordering::Release);
+                i += 1;
+            } else {
+                std::hint::spin_loop();
+            }
+        }
+    }
+}
+
+impl Default for HandoffLine {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// The cache-line floor between threads: one-way hand-off time
+/// (microseconds) of a [`HandoffLine`] between two threads pinned to cores 0
+/// and 1, the best of `reps` runs of at most `iters` round trips each (every
+/// run also bounded by [`FLOOR_BUDGET`]). Both sides run in threads of their
+/// own, so the caller's affinity is left alone.
+pub fn cache_line_floor(iters: u64, reps: usize) -> f64 {
     (0..reps)
         .map(|_| {
-            let line = Line(AtomicU64::new(0));
+            let line = HandoffLine::new();
             let line = &line;
             std::thread::scope(|s| {
                 s.spawn(move || {
                     let _ = shm_ipc::futex::pin_current_thread(1);
-                    let mut i = 0;
-                    loop {
-                        let v = line.0.load(Ordering::Acquire);
-                        if v == STOP {
-                            return;
-                        }
-                        if v == 2 * i + 1 {
-                            line.0.store(2 * i + 2, Ordering::Release);
-                            i += 1;
-                        } else {
-                            std::hint::spin_loop();
-                        }
-                    }
+                    line.echo();
                 });
-                // The timing side runs in its own thread too, so the caller's
-                // affinity is left alone.
                 s.spawn(move || {
                     let _ = shm_ipc::futex::pin_current_thread(0);
-                    let start = Instant::now();
-                    let mut done = 0;
-                    while done < iters {
-                        line.0.store(2 * done + 1, Ordering::Release);
-                        while line.0.load(Ordering::Acquire) != 2 * done + 2 {
-                            std::hint::spin_loop();
-                        }
-                        done += 1;
-                        if done % 1024 == 0 && start.elapsed() > budget {
-                            break;
-                        }
-                    }
-                    let us = start.elapsed().as_secs_f64() * 1e6 / (2.0 * done as f64);
-                    line.0.store(STOP, Ordering::Release);
-                    us
+                    line.ping(iters)
                 })
                 .join()
                 .unwrap_or(f64::INFINITY)
@@ -229,10 +296,11 @@ pub fn memcpy_floor(size: usize, buffers: usize, reps: usize) -> f64 {
 
 /// OSU-style output.
 pub mod osu {
-    /// The two header lines of a latency table.
-    pub fn latency_header(device: &str, floor_us: f64) -> String {
+    /// The header lines of a latency table. `between` says whose cores the
+    /// cache-line floor joins (`"threads"` or `"processes"`).
+    pub fn latency_header(device: &str, between: &str, floor_us: f64) -> String {
         format!(
-            "# OSU MPI Latency Test (xdev-bench)\n# Device: {device}; cache-line floor {floor_us:.3} us\n{:<10}{:>20}{:>20}{:>12}",
+            "# OSU MPI Latency Test (xdev-bench)\n# Device: {device}; cache-line floor {floor_us:.3} us (two {between} pinned to cores 0 and 1)\n{:<10}{:>20}{:>20}{:>12}",
             "# Size", "Avg Latency(us)", "Floor(us)", "Ratio"
         )
     }
@@ -250,6 +318,27 @@ pub mod osu {
     pub fn row(size: usize, value: f64, floor: f64) -> String {
         let ratio = if floor > 0.0 { value / floor } else { f64::NAN };
         format!("{size:<10}{value:>20.2}{floor:>20.2}{ratio:>12.2}")
+    }
+
+    /// The header lines of the floors table (`--test floor`).
+    pub fn floor_header(between: &str) -> String {
+        format!(
+            "# xdev-bench floors\n# Cache-line hand-off between two {between} pinned to cores 0 and 1; memcpy in one thread over the bandwidth test's working set\n{:<10}{:>20}{:>20}",
+            "# Size", "Cache-line(us)", "memcpy(MB/s)"
+        )
+    }
+
+    /// One row of the floors table.
+    pub fn floor_row(size: usize, cache_line_us: f64, memcpy_mbs: f64) -> String {
+        format!("{size:<10}{cache_line_us:>20.3}{memcpy_mbs:>20.2}")
+    }
+
+    /// One JSON record of a floor measured alone; `between` is
+    /// `"threads"` or `"processes"`, `test` `"cache_line"` or `"memcpy"`.
+    pub fn floor_json(between: &str, test: &str, size: usize, value: f64, unit: &str) -> String {
+        format!(
+            "{{\"floor\":\"{between}\",\"test\":\"{test}\",\"size\":{size},\"value\":{value:.4},\"unit\":\"{unit}\"}}"
+        )
     }
 
     /// One JSON record.
