@@ -16,12 +16,14 @@
 //!   `RendezvousStart` (the sender's buffer address and length). Once matched,
 //!   the receiver copies straight from the sender's memory with
 //!   `process_vm_readv` (CMA, one copy) and answers `FIN`, which completes the
-//!   send. Where ptrace rules forbid CMA, the receiver answers `PULL` instead
-//!   and the sender streams the data through the same ring in fragments of
+//!   send. Where ptrace rules forbid CMA, or where CMA is slower than copying
+//!   (see [`CmaMode::Auto`]), the receiver answers `PULL` instead and the
+//!   sender streams the data through the same ring in fragments of
 //!   `fragment_bytes` (a pipelined copy: several fragments are in flight while
-//!   the receiver copies earlier ones out). The choice is made at run time per
-//!   peer: a probe at start-up ([`ProcessDevice::rendezvous`]) and any later
-//!   `EPERM` switch to the pipelined path.
+//!   the receiver copies earlier ones out, each core doing one copy). The
+//!   choice is made at run time: a probe and a calibration at start-up
+//!   ([`ProcessDevice::rendezvous`]), and any later `EPERM` from a peer
+//!   switches that peer to the pipelined path.
 //! * **Order** holds across both paths because every message of a pair, eager
 //!   or rendezvous, goes through the pair's one ring and is matched in ring
 //!   order; replies (`ACK`, `FIN`, `PULL`) and fragments are not matched.
@@ -83,19 +85,34 @@ const ENTRY_CHARGE: u64 = 64;
 /// How rendezvous data moves.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub enum CmaMode {
-    /// Use `process_vm_readv` where the kernel allows it (default).
+    /// Use `process_vm_readv` where the kernel allows it and it is fast
+    /// enough here: at start-up the device times a 1 MiB CMA copy against a
+    /// 1 MiB `memcpy` ([`crate::cma::calibrate`]) and uses CMA only if it
+    /// reaches [`CMA_MIN_SPEED`] of the copy's speed. (The pipelined copy
+    /// through the segment runs both cores at about `memcpy` speed; under
+    /// virtualization CMA's page pinning can make it several times slower:
+    /// on the 2-core test VM CMA reached about 0.2 of `memcpy` and the
+    /// pipelined path was 2.3 times faster at 4 MiB.) Default.
     Auto,
+    /// Use CMA whenever the kernel allows it (one copy, the sender's core
+    /// stays free, the sender need not make progress).
+    On,
     /// Never use CMA: always the pipelined copy through the segment.
     Off,
 }
+
+/// With `cma=auto`, CMA is used only if its measured speed is at least this
+/// fraction of `memcpy`'s.
+pub const CMA_MIN_SPEED: f64 = 0.5;
 
 impl std::str::FromStr for CmaMode {
     type Err = String;
     fn from_str(s: &str) -> std::result::Result<Self, String> {
         match s {
             "auto" => Ok(CmaMode::Auto),
+            "on" => Ok(CmaMode::On),
             "off" => Ok(CmaMode::Off),
-            _ => Err(format!("cma must be auto or off, not {s:?}")),
+            _ => Err(format!("cma must be auto, on or off, not {s:?}")),
         }
     }
 }
@@ -1655,9 +1672,10 @@ impl ProcessDevice {
             ));
         }
         let opts = ProcessOptions::from_config(config)?;
+        let opts_cma = opts.cma;
         crate::doorbell::init_fences();
         let (rank, size) = (config.rank, config.size);
-        let cma_wanted = opts.cma == CmaMode::Auto;
+        let cma_wanted = opts.cma != CmaMode::Off;
         if cma_wanted {
             // Lets sibling ranks read our buffers under Yama ptrace_scope 1;
             // fails harmlessly (EINVAL) where Yama is absent.
@@ -1734,7 +1752,18 @@ impl ProcessDevice {
             let p = (rank + 1) % size;
             let mut got = [0u8; 8];
             match crate::cma::read_remote(pids[p], infos[p].probe_addr, &mut got) {
-                Ok(()) if u64::from_le_bytes(got) == infos[p].probe_value => RendezvousPath::Cma,
+                Ok(()) if u64::from_le_bytes(got) == infos[p].probe_value => {
+                    match (opts_cma, crate::cma::calibrate()) {
+                        (CmaMode::Auto, Some(speed)) if speed < CMA_MIN_SPEED => {
+                            RendezvousPath::Pipelined(format!(
+                                "CMA runs at {:.2} of memcpy's speed here (below {CMA_MIN_SPEED}; \
+                                 cma=on forces it)",
+                                speed
+                            ))
+                        }
+                        _ => RendezvousPath::Cma,
+                    }
+                }
                 Ok(()) => {
                     RendezvousPath::Pipelined(format!("CMA probe of rank {p} read the wrong value"))
                 }
