@@ -44,7 +44,9 @@ use std::collections::HashMap;
 use std::ffi::{c_void, CStr};
 use std::ptr;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
+
+use shm_ipc::lock::{RankGuard, RankLock};
 use std::time::{Duration, Instant};
 
 use psm_sys::ffi::*;
@@ -142,6 +144,32 @@ fn library() -> Result<&'static Library> {
     .map_err(Clone::clone)
 }
 
+/// Hashes our sequential request keys (one multiply, as FxHash): the maps
+/// below are on every message's path, where SipHash's cost shows.
+#[derive(Default, Clone, Copy)]
+struct KeyHasher(u64);
+
+impl std::hash::Hasher for KeyHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0.rotate_left(5) ^ u64::from(*b)).wrapping_mul(0x517c_c1b7_2722_0a95);
+        }
+    }
+    fn write_usize(&mut self, k: usize) {
+        self.0 = (k as u64).wrapping_mul(0x517c_c1b7_2722_0a95);
+    }
+}
+
+/// Marks the keys of requests a blocking call waits for: they are not in
+/// `live` or `handles` (the call holds the handle), and a collecting
+/// progress round that completes one leaves its status in `done`.
+const BLOCKING: Key = 1 << (usize::BITS - 1);
+
+type KeyMap<V> = HashMap<Key, V, std::hash::BuildHasherDefault<KeyHasher>>;
+
 /// Our id of an outstanding PSM2 request, passed to PSM2 as the request's
 /// context and read back from its completion status. (PSM2 reuses request
 /// handles as soon as they are freed, so handles cannot be keys.)
@@ -157,8 +185,6 @@ enum Slot {
         /// For receives, the source it names (to fail it if that peer leaves).
         source: Option<Rank>,
     },
-    /// A blocking call waits for it; its status goes to `done`.
-    Blocking,
     /// Its call gave up (peer gone); the status is dropped on completion.
     Abandoned,
     /// A blocking send to this rank itself, sent from a copy: PSM2's `self`
@@ -172,11 +198,11 @@ struct Inner {
     ep: psm2_ep_t,
     mq: psm2_mq_t,
     addrs: Vec<psm2_epaddr_t>,
-    live: HashMap<Key, Slot>,
+    live: KeyMap<Slot>,
     /// PSM2's handle of each outstanding request (for cancel).
-    handles: HashMap<Key, psm2_mq_req_t>,
+    handles: KeyMap<psm2_mq_req_t>,
     next_key: Key,
-    done: HashMap<Key, psm2_mq_status2_t>,
+    done: KeyMap<psm2_mq_status2_t>,
     gone: Vec<bool>,
     departures_seen: usize,
     /// Send buffers PSM2 may still read (their peer left first): never freed.
@@ -194,8 +220,11 @@ struct Engine {
     rank: Rank,
     size: usize,
     /// Rank of each endpoint address (statuses name the sender by address).
-    ranks_by_addr: HashMap<usize, Rank>,
-    inner: Mutex<Inner>,
+    ranks_by_addr: KeyMap<Rank>,
+    /// Sends shorter than this are eager in PSM2 (its shm rendezvous
+    /// threshold, `rndv_shm_bytes`).
+    eager_max: usize,
+    inner: RankLock<Inner>,
     tracker: Arc<Tracker>,
     closing: AtomicBool,
     boot: Bootstrap,
@@ -237,8 +266,8 @@ fn lost(rank: Rank) -> Error {
 }
 
 impl Engine {
-    fn lock(&self) -> MutexGuard<'_, Inner> {
-        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    fn lock(&self) -> RankGuard<'_, Inner> {
+        self.inner.lock()
     }
 
     fn psm(&self) -> &'static Psm2 {
@@ -320,6 +349,14 @@ impl Engine {
             // SAFETY: zero-initialised, then filled by PSM2.
             let st = unsafe { st.assume_init() };
             let key = st.context as Key;
+            if key & BLOCKING != 0 {
+                // A blocking call's request: hand its status over (unless
+                // the call gave up on it, see Slot::Abandoned).
+                if l.live.remove(&key).is_none() {
+                    l.done.insert(key, st);
+                }
+                continue;
+            }
             l.handles.remove(&key);
             match l.live.remove(&key) {
                 Some(Slot::Request { core, send, .. }) => {
@@ -328,9 +365,6 @@ impl Engine {
                         None => self.recv_status(&st, Some(core.buffer_len())),
                     };
                     self.tracker.complete(&core, status);
-                }
-                Some(Slot::Blocking) => {
-                    l.done.insert(key, st);
                 }
                 Some(Slot::Abandoned | Slot::SelfCopy(_)) | None => {}
             }
@@ -377,11 +411,21 @@ impl Engine {
     /// Cancels the posted receive `key`; true if it was not matched yet (it
     /// is then returned to PSM2; the caller removes its slot).
     fn cancel_key(&self, l: &mut Inner, key: Key) -> bool {
-        let psm = self.psm();
         let Some(&handle) = l.handles.get(&key) else {
             return false;
         };
-        let mut req = handle;
+        if !self.cancel_req(handle) {
+            return false;
+        }
+        l.handles.remove(&key);
+        true
+    }
+
+    /// Cancels live receive request `req` (PSM2's handle); true if it had
+    /// not matched yet (it is then returned to PSM2 and gone).
+    fn cancel_req(&self, req: psm2_mq_req_t) -> bool {
+        let psm = self.psm();
+        let mut req = req;
         // SAFETY: req is a live receive request of this MQ.
         if unsafe { (psm.psm2_mq_cancel)(&mut req) } != psm2_error::PSM2_OK {
             return false;
@@ -389,22 +433,36 @@ impl Engine {
         let mut st = std::mem::MaybeUninit::<psm2_mq_status2_t>::zeroed();
         // SAFETY: a cancelled request must be returned with test/wait (psm2_mq.h).
         unsafe { (psm.psm2_mq_wait2)(&mut req, st.as_mut_ptr()) };
-        l.handles.remove(&key);
         true
     }
 
     /// Polls until `done` says so: PSM2 polls, then yields, then sleeps in
     /// steps of up to 1 ms (PSM2's shm device has no wake-up event).
-    fn block_until(&self, mut done: impl FnMut(&Self, &mut Inner) -> Result<bool>) -> Result<()> {
+    ///
+    /// With `collect`, every round also collects all of PSM2's completions
+    /// (`progress_locked`); without it, `done` makes its own progress (see
+    /// `take_completion`), the fast path of a blocking call.
+    fn block_until(
+        &self,
+        collect: bool,
+        mut done: impl FnMut(&Self, &mut Inner) -> Result<bool>,
+    ) -> Result<()> {
         let mut idle: u32 = 0;
-        let mut last_departure_check = Instant::now();
+        let mut last_departure_check: Option<Instant> = None;
         loop {
             {
                 let mut l = self.lock();
-                let any = self.progress_locked(&mut l);
-                if idle > 64 && last_departure_check.elapsed() > Duration::from_millis(5) {
-                    self.check_departures(&mut l);
-                    last_departure_check = Instant::now();
+                let any = collect && self.progress_locked(&mut l);
+                // Departures are checked once a wait has been idle a while,
+                // then every 5 ms (reading the clock only on that slow path).
+                if idle > 0 && idle % 64 == 0 {
+                    let now = Instant::now();
+                    if last_departure_check
+                        .map_or(true, |t| now.duration_since(t) > Duration::from_millis(5))
+                    {
+                        self.check_departures(&mut l);
+                        last_departure_check = Some(now);
+                    }
                 }
                 if done(self, &mut l)? {
                     return Ok(());
@@ -416,7 +474,8 @@ impl Engine {
             }
             idle = idle.saturating_add(1);
             if idle < 2_000 {
-                std::hint::spin_loop();
+                // Poll again at once: each round already spends a PSM2
+                // poll, and a pause here adds to every message's latency.
             } else if idle < 2_100 {
                 std::thread::yield_now();
             } else {
@@ -426,15 +485,43 @@ impl Engine {
         }
     }
 
+    /// The completion of blocking request `key`, if it has completed: taken
+    /// from `done` when a collecting round got it first, else polled for
+    /// and tested directly (`psm2_mq_test2` on its handle, which only
+    /// `done`'s absence proves is still live: both happen under the lock).
+    fn take_completion(
+        &self,
+        l: &mut Inner,
+        key: Key,
+        req: psm2_mq_req_t,
+    ) -> Option<psm2_mq_status2_t> {
+        if !l.done.is_empty() {
+            if let Some(st) = l.done.remove(&key) {
+                return Some(st);
+            }
+        }
+        let psm = self.psm();
+        let mut req = req;
+        // SAFETY: the endpoint is open (callers check l.open first).
+        unsafe { (psm.psm2_poll)(l.ep) };
+        let mut st = std::mem::MaybeUninit::<psm2_mq_status2_t>::zeroed();
+        // SAFETY: req is live (not in `done`, not yet tested); test2 frees it
+        // only when it returns PSM2_OK, with the status filled.
+        if unsafe { (psm.psm2_mq_test2)(&mut req, st.as_mut_ptr()) } != psm2_error::PSM2_OK {
+            return None;
+        }
+        // SAFETY: filled by PSM2 on success.
+        Some(unsafe { st.assume_init() })
+    }
+
     fn post_send(
         &self,
         l: &mut Inner,
         data: &[u8],
-        dest: Rank,
-        t: Tag,
-        context: Context,
+        (dest, t, context): (Rank, Tag, Context),
         sync: bool,
-    ) -> Result<Key> {
+        blocking: bool,
+    ) -> Result<(Key, psm2_mq_req_t)> {
         if data.len() > u32::MAX as usize {
             return Err(Error::ResourceExhausted(
                 "PSM2 messages are limited to 4 GiB".into(),
@@ -442,7 +529,7 @@ impl Engine {
         }
         let mut stag = tag(t, context, data.len() as u32);
         let mut req: psm2_mq_req_t = ptr::null_mut();
-        let key = l.next_key;
+        let key = l.next_key | if blocking { BLOCKING } else { 0 };
         let flags = if sync { PSM2_MQ_FLAG_SENDSYNC } else { 0 };
         // SAFETY: data stays valid and unmodified until the request completes
         // (owned by a request core, or borrowed by a blocking call that waits
@@ -463,11 +550,20 @@ impl Engine {
             return Err(psm_err(self.psm(), "psm2_mq_isend2", e));
         }
         l.next_key += 1;
-        l.handles.insert(key, req);
-        Ok(key)
+        if !blocking {
+            l.handles.insert(key, req);
+        }
+        Ok((key, req))
     }
 
-    fn post_recv(&self, l: &mut Inner, buf: *mut u8, cap: usize, p: &Pattern) -> Result<Key> {
+    fn post_recv(
+        &self,
+        l: &mut Inner,
+        buf: *mut u8,
+        cap: usize,
+        p: &Pattern,
+        blocking: bool,
+    ) -> Result<(Key, psm2_mq_req_t)> {
         if cap > u32::MAX as usize {
             return Err(Error::ResourceExhausted(
                 "PSM2 messages are limited to 4 GiB".into(),
@@ -479,7 +575,7 @@ impl Engine {
             Source::Any => PSM2_MQ_ANY_ADDR,
         };
         let mut req: psm2_mq_req_t = ptr::null_mut();
-        let key = l.next_key;
+        let key = l.next_key | if blocking { BLOCKING } else { 0 };
         // SAFETY: buf is valid for cap bytes until the request completes or is
         // cancelled (see post_send); tags and out-pointer are valid.
         let e = unsafe {
@@ -499,8 +595,10 @@ impl Engine {
             return Err(psm_err(self.psm(), "psm2_mq_irecv2", e));
         }
         l.next_key += 1;
-        l.handles.insert(key, req);
-        Ok(key)
+        if !blocking {
+            l.handles.insert(key, req);
+        }
+        Ok((key, req))
     }
 
     fn blocking_send(
@@ -520,20 +618,42 @@ impl Engine {
             }
             if dest == self.rank && !sync {
                 let copy: Box<[u8]> = data.into();
-                let key = self.post_send(&mut l, &copy, dest, t, ctx, false)?;
+                let (key, _) = self.post_send(&mut l, &copy, (dest, t, ctx), false, false)?;
                 l.live.insert(key, Slot::SelfCopy(copy));
                 return Ok(());
             }
-            let key = self.post_send(&mut l, data, dest, t, ctx, sync)?;
-            l.live.insert(key, Slot::Blocking);
-            key
+            if !sync && data.len() < self.eager_max {
+                // Below PSM2's rendezvous threshold a send completes locally
+                // at once: psm2_mq_send2 returns when `data` may be reused,
+                // with no request to track.
+                let mut stag = tag(t, ctx, data.len() as u32);
+                // SAFETY: mq and the address are open; PSM2 reads `data`
+                // only during the call.
+                let e = unsafe {
+                    (self.psm().psm2_mq_send2)(
+                        l.mq,
+                        l.addrs[dest],
+                        0,
+                        &mut stag,
+                        data.as_ptr().cast::<c_void>(),
+                        data.len() as u32,
+                    )
+                };
+                return if e == psm2_error::PSM2_OK {
+                    Ok(())
+                } else {
+                    Err(psm_err(self.psm(), "psm2_mq_send2", e))
+                };
+            }
+            self.post_send(&mut l, data, (dest, t, ctx), sync, true)?
         };
+        let (key, req) = key;
         let mut result = Ok(());
-        self.block_until(|_, l| {
+        self.block_until(false, |eng, l| {
             if !l.open {
                 return Err(Error::Closed); // closed under us: PSM2 let go
             }
-            if let Some(st) = l.done.remove(&key) {
+            if let Some(st) = eng.take_completion(l, key, req) {
                 if st.error_code != psm2_error::PSM2_OK {
                     result = Err(psm_err(self.psm(), "send", st.error_code));
                 }
@@ -562,24 +682,22 @@ impl Engine {
                     return Err(lost(s));
                 }
             }
-            let key = self.post_recv(&mut l, buf.as_mut_ptr(), cap, &p)?;
-            l.live.insert(key, Slot::Blocking);
-            key
+            self.post_recv(&mut l, buf.as_mut_ptr(), cap, &p, true)?
         };
+        let (key, req) = key;
         let mut status = None;
         // Whatever ends this wait, the receive is complete or cancelled (or
         // the endpoint closed) before `buf`'s borrow ends.
-        self.block_until(|eng, l| {
+        self.block_until(false, |eng, l| {
             if !l.open {
                 return Err(Error::Closed); // closed under us: PSM2 let go
             }
-            if let Some(st) = l.done.remove(&key) {
+            if let Some(st) = eng.take_completion(l, key, req) {
                 status = Some(eng.recv_status(&st, Some(cap)));
                 return Ok(true);
             }
             if let Source::Rank(s) = p.source {
-                if l.gone[s] && eng.cancel_key(l, key) {
-                    l.live.remove(&key);
+                if l.gone[s] && eng.cancel_req(req) {
                     return Err(lost(s));
                 }
             }
@@ -591,13 +709,13 @@ impl Engine {
 
 impl Progress for Engine {
     fn progress(&self) {
-        if let Ok(mut l) = self.inner.try_lock() {
+        if let Some(mut l) = self.inner.try_lock() {
             self.progress_locked(&mut l);
         }
     }
 
     fn wait(&self, core: &RequestCore) {
-        let _ = self.block_until(|_, _| Ok(core.is_done()));
+        let _ = self.block_until(true, |_, _| Ok(core.is_done()));
     }
 
     fn cancel(&self, core: &Arc<RequestCore>) -> bool {
@@ -812,14 +930,15 @@ impl PsmDevice {
                     .enumerate()
                     .map(|(r, a)| (*a as usize, r))
                     .collect(),
-                inner: Mutex::new(Inner {
+                eager_max: rndv as usize,
+                inner: RankLock::new(Inner {
                     ep,
                     mq,
                     addrs,
-                    live: HashMap::new(),
-                    handles: HashMap::new(),
+                    live: KeyMap::default(),
+                    handles: KeyMap::default(),
                     next_key: 1,
-                    done: HashMap::new(),
+                    done: KeyMap::default(),
                     gone: vec![false; size],
                     departures_seen: 0,
                     kept: Vec::new(),
@@ -942,8 +1061,14 @@ impl Device for PsmDevice {
             }
         }
         let core = eng.tracker.start(RequestKind::Recv, buf);
-        match eng.post_recv(&mut l, core.buffer_ptr(), core.buffer_len(), &pattern) {
-            Ok(key) => {
+        match eng.post_recv(
+            &mut l,
+            core.buffer_ptr(),
+            core.buffer_len(),
+            &pattern,
+            false,
+        ) {
+            Ok((key, _)) => {
                 core.set_token(key as u64);
                 let source = match source {
                     Source::Rank(s) => Some(s),
@@ -972,7 +1097,7 @@ impl Device for PsmDevice {
         eng.check_open()?;
         let p = Pattern::new(source, tag, context);
         let mut found = None;
-        eng.block_until(|eng, l| {
+        eng.block_until(true, |eng, l| {
             found = eng.iprobe_locked(l, &p);
             if found.is_none() {
                 if let Source::Rank(s) = source {
@@ -998,7 +1123,7 @@ impl Device for PsmDevice {
     fn peek(&self) -> Result<Option<Peeked>> {
         let eng = &self.engine;
         let mut found = None;
-        eng.block_until(|eng, _| {
+        eng.block_until(true, |eng, _| {
             found = eng.tracker.pop_completed();
             Ok(found.is_some() || eng.tracker.outstanding() == 0)
         })?;
@@ -1011,7 +1136,7 @@ impl Device for PsmDevice {
             return Ok(());
         }
         // Our sends first (those to departed peers fail and stay kept).
-        let r = eng.block_until(|eng, l| {
+        let r = eng.block_until(true, |eng, l| {
             eng.check_departures(l);
             let keys: Vec<Key> = l
                 .live
@@ -1142,8 +1267,8 @@ impl PsmDevice {
         // SAFETY: the core owns its buffer until completed; it is completed
         // only when PSM2 has finished with it (or kept forever, see Slot).
         let data = unsafe { std::slice::from_raw_parts(core.buffer_ptr(), core.buffer_len()) };
-        match eng.post_send(&mut l, data, dest, tag, context, sync) {
-            Ok(key) => {
+        match eng.post_send(&mut l, data, (dest, tag, context), sync, false) {
+            Ok((key, _)) => {
                 l.live.insert(
                     key,
                     Slot::Request {

@@ -122,9 +122,7 @@ fn parse(args: impl IntoIterator<Item = String>) -> Result<Parsed, String> {
 
 /// Every device this binary links.
 fn registry() -> Registry {
-    let mut r = Registry::new();
-    shm_ipc::register(&mut r);
-    r
+    ibvx::registry()
 }
 
 fn help(reg: &Registry) -> String {
@@ -376,6 +374,79 @@ fn run_tests(a: &Args, device: &str, rig: &dyn Rig) -> Result<(), String> {
             run_bandwidth(a, device, rig)
         }
     }
+}
+
+/// The psm device against raw PSM2 calls on its own endpoint, measured
+/// alternately per size, best of the rounds: the device's overhead over
+/// PSM2 (ratio device/raw: above 1 for latency and below 1 for bandwidth
+/// means the device costs something).
+fn run_psm_peer(a: &Args, psm: &ibvx::PsmDevice, rank: Rank) -> Result<(), String> {
+    use xdev_bench::psm_raw;
+    // SAFETY: the benchmark alternates strictly: no device operation runs or
+    // is outstanding while the raw loops run (each completes all it starts),
+    // and the raw loops use their own context.
+    let raw = unsafe { psm.raw_handles() };
+    let e = |e: xdev::Error| e.to_string();
+    let report = rank == 0;
+    let latency_test = matches!(a.test.as_str(), "latency" | "all");
+    let bw_test = matches!(a.test.as_str(), "bw" | "all");
+    if latency_test {
+        if report && !a.json {
+            println!(
+                "\n# OSU MPI Latency Test (xdev-bench)\n# Device: psm against raw PSM2 MQ calls on the same endpoint (the floor column)\n{:<10}{:>20}{:>20}{:>12}",
+                "# Size", "Avg Latency(us)", "Raw PSM2(us)", "Ratio"
+            );
+        }
+        for size in sizes(a.max_size) {
+            let (n, skip) = scaled(a.quick, latency_iterations(size));
+            let (mut dev_us, mut raw_us) = (None, None);
+            for _ in 0..rounds(a) {
+                raw_us = best(
+                    raw_us,
+                    psm_raw::latency(&raw, rank, size, n, skip).map_err(e)?,
+                    f64::min,
+                );
+                dev_us = best(dev_us, latency(psm, size, n, skip).map_err(e)?, f64::min);
+            }
+            if report {
+                let (d, r) = (figure(dev_us)?, figure(raw_us)?);
+                if a.json {
+                    println!("{}", osu::json("psm-vs-raw", "latency", size, d, "us", r));
+                } else {
+                    println!("{}", osu::row(size, d, r));
+                }
+            }
+        }
+    }
+    if bw_test {
+        if report && !a.json {
+            println!(
+                "\n# OSU MPI Bandwidth Test (xdev-bench)\n# Device: psm against raw PSM2 MQ calls on the same endpoint (the floor column)\n{:<10}{:>20}{:>20}{:>12}",
+                "# Size", "Bandwidth (MB/s)", "Raw PSM2(MB/s)", "Ratio"
+            );
+        }
+        for size in sizes(a.max_size).into_iter().filter(|&s| s > 0) {
+            let (n, skip) = scaled(a.quick, bandwidth_iterations(size));
+            let (mut dev_mbs, mut raw_mbs) = (None, None);
+            for _ in 0..rounds(a) {
+                raw_mbs = best(
+                    raw_mbs,
+                    psm_raw::bandwidth(&raw, rank, size, n, skip).map_err(e)?,
+                    f64::max,
+                );
+                dev_mbs = best(dev_mbs, bandwidth(psm, size, n, skip).map_err(e)?, f64::max);
+            }
+            if report {
+                let (d, r) = (figure(dev_mbs)?, figure(raw_mbs)?);
+                if a.json {
+                    println!("{}", osu::json("psm-vs-raw", "bw", size, d, "MB/s", r));
+                } else {
+                    println!("{}", osu::row(size, d, r));
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Latency and bandwidth with every message forced eager, then forced
@@ -649,7 +720,19 @@ fn rank_main(a: &Args, reg: &Registry) -> Result<(), Failure> {
     for (k, v) in &a.options {
         config = config.with(k, v);
     }
-    let dev = reg.open(&name, &config).map_err(|e| {
+    // The psm device is opened as itself so that its raw PSM2 peer can be
+    // measured on the same endpoint.
+    let mut psm = None;
+    let opened = if name == "psm" {
+        ibvx::PsmDevice::open(&config).map(|d| {
+            let d = Arc::new(d);
+            psm = Some(d.clone());
+            d as Arc<dyn Device>
+        })
+    } else {
+        reg.open(&name, &config)
+    };
+    let dev = opened.map_err(|e| {
         eprintln!("xdev-bench: rank {rank}: cannot open device {name}: {e}");
         Failure::Unavailable
     })?;
@@ -663,6 +746,9 @@ fn rank_main(a: &Args, reg: &Registry) -> Result<(), Failure> {
         floor,
     };
     run_tests(a, &name, &rig).map_err(fail)?;
+    if let Some(psm) = &psm {
+        run_psm_peer(a, psm, rank).map_err(fail)?;
+    }
     if let Some(dev) = &rig.dev {
         dev.finish().map_err(|e| fail(format!("finish: {e}")))?;
     }
