@@ -2126,7 +2126,9 @@ mod tests {
 
     #[test]
     fn unreadable_rendezvous_source_fails_that_receive_only() {
-        let (d0, d1) = pair(&[]);
+        // CMA forced: the default may choose the pipelined path here.
+        let (d0, d1) = pair(&[("cma", "on")]);
+        assert_eq!(d0.rendezvous(), &RendezvousPath::Cma);
         let h = Header {
             kind: KIND_RNDV,
             tag: 4,
@@ -2147,6 +2149,34 @@ mod tests {
         let mut b = [0u8; 2];
         d0.recv(&mut b, Source::Rank(1), TagSel::Tag(6), 1).unwrap();
         assert_eq!(&b, b"ok");
+    }
+
+    #[test]
+    fn fragment_out_of_place_is_a_violation() {
+        let (d0, d1) = pair(&[("cma", "off")]);
+        let r = d0.irecv(Buffer::zeroed(100), Source::Rank(1), TagSel::Tag(4), 1);
+        let start = Header {
+            kind: KIND_RNDV,
+            tag: 4,
+            context: 1,
+            cookie: 5,
+            aux: 100,
+            ..Header::default()
+        };
+        assert!(raw_push(&d1, 0, start, &0u64.to_le_bytes()));
+        let _ = d0.iprobe(Source::Any, TagSel::Any, 1); // matches, answers PULL
+        let data = Header {
+            kind: KIND_DATA,
+            cookie: 5,
+            aux: 50, // the stream is at 0
+            ..Header::default()
+        };
+        assert!(raw_push(&d1, 0, data, &[1u8; 10]));
+        let done = r.wait();
+        match done.status.error {
+            Some(Error::Protocol { rank: 1, what }) => assert!(what.contains("fragment"), "{what}"),
+            other => panic!("expected a protocol violation, got {other:?}"),
+        }
     }
 
     #[test]
