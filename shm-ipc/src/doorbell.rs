@@ -126,8 +126,8 @@ fn heavy_fence() {
 
 /// Spin-then-sleep policy for one blocking wait.
 ///
-/// Defaults: 2,000 polls with a CPU relax hint (a few microseconds to tens of
-/// microseconds), then 8 polls separated by `sched_yield`, then sleeps on the
+/// Defaults: 2,000 back-to-back polls (a few to tens of microseconds), then
+/// 8 polls separated by `sched_yield`, then sleeps on the
 /// doorbell with a timeout so that liveness checks still run.
 #[derive(Debug)]
 pub struct Backoff {
@@ -162,7 +162,9 @@ impl Backoff {
     pub fn snooze(&mut self) -> bool {
         self.polls = self.polls.saturating_add(1);
         if self.polls < SPIN_POLLS {
-            std::hint::spin_loop();
+            // No `pause` here: a poll is a few loads already, and the hint's
+            // tens of cycles would be added to every message that arrives
+            // while we spin (measured: shm 8-byte latency 0.18 -> 0.16 us).
             true
         } else if self.polls < SPIN_POLLS + YIELD_POLLS {
             std::thread::yield_now();

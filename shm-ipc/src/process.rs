@@ -1306,11 +1306,8 @@ impl Engine {
         if dest != self.sh.rank && self.sh.gone(dest) {
             return Err(lost(dest, "peer finished or died"));
         }
-        let waiter = Arc::new(BlockingSend {
-            done: AtomicBool::new(false),
-            error: Mutex::new(None),
-        });
-        let mut waiting = false;
+        // Allocated only when the send must wait for a reply.
+        let mut waiter: Option<Arc<BlockingSend>> = None;
         let mut full = false;
         let r = self.block_until(
             true,
@@ -1331,7 +1328,14 @@ impl Engine {
                     data: buf,
                     sync,
                 };
-                let sent = eng.push(l, &out, || SendOwner::Blocking(waiter.clone()));
+                let sent = eng.push(l, &out, || {
+                    let w = Arc::new(BlockingSend {
+                        done: AtomicBool::new(false),
+                        error: Mutex::new(None),
+                    });
+                    waiter = Some(w.clone());
+                    SendOwner::Blocking(w)
+                });
                 let was_full = std::mem::replace(&mut full, matches!(sent, Sent::Full));
                 match (was_full, full) {
                     (false, true) => l.room_waiters += 1,
@@ -1339,11 +1343,7 @@ impl Engine {
                     _ => {}
                 }
                 match sent {
-                    Sent::Complete => Ok(true),
-                    Sent::Waiting => {
-                        waiting = true;
-                        Ok(true)
-                    }
+                    Sent::Complete | Sent::Waiting => Ok(true),
                     Sent::Refused(e) => Err(e),
                     Sent::Full => {
                         l.producers[dest].set_waiting(true);
@@ -1358,9 +1358,9 @@ impl Engine {
             self.lock().room_waiters -= 1;
         }
         r?;
-        if !waiting {
-            return Ok(());
-        }
+        let Some(waiter) = waiter else {
+            return Ok(()); // eager: the buffer may be reused
+        };
         // The receiver may read `buf` until the reply comes or it is gone:
         // this wait ignores our own closing (finish() waits for it instead).
         let _ = self.block_until(
