@@ -261,7 +261,14 @@ impl Rig for ProcessRig {
 
     fn run(&self, bench: &Bench) -> Result<Option<f64>, String> {
         let dev = self.dev.as_deref().ok_or("no device is open")?;
-        bench(dev).map_err(|e| e.to_string())
+        let figure = bench(dev).map_err(|e| e.to_string())?;
+        // A rank's last operation may complete only when its peer makes
+        // progress (the sender of a PSM2 rendezvous waits for the
+        // receiver's last control message): a barrier through the device
+        // lets both finish before either goes on to the floor, which does
+        // not drive the device.
+        xdev::conformance::barrier(dev).map_err(|e| format!("barrier: {e}"))?;
+        Ok(figure)
     }
 }
 
