@@ -18,6 +18,7 @@ pub mod process;
 pub mod ring;
 pub mod segment;
 mod sync;
+mod target;
 pub mod thread;
 
 pub use doorbell::{Backoff, Doorbell};

@@ -68,6 +68,7 @@ use crate::liveness::PeerWatch;
 use crate::lock::{RankGuard, RankLock};
 use crate::ring::{Consumer, Header, Incoming, Producer, INLINE};
 use crate::segment::{self, state, Inbox, InboxLayout};
+use crate::target::{lost, BlockingRecv, Pending, Target};
 
 const KIND_EAGER: u8 = 1;
 const KIND_RNDV: u8 = 2;
@@ -311,13 +312,6 @@ impl Shared {
     }
 }
 
-fn lost(rank: Rank, reason: &str) -> Error {
-    Error::PeerLost {
-        rank,
-        reason: reason.to_string(),
-    }
-}
-
 /// A message the receiver keeps before a receive matches it.
 enum Unexpected {
     Eager { data: Vec<u8>, sync: Option<u64> },
@@ -329,37 +323,6 @@ impl Unexpected {
         match self {
             Unexpected::Eager { data, .. } => data.len(),
             Unexpected::Rndv { len, .. } => *len,
-        }
-    }
-}
-
-/// A blocking receive waiting in the matching engine or for a pipelined
-/// rendezvous: its buffer is borrowed by the waiting call, which never
-/// returns while the entry is registered (its [`Unpost`] guard removes it).
-struct BlockingRecv {
-    ptr: *mut u8,
-    cap: usize,
-    done: AtomicBool,
-    status: Mutex<Option<Status>>,
-}
-
-// SAFETY: `ptr` is written only under the rank lock while the blocking call
-// that owns the borrow is waiting (see BlockingRecv).
-unsafe impl Send for BlockingRecv {}
-// SAFETY: as above.
-unsafe impl Sync for BlockingRecv {}
-
-/// Where a matched message goes.
-enum Target {
-    Request(Arc<RequestCore>),
-    Blocking(Arc<BlockingRecv>),
-}
-
-impl Target {
-    fn dst(&self) -> (*mut u8, usize) {
-        match self {
-            Target::Request(c) => (c.buffer_ptr(), c.buffer_len()),
-            Target::Blocking(b) => (b.ptr, b.cap),
         }
     }
 }
@@ -401,14 +364,6 @@ struct InStream {
     env: Envelope,
     len: usize,
     got: usize,
-}
-
-/// A send waiting for ring room.
-struct Pending {
-    core: Arc<RequestCore>,
-    tag: Tag,
-    context: Context,
-    sync: bool,
 }
 
 /// One rank's private protocol state, behind the rank lock.
@@ -520,9 +475,8 @@ impl Drop for Unpost<'_> {
             if let Some(id) = id {
                 l.matching.cancel(id);
             }
-            if !b.done.load(Ordering::Acquire) {
-                l.streams_in
-                    .retain(|_, s| !matches!(&s.target, Target::Blocking(t) if Arc::ptr_eq(t, &b)));
+            if !b.is_done() {
+                l.streams_in.retain(|_, s| !s.target.is(&b));
             }
         }
     }
@@ -760,12 +714,7 @@ impl Engine {
         match out {
             Outcome::Done(st) => d.status = Some(st),
             Outcome::Stream { id, len } => {
-                let b = Arc::new(BlockingRecv {
-                    ptr: d.buf.as_mut_ptr(),
-                    cap: d.buf.len(),
-                    done: AtomicBool::new(false),
-                    status: Mutex::new(None),
-                });
+                let b = BlockingRecv::new(d.buf);
                 self.start_stream(l, env, id, len, Target::Blocking(b.clone()));
                 d.stream = Some(b);
             }
@@ -786,15 +735,7 @@ impl Engine {
     }
 
     fn complete_target(&self, t: Target, st: Status) {
-        match t {
-            Target::Request(core) => {
-                self.tracker.complete(&core, st);
-            }
-            Target::Blocking(b) => {
-                *b.status.lock().unwrap_or_else(|p| p.into_inner()) = Some(st);
-                b.done.store(true, Ordering::Release);
-            }
-        }
+        t.complete(&self.tracker, st);
     }
 
     fn complete_send(&self, e: OutSend, result: Result<()>) {
@@ -1454,7 +1395,7 @@ impl Engine {
             |eng, l| {
                 if let Some((b, _)) = &*queued.borrow() {
                     eng.progress_locked(l, None);
-                    return Ok(b.done.load(Ordering::Acquire));
+                    return Ok(b.is_done());
                 }
                 if l.matching.posted_len() == 0 {
                     if !eng.direct_from_unexpected(l, &mut direct) {
@@ -1482,18 +1423,13 @@ impl Engine {
                     }
                 }
                 // Other receives are posted: queue behind them to keep order.
-                let b = Arc::new(BlockingRecv {
-                    ptr: direct.buf.as_mut_ptr(),
-                    cap: direct.buf.len(),
-                    done: AtomicBool::new(false),
-                    status: Mutex::new(None),
-                });
+                let b = BlockingRecv::new(direct.buf);
                 match l.matching.post(pattern, Target::Blocking(b.clone())) {
                     Posted::Matched { env, msg, recv } => {
                         let (p, n) = recv.dst();
                         let out = eng.deliver_unexpected(l, env, msg, p, n);
                         eng.settle(l, env, out, recv);
-                        let done = b.done.load(Ordering::Acquire);
+                        let done = b.is_done();
                         *queued.borrow_mut() = Some((b, None));
                         Ok(done)
                     }
@@ -1503,21 +1439,15 @@ impl Engine {
                     }
                 }
             },
-            || {
-                queued
-                    .borrow()
-                    .as_ref()
-                    .is_some_and(|(b, _)| b.done.load(Ordering::Acquire))
-            },
+            || queued.borrow().as_ref().is_some_and(|(b, _)| b.is_done()),
         );
         // Never read a queued entry's outcome while it can still be written:
         // dropping `unpost` takes it out of the engine first.
         let queued_recv = queued.borrow().as_ref().map(|(b, _)| b.clone());
         drop(unpost);
         if let Some(b) = queued_recv {
-            if b.done.load(Ordering::Acquire) {
-                let st = b.status.lock().unwrap_or_else(|p| p.into_inner()).take();
-                return st.map(|s| s.into_result()).unwrap_or(Err(Error::Closed));
+            if b.is_done() {
+                return b.outcome();
             }
             r?;
             return Err(Error::Closed);

@@ -41,6 +41,7 @@ use crate::doorbell::{Backoff, Doorbell};
 use crate::futex::Scope;
 use crate::lock::{RankGuard, RankLock};
 use crate::ring::{Consumer, Header, HeapRing, Incoming, Producer, RingRef};
+use crate::target::{lost, BlockingRecv, Pending, Target};
 
 const KIND_EAGER: u8 = 1;
 const KIND_RNDV: u8 = 2;
@@ -264,13 +265,6 @@ impl Handoff {
     }
 }
 
-fn lost(rank: Rank, reason: &str) -> Error {
-    Error::PeerLost {
-        rank,
-        reason: reason.to_string(),
-    }
-}
-
 /// A message the receiver had to keep before a receive matched it.
 enum Unexpected {
     Eager {
@@ -285,37 +279,6 @@ impl Unexpected {
         match self {
             Unexpected::Eager { data, .. } => data.len(),
             Unexpected::Rndv(h) => h.len,
-        }
-    }
-}
-
-/// Where a matched message goes.
-enum Target {
-    Request(Arc<RequestCore>),
-    Blocking(Arc<BlockingRecv>),
-}
-
-/// A blocking receive queued behind other posted receives: its buffer is
-/// borrowed by the waiting call, which never returns while the entry is
-/// queued (it removes it first, under the rank lock).
-struct BlockingRecv {
-    ptr: *mut u8,
-    cap: usize,
-    done: AtomicBool,
-    status: Mutex<Option<Status>>,
-}
-
-// SAFETY: `ptr` is written only under the rank lock while the blocking call
-// that owns the borrow is waiting (see BlockingRecv).
-unsafe impl Send for BlockingRecv {}
-// SAFETY: as above.
-unsafe impl Sync for BlockingRecv {}
-
-impl Target {
-    fn dst(&self) -> (*mut u8, usize) {
-        match self {
-            Target::Request(c) => (c.buffer_ptr(), c.buffer_len()),
-            Target::Blocking(b) => (b.ptr, b.cap),
         }
     }
 }
@@ -345,14 +308,6 @@ impl Drop for Settle<'_> {
         // progress; revokes an offer nobody claimed.
         self.0.revoke();
     }
-}
-
-/// A send waiting for ring room.
-struct Pending {
-    core: Arc<RequestCore>,
-    tag: Tag,
-    context: Context,
-    sync: bool,
 }
 
 /// One rank's private protocol state, behind the rank lock.
@@ -564,15 +519,7 @@ impl Engine {
     }
 
     fn complete_target(&self, t: Target, st: Status) {
-        match t {
-            Target::Request(core) => {
-                self.tracker.complete(&core, st);
-            }
-            Target::Blocking(b) => {
-                *b.status.lock().unwrap_or_else(|p| p.into_inner()) = Some(st);
-                b.done.store(true, Ordering::Release);
-            }
-        }
+        t.complete(&self.tracker, st);
     }
 
     /// Processes the messages waiting in the ring from `s`. With `direct`,
@@ -1063,7 +1010,7 @@ impl Engine {
             |eng, l| {
                 if let Some((b, _)) = &*queued.borrow() {
                     eng.progress_locked(l, None);
-                    return Ok(b.done.load(Ordering::Acquire));
+                    return Ok(b.is_done());
                 }
                 if l.matching.posted_len() == 0 {
                     if eng.direct_from_unexpected(l, &mut direct) {
@@ -1088,15 +1035,11 @@ impl Engine {
                     }
                 }
                 // Other receives are posted: queue behind them to keep order.
-                let b = Arc::new(BlockingRecv {
-                    ptr: direct.buf.as_mut_ptr(),
-                    cap: direct.buf.len(),
-                    done: AtomicBool::new(false),
-                    status: Mutex::new(None),
-                });
+                let b = BlockingRecv::new(direct.buf);
                 match l.matching.post(pattern, Target::Blocking(b.clone())) {
-                    Posted::Matched { env, msg, .. } => {
-                        direct.status = Some(eng.deliver_unexpected(l, env, msg, b.ptr, b.cap));
+                    Posted::Matched { env, msg, recv } => {
+                        let (p, n) = recv.dst();
+                        direct.status = Some(eng.deliver_unexpected(l, env, msg, p, n));
                         Ok(true)
                     }
                     Posted::Queued(id) => {
@@ -1105,21 +1048,15 @@ impl Engine {
                     }
                 }
             },
-            || {
-                queued
-                    .borrow()
-                    .as_ref()
-                    .is_some_and(|(b, _)| b.done.load(Ordering::Acquire))
-            },
+            || queued.borrow().as_ref().is_some_and(|(b, _)| b.is_done()),
         );
         // Never read a queued entry's outcome while it can still be written:
         // dropping `unpost` takes it out of the matching engine first.
         let queued_recv = queued.borrow().as_ref().map(|(b, _)| b.clone());
         drop(unpost);
         if let Some(b) = queued_recv {
-            if b.done.load(Ordering::Acquire) {
-                let st = b.status.lock().unwrap_or_else(|p| p.into_inner()).take();
-                return st.map(|s| s.into_result()).unwrap_or(Err(Error::Closed));
+            if b.is_done() {
+                return b.outcome();
             }
             r?;
             return Err(Error::Closed);
