@@ -37,6 +37,14 @@ impl Config {
         self
     }
 
+    /// Adds an option written `KEY=VALUE` (as on a command line).
+    pub fn with_assignment(self, assignment: &str) -> Result<Self> {
+        let (k, v) = assignment
+            .split_once('=')
+            .ok_or_else(|| Error::Config(format!("option {assignment:?} is not KEY=VALUE")))?;
+        Ok(self.with(k, v))
+    }
+
     /// Checks `rank < size` and `size > 0`.
     pub fn validate(&self) -> Result<()> {
         if self.size == 0 {
@@ -147,4 +155,21 @@ pub fn check_recv(source: Source, tag: TagSel, size: usize) -> Result<()> {
         check_tag(t)?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn options_from_assignments() {
+        let c = Config::new(0, 2, "j")
+            .with_assignment("ring_bytes=8192")
+            .unwrap();
+        assert_eq!(c.option("ring_bytes", 0usize).unwrap(), 8192);
+        assert!(matches!(
+            Config::new(0, 2, "j").with_assignment("ring_bytes"),
+            Err(Error::Config(_))
+        ));
+    }
 }

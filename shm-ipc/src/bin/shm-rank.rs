@@ -18,14 +18,11 @@ use xdev::conformance::{barrier, run_case};
 use xdev::{Buffer, Config, Device, Error, Source, TagSel};
 
 fn config(options: &[String]) -> Result<Config, String> {
-    let mut cfg = xdev::bootstrap::config_from_env().map_err(|e| e.to_string())?;
-    for kv in options {
-        let (k, v) = kv
-            .split_once('=')
-            .ok_or_else(|| format!("option {kv:?} is not KEY=VALUE"))?;
-        cfg = cfg.with(k, v);
-    }
-    Ok(cfg)
+    let cfg = xdev::bootstrap::config_from_env().map_err(|e| e.to_string())?;
+    options
+        .iter()
+        .try_fold(cfg, |c, kv| c.with_assignment(kv))
+        .map_err(|e| e.to_string())
 }
 
 fn main() -> ExitCode {
