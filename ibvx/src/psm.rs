@@ -514,6 +514,21 @@ impl Engine {
         Some(unsafe { st.assume_init() })
     }
 
+    /// Records a request PSM2 accepted under `key`: a blocking call keeps
+    /// the handle itself, others are found through `handles` (for cancel).
+    fn register(
+        l: &mut Inner,
+        key: Key,
+        req: psm2_mq_req_t,
+        blocking: bool,
+    ) -> (Key, psm2_mq_req_t) {
+        l.next_key += 1;
+        if !blocking {
+            l.handles.insert(key, req);
+        }
+        (key, req)
+    }
+
     fn post_send(
         &self,
         l: &mut Inner,
@@ -522,12 +537,8 @@ impl Engine {
         sync: bool,
         blocking: bool,
     ) -> Result<(Key, psm2_mq_req_t)> {
-        if data.len() > u32::MAX as usize {
-            return Err(Error::ResourceExhausted(
-                "PSM2 messages are limited to 4 GiB".into(),
-            ));
-        }
-        let mut stag = tag(t, context, data.len() as u32);
+        let len = psm_len(data.len())?;
+        let mut stag = tag(t, context, len);
         let mut req: psm2_mq_req_t = ptr::null_mut();
         let key = l.next_key | if blocking { BLOCKING } else { 0 };
         let flags = if sync { PSM2_MQ_FLAG_SENDSYNC } else { 0 };
@@ -541,7 +552,7 @@ impl Engine {
                 flags,
                 &mut stag,
                 data.as_ptr().cast::<c_void>(),
-                data.len() as u32,
+                len,
                 key as *mut c_void,
                 &mut req,
             )
@@ -549,11 +560,7 @@ impl Engine {
         if e != psm2_error::PSM2_OK {
             return Err(psm_err(self.psm(), "psm2_mq_isend2", e));
         }
-        l.next_key += 1;
-        if !blocking {
-            l.handles.insert(key, req);
-        }
-        Ok((key, req))
+        Ok(Self::register(l, key, req, blocking))
     }
 
     fn post_recv(
@@ -564,11 +571,7 @@ impl Engine {
         p: &Pattern,
         blocking: bool,
     ) -> Result<(Key, psm2_mq_req_t)> {
-        if cap > u32::MAX as usize {
-            return Err(Error::ResourceExhausted(
-                "PSM2 messages are limited to 4 GiB".into(),
-            ));
-        }
+        let len = psm_len(cap)?;
         let (mut rtag, mut sel) = selector(p);
         let src = match p.source {
             Source::Rank(s) => l.addrs[s],
@@ -586,7 +589,7 @@ impl Engine {
                 &mut sel,
                 0,
                 buf.cast::<c_void>(),
-                cap as u32,
+                len,
                 key as *mut c_void,
                 &mut req,
             )
@@ -594,11 +597,7 @@ impl Engine {
         if e != psm2_error::PSM2_OK {
             return Err(psm_err(self.psm(), "psm2_mq_irecv2", e));
         }
-        l.next_key += 1;
-        if !blocking {
-            l.handles.insert(key, req);
-        }
-        Ok((key, req))
+        Ok(Self::register(l, key, req, blocking))
     }
 
     fn blocking_send(
@@ -1285,6 +1284,12 @@ impl PsmDevice {
         drop(l);
         Request::new(core, eng.clone())
     }
+}
+
+/// A message length as PSM2 takes it (`u32`).
+fn psm_len(len: usize) -> Result<u32> {
+    u32::try_from(len)
+        .map_err(|_| Error::ResourceExhausted("PSM2 messages are limited to 4 GiB".into()))
 }
 
 /// Adds the `psm` device to `registry`.
