@@ -3,6 +3,8 @@
 //!
 //! ```text
 //! xdev-rank conformance CASE [KEY=VALUE...]   run one xdev conformance case
+//! xdev-rank peer-exit [KEY=VALUE...]          rank 1 leaves; rank 0's operations
+//!                                             involving it fail with PeerLost
 //! xdev-rank posted-truncation [KEY=VALUE...]  a large message into a smaller
 //!                                             receive posted before it was sent
 //! ```
@@ -35,6 +37,7 @@ fn main() -> ExitCode {
     let r = match args.first().map(String::as_str) {
         Some("conformance") if args.len() >= 2 => conformance(&args[1], &args[2..]),
         Some("posted-truncation") => posted_truncation(&args[1..]),
+        Some("peer-exit") => peer_exit(&args[1..]),
         _ => Err("usage: xdev-rank conformance CASE [K=V...] | posted-truncation [K=V...]".into()),
     };
     match r {
@@ -96,5 +99,43 @@ fn posted_truncation(options: &[String]) -> Result<(), String> {
         _ => barrier(&*dev).map_err(|e| format!("barrier: {e}"))?,
     }
     barrier(&*dev).map_err(|e| format!("final barrier: {e}"))?;
+    dev.finish().map_err(|e| format!("finish: {e}"))
+}
+
+/// Rank 1 exits right after a barrier, without finishing. Rank 0's receive
+/// from it, a new send to it and a probe naming it fail with PeerLost, and
+/// rank 0 still finishes.
+fn peer_exit(options: &[String]) -> Result<(), String> {
+    let dev = open(options)?;
+    let ctx = 0x4558_4954;
+    barrier(&*dev).map_err(|e| format!("barrier: {e}"))?;
+    if dev.id() == 1 {
+        std::process::exit(0);
+    }
+    if dev.id() != 0 {
+        return dev.finish().map_err(|e| format!("finish: {e}"));
+    }
+    let lost = |what: &str, r: Option<&xdev::Error>| match r {
+        Some(xdev::Error::PeerLost { rank: 1, .. }) => Ok(()),
+        other => Err(format!(
+            "{what}: expected PeerLost from rank 1, got {other:?}"
+        )),
+    };
+    let done = dev
+        .irecv(
+            xdev::Buffer::zeroed(8),
+            xdev::Source::Rank(1),
+            xdev::TagSel::Any,
+            ctx,
+        )
+        .wait();
+    lost("irecv", done.status.error.as_ref())?;
+    lost("send", dev.send(b"x", 1, 0, ctx).err().as_ref())?;
+    lost(
+        "probe",
+        dev.probe(xdev::Source::Rank(1), xdev::TagSel::Any, ctx)
+            .err()
+            .as_ref(),
+    )?;
     dev.finish().map_err(|e| format!("finish: {e}"))
 }

@@ -1,0 +1,50 @@
+//! Scenarios of `xdev-rank` on every multi-process device that runs here:
+//! - a rendezvous-size message into a smaller receive posted before it was
+//!   sent reports the truncation with the sender's length (libpsm2 itself
+//!   does not report it; the psm device carries the length in its tag);
+//! - a peer that exits without finishing makes a receive from it, a send to
+//!   it and a probe naming it fail with PeerLost, and the survivor finishes.
+
+use std::time::Duration;
+
+use xdev::launch::LocalJob;
+
+fn run(device: &str, scenario: &str) {
+    if device == "psm" {
+        if let Err(e) = psm_sys::Psm2::load() {
+            println!("skipped: {e}");
+            return;
+        }
+    }
+    let job = LocalJob::start(
+        2,
+        env!("CARGO_BIN_EXE_xdev-rank"),
+        &[scenario],
+        &[("XDEV_DEVICE", device)],
+    )
+    .expect("start job");
+    let exits = job.wait(Duration::from_secs(120)).expect("job ends");
+    for (r, e) in exits.iter().enumerate() {
+        assert!(e.success, "{device} rank {r}: {}{}", e.stdout, e.stderr);
+    }
+}
+
+#[test]
+fn shm_posted_truncation() {
+    run("shm", "posted-truncation");
+}
+
+#[test]
+fn psm_posted_truncation() {
+    run("psm", "posted-truncation");
+}
+
+#[test]
+fn shm_peer_exit() {
+    run("shm", "peer-exit");
+}
+
+#[test]
+fn psm_peer_exit() {
+    run("psm", "peer-exit");
+}
