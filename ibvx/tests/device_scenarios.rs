@@ -24,9 +24,8 @@ fn run(device: &str, scenario: &str) {
     )
     .expect("start job");
     let exits = job.wait(Duration::from_secs(120)).expect("job ends");
-    for (r, e) in exits.iter().enumerate() {
-        assert!(e.success, "{device} rank {r}: {}{}", e.stdout, e.stderr);
-    }
+    let failures = xdev::launch::failures(&exits);
+    assert!(failures.is_empty(), "{device}: {failures}");
 }
 
 #[test]

@@ -23,13 +23,8 @@ fn run(n: usize, case: &str) {
     )
     .expect("start job");
     let exits = job.wait(Duration::from_secs(300)).expect("job ends");
-    let failures: Vec<String> = exits
-        .iter()
-        .enumerate()
-        .filter(|(_, e)| !e.success)
-        .map(|(r, e)| format!("rank {r}: {}{}", e.stdout, e.stderr))
-        .collect();
-    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    let failures = xdev::launch::failures(&exits);
+    assert!(failures.is_empty(), "{failures}");
     // Honest about the mode it ran in.
     let shm_only = !std::path::Path::new("/dev/hfi1_0").exists();
     if shm_only {

@@ -61,6 +61,18 @@ pub struct RankExit {
     pub stderr: String,
 }
 
+/// The output of every rank that did not exit with status 0, one block per
+/// rank (`rank R: stdout stderr`); empty when all succeeded.
+pub fn failures(exits: &[RankExit]) -> String {
+    exits
+        .iter()
+        .enumerate()
+        .filter(|(_, e)| !e.success)
+        .map(|(r, e)| format!("rank {r}: {}{}", e.stdout, e.stderr))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 impl LocalJob {
     /// Starts `size` processes of `program args`, each with `env` added.
     pub fn start(

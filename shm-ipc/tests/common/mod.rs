@@ -54,13 +54,8 @@ pub fn finish(run: Running) -> Vec<RankExit> {
 /// Returns each rank's stdout.
 pub fn run_job(n: usize, args: &[&str]) -> Vec<String> {
     let exits = finish(start(n, args));
-    let failures: Vec<String> = exits
-        .iter()
-        .enumerate()
-        .filter(|(_, e)| !e.success)
-        .map(|(rank, e)| format!("rank {rank}: {}{}", e.stdout, e.stderr))
-        .collect();
-    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    let failures = xdev::launch::failures(&exits);
+    assert!(failures.is_empty(), "{failures}");
     exits.into_iter().map(|e| e.stdout).collect()
 }
 
