@@ -144,6 +144,113 @@ pub fn bandwidth(
     Ok((me == 0).then_some(mb / secs))
 }
 
+/// osu_bibw: both ranks post `WINDOW` non-blocking receives from the other,
+/// then `WINDOW` non-blocking sends to it, and wait for all of them;
+/// repeated `iters` times. MB/s in both directions together (10^6 bytes per
+/// second: `2 * size * WINDOW * iters / time`), on rank 0.
+///
+/// Each side uses `WINDOW` receive and `WINDOW` send buffers, allocated once
+/// and reused (an outstanding operation owns its buffer).
+pub fn bibandwidth(
+    dev: &dyn Device,
+    size: usize,
+    iters: usize,
+    skip: usize,
+) -> xdev::Result<Option<f64>> {
+    let me = dev.id();
+    let c = BENCH_CONTEXT + 3;
+    let mut rbufs: Vec<Buffer> = (0..WINDOW).map(|_| Buffer::from(vec![0u8; size])).collect();
+    let mut sbufs: Vec<Buffer> = (0..WINDOW)
+        .map(|_| Buffer::from(vec![0x3Cu8; size]))
+        .collect();
+    let secs = timed(iters, skip, || {
+        let peer = match me {
+            0 => 1,
+            1 => 0,
+            _ => return Ok(()),
+        };
+        let recvs: Vec<Request> = rbufs
+            .drain(..)
+            .map(|b| dev.irecv(b, Source::Rank(peer), TagSel::Tag(4), c))
+            .collect();
+        let sends: Vec<Request> = sbufs.drain(..).map(|b| dev.isend(b, peer, 4, c)).collect();
+        for r in recvs {
+            let (b, _) = r.wait().into_result()?;
+            rbufs.push(b);
+        }
+        for r in sends {
+            let (b, _) = r.wait().into_result()?;
+            sbufs.push(b);
+        }
+        Ok(())
+    })?;
+    let mb = (2 * size * WINDOW * iters) as f64 / 1e6;
+    Ok((me == 0).then_some(mb / secs))
+}
+
+/// The pairs of an osu_mbw_mr run on `ranks` ranks: rank `i` of the first
+/// half sends to rank `i + ranks / 2` (an odd last rank idles).
+pub fn mbw_pairs(ranks: usize) -> usize {
+    ranks / 2
+}
+
+/// osu_mbw_mr: the first half of the ranks each send to their partner in
+/// the second half ([`mbw_pairs`]), all pairs at once: per iteration a
+/// sender posts `WINDOW` non-blocking sends and waits for them, then receives
+/// a zero-byte acknowledgement, which its receiver sends once its `WINDOW`
+/// receives have completed. Every rank passes a barrier before the timed
+/// iterations and another after them, so rank 0's clock covers every pair.
+/// Aggregate MB/s of all pairs on rank 0 (messages per second are
+/// `MB/s * 10^6 / size`).
+pub fn multi_bandwidth(
+    dev: &dyn Device,
+    size: usize,
+    iters: usize,
+    skip: usize,
+) -> xdev::Result<Option<f64>> {
+    let (me, n) = (dev.id(), dev.size());
+    let pairs = mbw_pairs(n);
+    let c = BENCH_CONTEXT + 4;
+    let mut bufs: Vec<Buffer> = (0..WINDOW)
+        .map(|_| Buffer::from(vec![0x69u8; size]))
+        .collect();
+    let mut step = || -> xdev::Result<()> {
+        if me < pairs {
+            let to = me + pairs;
+            let reqs: Vec<Request> = bufs.drain(..).map(|b| dev.isend(b, to, 5, c)).collect();
+            for r in reqs {
+                let (b, _) = r.wait().into_result()?;
+                bufs.push(b);
+            }
+            dev.recv(&mut [], Source::Rank(to), TagSel::Tag(6), c)?;
+        } else if me < 2 * pairs {
+            let from = me - pairs;
+            let reqs: Vec<Request> = bufs
+                .drain(..)
+                .map(|b| dev.irecv(b, Source::Rank(from), TagSel::Tag(5), c))
+                .collect();
+            for r in reqs {
+                let (b, _) = r.wait().into_result()?;
+                bufs.push(b);
+            }
+            dev.send(&[], from, 6, c)?;
+        }
+        Ok(())
+    };
+    for _ in 0..skip {
+        step()?;
+    }
+    xdev::conformance::barrier(dev)?;
+    let start = Instant::now();
+    for _ in 0..iters {
+        step()?;
+    }
+    xdev::conformance::barrier(dev)?;
+    let secs = start.elapsed().as_secs_f64();
+    let mb = (pairs * size * WINDOW * iters) as f64 / 1e6;
+    Ok((me == 0).then_some(mb / secs))
+}
+
 /// How long one cache-line floor run may take at most (about): a loaded
 /// machine slows the measurement down instead of stalling it.
 pub const FLOOR_BUDGET: Duration = Duration::from_millis(200);
@@ -270,28 +377,80 @@ pub fn cache_line_floor(iters: u64, reps: usize) -> f64 {
 /// copies, cycling through `buffers` distinct source/destination pairs (the
 /// working set of the benchmark it is compared with). Best of `reps`.
 pub fn memcpy_floor(size: usize, buffers: usize, reps: usize) -> f64 {
-    if size == 0 {
+    parallel_memcpy_floor(size, buffers, 1, reps)
+}
+
+/// The memcpy floor of a test in which `copiers` copies run at once (both
+/// directions of `bibw`, the pairs of `mbw_mr`): `copiers` threads, thread
+/// `i` pinned to core `i` (modulo the cores online), each copying as
+/// [`memcpy_floor`] does over its own working set of `buffers` pairs, all
+/// started together. Aggregate MB/s (all threads' bytes over the slowest
+/// thread's time), best of `reps`. With one copier the copy runs in the
+/// calling thread, which is left unpinned.
+pub fn parallel_memcpy_floor(size: usize, buffers: usize, copiers: usize, reps: usize) -> f64 {
+    if size == 0 || copiers == 0 {
         return 0.0;
     }
-    let src: Vec<Vec<u8>> = (0..buffers).map(|i| vec![i as u8; size]).collect();
-    // Non-zero fill: zeroed allocations are lazily mapped, and the first copy
-    // would time page faults instead of copying.
-    let mut dst: Vec<Vec<u8>> = (0..buffers).map(|_| vec![1u8; size]).collect();
     let copies = ((256usize << 20) / size).clamp(buffers, 200_000);
-    for i in 0..buffers {
-        dst[i].copy_from_slice(&src[i]); // warm-up pass, untimed
-    }
+    let mut sets: Vec<CopySet> = (0..copiers).map(|_| CopySet::new(size, buffers)).collect();
     (0..reps)
         .map(|_| {
-            let start = Instant::now();
-            for k in 0..copies {
-                let i = k % buffers;
-                dst[i].copy_from_slice(black_box(&src[i]));
-                black_box(&mut dst[i]);
-            }
-            (size * copies) as f64 / 1e6 / start.elapsed().as_secs_f64()
+            let secs = if copiers == 1 {
+                sets[0].copy(copies)
+            } else {
+                let gate = std::sync::Barrier::new(copiers);
+                let gate = &gate;
+                std::thread::scope(|s| {
+                    let runs: Vec<_> = sets
+                        .iter_mut()
+                        .enumerate()
+                        .map(|(i, set)| {
+                            s.spawn(move || {
+                                let _ = shm_ipc::futex::pin_current_thread(i);
+                                gate.wait();
+                                set.copy(copies)
+                            })
+                        })
+                        .collect();
+                    runs.into_iter()
+                        .map(|r| r.join().unwrap_or(f64::INFINITY))
+                        .fold(0.0, f64::max)
+                })
+            };
+            (copiers * size * copies) as f64 / 1e6 / secs
         })
         .fold(0.0, f64::max)
+}
+
+/// One copier's working set: `buffers` source/destination pairs.
+struct CopySet {
+    src: Vec<Vec<u8>>,
+    dst: Vec<Vec<u8>>,
+}
+
+impl CopySet {
+    fn new(size: usize, buffers: usize) -> CopySet {
+        let src: Vec<Vec<u8>> = (0..buffers).map(|i| vec![i as u8; size]).collect();
+        // Non-zero fill: zeroed allocations are lazily mapped, and the first
+        // copy would time page faults instead of copying.
+        let mut dst: Vec<Vec<u8>> = (0..buffers).map(|_| vec![1u8; size]).collect();
+        for (d, s) in dst.iter_mut().zip(&src) {
+            d.copy_from_slice(s); // warm-up pass, untimed
+        }
+        CopySet { src, dst }
+    }
+
+    /// `copies` copies cycling through the pairs; seconds.
+    fn copy(&mut self, copies: usize) -> f64 {
+        let n = self.src.len();
+        let start = Instant::now();
+        for k in 0..copies {
+            let i = k % n;
+            self.dst[i].copy_from_slice(black_box(&self.src[i]));
+            black_box(&mut self.dst[i]);
+        }
+        start.elapsed().as_secs_f64()
+    }
 }
 
 /// OSU-style output.
@@ -311,6 +470,91 @@ pub mod osu {
             "# OSU MPI Bandwidth Test (xdev-bench)\n# Device: {device}; floor = memcpy over the same working set\n{:<10}{:>20}{:>20}{:>12}",
             "# Size", "Bandwidth (MB/s)", "Floor(MB/s)", "Ratio"
         )
+    }
+
+    /// The header lines of a bidirectional bandwidth table (osu_bibw).
+    pub fn bibandwidth_header(device: &str) -> String {
+        format!(
+            "# OSU MPI Bi-Directional Bandwidth Test (xdev-bench)\n# Device: {device}; window size: {window}; floor = two concurrent memcpys (one per rank's core) over the same working set\n{:<10}{:>20}{:>20}{:>12}",
+            "# Size", "Bandwidth (MB/s)", "Floor(MB/s)", "Ratio",
+            window = crate::WINDOW
+        )
+    }
+
+    /// The header lines of a multiple bandwidth / message rate table
+    /// (osu_mbw_mr): OSU's `MB/s` and `Messages/s` columns, then the floor
+    /// and MB/s over the floor.
+    pub fn multi_bandwidth_header(device: &str, pairs: usize) -> String {
+        format!(
+            "# OSU MPI Multiple Bandwidth / Message Rate Test (xdev-bench)\n# [ pairs: {pairs} ] [ window size: {window} ]\n# Device: {device}; floor = {pairs} concurrent memcpys (one per pair) over the same working set\n{:<10}{:>20}{:>20}{:>20}{:>12}",
+            "# Size", "MB/s", "Messages/s", "Floor(MB/s)", "Ratio",
+            window = crate::WINDOW
+        )
+    }
+
+    /// One row of a multiple bandwidth / message rate table: size, MB/s,
+    /// messages per second, floor, MB/s over the floor.
+    pub fn multi_bandwidth_row(size: usize, mbs: f64, floor: f64) -> String {
+        let ratio = if floor > 0.0 { mbs / floor } else { f64::NAN };
+        format!(
+            "{size:<10}{mbs:>20.2}{rate:>20.2}{floor:>20.2}{ratio:>12.2}",
+            rate = message_rate(size, mbs)
+        )
+    }
+
+    /// Messages per second of `size`-byte messages at `mbs` MB/s.
+    pub fn message_rate(size: usize, mbs: f64) -> f64 {
+        if size == 0 {
+            0.0
+        } else {
+            mbs * 1e6 / size as f64
+        }
+    }
+
+    /// One JSON record of a multiple bandwidth / message rate run: the
+    /// [`json`] fields plus the pairs and messages per second.
+    pub fn multi_bandwidth_json(
+        device: &str,
+        size: usize,
+        mbs: f64,
+        floor: f64,
+        pairs: usize,
+    ) -> String {
+        let base = json(device, "mbw_mr", size, mbs, "MB/s", floor);
+        format!(
+            "{},\"pairs\":{pairs},\"messages_per_s\":{:.2}}}",
+            &base[..base.len() - 1],
+            message_rate(size, mbs)
+        )
+    }
+
+    /// The line saying a device was not measured, and why: an OSU comment
+    /// line, or with `json` a record `{"device":..,"not_measured":..}`.
+    pub fn not_measured(device: &str, reason: &str, json: bool) -> String {
+        if json {
+            format!(
+                "{{\"device\":\"{}\",\"not_measured\":\"{}\"}}",
+                escape(device),
+                escape(reason)
+            )
+        } else {
+            let reason = reason.replace('\n', " ");
+            format!("# Device: {device}: not measured: {reason}")
+        }
+    }
+
+    /// `s` as the inside of a JSON string.
+    pub fn escape(s: &str) -> String {
+        let mut out = String::with_capacity(s.len());
+        for c in s.chars() {
+            match c {
+                '"' => out.push_str("\\\""),
+                '\\' => out.push_str("\\\\"),
+                c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
+                c => out.push(c),
+            }
+        }
+        out
     }
 
     /// One row: size left-aligned in 10 columns, values right-aligned in 20
@@ -390,5 +634,47 @@ mod tests {
         });
         assert!(out[0].0.unwrap() > 0.0 && out[0].1.unwrap() > 0.0);
         assert!(out[1].0.is_none());
+    }
+
+    #[test]
+    fn bibw_and_mbw_mr_run_on_the_thread_device() {
+        let out = shm_ipc::ThreadWorld::new(2).run(|dev| bibandwidth(dev, 4096, 3, 1).unwrap());
+        assert!(out[0].unwrap() > 0.0 && out[1].is_none());
+        // Five ranks: two pairs, rank 4 idles but passes the barriers.
+        let out = shm_ipc::ThreadWorld::new(5).run(|dev| multi_bandwidth(dev, 64, 3, 1).unwrap());
+        assert!(out[0].unwrap() > 0.0);
+        assert!(out[1..].iter().all(Option::is_none));
+        assert_eq!((mbw_pairs(4), mbw_pairs(5), mbw_pairs(2)), (2, 2, 1));
+    }
+
+    #[test]
+    fn parallel_memcpy_floor_counts_every_copier() {
+        assert_eq!(parallel_memcpy_floor(0, 4, 2, 1), 0.0);
+        assert!(parallel_memcpy_floor(4096, 4, 2, 1) > 0.0);
+        assert!(parallel_memcpy_floor(4096, 4, 1, 1) > 0.0);
+    }
+
+    #[test]
+    fn multi_bandwidth_layout() {
+        let r = osu::multi_bandwidth_row(4, 2.0, 4.0);
+        assert_eq!(&r[..10], "4         ");
+        assert_eq!(r[10..30].trim_start(), "2.00");
+        assert_eq!(r[30..50].trim_start(), "500000.00");
+        assert!(r.ends_with("0.50"), "{r}");
+        let h = osu::multi_bandwidth_header("shm", 2);
+        assert!(h.starts_with("# OSU MPI Multiple Bandwidth / Message Rate Test"));
+        assert!(h.contains("# [ pairs: 2 ] [ window size: 64 ]"));
+        let cols = h.lines().last().unwrap();
+        assert!(
+            cols.starts_with("# Size                    MB/s          Messages/s"),
+            "{cols:?}"
+        );
+        assert!(
+            osu::bibandwidth_header("shm").starts_with("# OSU MPI Bi-Directional Bandwidth Test")
+        );
+        assert_eq!(
+            osu::multi_bandwidth_json("shm", 2, 1.0, 2.0, 2),
+            "{\"device\":\"shm\",\"test\":\"mbw_mr\",\"size\":2,\"value\":1.0000,\"unit\":\"MB/s\",\"floor\":2.0000,\"pairs\":2,\"messages_per_s\":500000.00}"
+        );
     }
 }

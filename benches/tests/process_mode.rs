@@ -123,3 +123,86 @@ fn process_floors_as_json() {
         }
     }
 }
+
+#[test]
+fn shm_bibw_and_mbw_mr_in_process_mode() {
+    if launcher().is_none() {
+        return;
+    }
+    let (out, stdout) = bench(&[
+        "--quick",
+        "--max-size",
+        "1024",
+        "--test",
+        "bibw,mbw_mr",
+        "--device",
+        "shm",
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(
+        stdout
+            .matches("# OSU MPI Bi-Directional Bandwidth Test")
+            .count(),
+        1,
+        "{stdout}"
+    );
+    assert_eq!(
+        stdout
+            .matches("# OSU MPI Multiple Bandwidth / Message Rate Test")
+            .count(),
+        1,
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("# [ pairs: 2 ] [ window size: 64 ]"),
+        "{stdout}"
+    );
+    let rows = rows(&stdout);
+    // 1 .. 1024 for each test.
+    assert_eq!(rows.len(), 2 * 11, "{stdout}");
+    let (bi, multi) = rows.split_at(11);
+    for r in bi {
+        assert_eq!(r.len(), 4, "size, MB/s, floor, ratio: {r:?}");
+        assert!(r[1] > 0.0 && r[2] > 0.0, "{r:?}");
+    }
+    for r in multi {
+        assert_eq!(r.len(), 5, "size, MB/s, messages/s, floor, ratio: {r:?}");
+        assert!(r[1] > 0.0 && r[2] > 0.0 && r[3] > 0.0, "{r:?}");
+    }
+}
+
+#[test]
+fn a_named_device_that_cannot_open_is_reported_not_measured() {
+    if launcher().is_none() {
+        return;
+    }
+    // An option the shm device refuses: it cannot be opened.
+    let (out, stdout) = bench(&[
+        "--quick",
+        "--max-size",
+        "4",
+        "--test",
+        "latency",
+        "--device",
+        "shm",
+        "--device",
+        "thread",
+        "--option",
+        "cma=sometimes",
+        "--json",
+    ]);
+    assert_eq!(out.status.code(), Some(3), "{out:?}");
+    let line = stdout
+        .lines()
+        .find(|l| l.contains("\"not_measured\""))
+        .unwrap_or_else(|| panic!("{stdout}"));
+    assert!(
+        line.starts_with("{\"device\":\"shm\",\"not_measured\":\"cannot open device shm:"),
+        "{line}"
+    );
+    // The run went on with the thread device.
+    assert!(
+        stdout.contains("{\"device\":\"thread\",\"test\":\"latency\",\"size\":4"),
+        "{stdout}"
+    );
+}

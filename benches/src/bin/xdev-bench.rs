@@ -18,19 +18,23 @@ use xdev::registry::{Entry, Placement, Registry};
 use xdev::{Device, Rank};
 use xdev_bench::process::{DeviceCoordinator, ProcessFloor};
 use xdev_bench::{
-    bandwidth, bandwidth_iterations, cache_line_floor, latency, latency_iterations, memcpy_floor,
-    osu, sizes, WINDOW,
+    bandwidth, bandwidth_iterations, bibandwidth, cache_line_floor, latency, latency_iterations,
+    mbw_pairs, multi_bandwidth, osu, parallel_memcpy_floor, sizes, WINDOW,
 };
 
 const USAGE: &str = "\
 xdev-bench: OSU-style benchmarks of xdev devices, with floors from the same run
 
 USAGE: xdev-bench [OPTIONS]
+       xdev-bench report [REPORT OPTIONS]   (see xdev-bench report --help)
 
 OPTIONS:
   --device NAME      device to measure (repeatable; default: every device in this build)
-  --test TEST        latency | bw | all (default) | crossover (eager vs rendezvous by
-                     size; thread devices only)
+  --test TEST        latency | bw | bibw | mbw_mr | all (default: latency and bw) |
+                     crossover (eager vs rendezvous by size; thread devices only);
+                     repeatable, or a comma-separated list
+  -n, --ranks N      ranks of the mbw_mr test (N/2 pairs; default 4); the other
+                     tests run on 2 ranks
   --max-size BYTES   largest message (default 4194304)
   --option K=V       device option, e.g. eager_limit=4096 (repeatable)
   --quick            a tenth of OSU's iterations (smoke runs)
@@ -67,7 +71,10 @@ const LAUNCHER: &str = "xdev-run";
 #[derive(Clone, Debug, PartialEq)]
 struct Args {
     devices: Vec<String>,
-    test: String,
+    /// The tests, in order, `all` expanded, no repeats.
+    tests: Vec<String>,
+    /// Ranks of the mbw_mr test.
+    ranks: usize,
     max_size: usize,
     options: Vec<(String, String)>,
     quick: bool,
@@ -80,13 +87,21 @@ enum Parsed {
     Help,
 }
 
-/// Tests `--test` takes; `floor` (the floors alone) is not advertised.
-const TESTS: [&str; 5] = ["latency", "bw", "all", "crossover", "floor"];
+/// Tests `--test` takes besides `all`; `floor` (the floors alone) is not
+/// advertised. `crossover` and `floor` run alone.
+const TESTS: [&str; 6] = ["latency", "bw", "bibw", "mbw_mr", "crossover", "floor"];
+
+/// What `all` (and no `--test`) means.
+const ALL: [&str; 2] = ["latency", "bw"];
+
+/// Default ranks of the mbw_mr test.
+const MBW_RANKS: usize = 4;
 
 fn parse(args: impl IntoIterator<Item = String>) -> Result<Parsed, String> {
     let mut a = Args {
         devices: Vec::new(),
-        test: "all".into(),
+        tests: Vec::new(),
+        ranks: MBW_RANKS,
         max_size: 4 << 20,
         options: Vec::new(),
         quick: false,
@@ -97,7 +112,26 @@ fn parse(args: impl IntoIterator<Item = String>) -> Result<Parsed, String> {
         let mut value = |name: &str| it.next().ok_or_else(|| format!("{name} needs a value"));
         match arg.as_str() {
             "--device" => a.devices.push(value("--device")?),
-            "--test" => a.test = value("--test")?,
+            "--test" => {
+                for t in value("--test")?.split(',') {
+                    let expanded: Vec<&str> = if t == "all" { ALL.to_vec() } else { vec![t] };
+                    for t in expanded {
+                        if !TESTS.contains(&t) {
+                            return Err(format!("unknown test {t:?}"));
+                        }
+                        if !a.tests.iter().any(|x| x == t) {
+                            a.tests.push(t.to_string());
+                        }
+                    }
+                }
+            }
+            "-n" | "--ranks" => {
+                a.ranks = value("--ranks")?
+                    .parse()
+                    .ok()
+                    .filter(|&n: &usize| n >= 2 && n % 2 == 0)
+                    .ok_or("--ranks takes an even number of ranks, at least 2")?
+            }
             "--max-size" => {
                 a.max_size = value("--max-size")?
                     .parse()
@@ -114,8 +148,13 @@ fn parse(args: impl IntoIterator<Item = String>) -> Result<Parsed, String> {
             other => return Err(format!("unknown argument {other:?} (see --help)")),
         }
     }
-    if !TESTS.contains(&a.test.as_str()) {
-        return Err(format!("unknown test {:?}", a.test));
+    if a.tests.is_empty() {
+        a.tests = ALL.iter().map(|t| t.to_string()).collect();
+    }
+    for alone in ["crossover", "floor"] {
+        if a.tests.iter().any(|t| t == alone) && a.tests.len() > 1 {
+            return Err(format!("--test {alone} runs alone"));
+        }
     }
     Ok(Parsed::Run(a))
 }
@@ -123,6 +162,59 @@ fn parse(args: impl IntoIterator<Item = String>) -> Result<Parsed, String> {
 /// Every device this binary links.
 fn registry() -> Registry {
     ibvx::registry()
+}
+
+impl Args {
+    /// Whether the run includes test `t`.
+    fn has(&self, t: &str) -> bool {
+        self.tests.iter().any(|x| x == t)
+    }
+
+    /// Whether `t` is the one test of the run.
+    fn only(&self, t: &str) -> bool {
+        self.tests.len() == 1 && self.tests[0] == t
+    }
+
+    /// The arguments that make a rank process run `tests` of this run on
+    /// `device` (a rank runs one job's tests: see [`jobs`]).
+    fn rank_args(&self, device: Option<&str>, tests: &[String]) -> Vec<String> {
+        let mut v = Vec::new();
+        if let Some(d) = device {
+            v.extend(["--device".to_string(), d.to_string()]);
+        }
+        v.extend(["--test".to_string(), tests.join(",")]);
+        v.extend(["--ranks".to_string(), self.ranks.to_string()]);
+        v.extend(["--max-size".to_string(), self.max_size.to_string()]);
+        for (k, val) in &self.options {
+            v.extend(["--option".to_string(), format!("{k}={val}")]);
+        }
+        if self.quick {
+            v.push("--quick".into());
+        }
+        if self.json {
+            v.push("--json".into());
+        }
+        v
+    }
+}
+
+/// The jobs of a run on one device, in order, as (ranks, tests): the
+/// two-rank tests together, then mbw_mr on its own rank count.
+fn jobs(a: &Args) -> Vec<(usize, Vec<String>)> {
+    let mut v = Vec::new();
+    let pair: Vec<String> = a
+        .tests
+        .iter()
+        .filter(|t| t.as_str() != "mbw_mr")
+        .cloned()
+        .collect();
+    if !pair.is_empty() {
+        v.push((2, pair));
+    }
+    if a.has("mbw_mr") {
+        v.push((a.ranks, vec!["mbw_mr".to_string()]));
+    }
+    v
 }
 
 fn help(reg: &Registry) -> String {
@@ -181,20 +273,22 @@ trait Rig {
     fn reports(&self) -> bool;
     /// One run of the cache-line floor between the ranks' cores.
     fn cache_line_floor(&self, iters: u64) -> Option<f64>;
-    /// One run of the memcpy floor (in one process, on the reporting rank).
-    fn memcpy_floor(&self, size: usize) -> Option<f64>;
+    /// One run of the memcpy floor with `copiers` concurrent copies (in one
+    /// process, on the reporting rank).
+    fn memcpy_floor(&self, size: usize, copiers: usize) -> Option<f64>;
     /// Runs `bench` on the device.
     fn run(&self, bench: &Bench) -> Result<Option<f64>, String>;
 }
 
-/// Ranks as threads of this process: a fresh two-rank world of the `thread`
-/// device per measurement, rank r pinned to core r.
+/// Ranks as threads of this process: a fresh world of the `thread` device
+/// per measurement, rank r pinned to core r (modulo the cores online).
 struct ThreadRig<'a> {
     args: &'a Args,
+    ranks: usize,
 }
 
-fn world(a: &Args, extra: &[(&str, String)]) -> shm_ipc::ThreadWorld {
-    let mut w = shm_ipc::ThreadWorld::new(2).pin(true);
+fn world(a: &Args, ranks: usize, extra: &[(&str, String)]) -> shm_ipc::ThreadWorld {
+    let mut w = shm_ipc::ThreadWorld::new(ranks).pin(true);
     for (k, v) in &a.options {
         w = w.option(k, v);
     }
@@ -225,12 +319,12 @@ impl Rig for ThreadRig<'_> {
         Some(cache_line_floor(iters, 1))
     }
 
-    fn memcpy_floor(&self, size: usize) -> Option<f64> {
-        Some(memcpy_floor(size, WINDOW, 1))
+    fn memcpy_floor(&self, size: usize, copiers: usize) -> Option<f64> {
+        Some(parallel_memcpy_floor(size, WINDOW, copiers, 1))
     }
 
     fn run(&self, bench: &Bench) -> Result<Option<f64>, String> {
-        rank0(world(self.args, &[]).run(|dev| bench(dev))).map(Some)
+        rank0(world(self.args, self.ranks, &[]).run(|dev| bench(dev))).map(Some)
     }
 }
 
@@ -255,8 +349,9 @@ impl Rig for ProcessRig {
         self.floor.cache_line(iters)
     }
 
-    fn memcpy_floor(&self, size: usize) -> Option<f64> {
-        self.reports().then(|| memcpy_floor(size, WINDOW, 1))
+    fn memcpy_floor(&self, size: usize, copiers: usize) -> Option<f64> {
+        self.reports()
+            .then(|| parallel_memcpy_floor(size, WINDOW, copiers, 1))
     }
 
     fn run(&self, bench: &Bench) -> Result<Option<f64>, String> {
@@ -313,28 +408,88 @@ fn run_latency(a: &Args, device: &str, rig: &dyn Rig) -> Result<(), String> {
     Ok(())
 }
 
-fn run_bandwidth(a: &Args, device: &str, rig: &dyn Rig) -> Result<(), String> {
+/// The bandwidth-like tests: what each measures and prints.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum BwTest {
+    /// osu_bw: one direction.
+    Uni,
+    /// osu_bibw: both directions at once.
+    Bi,
+    /// osu_mbw_mr: `pairs` pairs at once.
+    Multi { pairs: usize },
+}
+
+impl BwTest {
+    fn name(self) -> &'static str {
+        match self {
+            BwTest::Uni => "bw",
+            BwTest::Bi => "bibw",
+            BwTest::Multi { .. } => "mbw_mr",
+        }
+    }
+
+    /// Concurrent copies of the memcpy floor: one per copy the test makes
+    /// at once.
+    fn copiers(self) -> usize {
+        match self {
+            BwTest::Uni => 1,
+            BwTest::Bi => 2,
+            BwTest::Multi { pairs } => pairs,
+        }
+    }
+
+    fn header(self, device: &str) -> String {
+        match self {
+            BwTest::Uni => osu::bandwidth_header(device),
+            BwTest::Bi => osu::bibandwidth_header(device),
+            BwTest::Multi { pairs } => osu::multi_bandwidth_header(device, pairs),
+        }
+    }
+
+    fn measure(
+        self,
+        dev: &dyn Device,
+        size: usize,
+        n: usize,
+        skip: usize,
+    ) -> xdev::Result<Option<f64>> {
+        match self {
+            BwTest::Uni => bandwidth(dev, size, n, skip),
+            BwTest::Bi => bibandwidth(dev, size, n, skip),
+            BwTest::Multi { .. } => multi_bandwidth(dev, size, n, skip),
+        }
+    }
+
+    fn line(self, a: &Args, device: &str, size: usize, mbs: f64, floor: f64) -> String {
+        match (self, a.json) {
+            (BwTest::Multi { pairs }, true) => {
+                osu::multi_bandwidth_json(device, size, mbs, floor, pairs)
+            }
+            (BwTest::Multi { .. }, false) => osu::multi_bandwidth_row(size, mbs, floor),
+            (t, true) => osu::json(device, t.name(), size, mbs, "MB/s", floor),
+            (_, false) => osu::row(size, mbs, floor),
+        }
+    }
+}
+
+fn run_bandwidth(a: &Args, device: &str, rig: &dyn Rig, test: BwTest) -> Result<(), String> {
     if !a.json && rig.reports() {
-        println!("{}", osu::bandwidth_header(device));
+        println!("{}", test.header(device));
     }
     for size in sizes(a.max_size).into_iter().filter(|&s| s > 0) {
         let (n, skip) = scaled(a.quick, bandwidth_iterations(size));
         let (mut mbs, mut floor) = (None, None);
         for _ in 0..rounds(a) {
-            floor = best(floor, rig.memcpy_floor(size), f64::max);
+            floor = best(floor, rig.memcpy_floor(size, test.copiers()), f64::max);
             mbs = best(
                 mbs,
-                rig.run(&|dev| bandwidth(dev, size, n, skip))?,
+                rig.run(&|dev| test.measure(dev, size, n, skip))?,
                 f64::max,
             );
         }
         if rig.reports() {
             let (mbs, floor) = (figure(mbs)?, figure(floor)?);
-            if a.json {
-                println!("{}", osu::json(device, "bw", size, mbs, "MB/s", floor));
-            } else {
-                println!("{}", osu::row(size, mbs, floor));
-            }
+            println!("{}", test.line(a, device, size, mbs, floor));
         }
     }
     Ok(())
@@ -351,7 +506,7 @@ fn run_floors(a: &Args, rig: &dyn Rig) -> Result<(), String> {
         let (mut us, mut mbs) = (None, None);
         for _ in 0..rounds(a) {
             us = best(us, rig.cache_line_floor(iters), f64::min);
-            mbs = best(mbs, rig.memcpy_floor(size), f64::max);
+            mbs = best(mbs, rig.memcpy_floor(size, 1), f64::max);
         }
         if rig.reports() {
             let (us, mbs) = (figure(us)?, figure(mbs)?);
@@ -367,20 +522,30 @@ fn run_floors(a: &Args, rig: &dyn Rig) -> Result<(), String> {
     Ok(())
 }
 
-/// The tests `a.test` names, on `device` through `rig` (not crossover).
-fn run_tests(a: &Args, device: &str, rig: &dyn Rig) -> Result<(), String> {
-    match a.test.as_str() {
-        "latency" => run_latency(a, device, rig),
-        "bw" => run_bandwidth(a, device, rig),
-        "floor" => run_floors(a, rig),
-        _ => {
-            run_latency(a, device, rig)?;
-            if !a.json && rig.reports() {
-                println!();
-            }
-            run_bandwidth(a, device, rig)
+/// The tests `a.tests` names, in order, on `device` through `rig` (not
+/// crossover; mbw_mr on the rig's ranks, the others on ranks 0 and 1).
+fn run_tests(a: &Args, device: &str, rig: &dyn Rig, ranks: usize) -> Result<(), String> {
+    for (i, t) in a.tests.iter().enumerate() {
+        if i > 0 && !a.json && rig.reports() {
+            println!();
+        }
+        match t.as_str() {
+            "latency" => run_latency(a, device, rig)?,
+            "bw" => run_bandwidth(a, device, rig, BwTest::Uni)?,
+            "bibw" => run_bandwidth(a, device, rig, BwTest::Bi)?,
+            "mbw_mr" => run_bandwidth(
+                a,
+                device,
+                rig,
+                BwTest::Multi {
+                    pairs: mbw_pairs(ranks),
+                },
+            )?,
+            "floor" => run_floors(a, rig)?,
+            other => return Err(format!("test {other:?} does not run here")),
         }
     }
+    Ok(())
 }
 
 /// The psm device against raw PSM2 calls on its own endpoint, measured
@@ -395,8 +560,8 @@ fn run_psm_peer(a: &Args, psm: &ibvx::PsmDevice, rank: Rank) -> Result<(), Strin
     let raw = unsafe { psm.raw_handles() };
     let e = |e: xdev::Error| e.to_string();
     let report = rank == 0;
-    let latency_test = matches!(a.test.as_str(), "latency" | "all");
-    let bw_test = matches!(a.test.as_str(), "bw" | "all");
+    let latency_test = a.has("latency");
+    let bw_test = a.has("bw");
     if latency_test {
         if report && !a.json {
             println!(
@@ -474,10 +639,10 @@ fn run_crossover(a: &Args, device: &str) -> Result<(), String> {
                 ("ring_bytes", (256usize << 10).to_string()),
             ];
             let (iters, skip) = scaled(a.quick, latency_iterations(size));
-            let us = rank0(world(a, &extra).run(|dev| latency(dev, size, iters, skip)))?;
+            let us = rank0(world(a, 2, &extra).run(|dev| latency(dev, size, iters, skip)))?;
             row.push_str(&format!("{us:>20.2}"));
             let (iters, skip) = scaled(a.quick, bandwidth_iterations(size));
-            let mbs = rank0(world(a, &extra).run(|dev| bandwidth(dev, size, iters, skip)))?;
+            let mbs = rank0(world(a, 2, &extra).run(|dev| bandwidth(dev, size, iters, skip)))?;
             bws.push_str(&format!("{mbs:>20.2}"));
         }
         println!("{row}{bws}");
@@ -486,7 +651,7 @@ fn run_crossover(a: &Args, device: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// One part of a run started by hand (not under a launcher).
+/// One part of a run started by hand.
 #[derive(Debug)]
 enum Step<'r> {
     /// In this process: a thread device, or the thread floors (`None`).
@@ -499,7 +664,7 @@ enum Step<'r> {
 /// every registered one), or with `--test floor` the floors of both
 /// placements.
 fn plan<'r>(a: &Args, reg: &'r Registry) -> Result<Vec<Step<'r>>, String> {
-    if a.test == "floor" {
+    if a.only("floor") {
         return Ok(vec![Step::Here(None), Step::Launch(None)]);
     }
     let entries: Vec<&Entry> = if a.devices.is_empty() {
@@ -526,7 +691,7 @@ fn plan<'r>(a: &Args, reg: &'r Registry) -> Result<Vec<Step<'r>>, String> {
                 "device {:?} runs ranks as threads, and xdev-bench has no runner for it",
                 e.name
             )),
-            Placement::Processes if a.test == "crossover" => Err(format!(
+            Placement::Processes if a.only("crossover") => Err(format!(
                 "--test crossover reopens the device per setting and runs on thread devices only, not {:?}",
                 e.name
             )),
@@ -551,21 +716,26 @@ fn find_launcher(exe: &Path) -> Result<PathBuf, String> {
     }
 }
 
-/// `launcher -n 2 [--device NAME] -- program args...`.
+/// `launcher -n RANKS [--device NAME] -- program args...`.
 fn launch_command(
     launcher: &Path,
+    ranks: usize,
     device: Option<&str>,
     program: &Path,
     args: &[OsString],
 ) -> Command {
     let mut c = Command::new(launcher);
-    c.args(["-n", "2"]);
+    c.args(["-n", &ranks.to_string()]);
     if let Some(d) = device {
         c.args(["--device", d]);
     }
     c.arg("--").arg(program).args(args);
     c
 }
+
+/// Environment variable: a file where a rank that cannot open its device
+/// appends the reason (one line), for the run that launched it.
+const REASON_FILE: &str = "XDEV_BENCH_REASON_FILE";
 
 /// What ended a step.
 #[derive(Debug)]
@@ -574,8 +744,8 @@ enum Failure {
     Exit(String, u8),
     /// The launched job already reported; exit with its status.
     Status(u8),
-    /// The device cannot be opened here (its ranks said why).
-    Unavailable,
+    /// The device cannot be opened here, and why.
+    Unavailable(String),
 }
 
 fn exit_status(s: std::process::ExitStatus) -> u8 {
@@ -586,37 +756,112 @@ fn exit_status(s: std::process::ExitStatus) -> u8 {
     }
 }
 
-fn launch(device: Option<&str>, raw: &[OsString]) -> Result<(), Failure> {
-    let exe = std::env::current_exe()
-        .map_err(|e| Failure::Exit(format!("cannot find this executable: {e}"), 1))?;
-    let launcher = find_launcher(&exe).map_err(|e| Failure::Exit(e, 1))?;
+/// How a run started by hand starts the ranks of a process-device job:
+/// `(ranks, device, rank arguments)` to the command, or why it cannot.
+type Spawner<'a> = dyn Fn(usize, Option<&str>, &[String]) -> Result<Command, String> + 'a;
+
+/// The spawner of this executable: itself under the launcher next to it.
+fn self_spawner(ranks: usize, device: Option<&str>, args: &[String]) -> Result<Command, String> {
+    let exe = std::env::current_exe().map_err(|e| format!("cannot find this executable: {e}"))?;
+    let launcher = find_launcher(&exe)?;
+    let args: Vec<OsString> = args.iter().map(OsString::from).collect();
+    Ok(launch_command(&launcher, ranks, device, &exe, &args))
+}
+
+/// Runs one job of a process device (or of the process floors): the
+/// launcher's status, with the reason the ranks gave when the device cannot
+/// be opened.
+fn launch(
+    spawn: &Spawner,
+    ranks: usize,
+    device: Option<&str>,
+    args: &[String],
+) -> Result<(), Failure> {
+    let mut cmd = spawn(ranks, device, args).map_err(|e| Failure::Exit(e, 1))?;
+    let reasons = ReasonFile::new().map_err(|e| Failure::Exit(e, 1))?;
     let _ = std::io::stdout().flush();
-    let status = launch_command(&launcher, device, &exe, raw)
+    let status = cmd
+        .env(REASON_FILE, &reasons.0)
         .status()
-        .map_err(|e| Failure::Exit(format!("cannot start {}: {e}", launcher.display()), 1))?;
-    outcome(status)
+        .map_err(|e| Failure::Exit(format!("cannot start {:?}: {e}", cmd.get_program()), 1))?;
+    outcome(status).map_err(|f| match f {
+        Failure::Unavailable(_) => Failure::Unavailable(reasons.first()),
+        f => f,
+    })
+}
+
+/// A fresh temporary file for the reasons of a job's ranks, removed on drop.
+struct ReasonFile(PathBuf);
+
+impl ReasonFile {
+    fn new() -> Result<ReasonFile, String> {
+        static SEQ: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let path =
+            std::env::temp_dir().join(format!("xdev-bench-reason-{}-{n}", std::process::id()));
+        std::fs::write(&path, b"").map_err(|e| format!("cannot create {}: {e}", path.display()))?;
+        Ok(ReasonFile(path))
+    }
+
+    /// The first reason a rank wrote, or a generic one.
+    fn first(&self) -> String {
+        std::fs::read_to_string(&self.0)
+            .ok()
+            .and_then(|s| s.lines().find(|l| !l.trim().is_empty()).map(String::from))
+            .unwrap_or_else(|| "the device cannot be opened here (the ranks gave no reason)".into())
+    }
+}
+
+impl Drop for ReasonFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// Appends why this rank cannot open its device to the file the launching
+/// run named (best effort: the reason is also on stderr).
+fn tell_reason(reason: &str) {
+    if let Some(path) = std::env::var_os(REASON_FILE) {
+        if let Ok(mut f) = std::fs::OpenOptions::new().append(true).open(path) {
+            let _ = writeln!(f, "{}", reason.replace('\n', " "));
+        }
+    }
 }
 
 /// What the launcher's exit status means for the run.
 fn outcome(status: std::process::ExitStatus) -> Result<(), Failure> {
     match status.code() {
         Some(0) => Ok(()),
-        Some(c) if c == i32::from(UNAVAILABLE) => Err(Failure::Unavailable),
+        Some(c) if c == i32::from(UNAVAILABLE) => Err(Failure::Unavailable(String::new())),
         _ => Err(Failure::Status(exit_status(status))),
     }
 }
 
+/// How one device (or the floors) of a run started by hand ended.
+#[derive(Debug, PartialEq)]
+enum Outcome {
+    /// Every table printed.
+    Measured,
+    /// Skipped: the device cannot be opened here, or its ranks cannot be
+    /// launched; why.
+    NotMeasured(String),
+    /// Failed while measuring: why, and the exit status.
+    Failed(String, u8),
+}
+
 /// A run started by hand: every step of the plan, thread devices here,
-/// process devices under the launcher.
-fn orchestrate(a: &Args, reg: &Registry, raw: &[OsString]) -> ExitCode {
-    let steps = match plan(a, reg) {
-        Ok(s) => s,
-        Err(e) => {
-            eprintln!("xdev-bench: {e}");
-            return ExitCode::from(2);
-        }
-    };
-    let by_default = a.devices.is_empty() && a.test != "floor";
+/// process devices under the launcher (through `spawn`), each device's jobs
+/// in turn. A device that cannot be opened or launched is reported "not
+/// measured: why" (on stdout, as a `#` line or a JSON record) and skipped; a
+/// device that fails while measuring is reported on stderr, and the run goes
+/// on with the next one. Returns each step's name and outcome.
+fn orchestrate(
+    a: &Args,
+    reg: &Registry,
+    spawn: &Spawner,
+) -> Result<Vec<(String, Outcome)>, String> {
+    let steps = plan(a, reg)?;
+    let mut outcomes = Vec::new();
     for (i, step) in steps.iter().enumerate() {
         if i > 0 && !a.json {
             println!();
@@ -624,41 +869,71 @@ fn orchestrate(a: &Args, reg: &Registry, raw: &[OsString]) -> ExitCode {
         let (name, r) = match step {
             Step::Here(None) => (
                 "floors",
-                run_floors(a, &ThreadRig { args: a }).map_err(|e| Failure::Exit(e, 1)),
+                run_floors(a, &ThreadRig { args: a, ranks: 2 }).map_err(|e| Failure::Exit(e, 1)),
             ),
             Step::Here(Some(e)) => {
-                let r = if a.test == "crossover" {
+                let r = if a.only("crossover") {
                     run_crossover(a, e.name)
                 } else {
-                    run_tests(a, e.name, &ThreadRig { args: a })
+                    jobs(a).into_iter().try_for_each(|(ranks, tests)| {
+                        let job = Args { tests, ..a.clone() };
+                        run_tests(&job, e.name, &ThreadRig { args: &job, ranks }, ranks)
+                    })
                 };
                 (e.name, r.map_err(|e| Failure::Exit(e, 1)))
             }
             Step::Launch(e) => {
-                let name = e.map_or("floors", |e| e.name);
-                match launch(e.map(|e| e.name), raw) {
-                    Err(Failure::Exit(why, _)) if by_default && e.is_some() => {
-                        eprintln!("xdev-bench: skipping device {name}: {why}");
-                        continue;
-                    }
-                    r => (name, r),
-                }
+                let device = e.map(|e| e.name);
+                let r = jobs(a).into_iter().try_for_each(|(ranks, tests)| {
+                    launch(spawn, ranks, device, &a.rank_args(device, &tests))
+                });
+                (device.unwrap_or("floors"), r)
             }
         };
-        match r {
-            Ok(()) => {}
-            Err(Failure::Unavailable) if by_default => {
-                eprintln!("xdev-bench: skipping device {name}: it cannot be opened here");
+        let outcome = match r {
+            Ok(()) => Outcome::Measured,
+            Err(Failure::Unavailable(why)) => Outcome::NotMeasured(why),
+            // No launcher (or no executable): nothing ran.
+            Err(Failure::Exit(why, _)) if matches!(step, Step::Launch(_)) => {
+                Outcome::NotMeasured(why)
             }
-            Err(Failure::Unavailable) => return ExitCode::from(UNAVAILABLE),
-            Err(Failure::Exit(why, code)) => {
-                eprintln!("xdev-bench: {name}: {why}");
-                return ExitCode::from(code);
+            Err(Failure::Exit(why, code)) => Outcome::Failed(why, code),
+            Err(Failure::Status(code)) => {
+                Outcome::Failed(format!("its ranks failed with status {code}"), code)
             }
-            Err(Failure::Status(code)) => return ExitCode::from(code),
+        };
+        match &outcome {
+            Outcome::Measured => {}
+            Outcome::NotMeasured(why) => {
+                println!("{}", osu::not_measured(name, why, a.json));
+                eprintln!("xdev-bench: {name}: not measured: {why}");
+            }
+            Outcome::Failed(why, _) => eprintln!("xdev-bench: {name}: {why}"),
         }
+        outcomes.push((name.to_string(), outcome));
     }
-    ExitCode::SUCCESS
+    Ok(outcomes)
+}
+
+/// The exit status of a run started by hand: the first failure's; else,
+/// when devices were named, [`UNAVAILABLE`] if one of them was not measured;
+/// else success (the default run skips what does not work here).
+fn run_status(a: &Args, outcomes: &[(String, Outcome)]) -> u8 {
+    if let Some(code) = outcomes.iter().find_map(|(_, o)| match o {
+        Outcome::Failed(_, code) => Some(*code),
+        _ => None,
+    }) {
+        return code;
+    }
+    let named = !a.devices.is_empty() || a.only("floor");
+    if named
+        && outcomes
+            .iter()
+            .any(|(_, o)| matches!(o, Outcome::NotMeasured(_)))
+    {
+        return UNAVAILABLE;
+    }
+    0
 }
 
 /// The device a rank measures: `XDEV_DEVICE` (set by `xdev-run --device`),
@@ -700,7 +975,7 @@ fn rank_main(a: &Args, reg: &Registry) -> Result<(), Failure> {
     let rank = config.rank;
     // Best effort, as for the thread ranks: an unpinned rank still measures.
     let _ = shm_ipc::futex::pin_current_thread(rank);
-    if a.test == "floor" {
+    if a.only("floor") {
         // No device: the bootstrap connection is this program's to use.
         let boot = Bootstrap::from_env().map_err(|e| fail(e.to_string()))?;
         let floor = ProcessFloor::setup(&boot, &config.job).map_err(|e| fail(e.to_string()))?;
@@ -711,7 +986,7 @@ fn rank_main(a: &Args, reg: &Registry) -> Result<(), Failure> {
         };
         return run_floors(a, &rig).map_err(fail);
     }
-    if a.test == "crossover" {
+    if a.only("crossover") {
         return Err(fail("--test crossover runs on thread devices only".into()));
     }
     let name = rank_device(a, bootstrap::device_from_env()).map_err(fail)?;
@@ -740,8 +1015,10 @@ fn rank_main(a: &Args, reg: &Registry) -> Result<(), Failure> {
         reg.open(&name, &config)
     };
     let dev = opened.map_err(|e| {
-        eprintln!("xdev-bench: rank {rank}: cannot open device {name}: {e}");
-        Failure::Unavailable
+        let why = format!("cannot open device {name}: {e}");
+        eprintln!("xdev-bench: rank {rank}: {why}");
+        tell_reason(&why);
+        Failure::Unavailable(why)
     })?;
     // The device may hold this rank's bootstrap connection (a rank connects
     // once per job), so the floor is set up through the device itself.
@@ -752,7 +1029,7 @@ fn rank_main(a: &Args, reg: &Registry) -> Result<(), Failure> {
         dev: Some(dev),
         floor,
     };
-    run_tests(a, &name, &rig).map_err(fail)?;
+    run_tests(a, &name, &rig, config.size).map_err(fail)?;
     if let Some(psm) = &psm {
         run_psm_peer(a, psm, rank).map_err(fail)?;
     }
@@ -781,7 +1058,13 @@ fn main() -> ExitCode {
         }
     };
     if std::env::var_os(bootstrap::XDEV_RANK).is_none() {
-        return orchestrate(&a, &reg, &raw);
+        return match orchestrate(&a, &reg, &self_spawner) {
+            Ok(outcomes) => ExitCode::from(run_status(&a, &outcomes)),
+            Err(e) => {
+                eprintln!("xdev-bench: {e}");
+                ExitCode::from(2)
+            }
+        };
     }
     ExitCode::from(rank_status(rank_main(&a, &reg)))
 }
@@ -790,7 +1073,7 @@ fn main() -> ExitCode {
 fn rank_status(r: Result<(), Failure>) -> u8 {
     match r {
         Ok(()) => 0,
-        Err(Failure::Unavailable) => UNAVAILABLE,
+        Err(Failure::Unavailable(_)) => UNAVAILABLE,
         Err(Failure::Exit(why, code)) => {
             let rank = std::env::var(bootstrap::XDEV_RANK).unwrap_or_default();
             eprintln!("xdev-bench: rank {rank}: {why}");
@@ -1025,13 +1308,10 @@ mod tests {
         find_launcher(&profile_dir.join("xdev-bench")).ok()
     }
 
-    /// Runs `line` as the ranks of a process-mode job of test device
-    /// `device`, through the same command the binary builds for a re-exec.
-    fn run_ranks(device: &str, line: &str) -> Option<(std::process::Output, String)> {
-        let Some(launcher) = launcher_for_tests() else {
-            println!("skipped: xdev-run is not built next to this target's binaries (cargo build -p xdev)");
-            return None;
-        };
+    /// The command that starts `ranks` ranks of this test binary playing
+    /// `xdev-bench` with arguments `line`, as the binary's re-exec does.
+    fn rank_command(ranks: usize, device: Option<&str>, line: &str) -> Option<Command> {
+        let launcher = launcher_for_tests()?;
         let me = std::env::current_exe().unwrap();
         let child: Vec<OsString> = [
             "tests::rank_child",
@@ -1042,13 +1322,45 @@ mod tests {
         .iter()
         .map(OsString::from)
         .collect();
-        let out = launch_command(&launcher, Some(device), &me, &child)
-            .env(CHILD_ARGS, line)
-            .stdin(std::process::Stdio::null())
-            .output()
-            .unwrap();
+        let mut c = launch_command(&launcher, ranks, device, &me, &child);
+        c.env(CHILD_ARGS, line).stdin(std::process::Stdio::null());
+        Some(c)
+    }
+
+    const NO_LAUNCHER: &str =
+        "skipped: xdev-run is not built next to this target's binaries (cargo build -p xdev)";
+
+    /// Runs `line` as the ranks of a process-mode job of test device
+    /// `device`, through the same command the binary builds for a re-exec.
+    fn run_ranks_n(
+        ranks: usize,
+        device: &str,
+        line: &str,
+    ) -> Option<(std::process::Output, String)> {
+        let Some(mut c) = rank_command(ranks, Some(device), line) else {
+            println!("{NO_LAUNCHER}");
+            return None;
+        };
+        let out = c.output().unwrap();
         let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
         Some((out, stdout))
+    }
+
+    fn run_ranks(device: &str, line: &str) -> Option<(std::process::Output, String)> {
+        run_ranks_n(2, device, line)
+    }
+
+    /// The spawner of the tests: ranks of this test binary, their output
+    /// discarded (the outcomes are what the tests check).
+    fn test_spawner(
+        ranks: usize,
+        device: Option<&str>,
+        args: &[String],
+    ) -> Result<Command, String> {
+        let mut c = rank_command(ranks, device, &args.join(" ")).ok_or(NO_LAUNCHER)?;
+        c.stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null());
+        Ok(c)
     }
 
     /// OSU data rows (size, value, floor, ratio) of `stdout`.
@@ -1109,7 +1421,7 @@ mod tests {
             stderr.contains("cannot open device broken: invalid configuration: not here"),
             "{stderr}"
         );
-        assert!(matches!(outcome(out.status), Err(Failure::Unavailable)));
+        assert!(matches!(outcome(out.status), Err(Failure::Unavailable(_))));
         assert!(outcome(std::process::ExitStatus::from_raw(0)).is_ok());
         assert!(matches!(
             outcome(std::process::ExitStatus::from_raw(9)),
@@ -1119,6 +1431,92 @@ mod tests {
             outcome(std::process::ExitStatus::from_raw(1 << 8)),
             Err(Failure::Status(1))
         ));
+    }
+
+    /// (bibw is tested on the thread device and, in process mode, on shm:
+    /// the KV device's receives block where they are posted, and both
+    /// ranks of bibw post receives before sends.)
+    #[test]
+    fn mbw_mr_under_the_launcher() {
+        let Some((out, stdout)) =
+            run_ranks_n(4, "kv", "--quick --max-size 2 --test mbw_mr --ranks 4")
+        else {
+            return;
+        };
+        assert!(out.status.success(), "{out:?}");
+        assert_eq!(
+            stdout
+                .matches("# OSU MPI Multiple Bandwidth / Message Rate Test")
+                .count(),
+            1,
+            "{stdout}"
+        );
+        assert!(
+            stdout.contains("# [ pairs: 2 ] [ window size: 64 ]"),
+            "{stdout}"
+        );
+        let rows = rows(&stdout);
+        assert_eq!(rows.len(), 2, "{stdout}");
+        for r in &rows {
+            // size, MB/s, messages/s, floor, ratio
+            assert_eq!(r.len(), 5, "{r:?}");
+            assert!(r[1] > 0.0 && r[3] > 0.0, "{r:?}");
+            // Messages/s = MB/s * 10^6 / size, up to the rounding of MB/s
+            // to 2 decimals.
+            let rate = r[1] * 1e6 / r[0];
+            assert!((r[2] - rate).abs() <= 0.005e6 / r[0] + 1.0, "{r:?}");
+        }
+    }
+
+    #[test]
+    fn a_device_that_cannot_open_is_not_measured_and_the_run_goes_on() {
+        if launcher_for_tests().is_none() {
+            println!("{NO_LAUNCHER}");
+            return;
+        }
+        let reg = test_registry();
+        let a = args("--quick --max-size 2 --test latency --device broken --device kv");
+        let outcomes = orchestrate(&a, &reg, &test_spawner).unwrap();
+        assert_eq!(outcomes.len(), 2, "{outcomes:?}");
+        assert_eq!(outcomes[0].0, "broken");
+        match &outcomes[0].1 {
+            Outcome::NotMeasured(why) => assert_eq!(
+                why, "cannot open device broken: invalid configuration: not here",
+                "the ranks' own reason"
+            ),
+            o => panic!("{o:?}"),
+        }
+        assert_eq!(outcomes[1], ("kv".to_string(), Outcome::Measured));
+        // Named devices: a device not measured is the run's status.
+        assert_eq!(run_status(&a, &outcomes), UNAVAILABLE);
+        // The default run skips it.
+        assert_eq!(run_status(&args(""), &outcomes), 0);
+        let failed = [("kv".to_string(), Outcome::Failed("x".into(), 7))];
+        assert_eq!(run_status(&args(""), &failed), 7);
+        // No launcher: not measured either, with the spawner's reason.
+        let none = |_: usize, _: Option<&str>, _: &[String]| -> Result<Command, String> {
+            Err("no launcher here".into())
+        };
+        let outcomes = orchestrate(&args("--quick --device kv"), &reg, &none).unwrap();
+        assert_eq!(
+            outcomes,
+            [(
+                "kv".to_string(),
+                Outcome::NotMeasured("no launcher here".into())
+            )]
+        );
+    }
+
+    #[test]
+    fn not_measured_lines() {
+        assert_eq!(
+            osu::not_measured("ibv", "verbs not available: no device", false),
+            "# Device: ibv: not measured: verbs not available: no device"
+        );
+        assert_eq!(
+            osu::not_measured("ibv", "say \"no\"\n", true),
+            "{\"device\":\"ibv\",\"not_measured\":\"say \\\"no\\\"\\u000a\"}"
+        );
     }
 
     #[test]
@@ -1188,6 +1586,7 @@ mod tests {
             .collect();
         let c = launch_command(
             Path::new("/t/xdev-run"),
+            2,
             Some("shm"),
             Path::new("/t/xdev-bench"),
             &raw,
@@ -1219,6 +1618,39 @@ mod tests {
         let a = args("--device shm --option a=b --json --max-size 64 --test floor");
         assert_eq!(a.devices, ["shm"]);
         assert_eq!(a.options, [("a".to_string(), "b".to_string())]);
-        assert!(a.json && a.max_size == 64 && a.test == "floor");
+        assert!(a.json && a.max_size == 64 && a.only("floor"));
+        assert_eq!(args("").tests, ["latency", "bw"]);
+        assert_eq!(
+            args("--test bw,all --test bibw,mbw_mr -n 6").tests,
+            ["bw", "latency", "bibw", "mbw_mr"]
+        );
+        assert_eq!(args("-n 6").ranks, 6);
+        assert_eq!(args("").ranks, MBW_RANKS);
+        assert!(parse(["-n".to_string(), "3".to_string()]).is_err());
+        assert!(parse(["--test".to_string(), "floor,bw".to_string()]).is_err());
+        assert!(parse(["--test".to_string(), "bw,nope".to_string()]).is_err());
+    }
+
+    #[test]
+    fn mbw_mr_runs_as_a_job_of_its_own() {
+        let a = args("--test latency,mbw_mr,bibw --ranks 6 --quick --option k=v");
+        let j = jobs(&a);
+        assert_eq!(
+            j,
+            [
+                (2, vec!["latency".to_string(), "bibw".to_string()]),
+                (6, vec!["mbw_mr".to_string()])
+            ]
+        );
+        // The rank arguments say the same run again, for one job.
+        let again = args(&a.rank_args(Some("shm"), &j[1].1).join(" "));
+        assert_eq!(again.devices, ["shm"]);
+        assert_eq!(again.tests, ["mbw_mr"]);
+        assert_eq!((again.ranks, again.quick, again.json), (6, true, false));
+        assert_eq!(again.options, a.options);
+        assert_eq!(
+            jobs(&args("--test mbw_mr")),
+            [(4, vec!["mbw_mr".to_string()])]
+        );
     }
 }

@@ -1,0 +1,152 @@
+/*
+ * osu_peer: the OSU Micro-Benchmarks' latency, bw and bibw loops over MPI,
+ * for the comparison report of xdev-bench (`xdev-bench report`), which builds
+ * it with each installed MPI's mpicc and runs it on two ranks.
+ *
+ * The loops, iteration counts and window are those of xdev-bench (and of
+ * osu_latency, osu_bw, osu_bibw): latency is half the round trip of a
+ * blocking pingpong; bw is a window of 64 MPI_Isend answered by a zero-byte
+ * acknowledgement; bibw has both ranks post 64 MPI_Irecv and 64 MPI_Isend
+ * and wait for all. Like xdev-bench, each size is measured ROUNDS times and
+ * the best round is kept (OSU's average per round, best round).
+ *
+ * Usage: mpirun -np 2 osu_peer NAME MAX_SIZE ROUNDS QUICK
+ * Prints one JSON record per test and size on rank 0, in xdev-bench's
+ * schema ("floor" is 0: the report divides by the floors xdev-bench
+ * measured in the same run).
+ */
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define WINDOW 64
+
+static void iterations(int bw, size_t size, int quick, int *iters, int *skip) {
+  if (bw) {
+    *iters = size > 8192 ? 20 : 100;
+    *skip = size > 8192 ? 2 : 10;
+  } else {
+    *iters = size > 8192 ? 1000 : 10000;
+    *skip = size > 8192 ? 10 : 100;
+  }
+  if (quick) {
+    *iters = *iters / 10 > 2 ? *iters / 10 : 2;
+    *skip = *skip / 10 > 1 ? *skip / 10 : 1;
+  }
+}
+
+/* Seconds for `iters` timed pingpongs after `skip` untimed ones. */
+static double latency(int me, char *buf, size_t size, int iters, int skip) {
+  double start = 0;
+  for (int i = 0; i < iters + skip; i++) {
+    if (i == skip) {
+      MPI_Barrier(MPI_COMM_WORLD);
+      start = MPI_Wtime();
+    }
+    if (me == 0) {
+      MPI_Send(buf, (int)size, MPI_CHAR, 1, 1, MPI_COMM_WORLD);
+      MPI_Recv(buf, (int)size, MPI_CHAR, 1, 1, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+    } else {
+      MPI_Recv(buf, (int)size, MPI_CHAR, 0, 1, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+      MPI_Send(buf, (int)size, MPI_CHAR, 0, 1, MPI_COMM_WORLD);
+    }
+  }
+  return MPI_Wtime() - start;
+}
+
+/* Seconds for `iters` timed windows (osu_bw when !bi, osu_bibw when bi). */
+static double bandwidth(int me, int bi, char **sbufs, char **rbufs, size_t size,
+                        int iters, int skip) {
+  MPI_Request reqs[2 * WINDOW];
+  double start = 0;
+  int peer = 1 - me;
+  for (int i = 0; i < iters + skip; i++) {
+    if (i == skip) {
+      MPI_Barrier(MPI_COMM_WORLD);
+      start = MPI_Wtime();
+    }
+    if (bi) {
+      for (int w = 0; w < WINDOW; w++)
+        MPI_Irecv(rbufs[w], (int)size, MPI_CHAR, peer, 4, MPI_COMM_WORLD, &reqs[w]);
+      for (int w = 0; w < WINDOW; w++)
+        MPI_Isend(sbufs[w], (int)size, MPI_CHAR, peer, 4, MPI_COMM_WORLD,
+                  &reqs[WINDOW + w]);
+      MPI_Waitall(2 * WINDOW, reqs, MPI_STATUSES_IGNORE);
+    } else if (me == 0) {
+      for (int w = 0; w < WINDOW; w++)
+        MPI_Isend(sbufs[w], (int)size, MPI_CHAR, 1, 2, MPI_COMM_WORLD, &reqs[w]);
+      MPI_Waitall(WINDOW, reqs, MPI_STATUSES_IGNORE);
+      MPI_Recv(NULL, 0, MPI_CHAR, 1, 3, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+    } else {
+      for (int w = 0; w < WINDOW; w++)
+        MPI_Irecv(rbufs[w], (int)size, MPI_CHAR, 0, 2, MPI_COMM_WORLD, &reqs[w]);
+      MPI_Waitall(WINDOW, reqs, MPI_STATUSES_IGNORE);
+      MPI_Send(NULL, 0, MPI_CHAR, 0, 3, MPI_COMM_WORLD);
+    }
+  }
+  return MPI_Wtime() - start;
+}
+
+int main(int argc, char **argv) {
+  MPI_Init(&argc, &argv);
+  int me, n;
+  MPI_Comm_rank(MPI_COMM_WORLD, &me);
+  MPI_Comm_size(MPI_COMM_WORLD, &n);
+  if (argc != 5 || n != 2) {
+    if (me == 0)
+      fprintf(stderr, "usage: mpirun -np 2 osu_peer NAME MAX_SIZE ROUNDS QUICK\n");
+    MPI_Abort(MPI_COMM_WORLD, 2);
+  }
+  const char *name = argv[1];
+  size_t max = strtoul(argv[2], NULL, 10);
+  int rounds = atoi(argv[3]);
+  int quick = atoi(argv[4]);
+  if (rounds < 1)
+    rounds = 1;
+  char *buf = malloc(max > 0 ? max : 1);
+  char *sbufs[WINDOW], *rbufs[WINDOW];
+  for (int w = 0; w < WINDOW; w++) {
+    sbufs[w] = malloc(max > 0 ? max : 1);
+    rbufs[w] = malloc(max > 0 ? max : 1);
+    memset(sbufs[w], 0x5a, max);
+    memset(rbufs[w], 1, max);
+  }
+  memset(buf, 0xa5, max);
+
+  for (size_t size = 0; size <= max; size = size ? 2 * size : 1) {
+    int iters, skip;
+    iterations(0, size, quick, &iters, &skip);
+    double best = 1e300;
+    for (int r = 0; r < rounds; r++) {
+      double t = latency(me, buf, size, iters, skip);
+      if (t < best)
+        best = t;
+    }
+    if (me == 0)
+      printf("{\"device\":\"%s\",\"test\":\"latency\",\"size\":%zu,\"value\":%.4f,"
+             "\"unit\":\"us\",\"floor\":0}\n",
+             name, size, best * 1e6 / (2.0 * iters));
+    fflush(stdout);
+  }
+  for (int bi = 0; bi < 2; bi++) {
+    for (size_t size = 1; size <= max; size *= 2) {
+      int iters, skip;
+      iterations(1, size, quick, &iters, &skip);
+      double best = 1e300;
+      for (int r = 0; r < rounds; r++) {
+        double t = bandwidth(me, bi, sbufs, rbufs, size, iters, skip);
+        if (t < best)
+          best = t;
+      }
+      double bytes = (double)size * WINDOW * iters * (bi ? 2 : 1);
+      if (me == 0)
+        printf("{\"device\":\"%s\",\"test\":\"%s\",\"size\":%zu,\"value\":%.4f,"
+               "\"unit\":\"MB/s\",\"floor\":0}\n",
+               name, bi ? "bibw" : "bw", size, bytes / 1e6 / best);
+      fflush(stdout);
+    }
+  }
+  MPI_Finalize();
+  return 0;
+}
