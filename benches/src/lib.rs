@@ -9,7 +9,9 @@
 //! It is not a timed test suite: nothing here asserts a speed. The figures are
 //! ratios read side by side (value / floor).
 
+pub mod plot;
 pub mod psm_raw;
+pub mod report;
 
 use std::hint::black_box;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -197,3 +197,66 @@ pub fn bandwidth(
     let mb = (size * WINDOW * iters) as f64 / 1e6;
     Ok((me == 0).then_some(mb / secs))
 }
+
+/// Raw PSM2 osu_bibw, as [`crate::bibandwidth`]: both ranks post `WINDOW`
+/// receives, then `WINDOW` sends, and wait for all. MB/s of both directions
+/// on rank 0.
+pub fn bibandwidth(
+    raw: &RawPsm,
+    me: Rank,
+    size: usize,
+    iters: usize,
+    skip: usize,
+) -> Result<Option<f64>> {
+    let peer = match me {
+        0 => 1,
+        1 => 0,
+        _ => return Ok(None),
+    };
+    let mut rbufs: Vec<Vec<u8>> = (0..WINDOW).map(|_| vec![0u8; size]).collect();
+    let sbufs: Vec<Vec<u8>> = (0..WINDOW).map(|_| vec![0x3Cu8; size]).collect();
+    let step = |rbufs: &mut Vec<Vec<u8>>| -> Result<()> {
+        let mut reqs = Vec::with_capacity(2 * WINDOW);
+        let mut posted = Ok(());
+        for b in rbufs.iter_mut() {
+            match post_recv(raw, peer, 4, b) {
+                Ok(r) => reqs.push(r),
+                Err(e) => {
+                    posted = Err(e);
+                    break;
+                }
+            }
+        }
+        if posted.is_ok() {
+            for b in &sbufs {
+                match post_send(raw, peer, me, 4, b) {
+                    Ok(r) => reqs.push(r),
+                    Err(e) => {
+                        posted = Err(e);
+                        break;
+                    }
+                }
+            }
+        }
+        // Every posted request is waited for, even after an error, so no
+        // request outlives the buffer it uses.
+        let mut waited = Ok(());
+        for r in reqs {
+            let w = wait(raw, r);
+            if waited.is_ok() {
+                waited = w;
+            }
+        }
+        posted.and(waited)
+    };
+    for _ in 0..skip {
+        step(&mut rbufs)?;
+    }
+    let start = Instant::now();
+    for _ in 0..iters {
+        step(&mut rbufs)?;
+    }
+    let secs = start.elapsed().as_secs_f64();
+    let mb = (2 * size * WINDOW * iters) as f64 / 1e6;
+    Ok((me == 0).then_some(mb / secs))
+}

@@ -561,7 +561,6 @@ fn run_psm_peer(a: &Args, psm: &ibvx::PsmDevice, rank: Rank) -> Result<(), Strin
     let e = |e: xdev::Error| e.to_string();
     let report = rank == 0;
     let latency_test = a.has("latency");
-    let bw_test = a.has("bw");
     if latency_test {
         if report && !a.json {
             println!(
@@ -590,10 +589,17 @@ fn run_psm_peer(a: &Args, psm: &ibvx::PsmDevice, rank: Rank) -> Result<(), Strin
             }
         }
     }
-    if bw_test {
+    for test in [BwTest::Uni, BwTest::Bi] {
+        if !a.has(test.name()) {
+            continue;
+        }
         if report && !a.json {
+            let title = match test {
+                BwTest::Bi => "Bi-Directional Bandwidth",
+                _ => "Bandwidth",
+            };
             println!(
-                "\n# OSU MPI Bandwidth Test (xdev-bench)\n# Device: psm against raw PSM2 MQ calls on the same endpoint (the floor column)\n{:<10}{:>20}{:>20}{:>12}",
+                "\n# OSU MPI {title} Test (xdev-bench)\n# Device: psm against raw PSM2 MQ calls on the same endpoint (the floor column)\n{:<10}{:>20}{:>20}{:>12}",
                 "# Size", "Bandwidth (MB/s)", "Raw PSM2(MB/s)", "Ratio"
             );
         }
@@ -601,17 +607,21 @@ fn run_psm_peer(a: &Args, psm: &ibvx::PsmDevice, rank: Rank) -> Result<(), Strin
             let (n, skip) = scaled(a.quick, bandwidth_iterations(size));
             let (mut dev_mbs, mut raw_mbs) = (None, None);
             for _ in 0..rounds(a) {
-                raw_mbs = best(
-                    raw_mbs,
-                    psm_raw::bandwidth(&raw, rank, size, n, skip).map_err(e)?,
-                    f64::max,
-                );
-                dev_mbs = best(dev_mbs, bandwidth(psm, size, n, skip).map_err(e)?, f64::max);
+                let r = match test {
+                    BwTest::Bi => psm_raw::bibandwidth(&raw, rank, size, n, skip),
+                    _ => psm_raw::bandwidth(&raw, rank, size, n, skip),
+                };
+                raw_mbs = best(raw_mbs, r.map_err(e)?, f64::max);
+                let d = test.measure(psm, size, n, skip).map_err(e)?;
+                dev_mbs = best(dev_mbs, d, f64::max);
             }
             if report {
                 let (d, r) = (figure(dev_mbs)?, figure(raw_mbs)?);
                 if a.json {
-                    println!("{}", osu::json("psm-vs-raw", "bw", size, d, "MB/s", r));
+                    println!(
+                        "{}",
+                        osu::json("psm-vs-raw", test.name(), size, d, "MB/s", r)
+                    );
                 } else {
                     println!("{}", osu::row(size, d, r));
                 }
@@ -1039,10 +1049,242 @@ fn rank_main(a: &Args, reg: &Registry) -> Result<(), Failure> {
     Ok(())
 }
 
+const REPORT_USAGE: &str = "\
+xdev-bench report: run the suite and write a comparison report
+
+USAGE: xdev-bench report [OPTIONS]
+
+Runs latency, bw and bibw on every device that works here (with the floors,
+and raw PSM2 on the psm device's endpoint), builds benches/mpi/osu_peer.c with
+the mpicc of Open MPI and of MPICH where installed and runs it on two ranks,
+and writes DIR/report.md, DIR/latency.svg, DIR/bw.svg, DIR/bibw.svg and
+DIR/results.jsonl (every record). Absent devices and peers are listed as not
+measured, with the reason. The MPI peers need Debian's packages:
+  apt-get install openmpi-bin libopenmpi-dev mpich libmpich-dev
+
+OPTIONS:
+  --out DIR          where to write (default: benches/reports/DATE-HOST)
+  --quick            a tenth of OSU's iterations, one round (smoke runs)
+  --max-size BYTES   largest message (default 4194304)
+  --perftest FILE    the soft-RoCE VM suite's output (ci/vm-suite.sh), whose
+                     ibvx-pingpong/perftest RATIO lines the report includes
+  --no-mpi           do not build or run the MPI peers
+  -h, --help         this text";
+
+/// Options of `xdev-bench report`.
+#[derive(Debug, PartialEq)]
+struct ReportArgs {
+    out: Option<PathBuf>,
+    quick: bool,
+    max_size: usize,
+    perftest: Option<PathBuf>,
+    mpi: bool,
+}
+
+fn parse_report(args: &[String]) -> Result<Option<ReportArgs>, String> {
+    let mut r = ReportArgs {
+        out: None,
+        quick: false,
+        max_size: 4 << 20,
+        perftest: None,
+        mpi: true,
+    };
+    let mut it = args.iter();
+    while let Some(arg) = it.next() {
+        let mut value = |name: &str| it.next().ok_or_else(|| format!("{name} needs a value"));
+        match arg.as_str() {
+            "--out" => r.out = Some(value("--out")?.into()),
+            "--quick" => r.quick = true,
+            "--max-size" => {
+                r.max_size = value("--max-size")?
+                    .parse()
+                    .map_err(|_| "--max-size takes a byte count".to_string())?
+            }
+            "--perftest" => r.perftest = Some(value("--perftest")?.into()),
+            "--no-mpi" => r.mpi = false,
+            "-h" | "--help" => return Ok(None),
+            other => {
+                return Err(format!(
+                    "report: unknown argument {other:?} (see report --help)"
+                ))
+            }
+        }
+    }
+    Ok(Some(r))
+}
+
+/// `xdev-bench report`: see [`REPORT_USAGE`].
+fn report_main(args: &[String], reg: &Registry) -> Result<PathBuf, String> {
+    use xdev_bench::report::{
+        measure_mpi, parse_results, perftest_rows, run_captured, Machine, PeerStatus, Report, MPIS,
+        PERFTEST_ABSENT, RAW_PSM2, TESTS,
+    };
+    let Some(r) = parse_report(args)? else {
+        println!("{REPORT_USAGE}");
+        return Err(String::new());
+    };
+    let machine = Machine::here();
+    let start = std::time::Instant::now();
+    let out = r.out.clone().unwrap_or_else(|| {
+        let day = machine
+            .date
+            .split(' ')
+            .next()
+            .unwrap_or("today")
+            .to_string();
+        PathBuf::from("benches/reports").join(format!("{day}-{}", machine.host))
+    });
+    std::fs::create_dir_all(&out).map_err(|e| format!("{}: {e}", out.display()))?;
+    let exe = std::env::current_exe().map_err(|e| format!("cannot find this executable: {e}"))?;
+
+    // The suite: this program, every device, JSON records.
+    let mut suite = vec![
+        "--json".to_string(),
+        "--test".to_string(),
+        TESTS.join(","),
+        "--max-size".to_string(),
+        r.max_size.to_string(),
+    ];
+    if r.quick {
+        suite.push("--quick".into());
+    }
+    eprintln!("report: xdev-bench {}", suite.join(" "));
+    let mut last = (String::new(), String::new());
+    let (text, status) = run_captured(
+        Command::new(&exe).args(&suite),
+        std::time::Duration::from_secs(3600),
+        |line| {
+            let rec = parse_results(line);
+            if let Some(x) = rec.records.first() {
+                if (x.device.as_str(), x.test.as_str()) != (last.0.as_str(), last.1.as_str()) {
+                    eprintln!("report: measuring {} {}", x.device, x.test);
+                    last = (x.device.clone(), x.test.clone());
+                }
+            }
+        },
+    );
+    if let Err(e) = &status {
+        eprintln!("report: the suite did not finish cleanly ({e}); reporting what it measured");
+    }
+    let mut results = parse_results(&text);
+
+    let mut peers = Vec::new();
+    let raw = if results.records.iter().any(|x| x.device == "psm-vs-raw") {
+        PeerStatus::Measured(
+            "psm2_mq_* on the psm device's own endpoint, alternating with the device".into(),
+        )
+    } else {
+        let why = results
+            .not_measured
+            .iter()
+            .find(|(d, _)| d == "psm")
+            .map_or("the psm device was not measured".to_string(), |(_, w)| {
+                format!("the psm device was not measured: {w}")
+            });
+        PeerStatus::NotMeasured(why)
+    };
+    peers.push((RAW_PSM2.to_string(), raw));
+
+    let build_dir = std::env::temp_dir().join(format!("xdev-bench-report-{}", std::process::id()));
+    for mpi in &MPIS {
+        let status = if !r.mpi {
+            PeerStatus::NotMeasured("skipped (--no-mpi)".into())
+        } else {
+            eprintln!("report: measuring {} (osu_peer.c)", mpi.name);
+            let rounds = if r.quick { 1 } else { 3 };
+            match measure_mpi(mpi, &build_dir, r.max_size, rounds, r.quick) {
+                Ok((records, how)) => {
+                    results.records.extend(records);
+                    PeerStatus::Measured(how)
+                }
+                Err(why) => {
+                    eprintln!("report: {}: not measured: {why}", mpi.name);
+                    PeerStatus::NotMeasured(why)
+                }
+            }
+        };
+        peers.push((mpi.name.to_string(), status));
+    }
+    let _ = std::fs::remove_dir_all(&build_dir);
+
+    let perftest = match &r.perftest {
+        Some(f) => {
+            let text = std::fs::read_to_string(f).map_err(|e| format!("{}: {e}", f.display()))?;
+            let rows = perftest_rows(&text);
+            let st = if rows.is_empty() {
+                PeerStatus::NotMeasured(format!("no RATIO lines in {}", f.display()))
+            } else {
+                PeerStatus::Measured(format!("from {}", f.display()))
+            };
+            peers.push(("perftest".to_string(), st));
+            rows
+        }
+        None => {
+            peers.push((
+                "perftest".to_string(),
+                PeerStatus::NotMeasured(PERFTEST_ABSENT.into()),
+            ));
+            Vec::new()
+        }
+    };
+
+    let mut command = String::from("xdev-bench report");
+    for a in args {
+        command.push(' ');
+        command.push_str(a);
+    }
+    let report = Report {
+        machine,
+        load_after: Machine::here().load,
+        command,
+        elapsed: start.elapsed(),
+        built: reg.entries().iter().map(|e| e.name.to_string()).collect(),
+        results,
+        peers,
+        perftest,
+    };
+    let write = |name: &str, body: &str| {
+        let p = out.join(name);
+        std::fs::write(&p, body).map_err(|e| format!("{}: {e}", p.display()))
+    };
+    write("report.md", &report.markdown())?;
+    for test in TESTS {
+        write(&format!("{test}.svg"), &report.plot(test).svg())?;
+    }
+    let mut jsonl = String::new();
+    for x in &report.results.records {
+        jsonl.push_str(&osu::json(
+            &x.device, &x.test, x.size, x.value, &x.unit, x.floor,
+        ));
+        jsonl.push('\n');
+    }
+    for (d, why) in &report.results.not_measured {
+        jsonl.push_str(&osu::not_measured(d, why, true));
+        jsonl.push('\n');
+    }
+    write("results.jsonl", &jsonl)?;
+    Ok(out.join("report.md"))
+}
+
 fn main() -> ExitCode {
     let raw: Vec<OsString> = std::env::args_os().skip(1).collect();
     let strings: Result<Vec<String>, _> = raw.iter().map(|s| s.clone().into_string()).collect();
     let reg = registry();
+    if let Ok(s) = &strings {
+        if s.first().map(String::as_str) == Some("report") {
+            return match report_main(&s[1..], &reg) {
+                Ok(path) => {
+                    println!("report: wrote {}", path.display());
+                    ExitCode::SUCCESS
+                }
+                Err(e) if e.is_empty() => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("xdev-bench report: {e}");
+                    ExitCode::FAILURE
+                }
+            };
+        }
+    }
     let parsed = strings
         .map_err(|s| format!("argument {s:?} is not UTF-8"))
         .and_then(parse);
@@ -1609,6 +1851,30 @@ mod tests {
         );
         let e = find_launcher(Path::new("/nonexistent/dir/xdev-bench")).unwrap_err();
         assert!(e.contains("cargo build --release -p xdev"), "{e}");
+    }
+
+    #[test]
+    fn report_arguments() {
+        let v = |l: &str| l.split_whitespace().map(String::from).collect::<Vec<_>>();
+        let r = parse_report(&v(
+            "--out /tmp/r --quick --max-size 64 --perftest f --no-mpi",
+        ))
+        .unwrap()
+        .unwrap();
+        assert_eq!(
+            r,
+            ReportArgs {
+                out: Some("/tmp/r".into()),
+                quick: true,
+                max_size: 64,
+                perftest: Some("f".into()),
+                mpi: false
+            }
+        );
+        let d = parse_report(&[]).unwrap().unwrap();
+        assert!(d.mpi && !d.quick && d.out.is_none() && d.max_size == 4 << 20);
+        assert_eq!(parse_report(&v("--help")).unwrap(), None);
+        assert!(parse_report(&v("--bogus")).is_err());
     }
 
     #[test]

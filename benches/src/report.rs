@@ -1,0 +1,1133 @@
+//! The comparison report (`xdev-bench report`): runs the suite (latency, bw
+//! and bibw of every device that works here, with the floors), measures the
+//! installed peers in the same run (raw PSM2 on the psm device's endpoint,
+//! Open MPI and MPICH through `benches/mpi/osu_peer.c` built with their
+//! `mpicc`, perftest from a soft-RoCE VM results file when one is given),
+//! and writes a self-contained markdown report with SVG plots ([`crate::plot`]).
+//!
+//! Nothing is invented: a device or peer that could not be measured is listed
+//! as "not measured" with the reason.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use crate::plot::{size_label, Plot, Series};
+
+/// The C source of the MPI peer, built at report time with each MPI's `mpicc`.
+pub const MPI_PEER_SOURCE: &str = include_str!("../mpi/osu_peer.c");
+
+/// The devices the project names (issue 7), measured when in the build.
+pub const KNOWN_DEVICES: [&str; 5] = ["thread", "shm", "ibv", "psm", "hybrid"];
+
+/// The tests of the report, in order.
+pub const TESTS: [&str; 3] = ["latency", "bw", "bibw"];
+
+/// Series name of the raw PSM2 peer.
+pub const RAW_PSM2: &str = "raw PSM2";
+
+/// The name `xdev-bench` gives the psm device's comparison with raw PSM2.
+const PSM_VS_RAW: &str = "psm-vs-raw";
+
+/// How to install the MPI peers on Debian.
+pub const MPI_INSTALL: &str = "apt-get install openmpi-bin libopenmpi-dev mpich libmpich-dev";
+
+/// The reason perftest is absent without a VM results file.
+pub const PERFTEST_ABSENT: &str = "needs the soft-RoCE VM (ci/vm-suite.sh)";
+
+/// One measurement: a JSON record of `xdev-bench --json` or of the MPI peer.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Record {
+    /// Device or peer name.
+    pub device: String,
+    /// `latency`, `bw`, `bibw`, ...
+    pub test: String,
+    /// Message size in bytes.
+    pub size: usize,
+    /// The figure (`unit`).
+    pub value: f64,
+    /// `us` or `MB/s`.
+    pub unit: String,
+    /// The floor measured alongside (0 when none was).
+    pub floor: f64,
+}
+
+/// What a run printed: measurements, and devices not measured with why.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Results {
+    /// Every measurement record.
+    pub records: Vec<Record>,
+    /// (device, reason) of every `not_measured` record.
+    pub not_measured: Vec<(String, String)>,
+}
+
+/// A scalar of a flat JSON object.
+#[derive(Clone, Debug, PartialEq)]
+enum Scalar {
+    Str(String),
+    Num(f64),
+}
+
+/// Parses one flat JSON object of strings and numbers (what `xdev-bench
+/// --json` and the MPI peer print); `None` for anything else.
+fn flat_object(line: &str) -> Option<BTreeMap<String, Scalar>> {
+    let mut chars = line.trim().chars().peekable();
+    let mut out = BTreeMap::new();
+    let skip_ws = |c: &mut std::iter::Peekable<std::str::Chars>| {
+        while c.peek().is_some_and(|c| c.is_whitespace()) {
+            c.next();
+        }
+    };
+    let string = |c: &mut std::iter::Peekable<std::str::Chars>| -> Option<String> {
+        if c.next()? != '"' {
+            return None;
+        }
+        let mut s = String::new();
+        loop {
+            match c.next()? {
+                '"' => return Some(s),
+                '\\' => match c.next()? {
+                    'n' => s.push('\n'),
+                    't' => s.push('\t'),
+                    'u' => {
+                        let hex: String = (0..4).filter_map(|_| c.next()).collect();
+                        s.push(char::from_u32(u32::from_str_radix(&hex, 16).ok()?)?);
+                    }
+                    other => s.push(other),
+                },
+                ch => s.push(ch),
+            }
+        }
+    };
+    if chars.next()? != '{' {
+        return None;
+    }
+    loop {
+        skip_ws(&mut chars);
+        if chars.peek() == Some(&'}') {
+            chars.next();
+            break;
+        }
+        let key = string(&mut chars)?;
+        skip_ws(&mut chars);
+        if chars.next()? != ':' {
+            return None;
+        }
+        skip_ws(&mut chars);
+        let value = if chars.peek() == Some(&'"') {
+            Scalar::Str(string(&mut chars)?)
+        } else {
+            let mut n = String::new();
+            while chars
+                .peek()
+                .is_some_and(|c| !matches!(c, ',' | '}') && !c.is_whitespace())
+            {
+                n.push(chars.next()?);
+            }
+            Scalar::Num(n.parse().ok()?)
+        };
+        out.insert(key, value);
+        skip_ws(&mut chars);
+        match chars.next()? {
+            ',' => continue,
+            '}' => break,
+            _ => return None,
+        }
+    }
+    Some(out)
+}
+
+/// The records and not-measured notices in `text` (one JSON object per
+/// line; other lines, and records of other shapes, are ignored).
+pub fn parse_results(text: &str) -> Results {
+    let mut r = Results::default();
+    for line in text.lines() {
+        // libtest or a launcher label may precede a record on its line.
+        let Some(start) = line.find('{') else {
+            continue;
+        };
+        let Some(obj) = flat_object(&line[start..]) else {
+            continue;
+        };
+        let s = |k: &str| match obj.get(k) {
+            Some(Scalar::Str(s)) => Some(s.clone()),
+            _ => None,
+        };
+        let n = |k: &str| match obj.get(k) {
+            Some(Scalar::Num(n)) => Some(*n),
+            _ => None,
+        };
+        if let (Some(device), Some(why)) = (s("device"), s("not_measured")) {
+            r.not_measured.push((device, why));
+            continue;
+        }
+        if let (Some(device), Some(test), Some(size), Some(value), Some(unit)) =
+            (s("device"), s("test"), n("size"), n("value"), s("unit"))
+        {
+            r.records.push(Record {
+                device,
+                test,
+                size: size as usize,
+                value,
+                unit,
+                floor: n("floor").unwrap_or(0.0),
+            });
+        }
+    }
+    r
+}
+
+/// The machine a report was measured on.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Machine {
+    /// Host name.
+    pub host: String,
+    /// CPU model (`/proc/cpuinfo`).
+    pub cpu: String,
+    /// Cores online.
+    pub cores: usize,
+    /// Kernel release.
+    pub kernel: String,
+    /// UTC date and time, `YYYY-MM-DD HH:MM UTC`.
+    pub date: String,
+    /// Load averages when the run started (`/proc/loadavg`, first three).
+    pub load: String,
+}
+
+fn read_trimmed(path: &str) -> Option<String> {
+    std::fs::read_to_string(path)
+        .ok()
+        .map(|s| s.trim().to_string())
+}
+
+/// (year, month, day) of the day `days` after 1970-01-01 (proleptic
+/// Gregorian; Howard Hinnant's `civil_from_days`).
+pub fn civil_from_days(days: i64) -> (i64, u32, u32) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    (y, m, d)
+}
+
+/// Now, as `(YYYY-MM-DD, HH:MM)` in UTC.
+pub fn utc_now() -> (String, String) {
+    let secs = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64);
+    let (y, m, d) = civil_from_days(secs.div_euclid(86_400));
+    let t = secs.rem_euclid(86_400);
+    (
+        format!("{y:04}-{m:02}-{d:02}"),
+        format!("{:02}:{:02}", t / 3600, t % 3600 / 60),
+    )
+}
+
+impl Machine {
+    /// This machine, now.
+    pub fn here() -> Machine {
+        let cpu = std::fs::read_to_string("/proc/cpuinfo")
+            .ok()
+            .and_then(|s| {
+                s.lines()
+                    .find(|l| l.starts_with("model name"))
+                    .and_then(|l| l.split_once(':'))
+                    .map(|(_, v)| v.trim().to_string())
+            })
+            .unwrap_or_else(|| "unknown".into());
+        let (day, time) = utc_now();
+        Machine {
+            host: read_trimmed("/proc/sys/kernel/hostname").unwrap_or_else(|| "unknown".into()),
+            cpu,
+            cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            kernel: read_trimmed("/proc/sys/kernel/osrelease").unwrap_or_else(|| "unknown".into()),
+            date: format!("{day} {time} UTC"),
+            load: read_trimmed("/proc/loadavg")
+                .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+                .unwrap_or_else(|| "unknown".into()),
+        }
+    }
+}
+
+/// A peer of the report and how it went.
+#[derive(Clone, Debug, PartialEq)]
+pub enum PeerStatus {
+    /// Measured; a note on how (version, command).
+    Measured(String),
+    /// Not measured, and why.
+    NotMeasured(String),
+}
+
+/// What the report shows: the run's results and every peer's status.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Report {
+    /// Where and when.
+    pub machine: Machine,
+    /// Load averages when the run ended.
+    pub load_after: String,
+    /// How the suite was run (the command line, for the reader).
+    pub command: String,
+    /// Wall-clock time of the whole run.
+    pub elapsed: Duration,
+    /// Devices in this build (registry order).
+    pub built: Vec<String>,
+    /// Every measurement: the devices', and the MPI peers'.
+    pub results: Results,
+    /// (peer, status): raw PSM2, Open MPI, MPICH, perftest.
+    pub peers: Vec<(String, PeerStatus)>,
+    /// perftest rows from the VM suite (`RATIO` lines), if a file was given.
+    pub perftest: Vec<String>,
+}
+
+/// The placement of a device's ranks, for its cache-line floor.
+fn placement(device: &str) -> &'static str {
+    if device == "thread" {
+        "threads"
+    } else {
+        "processes"
+    }
+}
+
+/// A series of the report: a device or a peer, with per-size values and
+/// the floors measured alongside.
+#[derive(Clone, Debug, PartialEq)]
+struct Line {
+    name: String,
+    /// size -> value.
+    points: BTreeMap<usize, f64>,
+}
+
+impl Report {
+    /// The device and peer lines of `test`, in report order: the devices as
+    /// built, raw PSM2, then the MPI peers.
+    fn lines(&self, test: &str) -> Vec<Line> {
+        let mut order: Vec<String> = self.built.clone();
+        order.push(RAW_PSM2.into());
+        for r in &self.results.records {
+            if r.device != PSM_VS_RAW && !order.contains(&r.device) {
+                order.push(r.device.clone());
+            }
+        }
+        let mut lines: Vec<Line> = order
+            .iter()
+            .map(|name| Line {
+                name: name.clone(),
+                points: BTreeMap::new(),
+            })
+            .collect();
+        for r in self.results.records.iter().filter(|r| r.test == test) {
+            // psm-vs-raw records: value = psm device, floor = raw PSM2.
+            let (name, value) = if r.device == PSM_VS_RAW {
+                (RAW_PSM2, r.floor)
+            } else {
+                (r.device.as_str(), r.value)
+            };
+            if let Some(l) = lines.iter_mut().find(|l| l.name == name) {
+                l.points.insert(r.size, value);
+            }
+        }
+        lines.retain(|l| !l.points.is_empty());
+        lines
+    }
+
+    /// The best floor of `test` at each size among the devices of
+    /// `placement` (`None`: all devices): the least cache-line time, the
+    /// most memcpy bandwidth.
+    fn best_floor(&self, test: &str, place: Option<&str>) -> BTreeMap<usize, f64> {
+        let latency = test == "latency";
+        let mut m: BTreeMap<usize, f64> = BTreeMap::new();
+        for r in &self.results.records {
+            if r.test != test || r.device == PSM_VS_RAW || r.floor <= 0.0 {
+                continue;
+            }
+            if place.is_some_and(|p| placement(&r.device) != p) {
+                continue;
+            }
+            let e = m.entry(r.size).or_insert(r.floor);
+            *e = if latency {
+                e.min(r.floor)
+            } else {
+                e.max(r.floor)
+            };
+        }
+        m
+    }
+
+    /// A line's floor at `size`: the best floor of the run at that size
+    /// (for latency, among the devices of the line's placement: threads for
+    /// `thread`, processes for the process devices and every peer), so every
+    /// ratio of a table row divides by the floor shown in that row.
+    fn floor_of(&self, test: &str, line: &Line, size: usize) -> Option<f64> {
+        let place = (test == "latency").then(|| placement(&line.name));
+        self.best_floor(test, place).get(&size).copied()
+    }
+
+    /// The floor lines of `test`'s plot and table: the cache-line floor per
+    /// placement for latency, the memcpy floor for the bandwidths.
+    fn floors(&self, test: &str) -> Vec<(String, BTreeMap<usize, f64>)> {
+        if test == "latency" {
+            ["threads", "processes"]
+                .iter()
+                .map(|p| {
+                    (
+                        format!("cache-line floor ({p})"),
+                        self.best_floor(test, Some(p)),
+                    )
+                })
+                .filter(|(_, m)| !m.is_empty())
+                .collect()
+        } else {
+            let name = if test == "bibw" {
+                "memcpy floor (2 concurrent)"
+            } else {
+                "memcpy floor"
+            };
+            let m = self.best_floor(test, None);
+            if m.is_empty() {
+                vec![]
+            } else {
+                vec![(name.to_string(), m)]
+            }
+        }
+    }
+
+    /// The plot of `test`.
+    pub fn plot(&self, test: &str) -> Plot {
+        let (title, y_label) = match test {
+            "latency" => ("Latency (half round trip), lower is better", "latency (us)"),
+            "bw" => (
+                "Bandwidth (window of 64), higher is better",
+                "bandwidth (MB/s)",
+            ),
+            _ => (
+                "Bi-directional bandwidth (window of 64 each way), higher is better",
+                "bandwidth (MB/s)",
+            ),
+        };
+        let mut series: Vec<Series> = self
+            .lines(test)
+            .into_iter()
+            .map(|l| Series {
+                name: l.name,
+                points: l.points.iter().map(|(&s, &v)| (s, v)).collect(),
+                dashed: false,
+            })
+            .collect();
+        for (name, m) in self.floors(test) {
+            series.push(Series {
+                name,
+                points: m.into_iter().collect(),
+                dashed: true,
+            });
+        }
+        Plot {
+            title: format!("{title} ({})", self.machine.host),
+            y_label: y_label.into(),
+            series,
+        }
+    }
+
+    /// The headline figures: per device and peer, latency at 8 bytes and
+    /// the bandwidths at 1 MiB, each with value/floor.
+    fn headline(&self) -> String {
+        let picks = [("latency", 8usize), ("bw", 1 << 20), ("bibw", 1 << 20)];
+        let mut names: Vec<String> = Vec::new();
+        for (test, _) in picks {
+            for l in self.lines(test) {
+                if !names.contains(&l.name) {
+                    names.push(l.name);
+                }
+            }
+        }
+        let mut s = String::from(
+            "| device or peer | latency 8 B (us) | ratio | bw 1 MiB (MB/s) | ratio | bibw 1 MiB (MB/s) | ratio |\n|---|---:|---:|---:|---:|---:|---:|\n",
+        );
+        for name in names {
+            let _ = write!(s, "| {name} ");
+            for (test, size) in picks {
+                let lines = self.lines(test);
+                let cell = lines.iter().find(|l| l.name == name).and_then(|l| {
+                    let v = *l.points.get(&size)?;
+                    Some((v, self.floor_of(test, l, size)))
+                });
+                match cell {
+                    Some((v, Some(f))) => {
+                        let _ = write!(s, "| {} | {:.2} ", fmt_value(v), v / f);
+                    }
+                    Some((v, None)) => {
+                        let _ = write!(s, "| {} | – ", fmt_value(v));
+                    }
+                    None => s.push_str("| – | – "),
+                }
+            }
+            s.push_str("|\n");
+        }
+        s
+    }
+
+    /// The table of `test`: per size, the floors, then per line the value
+    /// and value/floor.
+    fn table(&self, test: &str) -> String {
+        let lines = self.lines(test);
+        let floors = self.floors(test);
+        let mut sizes: Vec<usize> = lines
+            .iter()
+            .flat_map(|l| l.points.keys().copied())
+            .collect();
+        sizes.sort_unstable();
+        sizes.dedup();
+        let mut s = String::from("| size ");
+        for (name, _) in &floors {
+            let _ = write!(s, "| {name} ");
+        }
+        for l in &lines {
+            let _ = write!(s, "| {} | ratio ", l.name);
+        }
+        s.push_str("|\n|---");
+        for _ in 0..floors.len() + 2 * lines.len() {
+            s.push_str("|---:");
+        }
+        s.push_str("|\n");
+        for size in sizes {
+            let _ = write!(s, "| {} ", size_label(size));
+            for (_, m) in &floors {
+                match m.get(&size) {
+                    Some(&f) => {
+                        let _ = write!(s, "| {} ", fmt_value(f));
+                    }
+                    None => s.push_str("| – "),
+                }
+            }
+            for l in &lines {
+                match l.points.get(&size) {
+                    Some(&v) => match self.floor_of(test, l, size) {
+                        Some(f) if f > 0.0 => {
+                            let _ = write!(s, "| {} | {:.2} ", fmt_value(v), v / f);
+                        }
+                        _ => {
+                            let _ = write!(s, "| {} | – ", fmt_value(v));
+                        }
+                    },
+                    None => s.push_str("| – | – "),
+                }
+            }
+            s.push_str("|\n");
+        }
+        s
+    }
+
+    /// The report as markdown; the plots are `<test>.svg` beside it.
+    pub fn markdown(&self) -> String {
+        let m = &self.machine;
+        let mut s = String::new();
+        let _ = writeln!(
+            s,
+            "# xdev-bench comparison report: {} ({})\n",
+            m.host, m.date
+        );
+        let _ = writeln!(
+            s,
+            "Generated by `{}` in {:.0} s. Every figure below was measured in this one run, \
+             next to the floors it is divided by; nothing is copied from elsewhere, and \
+             what could not be measured here is listed as such.\n",
+            self.command,
+            self.elapsed.as_secs_f64()
+        );
+        s.push_str("## Machine\n\n| | |\n|---|---|\n");
+        let _ = writeln!(s, "| host | {} |", m.host);
+        let _ = writeln!(s, "| CPU | {} |", m.cpu);
+        let _ = writeln!(s, "| cores online | {} |", m.cores);
+        let _ = writeln!(s, "| kernel | {} |", m.kernel);
+        let _ = writeln!(s, "| date | {} |", m.date);
+        let _ = writeln!(
+            s,
+            "| load average (1, 5, 15 min) | {} at the start, {} at the end |\n",
+            m.load, self.load_after
+        );
+        s.push_str(
+            "The machine is shared and virtualized: absolute figures move from run to run. \
+             Read the ratios, which divide each figure by a floor measured in the same run, \
+             close in time.\n\n",
+        );
+        s.push_str("## How to read value/floor\n\n");
+        s.push_str(
+            "- **Latency** (`ratio` = latency / cache-line floor): the floor is the one-way \
+             hand-off of one cache line between the two ranks' cores (two pinned threads for \
+             `thread`, the two rank processes through a shared mapping for process devices; \
+             peers are divided by the processes' floor). No message between cores can cost \
+             less, so the ratio is at least 1; lower is better.\n\
+             - **Bandwidth** (`ratio` = bandwidth / memcpy floor): the floor is `memcpy` in \
+             one thread over the test's working set (64 buffers per side); for `bibw`, two \
+             such copies running at once on the two cores. A one-copy transport approaches \
+             1 at best; a two-copy one about 0.5; higher is better. Ratios above 1 can occur \
+             where the floor's copy is less cache-friendly than the transport's (small \
+             working sets), or when the neighbours' load hits one side more than the other.\n\n",
+        );
+        s.push_str("## Devices and peers\n\n| name | kind | status |\n|---|---|---|\n");
+        let measured: Vec<String> = self
+            .results
+            .records
+            .iter()
+            .map(|r| r.device.clone())
+            .collect();
+        for d in KNOWN_DEVICES {
+            let status = if measured.iter().any(|x| x == d) {
+                "measured".to_string()
+            } else if let Some((_, why)) = self.results.not_measured.iter().find(|(n, _)| n == d) {
+                format!("not measured: {why}")
+            } else if !self.built.iter().any(|b| b == d) {
+                "not measured: not in this build (planned)".to_string()
+            } else {
+                "not measured: no results (see the run's stderr)".to_string()
+            };
+            let _ = writeln!(s, "| `{d}` | xdev device | {status} |");
+        }
+        for (d, why) in &self.results.not_measured {
+            if !KNOWN_DEVICES.contains(&d.as_str()) {
+                let _ = writeln!(s, "| `{d}` | xdev device | not measured: {why} |");
+            }
+        }
+        for (p, st) in &self.peers {
+            let status = match st {
+                PeerStatus::Measured(how) => format!("measured ({how})"),
+                PeerStatus::NotMeasured(why) => format!("not measured: {why}"),
+            };
+            let _ = writeln!(s, "| {p} | peer | {status} |");
+        }
+        s.push_str("\n## Headline figures\n\n");
+        s.push_str(&self.headline());
+        s.push('\n');
+        for test in TESTS {
+            let (title, unit, what) = match test {
+                "latency" => (
+                    "Latency",
+                    "us",
+                    "osu_latency: blocking pingpong, half the round trip",
+                ),
+                "bw" => (
+                    "Bandwidth",
+                    "MB/s",
+                    "osu_bw: a window of 64 non-blocking sends, then a zero-byte acknowledgement",
+                ),
+                _ => (
+                    "Bi-directional bandwidth",
+                    "MB/s",
+                    "osu_bibw: both ranks post 64 receives and 64 sends, then wait for all; both directions counted",
+                ),
+            };
+            let _ = writeln!(s, "## {title} ({unit})\n\n{what}.\n");
+            let _ = writeln!(s, "![{title}]({test}.svg)\n");
+            if self.lines(test).is_empty() {
+                s.push_str("Nothing measured.\n\n");
+            } else {
+                s.push_str(&self.table(test));
+                s.push('\n');
+            }
+        }
+        s.push_str("## perftest (soft-RoCE VM)\n\n");
+        if self.perftest.is_empty() {
+            let why = self
+                .peers
+                .iter()
+                .find_map(|(p, st)| match (p.as_str(), st) {
+                    ("perftest", PeerStatus::NotMeasured(why)) => Some(why.clone()),
+                    _ => None,
+                })
+                .unwrap_or_else(|| PERFTEST_ABSENT.into());
+            let _ = writeln!(s, "Not measured: {why}.\n");
+        } else {
+            s.push_str(
+                "ibvx-pingpong against perftest over soft-RoCE (rdma_rxe) in the qemu guest, \
+                 median of the rounds, from the VM suite's results file given to the report \
+                 (a separate run, in the guest: not comparable with the figures above):\n\n```\n",
+            );
+            for l in &self.perftest {
+                s.push_str(l);
+                s.push('\n');
+            }
+            s.push_str("```\n\n");
+        }
+        s.push_str("## Method\n\n");
+        s.push_str(
+            "Message sizes are 0 (latency only) and powers of two up to the largest shown, with \
+             OSU's iteration counts (latency: 10000 iterations and 100 warm-up up to 8 KiB, 1000 \
+             and 10 above; bandwidth: 100 and 10, 20 and 2 above 8 KiB) and window (64). Each \
+             size is measured in rounds, the floor and the device alternately, and the best \
+             round of each is kept (OSU's average per round, best round). Ranks are pinned to \
+             cores 0 and 1. The MPI peers run `benches/mpi/osu_peer.c` (the same loops, \
+             counts and rounds) with `mpirun -np 2` and binding to cores. Raw PSM2 runs the same \
+             loops against `psm2_mq_*` on the psm device's own endpoint, alternating with the \
+             device. The floor of a row is the best floor measured at that size in this run \
+             (each device's floor is measured alongside it; for latency, the best among the \
+             devices whose ranks are threads, or processes), and every ratio in the row \
+             divides by it, so the ratios of a row compare directly. The plots show sizes \
+             from 1 byte on log axes, the floors dashed. Raw records, with each device's own \
+             floor: `results.jsonl` beside this file.\n",
+        );
+        s
+    }
+}
+
+/// A figure with sensible precision.
+fn fmt_value(v: f64) -> String {
+    if v >= 100.0 {
+        format!("{v:.0}")
+    } else if v >= 1.0 {
+        format!("{v:.2}")
+    } else {
+        format!("{v:.3}")
+    }
+}
+
+/// The perftest comparison rows of a VM suite results file (its `RATIO`
+/// lines: `ci/vm-suite.sh` output or its `ratios.txt`).
+pub fn perftest_rows(text: &str) -> Vec<String> {
+    text.lines()
+        .filter_map(|l| l.find("RATIO ").map(|i| l[i..].trim_end().to_string()))
+        .collect()
+}
+
+/// Runs `cmd` with stdout captured line by line (each line also passed to
+/// `each`), stderr inherited, killed after `limit`. Returns what it printed
+/// on stdout (also when it failed), and whether it succeeded.
+pub fn run_captured(
+    cmd: &mut Command,
+    limit: Duration,
+    each: impl FnMut(&str),
+) -> (String, Result<(), String>) {
+    let mut out = String::new();
+    let r = capture(cmd, limit, each, &mut out);
+    (out, r)
+}
+
+fn capture(
+    cmd: &mut Command,
+    limit: Duration,
+    mut each: impl FnMut(&str),
+    out: &mut String,
+) -> Result<(), String> {
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stdin(Stdio::null())
+        .spawn()
+        .map_err(|e| format!("cannot start {:?}: {e}", cmd.get_program()))?;
+    let stdout = child.stdout.take().ok_or("no stdout pipe")?;
+    let id = child.id();
+    let start = Instant::now();
+    // A watchdog while stdout is read: kills the child when the limit
+    // passes. The child is not waited for before the watchdog has been
+    // joined, so its pid cannot have been reused.
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let watchdog = {
+        let done = done.clone();
+        std::thread::spawn(move || {
+            while !done.load(std::sync::atomic::Ordering::Acquire) {
+                if start.elapsed() > limit {
+                    // SAFETY: kill(2) on the pid of a child this process
+                    // started and has not reaped yet (see above).
+                    unsafe { libc::kill(id as libc::pid_t, libc::SIGKILL) };
+                    return true;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            false
+        })
+    };
+    for line in BufReader::new(stdout).lines() {
+        let Ok(line) = line else { break };
+        each(&line);
+        out.push_str(&line);
+        out.push('\n');
+    }
+    done.store(true, std::sync::atomic::Ordering::Release);
+    let mut killed = watchdog.join().unwrap_or(false);
+    // Stdout is closed; the child may still be running.
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break Ok(status),
+            Ok(None) if start.elapsed() > limit => {
+                let _ = child.kill();
+                killed = true;
+                break child.wait();
+            }
+            Ok(None) => std::thread::sleep(Duration::from_millis(20)),
+            Err(e) => break Err(e),
+        }
+    };
+    if killed {
+        return Err(format!("stopped after {} s", limit.as_secs()));
+    }
+    let status = status.map_err(|e| e.to_string())?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!("exited with {status}"))
+    }
+}
+
+/// An installed MPI: its name in the report, `mpicc` and `mpirun`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Mpi {
+    /// Name in the report (`Open MPI`, `MPICH`).
+    pub name: &'static str,
+    /// The series name of its records.
+    pub series: &'static str,
+    /// Compiler wrapper (Debian's alternative name).
+    pub mpicc: &'static str,
+    /// Launcher.
+    pub mpirun: &'static str,
+    /// Extra launcher arguments (binding, running as root).
+    pub run_args: &'static [&'static str],
+}
+
+/// The MPIs the report looks for (Debian's names).
+pub const MPIS: [Mpi; 2] = [
+    Mpi {
+        name: "Open MPI",
+        series: "Open MPI",
+        mpicc: "mpicc.openmpi",
+        mpirun: "mpirun.openmpi",
+        run_args: &["--bind-to", "core", "--map-by", "core"],
+    },
+    Mpi {
+        name: "MPICH",
+        series: "MPICH",
+        mpicc: "mpicc.mpich",
+        mpirun: "mpirun.mpich",
+        run_args: &["-bind-to", "core"],
+    },
+];
+
+/// `program` on `PATH`.
+pub fn which(program: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH").and_then(|p| {
+        std::env::split_paths(&p)
+            .map(|d| d.join(program))
+            .find(|f| f.is_file())
+    })
+}
+
+/// What `mpirun --version` says of its version: the value of a `Version:`
+/// line (MPICH's Hydra), else the first line (Open MPI's).
+fn version(mpirun: &Path) -> Option<String> {
+    let out = Command::new(mpirun)
+        .arg("--version")
+        .stdin(Stdio::null())
+        .output()
+        .ok()?;
+    let text = if out.stdout.is_empty() {
+        out.stderr
+    } else {
+        out.stdout
+    };
+    version_of(&String::from_utf8_lossy(&text))
+}
+
+fn version_of(text: &str) -> Option<String> {
+    let lines = || text.lines().map(str::trim).filter(|l| !l.is_empty());
+    lines()
+        .find_map(|l| l.strip_prefix("Version:"))
+        .map(|v| format!("version {}", v.trim()))
+        .or_else(|| lines().next().map(String::from))
+}
+
+/// Builds the MPI peer with `mpi`'s `mpicc` in `dir` and runs it on two
+/// ranks: its records (named `mpi.series`) and a note on how, or why not.
+pub fn measure_mpi(
+    mpi: &Mpi,
+    dir: &Path,
+    max_size: usize,
+    rounds: usize,
+    quick: bool,
+) -> Result<(Vec<Record>, String), String> {
+    let mpicc = which(mpi.mpicc).ok_or_else(|| {
+        format!(
+            "{} is not installed (no {} on PATH; install with `{MPI_INSTALL}`)",
+            mpi.name, mpi.mpicc
+        )
+    })?;
+    let mpirun = which(mpi.mpirun).ok_or_else(|| {
+        format!(
+            "{} has {} but no {} (install with `{MPI_INSTALL}`)",
+            mpi.name, mpi.mpicc, mpi.mpirun
+        )
+    })?;
+    std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let src = dir.join("osu_peer.c");
+    std::fs::write(&src, MPI_PEER_SOURCE).map_err(|e| format!("{}: {e}", src.display()))?;
+    let exe = dir.join(format!("osu_peer-{}", mpi.mpicc.replace('.', "-")));
+    let cc = Command::new(&mpicc)
+        .args(["-O2", "-Wno-stringop-overflow", "-o"])
+        .arg(&exe)
+        .arg(&src)
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| format!("cannot run {}: {e}", mpicc.display()))?;
+    if !cc.status.success() {
+        return Err(format!(
+            "{} failed: {}",
+            mpi.mpicc,
+            String::from_utf8_lossy(&cc.stderr).trim()
+        ));
+    }
+    let mut cmd = Command::new(&mpirun);
+    cmd.args(["-np", "2"])
+        .args(mpi.run_args)
+        .arg(&exe)
+        .arg(mpi.series)
+        .arg(max_size.to_string())
+        .arg(rounds.to_string())
+        .arg(if quick { "1" } else { "0" })
+        // Open MPI refuses to run as root without these (containers, CI).
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
+    let (out, r) = run_captured(&mut cmd, Duration::from_secs(900), |_| {});
+    r.map_err(|e| format!("{} -np 2 osu_peer {e}", mpi.mpirun))?;
+    let records = parse_results(&out).records;
+    if records.is_empty() {
+        return Err(format!("{} printed no records", mpi.mpirun));
+    }
+    let version = version(&mpirun).unwrap_or_else(|| "version unknown".into());
+    Ok((
+        records,
+        format!(
+            "{version}; `{} -np 2 {}`",
+            mpi.mpirun,
+            mpi.run_args.join(" ")
+        ),
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rec(device: &str, test: &str, size: usize, value: f64, floor: f64) -> Record {
+        Record {
+            device: device.into(),
+            test: test.into(),
+            size,
+            value,
+            unit: if test == "latency" { "us" } else { "MB/s" }.into(),
+            floor,
+        }
+    }
+
+    #[test]
+    fn records_and_notices_are_parsed() {
+        let text = "\
+# a comment
+{\"device\":\"shm\",\"test\":\"latency\",\"size\":8,\"value\":0.5000,\"unit\":\"us\",\"floor\":0.0500}
+test tests::x ... {\"device\":\"thread\",\"test\":\"bw\",\"size\":1024,\"value\":1.5e3,\"unit\":\"MB/s\",\"floor\":3000}
+{\"device\":\"ibv\",\"not_measured\":\"verbs not available: \\\"x\\\"\"}
+{\"floor\":\"threads\",\"test\":\"cache_line\",\"size\":0,\"value\":0.1,\"unit\":\"us\"}
+{broken
+";
+        let r = parse_results(text);
+        assert_eq!(
+            r.records,
+            [
+                rec("shm", "latency", 8, 0.5, 0.05),
+                rec("thread", "bw", 1024, 1500.0, 3000.0)
+            ]
+        );
+        assert_eq!(
+            r.not_measured,
+            [("ibv".to_string(), "verbs not available: \"x\"".to_string())]
+        );
+        // What xdev-bench prints parses back.
+        let line = crate::osu::not_measured("ibv", "no \"rdma\"\ndevice", true);
+        assert_eq!(
+            parse_results(&line).not_measured,
+            [("ibv".to_string(), "no \"rdma\"\ndevice".to_string())]
+        );
+        let m = crate::osu::multi_bandwidth_json("shm", 2, 1.0, 2.0, 2);
+        assert_eq!(
+            parse_results(&m).records,
+            [rec("shm", "mbw_mr", 2, 1.0, 2.0)]
+        );
+    }
+
+    #[test]
+    fn mpi_versions() {
+        assert_eq!(
+            version_of("mpirun.openmpi (OpenRTE) 4.1.4\n\nReport bugs").as_deref(),
+            Some("mpirun.openmpi (OpenRTE) 4.1.4")
+        );
+        assert_eq!(
+            version_of("HYDRA build details:\n    Version:      4.0.2\n").as_deref(),
+            Some("version 4.0.2")
+        );
+        assert_eq!(version_of(""), None);
+    }
+
+    #[test]
+    fn civil_dates() {
+        assert_eq!(civil_from_days(0), (1970, 1, 1));
+        assert_eq!(civil_from_days(19_723), (2024, 1, 1));
+        assert_eq!(civil_from_days(19_782), (2024, 2, 29));
+        assert_eq!(civil_from_days(-1), (1969, 12, 31));
+    }
+
+    #[test]
+    fn perftest_rows_come_from_ratio_lines() {
+        let text = "guest: x\nRATIO send_lat  t_typical (usec)  perftest 5.00 ibvx-pingpong 5.10\n  RATIO write_bw  BW\n";
+        assert_eq!(perftest_rows(text).len(), 2);
+        assert!(perftest_rows("nothing").is_empty());
+    }
+
+    fn report() -> Report {
+        let records = vec![
+            rec("thread", "latency", 0, 0.2, 0.04),
+            rec("thread", "latency", 8, 0.25, 0.05),
+            rec("shm", "latency", 8, 0.5, 0.1),
+            rec("psm", "latency", 8, 1.0, 0.08),
+            rec("psm-vs-raw", "latency", 8, 1.0, 0.8),
+            rec("Open MPI", "latency", 8, 0.4, 0.0),
+            rec("shm", "bw", 1 << 20, 5000.0, 10000.0),
+            rec("thread", "bw", 1 << 20, 4000.0, 8000.0),
+            rec("shm", "bibw", 1 << 20, 6000.0, 12000.0),
+        ];
+        Report {
+            machine: Machine {
+                host: "box".into(),
+                cpu: "CPU".into(),
+                cores: 2,
+                kernel: "6.1".into(),
+                date: "2024-01-01 00:00 UTC".into(),
+                load: "0.1 0.2 0.3".into(),
+            },
+            load_after: "1 1 1".into(),
+            command: "xdev-bench report".into(),
+            elapsed: Duration::from_secs(3),
+            built: vec!["thread".into(), "shm".into(), "psm".into()],
+            results: Results {
+                records,
+                not_measured: vec![("ibv".into(), "no RDMA device".into())],
+            },
+            peers: vec![
+                (
+                    RAW_PSM2.into(),
+                    PeerStatus::Measured("same endpoint".into()),
+                ),
+                ("Open MPI".into(), PeerStatus::Measured("v4".into())),
+                (
+                    "MPICH".into(),
+                    PeerStatus::NotMeasured("not installed".into()),
+                ),
+                (
+                    "perftest".into(),
+                    PeerStatus::NotMeasured(PERFTEST_ABSENT.into()),
+                ),
+            ],
+            perftest: vec![],
+        }
+    }
+
+    #[test]
+    fn the_report_divides_by_the_floors_of_the_same_run() {
+        let r = report();
+        let md = r.markdown();
+        assert!(md.contains("| `ibv` | xdev device | not measured: no RDMA device |"));
+        assert!(md.contains("| `hybrid` | xdev device | not measured: not in this build"));
+        assert!(md.contains("| MPICH | peer | not measured: not installed |"));
+        assert!(md.contains("Not measured: needs the soft-RoCE VM (ci/vm-suite.sh)."));
+        // Headline rows: value and ratio. thread: 0.25 / 0.05 = 5; shm bw
+        // 5000 / 10000; raw PSM2 is the floor field of psm-vs-raw, divided
+        // by the processes' best cache-line floor (0.08); so is Open MPI.
+        // Every ratio divides by the best floor of the run at that size (of
+        // the placement, for latency): 0.05 for threads, 0.08 for
+        // processes, 10000 MB/s of memcpy at 1 MiB.
+        assert!(
+            md.contains("| thread | 0.250 | 5.00 | 4000 | 0.40 | – | – |"),
+            "{md}"
+        );
+        assert!(
+            md.contains("| shm | 0.500 | 6.25 | 5000 | 0.50 | 6000 | 0.50 |"),
+            "{md}"
+        );
+        assert!(md.contains("| psm | 1.00 | 12.50 |"), "{md}");
+        assert!(md.contains("| raw PSM2 | 0.800 | 10.00 |"), "{md}");
+        assert!(md.contains("| Open MPI | 0.400 | 5.00 |"), "{md}");
+        assert!(md.contains("![Latency](latency.svg)"));
+        // Latency table: both cache-line floors, size 0 included.
+        let lat = r.table("latency");
+        assert!(lat.starts_with(
+            "| size | cache-line floor (threads) | cache-line floor (processes) | thread | ratio |"
+        ));
+        assert!(
+            lat.contains("\n| 0 | 0.040 | – | 0.200 | 5.00 | – | – |"),
+            "{lat}"
+        );
+        // Plots: one line per device or peer, then the floors, dashed.
+        let p = r.plot("latency");
+        let names: Vec<&str> = p.series.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "thread",
+                "shm",
+                "psm",
+                "raw PSM2",
+                "Open MPI",
+                "cache-line floor (threads)",
+                "cache-line floor (processes)"
+            ]
+        );
+        assert!(p.series[5].dashed && !p.series[0].dashed);
+        let bibw = r.plot("bibw");
+        assert_eq!(bibw.series.len(), 2, "shm and its floor");
+        assert_eq!(bibw.series[1].name, "memcpy floor (2 concurrent)");
+    }
+
+    #[test]
+    fn an_absent_mpi_is_not_measured_with_the_install_command() {
+        let missing = Mpi {
+            name: "Nope MPI",
+            series: "Nope",
+            mpicc: "mpicc.surely-not-installed",
+            mpirun: "mpirun.surely-not-installed",
+            run_args: &[],
+        };
+        let e = measure_mpi(&missing, Path::new("/nonexistent"), 8, 1, true).unwrap_err();
+        assert!(
+            e.contains("not installed") && e.contains(MPI_INSTALL),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn captured_runs_report_failures_and_time_limits() {
+        let mut seen = Vec::new();
+        let (out, r) = run_captured(
+            Command::new("sh").args(["-c", "echo a; echo b"]),
+            Duration::from_secs(30),
+            |l| seen.push(l.to_string()),
+        );
+        assert_eq!((out.as_str(), r), ("a\nb\n", Ok(())));
+        assert_eq!(seen, ["a", "b"]);
+        let (out, r) = run_captured(
+            Command::new("sh").args(["-c", "echo partial; exit 3"]),
+            Duration::from_secs(30),
+            |_| {},
+        );
+        assert_eq!(out, "partial\n", "what a failed run printed is kept");
+        let e = r.unwrap_err();
+        assert!(e.contains("exit status: 3"), "{e}");
+        let (_, r) = run_captured(
+            Command::new("sleep").arg("30"),
+            Duration::from_millis(300),
+            |_| {},
+        );
+        let e = r.unwrap_err();
+        assert!(e.contains("stopped after"), "{e}");
+    }
+}
