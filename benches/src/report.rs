@@ -32,6 +32,10 @@ pub const RAW_PSM2: &str = "raw PSM2";
 /// The name `xdev-bench` gives the psm device's comparison with raw PSM2.
 const PSM_VS_RAW: &str = "psm-vs-raw";
 
+/// How the pseudo-devices of floors measured alone begin (`floor (threads)`,
+/// `floor (processes)`).
+pub const FLOOR_PREFIX: &str = "floor (";
+
 /// How to install the MPI peers on Debian.
 pub const MPI_INSTALL: &str = "apt-get install openmpi-bin libopenmpi-dev mpich libmpich-dev";
 
@@ -164,6 +168,26 @@ pub fn parse_results(text: &str) -> Results {
             r.not_measured.push((device, why));
             continue;
         }
+        // A floor measured alone (`--test floor`): a record of the
+        // pseudo-device `floor (PLACEMENT)` whose floor is its value.
+        if let (Some(place), Some(test), Some(size), Some(value), Some(unit)) =
+            (s("floor"), s("test"), n("size"), n("value"), s("unit"))
+        {
+            let test = match test.as_str() {
+                "cache_line" => "latency",
+                "memcpy" => "bw",
+                _ => continue,
+            };
+            r.records.push(Record {
+                device: format!("{FLOOR_PREFIX}{place})"),
+                test: test.into(),
+                size: size as usize,
+                value,
+                unit,
+                floor: value,
+            });
+            continue;
+        }
         if let (Some(device), Some(test), Some(size), Some(value), Some(unit)) =
             (s("device"), s("test"), n("size"), n("value"), s("unit"))
         {
@@ -289,7 +313,7 @@ pub struct Report {
 
 /// The placement of a device's ranks, for its cache-line floor.
 fn placement(device: &str) -> &'static str {
-    if device == "thread" {
+    if device == "thread" || device == "floor (threads)" {
         "threads"
     } else {
         "processes"
@@ -312,7 +336,10 @@ impl Report {
         let mut order: Vec<String> = self.built.clone();
         order.push(RAW_PSM2.into());
         for r in &self.results.records {
-            if r.device != PSM_VS_RAW && !order.contains(&r.device) {
+            if r.device != PSM_VS_RAW
+                && !r.device.starts_with(FLOOR_PREFIX)
+                && !order.contains(&r.device)
+            {
                 order.push(r.device.clone());
             }
         }
@@ -662,7 +689,8 @@ impl Report {
              and 10 above; bandwidth: 100 and 10, 20 and 2 above 8 KiB) and window (64). Each \
              size is measured in rounds, the floor and the device alternately, and the best \
              round of each is kept (OSU's average per round, best round). Ranks are pinned to \
-             cores 0 and 1. The MPI peers run `benches/mpi/osu_peer.c` (the same loops, \
+             cores 0 and 1. The floors are measured once more, alone (`xdev-bench --test floor`), \
+             right before the MPI peers, and count among the floors of their sizes. The MPI peers run `benches/mpi/osu_peer.c` (the same loops, \
              counts and rounds) with `mpirun -np 2` and binding to cores. Raw PSM2 runs the same \
              loops against `psm2_mq_*` on the psm device's own endpoint, alternating with the \
              device. The floor of a row is the best floor measured at that size in this run \
@@ -929,6 +957,7 @@ mod tests {
 test tests::x ... {\"device\":\"thread\",\"test\":\"bw\",\"size\":1024,\"value\":1.5e3,\"unit\":\"MB/s\",\"floor\":3000}
 {\"device\":\"ibv\",\"not_measured\":\"verbs not available: \\\"x\\\"\"}
 {\"floor\":\"threads\",\"test\":\"cache_line\",\"size\":0,\"value\":0.1,\"unit\":\"us\"}
+{\"floor\":\"processes\",\"test\":\"memcpy\",\"size\":8,\"value\":9,\"unit\":\"MB/s\"}
 {broken
 ";
         let r = parse_results(text);
@@ -936,7 +965,9 @@ test tests::x ... {\"device\":\"thread\",\"test\":\"bw\",\"size\":1024,\"value\"
             r.records,
             [
                 rec("shm", "latency", 8, 0.5, 0.05),
-                rec("thread", "bw", 1024, 1500.0, 3000.0)
+                rec("thread", "bw", 1024, 1500.0, 3000.0),
+                rec("floor (threads)", "latency", 0, 0.1, 0.1),
+                rec("floor (processes)", "bw", 8, 9.0, 9.0),
             ]
         );
         assert_eq!(
@@ -991,6 +1022,9 @@ test tests::x ... {\"device\":\"thread\",\"test\":\"bw\",\"size\":1024,\"value\"
             rec("shm", "latency", 8, 0.5, 0.1),
             rec("psm", "latency", 8, 1.0, 0.08),
             rec("psm-vs-raw", "latency", 8, 1.0, 0.8),
+            // Measured alone, next to the peers: counts among the
+            // processes' floors, and is no line of its own.
+            rec("floor (processes)", "latency", 8, 0.09, 0.09),
             rec("Open MPI", "latency", 8, 0.4, 0.0),
             rec("shm", "bw", 1 << 20, 5000.0, 10000.0),
             rec("thread", "bw", 1 << 20, 4000.0, 8000.0),

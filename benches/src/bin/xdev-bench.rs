@@ -45,7 +45,7 @@ const DETAILS: &str = "\
 Thread devices run in this process, rank r a thread pinned to core r. Process
 devices run under the launcher: xdev-bench re-executes itself as
   xdev-run -n 2 --device NAME -- xdev-bench ARGS...
-and exits with its status (xdev-run must sit next to xdev-bench, from
+(-n N for the mbw_mr test) and exits with its status (xdev-run must sit next to xdev-bench, from
 `cargo build --release -p xdev`; the default run skips process devices
 without it). Started with XDEV_RANK set (by xdev-run, or by hand with the
 variables `xdev-run --serve` prints), xdev-bench is one rank: it pins itself
@@ -59,7 +59,13 @@ Latency floor: one-way hand-off of a cache line between the two ranks' cores,
 by the ranks themselves (two pinned threads for a thread device, the two rank
 processes through a shared mapping for a process device); lower is better,
 ratio >= 1. Bandwidth floor: single-thread memcpy over the same working set,
-in one process (ratio <= 1 is the fraction of a copy's speed achieved).";
+in one process (ratio <= 1 is the fraction of a copy's speed achieved); for
+bibw two such copies at once, for mbw_mr one per pair.
+
+A device that cannot be opened (or launched) here is reported on stdout as
+\"# Device: NAME: not measured: REASON\" (with --json, a record
+{\"device\":NAME,\"not_measured\":REASON}) and skipped; the run goes on. The
+exit status is then 0 for the default run and 3 when the device was named.";
 
 /// Exit status of a rank whose device cannot be opened here (the default
 /// run skips such a device instead of failing).
@@ -1116,8 +1122,8 @@ fn parse_report(args: &[String]) -> Result<Option<ReportArgs>, String> {
 /// `xdev-bench report`: see [`REPORT_USAGE`].
 fn report_main(args: &[String], reg: &Registry) -> Result<PathBuf, String> {
     use xdev_bench::report::{
-        measure_mpi, parse_results, perftest_rows, run_captured, Machine, PeerStatus, Report, MPIS,
-        PERFTEST_ABSENT, RAW_PSM2, TESTS,
+        measure_mpi, parse_results, perftest_rows, run_captured, which, Machine, PeerStatus,
+        Report, MPIS, PERFTEST_ABSENT, RAW_PSM2, TESTS,
     };
     let Some(r) = parse_report(args)? else {
         println!("{REPORT_USAGE}");
@@ -1184,6 +1190,30 @@ fn report_main(args: &[String], reg: &Registry) -> Result<PathBuf, String> {
         PeerStatus::NotMeasured(why)
     };
     peers.push((RAW_PSM2.to_string(), raw));
+
+    // The peers run after the suite: the floors once more, next to them.
+    if r.mpi && MPIS.iter().any(|m| which(m.mpicc).is_some()) {
+        let mut floors = vec![
+            "--json".to_string(),
+            "--test".to_string(),
+            "floor".to_string(),
+            "--max-size".to_string(),
+            r.max_size.to_string(),
+        ];
+        if r.quick {
+            floors.push("--quick".into());
+        }
+        eprintln!("report: measuring the floors next to the MPI peers");
+        let (text, status) = run_captured(
+            Command::new(&exe).args(&floors),
+            std::time::Duration::from_secs(1800),
+            |_| {},
+        );
+        if let Err(e) = status {
+            eprintln!("report: the floors next to the peers: {e}");
+        }
+        results.records.extend(parse_results(&text).records);
+    }
 
     let build_dir = std::env::temp_dir().join(format!("xdev-bench-report-{}", std::process::id()));
     for mpi in &MPIS {
