@@ -366,8 +366,11 @@ impl Report {
     }
 
     /// The best floor of `test` at each size among the devices of
-    /// `placement` (`None`: all devices): the least cache-line time, the
-    /// most memcpy bandwidth.
+    /// `placement` (`None`: all devices): the most memcpy bandwidth at that
+    /// size; for latency the least cache-line hand-off of the whole run,
+    /// the same at every size (the hand-off of one line does not depend on
+    /// the message size, and the least one measured is the least disturbed
+    /// by the neighbours' load).
     fn best_floor(&self, test: &str, place: Option<&str>) -> BTreeMap<usize, f64> {
         let latency = test == "latency";
         let mut m: BTreeMap<usize, f64> = BTreeMap::new();
@@ -385,13 +388,27 @@ impl Report {
                 e.max(r.floor)
             };
         }
+        if latency {
+            if let Some(least) = m.values().copied().reduce(f64::min) {
+                let sizes: Vec<usize> = self
+                    .results
+                    .records
+                    .iter()
+                    .filter(|r| r.test == test)
+                    .map(|r| r.size)
+                    .collect();
+                for size in sizes {
+                    m.insert(size, least);
+                }
+            }
+        }
         m
     }
 
-    /// A line's floor at `size`: the best floor of the run at that size
-    /// (for latency, among the devices of the line's placement: threads for
-    /// `thread`, processes for the process devices and every peer), so every
-    /// ratio of a table row divides by the floor shown in that row.
+    /// A line's floor at `size`: [`Self::best_floor`] (for latency, of the
+    /// line's placement: threads for `thread`, processes for the process
+    /// devices and every peer), so every ratio of a table row divides by
+    /// the floor shown in that row.
     fn floor_of(&self, test: &str, line: &Line, size: usize) -> Option<f64> {
         let place = (test == "latency").then(|| placement(&line.name));
         self.best_floor(test, place).get(&size).copied()
@@ -693,10 +710,13 @@ impl Report {
              right before the MPI peers, and count among the floors of their sizes. The MPI peers run `benches/mpi/osu_peer.c` (the same loops, \
              counts and rounds) with `mpirun -np 2` and binding to cores. Raw PSM2 runs the same \
              loops against `psm2_mq_*` on the psm device's own endpoint, alternating with the \
-             device. The floor of a row is the best floor measured at that size in this run \
-             (each device's floor is measured alongside it; for latency, the best among the \
-             devices whose ranks are threads, or processes), and every ratio in the row \
-             divides by it, so the ratios of a row compare directly. The plots show sizes \
+             device. Each device's floors are measured alongside it, size by size. The \
+             memcpy floor of a row is the best measured at that size in this run; the \
+             cache-line floor, which does not depend on the message size, is the least \
+             hand-off measured anywhere in the run between threads, or between processes \
+             (for the process devices and the peers); the least is the one the neighbours' \
+             load disturbed least. Every ratio in a row divides by the row's floor, so the \
+             ratios of a row compare directly. The plots show sizes \
              from 1 byte on log axes, the floors dashed. Raw records, with each device's own \
              floor: `results.jsonl` beside this file.\n",
         );
@@ -1077,11 +1097,11 @@ test tests::x ... {\"device\":\"thread\",\"test\":\"bw\",\"size\":1024,\"value\"
         // Headline rows: value and ratio. thread: 0.25 / 0.05 = 5; shm bw
         // 5000 / 10000; raw PSM2 is the floor field of psm-vs-raw, divided
         // by the processes' best cache-line floor (0.08); so is Open MPI.
-        // Every ratio divides by the best floor of the run at that size (of
-        // the placement, for latency): 0.05 for threads, 0.08 for
-        // processes, 10000 MB/s of memcpy at 1 MiB.
+        // Every ratio divides by the best floor of the run: at that size
+        // for memcpy (10000 MB/s at 1 MiB), at any size for the cache line
+        // (of the placement: 0.04 for threads, 0.08 for processes).
         assert!(
-            md.contains("| thread | 0.250 | 5.00 | 4000 | 0.40 | – | – |"),
+            md.contains("| thread | 0.250 | 6.25 | 4000 | 0.40 | – | – |"),
             "{md}"
         );
         assert!(
@@ -1094,11 +1114,15 @@ test tests::x ... {\"device\":\"thread\",\"test\":\"bw\",\"size\":1024,\"value\"
         assert!(md.contains("![Latency](latency.svg)"));
         // Latency table: both cache-line floors, size 0 included.
         let lat = r.table("latency");
+        assert!(
+            lat.contains("\n| 8 | 0.040 | 0.080 | 0.250 | 6.25 | 0.500 | 6.25 |"),
+            "{lat}"
+        );
         assert!(lat.starts_with(
             "| size | cache-line floor (threads) | cache-line floor (processes) | thread | ratio |"
         ));
         assert!(
-            lat.contains("\n| 0 | 0.040 | – | 0.200 | 5.00 | – | – |"),
+            lat.contains("\n| 0 | 0.040 | 0.080 | 0.200 | 5.00 | – | – |"),
             "{lat}"
         );
         // Plots: one line per device or peer, then the floors, dashed.
