@@ -14,10 +14,12 @@
 //! Nothing here links libibverbs: it is loaded at run time, and without it
 //! every entry point fails with `verbs not available: ...`.
 
+pub mod ibv;
 pub mod pingpong;
 pub mod psm;
 pub mod verbs;
 
+pub use ibv::{IbvDevice, IbvOptions};
 pub use psm::{PsmDevice, PsmMode};
 
 /// A registry of every xdev device this workspace provides: `thread` and
@@ -25,6 +27,7 @@ pub use psm::{PsmDevice, PsmMode};
 pub fn registry() -> xdev::Registry {
     let mut r = xdev::Registry::new();
     shm_ipc::register(&mut r);
+    ibv::register(&mut r);
     psm::register(&mut r);
     r
 }

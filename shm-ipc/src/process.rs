@@ -68,7 +68,7 @@ use crate::liveness::PeerWatch;
 use crate::lock::{RankGuard, RankLock};
 use crate::ring::{Consumer, Header, Incoming, Producer, INLINE};
 use crate::segment::{self, state, Inbox, InboxLayout};
-use crate::target::{lost, BlockingRecv, Pending, Target};
+use xdev::target::{lost, BlockingRecv, Pending, Target};
 
 const KIND_EAGER: u8 = 1;
 const KIND_RNDV: u8 = 2;

@@ -41,7 +41,7 @@ use crate::doorbell::{Backoff, Doorbell};
 use crate::futex::Scope;
 use crate::lock::{RankGuard, RankLock};
 use crate::ring::{Consumer, Header, HeapRing, Incoming, Producer, RingRef};
-use crate::target::{lost, BlockingRecv, Pending, Target};
+use xdev::target::{lost, BlockingRecv, Pending, Target};
 
 const KIND_EAGER: u8 = 1;
 const KIND_RNDV: u8 = 2;

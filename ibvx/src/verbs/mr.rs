@@ -159,6 +159,36 @@ impl<'buf> MemoryRegion<'buf> {
         })
     }
 
+    /// Registers `len` bytes at `ptr` that the region neither owns nor
+    /// borrows (it does not free them on drop).
+    ///
+    /// # Safety
+    /// `ptr .. ptr + len` must stay mapped (and not be handed to the
+    /// allocator for other uses) until the returned region is dropped.
+    pub unsafe fn register_raw_parts(
+        pd: &ProtectionDomain,
+        ptr: NonNull<u8>,
+        len: usize,
+        access: Access,
+    ) -> Result<MemoryRegion<'static>> {
+        if len == 0 {
+            return Err(Error::InvalidArgument(
+                "cannot register an empty buffer".into(),
+            ));
+        }
+        // SAFETY: the caller keeps the range mapped until the region drops.
+        let raw = unsafe { Self::register_raw(pd, ptr, len, access)? };
+        Ok(MemoryRegion {
+            raw,
+            ptr,
+            len,
+            access,
+            storage: Storage::Borrowed,
+            pd: pd.clone(),
+            _buf: PhantomData,
+        })
+    }
+
     /// # Safety
     /// `ptr .. ptr + len` must stay mapped until the returned MR is
     /// deregistered.
@@ -186,6 +216,13 @@ impl<'buf> MemoryRegion<'buf> {
     /// Length in bytes.
     pub fn len(&self) -> usize {
         self.len
+    }
+
+    /// Start of the registered bytes, for copying in and out under the
+    /// contract of [`MemoryRegion::as_slice`] (no work request or peer may
+    /// be accessing the range at the same time).
+    pub fn as_mut_ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
     }
 
     /// Whether the region is empty (never: regions have at least one byte).

@@ -1,18 +1,21 @@
-//! Where a matched message goes, shared by the thread and process engines:
-//! a non-blocking request's buffer, or the borrowed buffer of a blocking
-//! receive that waits for it ([`BlockingRecv`]), and the sends that wait for
-//! ring room ([`Pending`]).
+//! Where a matched message goes, shared by the engines of every transport
+//! that uses the [`matching`](crate::matching) engine: a non-blocking
+//! request's buffer, or the borrowed buffer of a blocking receive that waits
+//! for it ([`BlockingRecv`]), and the sends that wait for room ([`Pending`]).
+//!
+//! These are building blocks for device implementations, not part of the
+//! device contract a runtime uses.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
-use xdev::{Context, Error, Rank, RequestCore, Result, Status, Tag, Tracker};
+use crate::{Context, Error, Rank, RequestCore, Result, Status, Tag, Tracker};
 
 /// A blocking receive registered with an engine (queued behind other posted
 /// receives, or waiting for a pipelined rendezvous): its buffer is borrowed
 /// by the waiting call, which never returns while the entry is registered
 /// (its engine's `Unpost` guard removes it first, under the rank lock).
-pub(crate) struct BlockingRecv {
+pub struct BlockingRecv {
     ptr: *mut u8,
     cap: usize,
     done: AtomicBool,
@@ -27,7 +30,7 @@ unsafe impl Sync for BlockingRecv {}
 
 impl BlockingRecv {
     /// An entry for the caller's `buf`.
-    pub(crate) fn new(buf: &mut [u8]) -> Arc<BlockingRecv> {
+    pub fn new(buf: &mut [u8]) -> Arc<BlockingRecv> {
         Arc::new(BlockingRecv {
             ptr: buf.as_mut_ptr(),
             cap: buf.len(),
@@ -37,21 +40,21 @@ impl BlockingRecv {
     }
 
     /// Whether a message was delivered (or the receive failed).
-    pub(crate) fn is_done(&self) -> bool {
+    pub fn is_done(&self) -> bool {
         // Acquire pairs with the Release in `Target::complete`.
         self.done.load(Ordering::Acquire)
     }
 
     /// The outcome, once the entry is out of its engine: `Closed` if it
     /// never completed.
-    pub(crate) fn outcome(&self) -> Result<Status> {
+    pub fn outcome(&self) -> Result<Status> {
         let st = self.status.lock().unwrap_or_else(|p| p.into_inner()).take();
         st.map(|s| s.into_result()).unwrap_or(Err(Error::Closed))
     }
 }
 
 /// Where a matched message goes.
-pub(crate) enum Target {
+pub enum Target {
     /// A non-blocking receive: its request owns the buffer.
     Request(Arc<RequestCore>),
     /// A blocking receive: the waiting call borrows the buffer.
@@ -60,7 +63,7 @@ pub(crate) enum Target {
 
 impl Target {
     /// The buffer to deliver into.
-    pub(crate) fn dst(&self) -> (*mut u8, usize) {
+    pub fn dst(&self) -> (*mut u8, usize) {
         match self {
             Target::Request(c) => (c.buffer_ptr(), c.buffer_len()),
             Target::Blocking(b) => (b.ptr, b.cap),
@@ -68,7 +71,7 @@ impl Target {
     }
 
     /// Completes the receive with `st`.
-    pub(crate) fn complete(self, tracker: &Tracker, st: Status) {
+    pub fn complete(self, tracker: &Tracker, st: Status) {
         match self {
             Target::Request(core) => {
                 tracker.complete(&core, st);
@@ -82,21 +85,25 @@ impl Target {
     }
 
     /// Whether this is the blocking receive `b`.
-    pub(crate) fn is(&self, b: &Arc<BlockingRecv>) -> bool {
+    pub fn is(&self, b: &Arc<BlockingRecv>) -> bool {
         matches!(self, Target::Blocking(t) if Arc::ptr_eq(t, b))
     }
 }
 
 /// A non-blocking send waiting for ring room.
-pub(crate) struct Pending {
-    pub(crate) core: Arc<RequestCore>,
-    pub(crate) tag: Tag,
-    pub(crate) context: Context,
-    pub(crate) sync: bool,
+pub struct Pending {
+    /// The send's request.
+    pub core: Arc<RequestCore>,
+    /// Its tag.
+    pub tag: Tag,
+    /// Its context.
+    pub context: Context,
+    /// Whether it is synchronous (`issend`).
+    pub sync: bool,
 }
 
 /// The error of an operation involving a peer that went away.
-pub(crate) fn lost(rank: Rank, reason: &str) -> Error {
+pub fn lost(rank: Rank, reason: &str) -> Error {
     Error::PeerLost {
         rank,
         reason: reason.to_string(),

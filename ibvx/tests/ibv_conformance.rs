@@ -1,0 +1,67 @@
+//! The xdev conformance suite on the `ibv` device (IBVX over verbs) with 2
+//! and 4 processes. It needs an RDMA device: on a host without one it says
+//! `skipped: ...` (and fails instead when `IBVX_REQUIRE_RDMA=1`, as in the
+//! soft-RoCE VM suite, which runs it for real over rxe).
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use xdev::launch::LocalJob;
+
+static SERIAL: Mutex<()> = Mutex::new(());
+
+/// Why the test cannot run here, if it cannot.
+fn unavailable() -> Option<String> {
+    match ibvx::verbs::device_list() {
+        Ok(list) if !list.is_empty() => None,
+        Ok(_) => Some("no RDMA device".into()),
+        Err(e) => Some(e.to_string()),
+    }
+}
+
+/// The rank program: `XDEV_RANK_BIN` (the VM suite copies it into the
+/// guest) or the one cargo built.
+fn rank_bin() -> String {
+    std::env::var("XDEV_RANK_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_xdev-rank").into())
+}
+
+fn run(n: usize, case: &str, options: &[&str]) {
+    if let Some(why) = unavailable() {
+        assert!(
+            std::env::var("IBVX_REQUIRE_RDMA").as_deref() != Ok("1"),
+            "IBVX_REQUIRE_RDMA=1 but {why}"
+        );
+        println!("skipped: {why}");
+        return;
+    }
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let mut args = vec!["conformance", case];
+    args.extend_from_slice(options);
+    let job = LocalJob::start(n, rank_bin(), &args, &[("XDEV_DEVICE", "ibv")]).expect("start job");
+    let exits = job.wait(Duration::from_secs(600)).expect("job ends");
+    let failures = xdev::launch::failures(&exits);
+    assert!(failures.is_empty(), "{failures}");
+}
+
+mod two_processes {
+    xdev::conformance_tests!(|case| super::run(2, case, &[]));
+}
+
+mod four_processes {
+    xdev::conformance_tests!(|case| super::run(4, case, &[]));
+}
+
+/// Tiny budgets: every message beyond 64 bytes is a rendezvous, four
+/// receive slots per peer and a 256-byte window force the credit paths.
+mod two_processes_tight {
+    xdev::conformance_tests!(|case| super::run(
+        2,
+        case,
+        &[
+            "eager_limit=64",
+            "recv_depth=4",
+            "eager_window=256",
+            "send_slots=4"
+        ]
+    ));
+}
