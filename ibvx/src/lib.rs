@@ -14,6 +14,7 @@
 //! Nothing here links libibverbs: it is loaded at run time, and without it
 //! every entry point fails with `verbs not available: ...`.
 
+pub mod ibv;
 pub mod pingpong;
 pub mod psm;
 pub mod verbs;
