@@ -377,6 +377,18 @@ impl<R: Registrar> Reg<R> {
     }
 }
 
+impl<R: Registrar> fmt::Debug for Reg<R> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Registration")
+            .field("addr", &format_args!("{:#x}", self.addr()))
+            .field("len", &self.len())
+            .field("cached", &matches!(self, Reg::Cached(_)))
+            .field("lkey", &format_args!("{:#x}", self.keys().lkey))
+            .field("rkey", &format_args!("{:#x}", self.keys().rkey))
+            .finish()
+    }
+}
+
 /// One chunk in the table: the pool's handle, and its idle stamp when idle.
 struct Slot<R: Registrar> {
     chunk: Arc<Chunk<R>>,
@@ -689,6 +701,16 @@ struct PoolLease<R: Registrar> {
     pool: Arc<Pool<R>>,
 }
 
+impl<R: Registrar> fmt::Debug for PoolLease<R> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Lease")
+            .field("addr", &self.chunk.ptr)
+            .field("len", &self.chunk.len)
+            .field("lkey", &format_args!("{:#x}", self.chunk.keys.lkey))
+            .finish()
+    }
+}
+
 impl<R: Registrar> Drop for PoolLease<R> {
     fn drop(&mut self) {
         self.pool.give_back(&self.chunk);
@@ -828,11 +850,7 @@ impl Lease {
 
 impl fmt::Debug for Lease {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Lease")
-            .field("addr", &self.as_ptr())
-            .field("len", &self.len())
-            .field("lkey", &format_args!("{:#x}", self.inner.chunk.keys.lkey))
-            .finish()
+        self.inner.fmt(f)
     }
 }
 
@@ -930,12 +948,9 @@ impl Registration {
 
 impl fmt::Debug for Registration {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Registration")
-            .field("addr", &self.addr())
-            .field("len", &self.len())
-            .field("cached", &self.is_cached())
-            .field("lkey", &format_args!("{:#x}", self.lkey()))
-            .field("rkey", &format_args!("{:#x}", self.rkey()))
-            .finish()
+        self.inner.fmt(f)
     }
 }
+
+#[cfg(test)]
+mod tests;
