@@ -1,4 +1,5 @@
-//! Scenarios of `xdev-rank` on every multi-process device that runs here:
+//! Scenarios of `xdev-rank` on every multi-process device that runs here
+//! (`ibv` needs an RDMA device: the soft-RoCE VM suite runs it):
 //! - a rendezvous-size message into a smaller receive posted before it was
 //!   sent reports the truncation with the sender's length (libpsm2 itself
 //!   does not report it; the psm device carries the length in its tag);
@@ -16,13 +17,26 @@ fn run(device: &str, scenario: &str) {
             return;
         }
     }
-    let job = LocalJob::start(
-        2,
-        env!("CARGO_BIN_EXE_xdev-rank"),
-        &[scenario],
-        &[("XDEV_DEVICE", device)],
-    )
-    .expect("start job");
+    if device == "ibv" {
+        let why = match ibvx::verbs::device_list() {
+            Ok(l) if !l.is_empty() => None,
+            Ok(_) => Some("no RDMA device".to_string()),
+            Err(e) => Some(e.to_string()),
+        };
+        if let Some(why) = why {
+            assert!(
+                std::env::var("IBVX_REQUIRE_RDMA").as_deref() != Ok("1"),
+                "IBVX_REQUIRE_RDMA=1 but {why}"
+            );
+            println!("skipped: {why}");
+            return;
+        }
+    }
+    // The VM suite copies the rank program into the guest.
+    let program =
+        std::env::var("XDEV_RANK_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_xdev-rank").into());
+    let job =
+        LocalJob::start(2, program, &[scenario], &[("XDEV_DEVICE", device)]).expect("start job");
     let exits = job.wait(Duration::from_secs(120)).expect("job ends");
     let failures = xdev::launch::failures(&exits);
     assert!(failures.is_empty(), "{device}: {failures}");
@@ -46,4 +60,14 @@ fn shm_peer_exit() {
 #[test]
 fn psm_peer_exit() {
     run("psm", "peer-exit");
+}
+
+#[test]
+fn ibv_posted_truncation() {
+    run("ibv", "posted-truncation");
+}
+
+#[test]
+fn ibv_peer_exit() {
+    run("ibv", "peer-exit");
 }

@@ -38,7 +38,11 @@ fn run(n: usize, case: &str, options: &[&str]) {
     let mut args = vec!["conformance", case];
     args.extend_from_slice(options);
     let job = LocalJob::start(n, rank_bin(), &args, &[("XDEV_DEVICE", "ibv")]).expect("start job");
-    let exits = job.wait(Duration::from_secs(600)).expect("job ends");
+    let secs = std::env::var("IBVX_JOB_TIMEOUT")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(300);
+    let exits = job.wait(Duration::from_secs(secs)).expect("job ends");
     let failures = xdev::launch::failures(&exits);
     assert!(failures.is_empty(), "{failures}");
 }

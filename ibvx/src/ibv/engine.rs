@@ -152,6 +152,16 @@ struct OutSend {
 // removed from the engine; it is only used under the engine lock.
 unsafe impl Send for OutSend {}
 
+/// One message to send.
+#[derive(Copy, Clone)]
+struct Outgoing<'a> {
+    dest: Rank,
+    tag: Tag,
+    context: Context,
+    data: &'a [u8],
+    sync: bool,
+}
+
 /// A rendezvous receive waiting for `RNDZ_END`: the peer may write `target`
 /// through `reg` until then.
 struct Incoming {
@@ -196,6 +206,10 @@ struct Peer {
     window: u64,
     /// Slots we re-posted for it and have not reported.
     owed_slots: u32,
+    /// Of those, slots its data and protocol messages used (not its
+    /// `CREDIT`s): only these make us send a `CREDIT` of our own, so two
+    /// ranks never bounce credit messages back and forth.
+    owed_by_data: u32,
     /// Eager bytes of its messages we consumed and have not reported.
     owed_bytes: u64,
     /// Eager bytes it sent that we hold unexpected.
@@ -280,6 +294,7 @@ impl Engine {
                 credits: depth,
                 window: fab.opts.eager_window as u64,
                 owed_slots: 0,
+                owed_by_data: 0,
                 owed_bytes: 0,
                 held_bytes: 0,
                 sq_free: fab.opts.sq_depth(),
@@ -331,6 +346,17 @@ impl Engine {
         self.fab.size
     }
 
+    /// Moves the queue pair to `peer` to the error state behind the
+    /// engine's back, as a fault would.
+    #[cfg(test)]
+    pub(crate) fn inject_qp_error(&self, peer: Rank) {
+        self.fab.qps[peer]
+            .as_ref()
+            .expect("a peer")
+            .modify_to_error()
+            .expect("modify to error");
+    }
+
     pub(crate) fn cache(&self) -> &RegistrationCache {
         &self.fab.cache
     }
@@ -376,6 +402,7 @@ impl Engine {
         let peer = &mut l.peers[dest];
         head.slots = peer.owed_slots.min(u32::from(u16::MAX)) as u16;
         peer.owed_slots -= u32::from(head.slots);
+        peer.owed_by_data = peer.owed_by_data.min(peer.owed_slots);
         head.bytes = peer.owed_bytes.min(u64::from(u32::MAX)) as u32;
         peer.owed_bytes -= u64::from(head.bytes);
         peer.credits -= 1;
@@ -626,13 +653,16 @@ impl Engine {
     fn start(
         &self,
         l: &mut Local,
-        dest: Rank,
-        tag: Tag,
-        context: Context,
-        data: &[u8],
-        sync: bool,
+        out: Outgoing<'_>,
         owner: impl FnOnce() -> SendOwner,
     ) -> Result<bool> {
+        let Outgoing {
+            dest,
+            tag,
+            context,
+            data,
+            sync,
+        } = out;
         if dest == self.fab.rank {
             return Ok(self.send_local(l, tag, context, data, sync, owner));
         }
@@ -968,9 +998,10 @@ impl Engine {
     /// Sends a `CREDIT` to `dest` if enough is owed and nothing else is
     /// going there to carry it.
     fn return_credit(&self, l: &mut Local, dest: Rank) {
+        let threshold = (self.fab.opts.recv_depth / 4).max(1);
+        let window = self.fab.opts.eager_window as u64;
         let p = &l.peers[dest];
-        let owed_enough = p.owed_slots >= (self.fab.opts.recv_depth / 4).max(1)
-            || p.owed_bytes * 2 >= self.fab.opts.eager_window as u64;
+        let owed_enough = p.owed_by_data >= threshold || p.owed_bytes * 2 >= window;
         if !owed_enough || p.gone.is_some() {
             return;
         }
@@ -978,19 +1009,22 @@ impl Engine {
             self.flush_peer(l, dest);
         }
         let p = &l.peers[dest];
-        let still = p.owed_slots >= (self.fab.opts.recv_depth / 4).max(1)
-            || p.owed_bytes * 2 >= self.fab.opts.eager_window as u64;
+        let still = p.owed_by_data >= threshold || p.owed_bytes * 2 >= window;
         if still && self.can_post(l, dest, 1, true) {
             let _ = self.post_message(l, dest, Header::default(), Body::Credit, None);
         }
     }
 
-    fn repost(&self, l: &mut Local, src: Rank, slot: u32) {
+    fn repost(&self, l: &mut Local, src: Rank, slot: u32, by_data: bool) {
         let qp = self.fab.qps[src].as_ref().expect("no QP to self");
         let off = (src * self.fab.opts.recv_depth as usize + slot as usize) * self.fab.slot_len;
         let wr_id = ((src as u64) << 32) | u64::from(slot);
         match qp.post_recv(wr_id, &[self.fab.recv_mr.sge(off, self.fab.slot_len)]) {
-            Ok(()) => l.peers[src].owed_slots += 1,
+            Ok(()) => {
+                let p = &mut l.peers[src];
+                p.owed_slots += 1;
+                p.owed_by_data += u32::from(by_data);
+            }
             Err(e) => {
                 let err = Error::transport(format!("re-post a receive for rank {src}"), e);
                 self.fail_peer(l, src, err);
@@ -1043,7 +1077,9 @@ impl Engine {
             return; // not ours (cannot happen)
         }
         if !wc.is_success() {
-            if wc.status() != ibvx_sys::IBV_WC_WR_FLUSH_ERR {
+            // Flushes after we failed the peer are expected; anything else
+            // (the queue pair entered the error state) fails it now.
+            if l.peers[src].gone.is_none() {
                 let e = wr_error(wc, src, "receive");
                 self.fail_peer(l, src, e);
             }
@@ -1060,10 +1096,11 @@ impl Engine {
         let frame = unsafe {
             std::slice::from_raw_parts(self.fab.recv_mr.as_mut_ptr().add(off).cast_const(), len)
         };
+        let by_data = frame.first() != Some(&(wire::Kind::Credit as u8));
         match self.on_frame(l, src, frame) {
             Ok(()) => {
                 if l.peers[src].gone.is_none() {
-                    self.repost(l, src, slot);
+                    self.repost(l, src, slot, by_data);
                     self.return_credit(l, src);
                 }
             }
@@ -1329,7 +1366,14 @@ impl Engine {
         self.check_open()?;
         let mut l = self.lock();
         let mut waiter = None;
-        let started = self.start(&mut l, dest, tag, context, buf, sync, || {
+        let out = Outgoing {
+            dest,
+            tag,
+            context,
+            data: buf,
+            sync,
+        };
+        let started = self.start(&mut l, out, || {
             let w = Arc::new(BlockingSend {
                 done: AtomicBool::new(false),
                 error: Mutex::new(None),
@@ -1377,9 +1421,14 @@ impl Engine {
         // holds the pointer.
         let data = unsafe { std::slice::from_raw_parts(core.buffer_ptr(), core.buffer_len()) };
         let mut l = self.lock();
-        match self.start(&mut l, dest, tag, context, data, sync, || {
-            SendOwner::Request(core.clone())
-        }) {
+        let out = Outgoing {
+            dest,
+            tag,
+            context,
+            data,
+            sync,
+        };
+        match self.start(&mut l, out, || SendOwner::Request(core.clone())) {
             Ok(true) => {}
             Ok(false) => {
                 self.tracker.complete(&core, Status::ok(env, data.len()));

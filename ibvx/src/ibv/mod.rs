@@ -36,6 +36,8 @@
 //! | `reg_cache_idle_bytes` | 64 MiB | registered memory kept for reuse |
 //! | `max_pinned_bytes` | 1 GiB | all registered user memory at once |
 
+#[cfg(test)]
+mod device_tests;
 mod engine;
 pub mod regcache;
 pub mod wire;
@@ -53,7 +55,7 @@ use self::engine::{Engine, Fabric};
 pub use self::regcache::{CacheLimits, RegistrationCache};
 use crate::verbs::{
     self, Access, CompletionChannel, CompletionQueue, Gid, InitAttr, MemoryRegion, Mtu,
-    ProtectionDomain, QpCaps, QueuePair, RemoteQp,
+    ProtectionDomain, QpCaps, QueuePair, RemoteQp, RtsAttr,
 };
 
 /// Configuration of the `ibv` device (see the module docs for the keys).
@@ -397,7 +399,15 @@ impl IbvDevice {
             } else {
                 port.active_mtu
             };
-            qp.connect(&port, &remote, mtu, psns[p])
+            // Credits guarantee a posted receive for every message, so a
+            // receiver-not-ready NAK means the peer's queue pair is broken:
+            // a few RNR retries, then an error, never endless retries.
+            let rts = RtsAttr {
+                sq_psn: psns[p],
+                rnr_retry: 4,
+                ..RtsAttr::default()
+            };
+            qp.connect_with(&port, &remote, mtu, &rts)
                 .map_err(verbs_error("connect a queue pair"))?;
         }
         // Nobody sends before every queue pair is connected.

@@ -481,6 +481,26 @@ impl QueuePair {
         path_mtu: Mtu,
         sq_psn: u32,
     ) -> Result<()> {
+        self.connect_with(
+            local,
+            remote,
+            path_mtu,
+            &RtsAttr {
+                sq_psn,
+                ..RtsAttr::default()
+            },
+        )
+    }
+
+    /// [`QueuePair::connect`] with the RTS parameters (timeouts and
+    /// retries) given by `rts`.
+    pub fn connect_with(
+        &self,
+        local: &PortAddress,
+        remote: &RemoteQp,
+        path_mtu: Mtu,
+        rts: &RtsAttr,
+    ) -> Result<()> {
         let grh = match (local.gid, remote.gid) {
             (Some((index, _)), Some(dgid)) => Some(GlobalRoute {
                 dgid,
@@ -512,10 +532,7 @@ impl QueuePair {
                 grh,
             },
         })?;
-        self.modify_to_rts(&RtsAttr {
-            sq_psn,
-            ..RtsAttr::default()
-        })
+        self.modify_to_rts(rts)
     }
 
     /// The current state (`ibv_query_qp`).

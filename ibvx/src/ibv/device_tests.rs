@@ -1,0 +1,296 @@
+//! Tests of the `ibv` device over a real RDMA device (soft-RoCE in the VM
+//! suite): ranks as threads of this process, each with its own device and
+//! bootstrap connection. Without an RDMA device they say `skipped: ...`
+//! (and fail when `IBVX_REQUIRE_RDMA=1`).
+
+use std::collections::HashSet;
+use std::time::{Duration, Instant};
+
+use xdev::bootstrap::{Bootstrap, BootstrapServer, Secret};
+use xdev::{Buffer, Config, Device, Error, Source, TagSel};
+
+use super::IbvDevice;
+
+fn unavailable() -> Option<String> {
+    let why = match crate::verbs::device_list() {
+        Ok(list) if !list.is_empty() => return None,
+        Ok(_) => "no RDMA device".to_string(),
+        Err(e) => e.to_string(),
+    };
+    assert!(
+        std::env::var("IBVX_REQUIRE_RDMA").as_deref() != Ok("1"),
+        "IBVX_REQUIRE_RDMA=1 but {why}"
+    );
+    println!("skipped: {why}");
+    Some(why)
+}
+
+/// A job of `n` ranks in this process.
+struct Job {
+    devs: Vec<IbvDevice>,
+    _server: BootstrapServer,
+}
+
+fn job(n: usize, options: &[(&str, &str)]) -> Job {
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let name = format!(
+        "ibv-test-{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    );
+    let secret = Secret::generate().unwrap();
+    let server =
+        BootstrapServer::start("127.0.0.1:0".parse().unwrap(), n, &name, secret.clone()).unwrap();
+    let addr = server.addr();
+    let handles: Vec<_> = (0..n)
+        .map(|r| {
+            let (name, secret) = (name.clone(), secret.clone());
+            let options: Vec<(String, String)> = options
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
+            std::thread::spawn(move || {
+                let boot = Bootstrap::connect(addr, r, n, &name, &secret).unwrap();
+                let cfg = options
+                    .iter()
+                    .fold(Config::new(r, n, name.as_str()), |c, (k, v)| c.with(k, v));
+                IbvDevice::with_bootstrap(&cfg, boot).unwrap()
+            })
+        })
+        .collect();
+    Job {
+        devs: handles.into_iter().map(|h| h.join().unwrap()).collect(),
+        _server: server,
+    }
+}
+
+fn open_fds() -> usize {
+    std::fs::read_dir("/proc/self/fd").unwrap().count()
+}
+
+fn pattern(seed: usize, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i.wrapping_mul(31) ^ seed) as u8)
+        .collect()
+}
+
+/// Init and finish in a loop: every verbs object, file descriptor and
+/// registration is released each time.
+#[test]
+fn init_finish_loop_releases_everything() {
+    if unavailable().is_some() {
+        return;
+    }
+    let mut baseline = None;
+    for round in 0..8 {
+        let j = job(2, &[]);
+        let (a, b) = (&j.devs[0], &j.devs[1]);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                a.send(b"small", 1, 1, 0).unwrap();
+                a.send(&pattern(round, 100_000), 1, 2, 0).unwrap();
+            });
+            let mut small = [0u8; 8];
+            assert_eq!(
+                b.recv(&mut small, Source::Rank(0), TagSel::Any, 0)
+                    .unwrap()
+                    .count,
+                5
+            );
+            let mut big = vec![0u8; 100_000];
+            b.recv(&mut big, Source::Rank(0), TagSel::Tag(2), 0)
+                .unwrap();
+            assert_eq!(big, pattern(round, 100_000));
+        });
+        for d in &j.devs {
+            d.finish().unwrap();
+            assert_eq!(d.cache().stats().transient_bytes, 0);
+        }
+        drop(j);
+        let fds = open_fds();
+        match baseline {
+            None => baseline = Some(fds),
+            Some(b) => assert_eq!(
+                fds, b,
+                "file descriptors leak across init/finish (round {round})"
+            ),
+        }
+    }
+}
+
+/// Waits for `req` up to `secs`, panicking with `what` when it does not
+/// complete (so a hang shows where it is).
+fn within(mut req: xdev::Request, secs: u64, what: &str) -> xdev::Completion {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        match req.test() {
+            Ok(c) => return c,
+            Err(r) => req = r,
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what}: no completion within {secs} s"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// A queue pair that enters the error state fails the requests that
+/// involve its peer (typed errors, on both sides, no hang) while the
+/// other peers keep working.
+#[test]
+fn qp_in_error_state_fails_only_its_peer() {
+    if unavailable().is_some() {
+        return;
+    }
+    let j = job(3, &[]);
+    let (d0, d1, d2) = (&j.devs[0], &j.devs[1], &j.devs[2]);
+    d0.engine.inject_qp_error(1);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            // Rank 0: a receive from rank 1 fails once the fault is seen.
+            let r = d0.irecv(Buffer::zeroed(16), Source::Rank(1), TagSel::Any, 0);
+            let c = within(
+                d0.isend(Buffer::from(&b"x"[..]), 1, 0, 0),
+                30,
+                "rank 0 send to 1",
+            );
+            println!("rank 0 send to the broken peer: {:?}", c.status.error);
+            let st = within(r, 30, "rank 0 receive from 1").status;
+            assert!(st.error.is_some(), "receive from the broken peer: {st:?}");
+            // Rank 0 still talks to rank 2.
+            within(
+                d0.isend(Buffer::from(&b"hello 2"[..]), 2, 5, 0),
+                30,
+                "rank 0 send to 2",
+            );
+            let r = d0.irecv(Buffer::zeroed(16), Source::Rank(2), TagSel::Tag(6), 0);
+            let c = within(r, 30, "rank 0 receive from 2");
+            assert!(c.status.error.is_none());
+        });
+        s.spawn(|| {
+            // Rank 1's rendezvous send to rank 0 cannot complete: it fails
+            // (transport retries exceeded), it does not hang.
+            let r = d1.isend(Buffer::from(pattern(1, 200_000)), 0, 9, 0);
+            let c = within(r, 60, "rank 1 send to 0");
+            println!("rank 1 send to the broken peer: {:?}", c.status.error);
+            match c.status.error {
+                Some(Error::PeerLost { rank: 0, .. }) | Some(Error::Transport { .. }) => {}
+                other => panic!("send to the broken peer: {other:?}"),
+            }
+            // Rank 1 still talks to rank 2.
+            within(
+                d1.isend(Buffer::from(&b"hello 2"[..]), 2, 7, 0),
+                30,
+                "rank 1 send to 2",
+            );
+        });
+        let r = d2.irecv(Buffer::zeroed(16), Source::Rank(0), TagSel::Tag(5), 0);
+        within(r, 30, "rank 2 receive from 0");
+        within(
+            d2.isend(Buffer::from(&b"back"[..]), 0, 6, 0),
+            30,
+            "rank 2 send to 0",
+        );
+        let r = d2.irecv(Buffer::zeroed(16), Source::Rank(1), TagSel::Tag(7), 0);
+        within(r, 90, "rank 2 receive from 1");
+    });
+}
+
+/// A receive buffer that cannot be registered (the pinned-memory budget is
+/// exhausted) fails both sides of that rendezvous with typed errors; the
+/// device stays usable.
+#[test]
+fn registration_failure_is_a_typed_error() {
+    if unavailable().is_some() {
+        return;
+    }
+    let j = job(2, &[("max_pinned_bytes", "65536")]);
+    let (a, b) = (&j.devs[0], &j.devs[1]);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let c = a.isend(Buffer::from(vec![7u8; 1 << 20]), 1, 1, 0).wait();
+            assert!(
+                matches!(
+                    c.status.error,
+                    Some(Error::Transport { .. }) | Some(Error::ResourceExhausted(_))
+                ),
+                "{:?}",
+                c.status
+            );
+            a.send(b"still here", 1, 2, 0).unwrap();
+        });
+        let c = b
+            .irecv(Buffer::zeroed(1 << 20), Source::Rank(0), TagSel::Tag(1), 0)
+            .wait();
+        assert!(
+            matches!(c.status.error, Some(Error::ResourceExhausted(_))),
+            "{:?}",
+            c.status
+        );
+        let mut buf = [0u8; 32];
+        let st = b
+            .recv(&mut buf, Source::Rank(0), TagSel::Tag(2), 0)
+            .unwrap();
+        assert_eq!(&buf[..st.count], b"still here");
+    });
+    for d in &j.devs {
+        d.finish().unwrap();
+    }
+}
+
+/// The stale-registration stress: buffers freed and reallocated (leased
+/// chunks reused; heap buffers landing at the same address) and sent again
+/// with new contents; every message arrives with its own contents.
+#[test]
+fn free_reallocate_resend_never_sends_stale_data() {
+    if unavailable().is_some() {
+        return;
+    }
+    let j = job(2, &[]);
+    let (a, b) = (&j.devs[0], &j.devs[1]);
+    const ROUNDS: usize = 120;
+    let len = 256 * 1024;
+    let mut addrs = HashSet::new();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let mut buf = vec![0u8; len];
+            for i in 0..ROUNDS {
+                let st = b
+                    .recv(&mut buf, Source::Rank(0), TagSel::Tag(i as i32), 0)
+                    .unwrap();
+                assert_eq!(st.count, len);
+                assert!(buf == pattern(i, len), "round {i}: stale or corrupt data");
+            }
+        });
+        for i in 0..ROUNDS {
+            let data = pattern(i, len);
+            let buf = if i % 2 == 0 {
+                let mut lease = a.alloc_buffer(len).unwrap();
+                lease.copy_from_slice(&data);
+                lease
+            } else {
+                let v = data.clone();
+                addrs.insert(v.as_ptr() as usize);
+                Buffer::from(v)
+            };
+            let c = a.isend(buf, 1, i as i32, 0).wait();
+            assert!(c.status.error.is_none(), "{:?}", c.status);
+            drop(c); // frees the heap buffer or returns the lease
+        }
+    });
+    let st = a.cache().stats();
+    assert!(st.hits > 0, "leased chunks were reused: {st:?}");
+    assert!(
+        st.transient > 0,
+        "heap buffers were registered per send: {st:?}"
+    );
+    assert!(
+        addrs.len() < ROUNDS / 2,
+        "some heap buffer reused an address"
+    );
+    assert_eq!(st.transient_bytes, 0);
+    for d in &j.devs {
+        d.finish().unwrap();
+    }
+}
