@@ -54,18 +54,3 @@ mod two_processes {
 mod four_processes {
     xdev::conformance_tests!(|case| super::run(4, case, &[]));
 }
-
-/// Tiny budgets: every message beyond 64 bytes is a rendezvous, four
-/// receive slots per peer and a 256-byte window force the credit paths.
-mod two_processes_tight {
-    xdev::conformance_tests!(|case| super::run(
-        2,
-        case,
-        &[
-            "eager_limit=64",
-            "recv_depth=4",
-            "eager_window=256",
-            "send_slots=4"
-        ]
-    ));
-}

@@ -1054,6 +1054,16 @@ impl Engine {
             }
         }
         l.wcs = wcs;
+        if l.events != before {
+            // Credit that could not go out earlier (no free send slot or no
+            // credit of our own) goes now that something completed.
+            for d in 0..self.fab.size {
+                if d != self.fab.rank && (l.peers[d].owed_by_data > 0 || l.peers[d].owed_bytes > 0)
+                {
+                    self.return_credit(l, d);
+                }
+            }
+        }
         if l.queued > 0 {
             for d in 0..self.fab.size {
                 if d != self.fab.rank
