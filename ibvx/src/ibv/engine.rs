@@ -47,7 +47,7 @@ use xdev::{
 };
 
 use super::regcache::{Registration, RegistrationCache};
-use super::wire::{self, Body, Header, FLAG_FAILED, FLAG_SYNC, HEADER_LEN, MAX_CONTROL_LEN};
+use super::wire::{self, Body, Header, FLAG_FAILED, FLAG_SYNC, MAX_CONTROL_LEN};
 use super::IbvOptions;
 use crate::verbs::{
     CompletionChannel, CompletionQueue, MemoryRegion, QueuePair, RemoteAddr, SendFlags, SendOp,
@@ -1533,7 +1533,7 @@ impl Engine {
         check_recv(pattern.source, pattern.tag, self.fab.size)?;
         self.check_open()?;
         let mut found = None;
-        let mut look = |eng: &Self, l: &mut Local| -> Result<bool> {
+        let mut look = |_: &Self, l: &mut Local| -> Result<bool> {
             found = l
                 .matching
                 .probe(&pattern)
@@ -1541,7 +1541,6 @@ impl Engine {
             if found.is_none() {
                 if let Source::Rank(s) = pattern.source {
                     if let Some(e) = Self::gone_error(l, s) {
-                        let _ = eng;
                         return Err(e);
                     }
                 }
@@ -1616,12 +1615,12 @@ impl Drop for Unpost<'_> {
             l.matching.cancel(id);
         }
         // A peer granted our buffer must stop writing it before we return.
-        let rid = l
+        let writer = l
             .incoming
-            .iter()
-            .find(|(_, i)| i.target.is(self.recv))
-            .map(|(&r, i)| (r, i.src));
-        if let Some((_, src)) = rid {
+            .values()
+            .find(|i| i.target.is(self.recv))
+            .map(|i| i.src);
+        if let Some(src) = writer {
             eng.fail_peer(&mut l, src, Error::Closed);
         }
     }
@@ -1678,6 +1677,3 @@ impl Progress for Engine {
         }
     }
 }
-
-#[allow(dead_code)]
-const _: () = assert!(HEADER_LEN <= MAX_CONTROL_LEN);
