@@ -864,10 +864,17 @@ impl Engine {
         }
     }
 
-    /// Handles one frame from `src`. Errors are protocol violations.
-    fn on_frame(&self, l: &mut Local, src: Rank, frame: &[u8]) -> std::result::Result<(), String> {
+    /// Handles one frame from `src` and says what kind it was. Errors are
+    /// protocol violations.
+    fn on_frame(
+        &self,
+        l: &mut Local,
+        src: Rank,
+        frame: &[u8],
+    ) -> std::result::Result<wire::Kind, String> {
         let (head, body) =
             wire::decode(frame, self.fab.opts.eager_limit).map_err(|e| e.to_string())?;
+        let kind = body.kind();
         let depth = self.fab.opts.recv_depth;
         let window = self.fab.opts.eager_window as u64;
         {
@@ -992,7 +999,7 @@ impl Engine {
             }
             Body::Credit => {}
         }
-        Ok(())
+        Ok(kind)
     }
 
     /// Sends a `CREDIT` to `dest` if enough is owed and nothing else is
@@ -1106,11 +1113,10 @@ impl Engine {
         let frame = unsafe {
             std::slice::from_raw_parts(self.fab.recv_mr.as_mut_ptr().add(off).cast_const(), len)
         };
-        let by_data = frame.first() != Some(&(wire::Kind::Credit as u8));
         match self.on_frame(l, src, frame) {
-            Ok(()) => {
+            Ok(kind) => {
                 if l.peers[src].gone.is_none() {
-                    self.repost(l, src, slot, by_data);
+                    self.repost(l, src, slot, kind != wire::Kind::Credit);
                     self.return_credit(l, src);
                 }
             }
