@@ -436,6 +436,19 @@ impl Engine {
         Ok(())
     }
 
+    /// Whether a `len`-byte message to `dest` goes eager: within the eager
+    /// limit and the peer's byte window (else it is a rendezvous).
+    fn goes_eager(&self, l: &Local, dest: Rank, len: usize) -> bool {
+        len <= self.fab.opts.eager_limit && l.peers[dest].window >= len as u64
+    }
+
+    /// Posts an eager message and charges it to the peer's byte window.
+    fn post_eager(&self, l: &mut Local, dest: Rank, head: Header, data: &[u8]) -> Result<()> {
+        self.post_message(l, dest, head, Body::Eager(data), None)?;
+        l.peers[dest].window -= data.len() as u64;
+        Ok(())
+    }
+
     /// Tries to send queued send `id` (eager or rendezvous start); false if
     /// resources are short (it stays queued).
     fn try_send(&self, l: &mut Local, id: u64) -> bool {
@@ -444,7 +457,7 @@ impl Engine {
         if !self.can_post(l, dest, 1, false) {
             return false;
         }
-        let eager = s.len <= self.fab.opts.eager_limit && l.peers[dest].window >= s.len as u64;
+        let eager = self.goes_eager(l, dest, s.len);
         let head = Header {
             tag: s.tag,
             context: s.context,
@@ -456,7 +469,7 @@ impl Engine {
         let r = if eager {
             // SAFETY: the send's buffer is alive (see OutSend) and `len` is its length.
             let payload = unsafe { std::slice::from_raw_parts(data, len) };
-            self.post_message(l, dest, head, Body::Eager(payload), None)
+            self.post_eager(l, dest, head, payload)
         } else {
             self.post_message(l, dest, head, Body::RndzStart { len: len as u64 }, None)
         };
@@ -464,7 +477,6 @@ impl Engine {
             return true; // the send failed with its peer
         }
         if eager {
-            l.peers[dest].window -= len as u64;
             if sync {
                 l.sends.get_mut(&id).expect("present").stage = Stage::AwaitAck;
             } else {
@@ -670,11 +682,9 @@ impl Engine {
             return Err(e);
         }
         // Fast path: an eager send straight from the caller's buffer.
-        let len = data.len();
         if !sync
             && l.peers[dest].backlog.is_empty()
-            && len <= self.fab.opts.eager_limit
-            && l.peers[dest].window >= len as u64
+            && self.goes_eager(l, dest, data.len())
             && self.can_post(l, dest, 1, false)
         {
             let head = Header {
@@ -682,8 +692,7 @@ impl Engine {
                 context,
                 ..Header::default()
             };
-            self.post_message(l, dest, head, Body::Eager(data), None)?;
-            l.peers[dest].window -= len as u64;
+            self.post_eager(l, dest, head, data)?;
             return Ok(false);
         }
         let id = l.next_id;
@@ -695,7 +704,7 @@ impl Engine {
                 tag,
                 context,
                 data: data.as_ptr(),
-                len,
+                len: data.len(),
                 sync,
                 stage: Stage::Queued,
                 owner: owner(),
