@@ -235,7 +235,6 @@ struct Local {
     free_slots: Vec<u32>,
     /// Per send slot: its destination and the send it completes, if any.
     slot_use: Vec<(Rank, Option<u64>)>,
-    queued: usize,
     events: u64,
     last_departure_check: Instant,
     departures_seen: usize,
@@ -322,7 +321,6 @@ impl Engine {
                 send_mr,
                 free_slots: (0..slots).rev().collect(),
                 slot_use: vec![(0, None); slots as usize],
-                queued: 0,
                 events: 0,
                 last_departure_check: Instant::now(),
                 departures_seen: 0,
@@ -500,7 +498,6 @@ impl Engine {
                 return;
             }
             let c = l.peers[dest].control.pop_front().expect("present");
-            l.queued -= 1;
             self.post_control(l, dest, c);
             if l.peers[dest].gone.is_some() {
                 return;
@@ -511,7 +508,6 @@ impl Engine {
                 return;
             }
             l.peers[dest].backlog.pop_front();
-            l.queued -= 1;
             if l.peers[dest].gone.is_some() {
                 return;
             }
@@ -621,7 +617,6 @@ impl Engine {
             return;
         }
         l.peers[dest].control.push_back(c);
-        l.queued += 1;
         self.flush_peer(l, dest);
     }
 
@@ -711,10 +706,9 @@ impl Engine {
                 reg: None,
             },
         );
-        if !(l.peers[dest].backlog.is_empty() && self.try_send(l, id)) {
-            l.peers[dest].backlog.push_back(id);
-            l.queued += 1;
-        }
+        // Behind any send already waiting for this peer, to keep order.
+        l.peers[dest].backlog.push_back(id);
+        self.flush_peer(l, dest);
         Ok(true)
     }
 
@@ -791,7 +785,7 @@ impl Engine {
                 p.owed_bytes += data.len() as u64;
                 if let Some(id) = sync {
                     self.push_control(l, env.source, Control::Ack { id });
-                } else if p.owed_bytes * 2 >= self.fab.opts.eager_window as u64 {
+                } else {
                     self.return_credit(l, env.source);
                 }
             }
@@ -1070,26 +1064,25 @@ impl Engine {
             }
         }
         l.wcs = wcs;
-        if l.events != before {
-            // Credit that could not go out earlier (no free send slot or no
-            // credit of our own) goes now that something completed.
+        let any = l.events != before;
+        if any {
+            // Completions return credits, send slots and send-queue room:
+            // what waited for them (queued messages, credit owed to peers)
+            // goes now. Nothing else frees these resources.
             for d in 0..self.fab.size {
-                if d != self.fab.rank && (l.peers[d].owed_by_data > 0 || l.peers[d].owed_bytes > 0)
-                {
+                if d == self.fab.rank {
+                    continue;
+                }
+                let p = &l.peers[d];
+                if !p.control.is_empty() || !p.backlog.is_empty() {
+                    self.flush_peer(l, d);
+                }
+                let p = &l.peers[d];
+                if p.owed_by_data > 0 || p.owed_bytes > 0 {
                     self.return_credit(l, d);
                 }
             }
         }
-        if l.queued > 0 {
-            for d in 0..self.fab.size {
-                if d != self.fab.rank
-                    && (!l.peers[d].control.is_empty() || !l.peers[d].backlog.is_empty())
-                {
-                    self.flush_peer(l, d);
-                }
-            }
-        }
-        let any = l.events != before;
         if any {
             self.notify();
         }
@@ -1125,8 +1118,8 @@ impl Engine {
         match self.on_frame(l, src, frame) {
             Ok(kind) => {
                 if l.peers[src].gone.is_none() {
+                    // The credit owed goes with the batch (progress_locked).
                     self.repost(l, src, slot, kind != wire::Kind::Credit);
-                    self.return_credit(l, src);
                 }
             }
             Err(what) => {
@@ -1201,9 +1194,7 @@ impl Engine {
             self.complete_target(l, t, Status::failed(env, err.clone()));
         }
         let queued: Vec<u64> = l.peers[d].backlog.drain(..).collect();
-        l.queued -= queued.len();
         let control: Vec<Control> = l.peers[d].control.drain(..).collect();
-        l.queued -= control.len();
         for id in queued {
             self.complete_send(l, id, Err(err.clone()));
         }
@@ -1591,7 +1582,9 @@ impl Engine {
         let r = self.block_until(false, |eng, l| {
             Ok(eng.tracker.outstanding_sends() == 0
                 && l.sends.is_empty()
-                && l.queued == 0
+                && l.peers
+                    .iter()
+                    .all(|p| p.control.is_empty() && p.backlog.is_empty())
                 && l.incoming.is_empty())
         });
         let mut l = self.lock();
