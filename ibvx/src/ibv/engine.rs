@@ -239,6 +239,9 @@ struct Local {
     last_departure_check: Instant,
     departures_seen: usize,
     wcs: Vec<WorkCompletion>,
+    /// Threads waiting on the condition variable (only then is it
+    /// signalled: `notify_all` is a system call even with no waiter).
+    cond_waiters: usize,
 }
 
 /// The engine of one rank, shared by the device handle and its requests.
@@ -325,6 +328,7 @@ impl Engine {
                 last_departure_check: Instant::now(),
                 departures_seen: 0,
                 wcs: vec![WorkCompletion::default(); POLL_BATCH],
+                cond_waiters: 0,
             }),
             fab,
             cond: Condvar::new(),
@@ -1084,7 +1088,7 @@ impl Engine {
             }
         }
         if any {
-            self.notify();
+            self.notify(l);
         }
         any
     }
@@ -1254,12 +1258,15 @@ impl Engine {
                 self.fail_peer(l, d.rank, lost(d.rank, why));
             }
         }
-        self.notify();
+        self.notify(l);
     }
 
-    /// Wakes threads waiting for something to complete.
-    fn notify(&self) {
-        self.cond.notify_all();
+    /// Wakes threads waiting for something to complete (`l` is the locked
+    /// state: waiters register there before they sleep).
+    fn notify(&self, l: &Local) {
+        if l.cond_waiters > 0 {
+            self.cond.notify_all();
+        }
         if self.sleeper.load(Ordering::Acquire) {
             let one: u64 = 1;
             // SAFETY: writes 8 bytes from a valid u64 to our eventfd.
@@ -1354,15 +1361,19 @@ impl Engine {
                 drop(l);
                 self.sleep_on_channel();
                 self.sleeper.store(false, Ordering::Release);
-                // Others may be waiting for what the channel announced.
-                self.cond.notify_all();
                 l = self.lock();
+                // Others may be waiting for what the channel announced.
+                if l.cond_waiters > 0 {
+                    self.cond.notify_all();
+                }
             } else {
+                l.cond_waiters += 1;
                 l = self
                     .cond
                     .wait_timeout(l, SLEEP)
                     .unwrap_or_else(|p| p.into_inner())
                     .0;
+                l.cond_waiters -= 1;
             }
             self.check_departures(&mut l, true);
         }
@@ -1598,7 +1609,7 @@ impl Engine {
         }
         l.matching.drain_unexpected();
         self.closed.store(true, Ordering::Release);
-        self.notify();
+        self.notify(&l);
         r
     }
 }
