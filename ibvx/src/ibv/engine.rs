@@ -88,6 +88,21 @@ pub(crate) struct Fabric {
     pub(crate) cache: RegistrationCache,
 }
 
+impl Fabric {
+    /// Byte offset of receive slot `slot` of peer `p` in `recv_mr`.
+    fn recv_offset(&self, p: Rank, slot: u32) -> usize {
+        (p * self.opts.recv_depth as usize + slot as usize) * self.slot_len
+    }
+
+    /// Posts receive slot `slot` of peer `p` on its queue pair; the work
+    /// request id is `p << 32 | slot`.
+    pub(crate) fn post_recv_slot(&self, p: Rank, slot: u32) -> crate::verbs::Result<()> {
+        let qp = self.qps[p].as_ref().expect("no QP to self");
+        let sge = self.recv_mr.sge(self.recv_offset(p, slot), self.slot_len);
+        qp.post_recv(((p as u64) << 32) | u64::from(slot), &[sge])
+    }
+}
+
 /// A message a receive has not matched yet.
 enum Unexpected {
     /// Eager data from a peer (its bytes are returned to the sender's window
@@ -357,6 +372,10 @@ impl Engine {
             .expect("a peer")
             .modify_to_error()
             .expect("modify to error");
+    }
+
+    pub(crate) fn options(&self) -> &IbvOptions {
+        &self.fab.opts
     }
 
     pub(crate) fn cache(&self) -> &RegistrationCache {
@@ -1030,10 +1049,7 @@ impl Engine {
     }
 
     fn repost(&self, l: &mut Local, src: Rank, slot: u32, by_data: bool) {
-        let qp = self.fab.qps[src].as_ref().expect("no QP to self");
-        let off = (src * self.fab.opts.recv_depth as usize + slot as usize) * self.fab.slot_len;
-        let wr_id = ((src as u64) << 32) | u64::from(slot);
-        match qp.post_recv(wr_id, &[self.fab.recv_mr.sge(off, self.fab.slot_len)]) {
+        match self.fab.post_recv_slot(src, slot) {
             Ok(()) => {
                 let p = &mut l.peers[src];
                 p.owed_slots += 1;
@@ -1111,7 +1127,7 @@ impl Engine {
         if l.peers[src].gone.is_some() {
             return; // its queue pair is in the error state
         }
-        let off = (src * self.fab.opts.recv_depth as usize + slot as usize) * self.fab.slot_len;
+        let off = self.fab.recv_offset(src, slot);
         let len = (wc.byte_len() as usize).min(self.fab.slot_len);
         // SAFETY: slot (src, slot) is not posted (its completion is being
         // handled), so neither the NIC nor a peer writes it until `repost`

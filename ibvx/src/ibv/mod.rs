@@ -257,7 +257,6 @@ fn verbs_error(what: &str) -> impl Fn(verbs::Error) -> Error + '_ {
 /// One rank of a job over RDMA verbs (RC queue pairs): an xdev [`Device`].
 pub struct IbvDevice {
     engine: Arc<Engine>,
-    opts: IbvOptions,
     device_name: String,
 }
 
@@ -340,14 +339,36 @@ impl IbvDevice {
             .map_err(verbs_error("register the receive slots"))?;
         let send_mr = MemoryRegion::alloc(&pd, opts.send_slots * slot_len, Access::LOCAL_WRITE)
             .map_err(verbs_error("register the send slots"))?;
-        for (p, qp) in qps.iter().enumerate() {
-            let Some(qp) = qp else { continue };
-            for i in 0..depth {
-                let off = (p * depth + i) * slot_len;
-                qp.post_recv(((p as u64) << 32) | i as u64, &[recv_mr.sge(off, slot_len)])
+        let cache = RegistrationCache::new(
+            &pd,
+            Access::LOCAL_WRITE | Access::REMOTE_WRITE,
+            CacheLimits {
+                max_idle_chunks: 64,
+                max_idle_bytes: opts.reg_cache_idle_bytes,
+                max_pinned_bytes: opts.max_pinned_bytes,
+            },
+        );
+        let fab = Fabric {
+            rank,
+            size,
+            opts,
+            slot_len,
+            inline_max,
+            qps,
+            send_cq,
+            recv_cq,
+            channel,
+            recv_mr,
+            cache,
+        };
+        for p in (0..size).filter(|&p| p != rank) {
+            for slot in 0..fab.opts.recv_depth {
+                fab.post_recv_slot(p, slot)
                     .map_err(verbs_error("post the receive slots"))?;
             }
         }
+        let opts = &fab.opts;
+        let qps = &fab.qps;
         // Exchange addresses.
         let psns: Vec<u32> = (0..size)
             .map(|_| {
@@ -412,39 +433,16 @@ impl IbvDevice {
         }
         // Nobody sends before every queue pair is connected.
         boot.barrier()?;
-        let cache = RegistrationCache::new(
-            &pd,
-            Access::LOCAL_WRITE | Access::REMOTE_WRITE,
-            CacheLimits {
-                max_idle_chunks: 64,
-                max_idle_bytes: opts.reg_cache_idle_bytes,
-                max_pinned_bytes: opts.max_pinned_bytes,
-            },
-        );
-        let fab = Fabric {
-            rank,
-            size,
-            opts: opts.clone(),
-            slot_len,
-            inline_max,
-            qps,
-            send_cq,
-            recv_cq,
-            channel,
-            recv_mr,
-            cache,
-        };
         let engine = Engine::new(fab, send_mr, boot)?;
         Ok(IbvDevice {
             engine: Arc::new(engine),
-            opts,
             device_name,
         })
     }
 
     /// The options in use.
     pub fn options(&self) -> &IbvOptions {
-        &self.opts
+        self.engine.options()
     }
 
     /// The RDMA device in use (e.g. `rxe0`).
