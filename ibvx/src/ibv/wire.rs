@@ -71,6 +71,15 @@ impl Kind {
         })
     }
 
+    /// The flag bits this kind defines.
+    pub fn allowed_flags(self) -> u8 {
+        match self {
+            Kind::Eager => FLAG_SYNC,
+            Kind::RndzReply | Kind::RndzEnd => FLAG_FAILED,
+            _ => 0,
+        }
+    }
+
     /// Total frame length of a message of this kind without payload.
     pub fn frame_len(self) -> usize {
         match self {
@@ -260,12 +269,7 @@ pub fn decode(frame: &[u8], eager_limit: usize) -> Result<(Header, Body<'_>), Wi
         context: u32_at(frame, 12),
         id: u64_at(frame, 16),
     };
-    let allowed = match kind {
-        Kind::Eager => FLAG_SYNC,
-        Kind::RndzReply | Kind::RndzEnd => FLAG_FAILED,
-        _ => 0,
-    };
-    if head.flags & !allowed != 0 {
+    if head.flags & !kind.allowed_flags() != 0 {
         return Err(WireError::Flags {
             kind: name(kind),
             flags: head.flags,
@@ -412,12 +416,7 @@ mod tests {
                 5 => Body::Ack,
                 _ => Body::Credit,
             };
-            let allowed = match body.kind() {
-                Kind::Eager => FLAG_SYNC,
-                Kind::RndzReply | Kind::RndzEnd => FLAG_FAILED,
-                _ => 0,
-            };
-            let h = Header { flags: flags & allowed, slots, bytes, tag, context, id };
+            let h = Header { flags: flags & body.kind().allowed_flags(), slots, bytes, tag, context, id };
             let f = frame(&h, &body);
             prop_assert_eq!(decode(&f, 64).unwrap(), (h, body));
         }
