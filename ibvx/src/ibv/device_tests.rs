@@ -32,6 +32,18 @@ struct Job {
 }
 
 fn job(n: usize, options: &[(&str, &str)]) -> Job {
+    let (server, devs) = open_ranks(n, |_| options.to_vec());
+    Job {
+        devs: devs.into_iter().map(|d| d.unwrap()).collect(),
+        _server: server,
+    }
+}
+
+/// Opens `n` ranks, rank `r` with `options(r)`; each rank's outcome.
+fn open_ranks<'o>(
+    n: usize,
+    options: impl Fn(usize) -> Vec<(&'o str, &'o str)>,
+) -> (BootstrapServer, Vec<xdev::Result<IbvDevice>>) {
     static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
     let name = format!(
         "ibv-test-{}-{}",
@@ -45,7 +57,7 @@ fn job(n: usize, options: &[(&str, &str)]) -> Job {
     let handles: Vec<_> = (0..n)
         .map(|r| {
             let (name, secret) = (name.clone(), secret.clone());
-            let options: Vec<(String, String)> = options
+            let options: Vec<(String, String)> = options(r)
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect();
@@ -54,14 +66,12 @@ fn job(n: usize, options: &[(&str, &str)]) -> Job {
                 let cfg = options
                     .iter()
                     .fold(Config::new(r, n, name.as_str()), |c, (k, v)| c.with(k, v));
-                IbvDevice::with_bootstrap(&cfg, boot).unwrap()
+                IbvDevice::with_bootstrap(&cfg, boot)
             })
         })
         .collect();
-    Job {
-        devs: handles.into_iter().map(|h| h.join().unwrap()).collect(),
-        _server: server,
-    }
+    let devs = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    (server, devs)
 }
 
 fn open_fds() -> usize {
@@ -303,5 +313,110 @@ fn free_reallocate_resend_never_sends_stale_data() {
     assert_eq!(st.transient_bytes, 0);
     for d in &j.devs {
         d.finish().unwrap();
+    }
+}
+
+/// Ranks that disagree on the protocol parameters refuse to start, each
+/// with a configuration error naming the other rank's values.
+#[test]
+fn different_protocol_parameters_refuse_to_start() {
+    if unavailable().is_some() {
+        return;
+    }
+    let (_server, devs) = open_ranks(2, |r| {
+        if r == 0 {
+            vec![("eager_limit", "4096")]
+        } else {
+            vec![]
+        }
+    });
+    for (r, d) in devs.into_iter().enumerate() {
+        match d {
+            Err(Error::Config(what)) => assert!(what.contains("eager_limit"), "rank {r}: {what}"),
+            Err(e) => panic!("rank {r}: {e}"),
+            Ok(_) => panic!("rank {r} started with mismatched parameters"),
+        }
+    }
+}
+
+/// What a peer could not legitimately send is a protocol violation: the
+/// receiver fails that peer with `Error::Protocol` saying what was wrong
+/// (a receive from it fails), and neither crashes nor hangs.
+#[test]
+fn hostile_frames_fail_their_sender_with_protocol_errors() {
+    use super::wire::{encode, Body, Header, MAX_CONTROL_LEN};
+    if unavailable().is_some() {
+        return;
+    }
+    let frame = |head: Header, body: Body<'_>| {
+        let mut f = vec![0u8; MAX_CONTROL_LEN];
+        let n = encode(&head, &body, &mut f);
+        f.truncate(n);
+        if let Body::Eager(p) = body {
+            f.extend_from_slice(p);
+        }
+        f
+    };
+    let id = |id| Header {
+        id,
+        ..Header::default()
+    };
+    let mut unknown_kind = frame(Header::default(), Body::Credit);
+    unknown_kind[0] = 99;
+    let reply = Body::RndzReply {
+        rid: 1,
+        addr: 0x1000,
+        len: 10,
+        rkey: 5,
+    };
+    let too_much_credit = Header {
+        slots: 1000,
+        ..Header::default()
+    };
+    let big = vec![1u8; 8192];
+    let eager = |p| {
+        frame(
+            Header {
+                context: 7,
+                ..Header::default()
+            },
+            Body::Eager(p),
+        )
+    };
+    let cases: Vec<(&str, Vec<Vec<u8>>)> = vec![
+        ("unknown message kind 99", vec![unknown_kind]),
+        (
+            "RNDZ_REPLY for unknown send 999",
+            vec![frame(id(999), reply)],
+        ),
+        (
+            "RNDZ_END for unknown receive 4242",
+            vec![frame(id(4242), Body::RndzEnd)],
+        ),
+        ("ACK for unknown send 77", vec![frame(id(77), Body::Ack)]),
+        (
+            "returned more credit than it was given",
+            vec![frame(too_much_credit, Body::Credit)],
+        ),
+        // Two eager messages nobody receives, beyond an 8 KiB window.
+        (
+            "eager data beyond its window",
+            vec![eager(&big[..]), eager(&big[..])],
+        ),
+    ];
+    for (what, frames) in cases {
+        let j = job(2, &[("eager_window", "8192")]);
+        let (a, b) = (&j.devs[0], &j.devs[1]);
+        let r = a.irecv(Buffer::zeroed(16), Source::Rank(1), TagSel::Any, 0);
+        for f in &frames {
+            b.engine.post_raw(0, f);
+        }
+        let c = within(r, 30, what);
+        match c.status.error {
+            Some(Error::Protocol { rank: 1, what: w }) => {
+                assert!(w.contains(what), "expected {what:?}, got {w:?}")
+            }
+            other => panic!("{what}: {other:?}"),
+        }
     }
 }

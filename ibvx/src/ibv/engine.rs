@@ -363,6 +363,19 @@ impl Engine {
         self.fab.size
     }
 
+    /// Sends `frame` to `peer` as it is, as a hostile or broken peer would
+    /// (no credit accounting of its content).
+    #[cfg(test)]
+    pub(crate) fn post_raw(&self, peer: Rank, frame: &[u8]) {
+        let mut l = self.lock();
+        assert!(
+            self.can_post(&l, peer, 1, true),
+            "no credit to post a raw frame"
+        );
+        self.post_frame(&mut l, peer, frame, &[], None)
+            .expect("post a raw frame");
+    }
+
     /// Moves the queue pair to `peer` to the error state behind the
     /// engine's back, as a fault would.
     #[cfg(test)]
@@ -419,24 +432,40 @@ impl Engine {
         body: Body<'_>,
         completes: Option<u64>,
     ) -> Result<()> {
-        let slot = l.free_slots.pop().expect("caller checked for a free slot");
         let peer = &mut l.peers[dest];
         head.slots = peer.owed_slots.min(u32::from(u16::MAX)) as u16;
         peer.owed_slots -= u32::from(head.slots);
         peer.owed_by_data = peer.owed_by_data.min(peer.owed_slots);
         head.bytes = peer.owed_bytes.min(u64::from(u32::MAX)) as u32;
         peer.owed_bytes -= u64::from(head.bytes);
+        let mut hdr = [0u8; MAX_CONTROL_LEN];
+        let n = wire::encode(&head, &body, &mut hdr);
+        let payload = match body {
+            Body::Eager(payload) => payload,
+            _ => &[],
+        };
+        self.post_frame(l, dest, &hdr[..n], payload, completes)
+    }
+
+    /// Copies `head` and `payload` into a free send slot and sends them to
+    /// `dest`, using one credit and one send-queue entry. The caller checked
+    /// [`can_post`](Self::can_post).
+    fn post_frame(
+        &self,
+        l: &mut Local,
+        dest: Rank,
+        head: &[u8],
+        payload: &[u8],
+        completes: Option<u64>,
+    ) -> Result<()> {
+        let slot = l.free_slots.pop().expect("caller checked for a free slot");
+        let peer = &mut l.peers[dest];
         peer.credits -= 1;
         peer.sq_free -= 1;
         let off = slot as usize * self.fab.slot_len;
-        let mut hdr = [0u8; MAX_CONTROL_LEN];
-        let n = wire::encode(&head, &body, &mut hdr);
-        l.send_mr.write(off, &hdr[..n]);
-        let mut total = n;
-        if let Body::Eager(payload) = body {
-            l.send_mr.write(off + n, payload);
-            total += payload.len();
-        }
+        l.send_mr.write(off, head);
+        l.send_mr.write(off + head.len(), payload);
+        let total = head.len() + payload.len();
         l.slot_use[slot as usize] = (dest, completes);
         let flags = SendFlags::SIGNALED.with(SendFlags::INLINE, total <= self.fab.inline_max);
         let qp = self.fab.qps[dest].as_ref().expect("no QP to self");
