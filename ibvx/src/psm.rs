@@ -164,7 +164,7 @@ impl std::hash::Hasher for KeyHasher {
 }
 
 /// Marks the keys of requests a blocking call waits for: they are not in
-/// `live` or `handles` (the call holds the handle), and a collecting
+/// `live` (the call holds the handle), and a collecting
 /// progress round that completes one leaves its status in `done`.
 const BLOCKING: Key = 1 << (usize::BITS - 1);
 
@@ -180,6 +180,8 @@ enum Slot {
     /// A non-blocking request; completed through the tracker.
     Request {
         core: Arc<RequestCore>,
+        /// PSM2's handle (for cancel; valid while the slot is live).
+        req: psm2_mq_req_t,
         /// For sends, the envelope (source = destination) and length.
         send: Option<(Envelope, usize)>,
         /// For receives, the source it names (to fail it if that peer leaves).
@@ -199,8 +201,6 @@ struct Inner {
     mq: psm2_mq_t,
     addrs: Vec<psm2_epaddr_t>,
     live: KeyMap<Slot>,
-    /// PSM2's handle of each outstanding request (for cancel).
-    handles: KeyMap<psm2_mq_req_t>,
     next_key: Key,
     done: KeyMap<psm2_mq_status2_t>,
     gone: Vec<bool>,
@@ -357,7 +357,6 @@ impl Engine {
                 }
                 continue;
             }
-            l.handles.remove(&key);
             match l.live.remove(&key) {
                 Some(Slot::Request { core, send, .. }) => {
                     let status = match send {
@@ -394,31 +393,35 @@ impl Engine {
                 .map(|(k, _)| *k)
                 .collect();
             for k in keys {
-                if self.cancel_key(l, k) {
-                    if let Some(Slot::Request { core, .. }) = l.live.remove(&k) {
-                        let env = Envelope {
-                            source: d,
-                            tag: -1,
-                            context: 0,
-                        };
-                        self.tracker.complete(&core, Status::failed(env, lost(d)));
-                    }
+                if let Some(core) = self.cancel_recv(l, k) {
+                    let env = Envelope {
+                        source: d,
+                        tag: -1,
+                        context: 0,
+                    };
+                    self.tracker.complete(&core, Status::failed(env, lost(d)));
                 }
             }
         }
     }
 
-    /// Cancels the posted receive `key`; true if it was not matched yet (it
-    /// is then returned to PSM2; the caller removes its slot).
-    fn cancel_key(&self, l: &mut Inner, key: Key) -> bool {
-        let Some(&handle) = l.handles.get(&key) else {
-            return false;
+    /// Cancels the posted non-blocking receive `key` if PSM2 has not
+    /// matched it yet: it is then returned to PSM2, and its slot removed;
+    /// returns its request (to complete).
+    fn cancel_recv(&self, l: &mut Inner, key: Key) -> Option<Arc<RequestCore>> {
+        let Some(&Slot::Request {
+            req, send: None, ..
+        }) = l.live.get(&key)
+        else {
+            return None;
         };
-        if !self.cancel_req(handle) {
-            return false;
+        if !self.cancel_req(req) {
+            return None;
         }
-        l.handles.remove(&key);
-        true
+        match l.live.remove(&key) {
+            Some(Slot::Request { core, .. }) => Some(core),
+            _ => None,
+        }
     }
 
     /// Cancels live receive request `req` (PSM2's handle); true if it had
@@ -514,19 +517,11 @@ impl Engine {
         Some(unsafe { st.assume_init() })
     }
 
-    /// Records a request PSM2 accepted under `key`: a blocking call keeps
-    /// the handle itself, others are found through `handles` (for cancel).
-    fn register(
-        l: &mut Inner,
-        key: Key,
-        req: psm2_mq_req_t,
-        blocking: bool,
-    ) -> (Key, psm2_mq_req_t) {
+    /// A fresh key, marked [`BLOCKING`] for a blocking call's request.
+    fn new_key(l: &mut Inner, blocking: bool) -> Key {
+        let key = l.next_key | if blocking { BLOCKING } else { 0 };
         l.next_key += 1;
-        if !blocking {
-            l.handles.insert(key, req);
-        }
-        (key, req)
+        key
     }
 
     fn post_send(
@@ -540,7 +535,7 @@ impl Engine {
         let len = psm_len(data.len())?;
         let mut stag = tag(t, context, len);
         let mut req: psm2_mq_req_t = ptr::null_mut();
-        let key = l.next_key | if blocking { BLOCKING } else { 0 };
+        let key = Self::new_key(l, blocking);
         let flags = if sync { PSM2_MQ_FLAG_SENDSYNC } else { 0 };
         // SAFETY: data stays valid and unmodified until the request completes
         // (owned by a request core, or borrowed by a blocking call that waits
@@ -560,7 +555,7 @@ impl Engine {
         if e != psm2_error::PSM2_OK {
             return Err(psm_err(self.psm(), "psm2_mq_isend2", e));
         }
-        Ok(Self::register(l, key, req, blocking))
+        Ok((key, req))
     }
 
     fn post_recv(
@@ -578,7 +573,7 @@ impl Engine {
             Source::Any => PSM2_MQ_ANY_ADDR,
         };
         let mut req: psm2_mq_req_t = ptr::null_mut();
-        let key = l.next_key | if blocking { BLOCKING } else { 0 };
+        let key = Self::new_key(l, blocking);
         // SAFETY: buf is valid for cap bytes until the request completes or is
         // cancelled (see post_send); tags and out-pointer are valid.
         let e = unsafe {
@@ -597,7 +592,7 @@ impl Engine {
         if e != psm2_error::PSM2_OK {
             return Err(psm_err(self.psm(), "psm2_mq_irecv2", e));
         }
-        Ok(Self::register(l, key, req, blocking))
+        Ok((key, req))
     }
 
     fn blocking_send(
@@ -727,10 +722,9 @@ impl Progress for Engine {
         {
             return false;
         }
-        if !self.cancel_key(&mut l, key) {
+        if self.cancel_recv(&mut l, key).is_none() {
             return false;
         }
-        l.live.remove(&key);
         drop(l);
         let st = Status::cancelled(Pattern::new(Source::Any, TagSel::Any, 0));
         self.tracker.complete(core, st);
@@ -935,7 +929,6 @@ impl PsmDevice {
                     mq,
                     addrs,
                     live: KeyMap::default(),
-                    handles: KeyMap::default(),
                     next_key: 1,
                     done: KeyMap::default(),
                     gone: vec![false; size],
@@ -1067,7 +1060,7 @@ impl Device for PsmDevice {
             &pattern,
             false,
         ) {
-            Ok((key, _)) => {
+            Ok((key, req)) => {
                 core.set_token(key as u64);
                 let source = match source {
                     Source::Rank(s) => Some(s),
@@ -1077,6 +1070,7 @@ impl Device for PsmDevice {
                     key,
                     Slot::Request {
                         core: core.clone(),
+                        req,
                         send: None,
                         source,
                     },
@@ -1168,16 +1162,14 @@ impl Device for PsmDevice {
             .map(|(k, _)| *k)
             .collect();
         for k in recvs {
-            if eng.cancel_key(&mut l, k) {
-                if let Some(Slot::Request { core, .. }) = l.live.remove(&k) {
-                    let env = Envelope {
-                        source: eng.rank,
-                        tag: -1,
-                        context: 0,
-                    };
-                    eng.tracker
-                        .complete(&core, Status::failed(env, Error::Closed));
-                }
+            if let Some(core) = eng.cancel_recv(&mut l, k) {
+                let env = Envelope {
+                    source: eng.rank,
+                    tag: -1,
+                    context: 0,
+                };
+                eng.tracker
+                    .complete(&core, Status::failed(env, Error::Closed));
             }
         }
         let psm = eng.psm();
@@ -1267,11 +1259,12 @@ impl PsmDevice {
         // only when PSM2 has finished with it (or kept forever, see Slot).
         let data = unsafe { std::slice::from_raw_parts(core.buffer_ptr(), core.buffer_len()) };
         match eng.post_send(&mut l, data, (dest, tag, context), sync, false) {
-            Ok((key, _)) => {
+            Ok((key, req)) => {
                 l.live.insert(
                     key,
                     Slot::Request {
                         core: core.clone(),
+                        req,
                         send: Some((env, data.len())),
                         source: None,
                     },
