@@ -46,6 +46,7 @@ use std::ptr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
+use shm_ipc::doorbell::{Backoff, SPIN_POLLS, YIELD_POLLS};
 use shm_ipc::lock::{RankGuard, RankLock};
 use std::time::{Duration, Instant};
 
@@ -439,8 +440,9 @@ impl Engine {
         true
     }
 
-    /// Polls until `done` says so: PSM2 polls, then yields, then sleeps in
-    /// steps of up to 1 ms (PSM2's shm device has no wake-up event).
+    /// Polls until `done` says so: PSM2 polls between the spins and yields
+    /// of a [`Backoff`], then sleeps in steps of up to 1 ms (PSM2's shm
+    /// device has no wake-up event).
     ///
     /// With `collect`, every round also collects all of PSM2's completions
     /// (`progress_locked`); without it, `done` makes its own progress (see
@@ -450,6 +452,7 @@ impl Engine {
         collect: bool,
         mut done: impl FnMut(&Self, &mut Inner) -> Result<bool>,
     ) -> Result<()> {
+        let mut backoff = Backoff::new();
         let mut idle: u32 = 0;
         let mut last_departure_check: Option<Instant> = None;
         loop {
@@ -472,17 +475,15 @@ impl Engine {
                 }
                 if any {
                     idle = 0;
+                    backoff.reset();
                     continue;
                 }
             }
             idle = idle.saturating_add(1);
-            if idle < 2_000 {
-                // Poll again at once: each round already spends a PSM2
-                // poll, and a pause here adds to every message's latency.
-            } else if idle < 2_100 {
-                std::thread::yield_now();
-            } else {
-                let step = (idle - 2_100).min(20) as u64 * 50;
+            if !backoff.snooze() {
+                // `idle` counts the backoff's polls: these are the sleeps.
+                let sleeps = idle - (SPIN_POLLS + YIELD_POLLS);
+                let step = u64::from(sleeps.min(20)) * 50;
                 std::thread::sleep(Duration::from_micros(step.max(20)));
             }
         }
