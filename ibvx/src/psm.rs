@@ -244,14 +244,21 @@ fn tag(tag: Tag, context: Context, len: u32) -> psm2_mq_tag_t {
     }
 }
 
-/// Tag and selector of a receive: the tag exactly unless `ANY_TAG`, the
-/// context always, never the length word.
-fn selector(p: &Pattern) -> (psm2_mq_tag_t, psm2_mq_tag_t) {
+/// What a receive or probe of `p` selects, as PSM2 takes it: the source's
+/// endpoint address (`addrs` by rank; any for `ANY_SOURCE`), then the tag
+/// and its selector: the tag exactly unless `ANY_TAG`, the context always,
+/// never the length word.
+fn selector(addrs: &[psm2_epaddr_t], p: &Pattern) -> (psm2_epaddr_t, psm2_mq_tag_t, psm2_mq_tag_t) {
+    let src = match p.source {
+        Source::Rank(s) => addrs[s],
+        Source::Any => PSM2_MQ_ANY_ADDR,
+    };
     let (t, tmask) = match p.tag {
         TagSel::Tag(t) => (t, u32::MAX),
         TagSel::Any => (0, 0),
     };
     (
+        src,
         tag(t, p.context, 0),
         psm2_mq_tag_t {
             tag: [tmask, u32::MAX, 0, 0],
@@ -568,11 +575,7 @@ impl Engine {
         blocking: bool,
     ) -> Result<(Key, psm2_mq_req_t)> {
         let len = psm_len(cap)?;
-        let (mut rtag, mut sel) = selector(p);
-        let src = match p.source {
-            Source::Rank(s) => l.addrs[s],
-            Source::Any => PSM2_MQ_ANY_ADDR,
-        };
+        let (src, mut rtag, mut sel) = selector(&l.addrs, p);
         let mut req: psm2_mq_req_t = ptr::null_mut();
         let key = Self::new_key(l, blocking);
         // SAFETY: buf is valid for cap bytes until the request completes or is
@@ -1206,11 +1209,7 @@ impl Device for PsmDevice {
 
 impl Engine {
     fn iprobe_locked(&self, l: &mut Inner, p: &Pattern) -> Option<Status> {
-        let (mut rtag, mut sel) = selector(p);
-        let src = match p.source {
-            Source::Rank(s) => l.addrs[s],
-            Source::Any => PSM2_MQ_ANY_ADDR,
-        };
+        let (src, mut rtag, mut sel) = selector(&l.addrs, p);
         let mut st = std::mem::MaybeUninit::<psm2_mq_status2_t>::zeroed();
         // SAFETY: mq is open; tags and status are valid for the call.
         let e = unsafe {
