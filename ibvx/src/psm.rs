@@ -380,7 +380,9 @@ impl Engine {
     }
 
     /// Applies the bootstrap's departure notices: receives naming a departed
-    /// peer are cancelled and fail; later operations to it fail at once.
+    /// peer are cancelled and fail; sends to it fail and their buffers stay
+    /// with the device (PSM2 cannot cancel a send it has taken); later
+    /// operations to it fail at once.
     fn check_departures(&self, l: &mut Inner) {
         let Ok(departed) = self.boot.departed() else {
             return;
@@ -394,13 +396,20 @@ impl Engine {
                 continue;
             }
             l.gone[d] = true;
-            let keys: Vec<Key> = l
-                .live
-                .iter()
-                .filter(|(_, s)| matches!(s, Slot::Request { source: Some(s), .. } if *s == d))
-                .map(|(k, _)| *k)
-                .collect();
-            for k in keys {
+            let (mut recvs, mut sends) = (Vec::new(), Vec::new());
+            for (k, s) in &l.live {
+                match s {
+                    Slot::Request {
+                        send: Some((env, _)),
+                        ..
+                    } if env.source == d => sends.push(*k),
+                    Slot::Request {
+                        source: Some(s), ..
+                    } if *s == d => recvs.push(*k),
+                    _ => {}
+                }
+            }
+            for k in recvs {
                 if let Some(core) = self.cancel_recv(l, k) {
                     let env = Envelope {
                         source: d,
@@ -408,6 +417,18 @@ impl Engine {
                         context: 0,
                     };
                     self.tracker.complete(&core, Status::failed(env, lost(d)));
+                }
+            }
+            for k in sends {
+                if let Some(Slot::Request {
+                    core,
+                    send: Some((env, _)),
+                    ..
+                }) = l.live.remove(&k)
+                {
+                    self.tracker.complete(&core, Status::failed(env, lost(d)));
+                    l.kept.push(core);
+                    l.live.insert(k, Slot::Abandoned);
                 }
             }
         }
@@ -1135,26 +1156,6 @@ impl Device for PsmDevice {
         // Our sends first (those to departed peers fail and stay kept).
         let r = eng.block_until(true, |eng, l| {
             eng.check_departures(l);
-            let keys: Vec<Key> = l
-                .live
-                .iter()
-                .filter_map(|(k, s)| match s {
-                    Slot::Request {
-                        send: Some((env, _)),
-                        ..
-                    } if l.gone[env.source] => Some(*k),
-                    _ => None,
-                })
-                .collect();
-            for k in keys {
-                if let Some(Slot::Request { core, send, .. }) = l.live.remove(&k) {
-                    let (env, _) = send.expect("a send");
-                    eng.tracker
-                        .complete(&core, Status::failed(env, lost(env.source)));
-                    l.kept.push(core);
-                    l.live.insert(k, Slot::Abandoned);
-                }
-            }
             Ok(eng.tracker.outstanding_sends() == 0)
         });
         let mut l = eng.lock();

@@ -5,6 +5,8 @@
 //! xdev-rank conformance CASE [KEY=VALUE...]   run one xdev conformance case
 //! xdev-rank peer-exit [KEY=VALUE...]          rank 1 leaves; rank 0's operations
 //!                                             involving it fail with PeerLost
+//! xdev-rank inflight-send [KEY=VALUE...]      rank 1 leaves with a rendezvous send
+//!                                             to it in flight: the send fails
 //! xdev-rank posted-truncation [KEY=VALUE...]  a large message into a smaller
 //!                                             receive posted before it was sent
 //! ```
@@ -38,7 +40,12 @@ fn main() -> ExitCode {
         Some("conformance") if args.len() >= 2 => conformance(&args[1], &args[2..]),
         Some("posted-truncation") => posted_truncation(&args[1..]),
         Some("peer-exit") => peer_exit(&args[1..]),
-        _ => Err("usage: xdev-rank conformance CASE [K=V...] | posted-truncation [K=V...]".into()),
+        Some("inflight-send") => inflight_send(&args[1..]),
+        _ => Err(
+            "usage: xdev-rank conformance CASE [K=V...] | posted-truncation [K=V...] \
+                  | peer-exit [K=V...] | inflight-send [K=V...]"
+                .into(),
+        ),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,
@@ -137,5 +144,30 @@ fn peer_exit(options: &[String]) -> Result<(), String> {
             .err()
             .as_ref(),
     )?;
+    dev.finish().map_err(|e| format!("finish: {e}"))
+}
+
+/// Rank 0 starts a 1 MiB send to rank 1 (a rendezvous on every device),
+/// which rank 1 never receives: it exits right after a barrier, without
+/// finishing. Waiting for the send fails with PeerLost (it does not wait
+/// for `finish`), and rank 0 still finishes.
+fn inflight_send(options: &[String]) -> Result<(), String> {
+    let dev = open(options)?;
+    let ctx = 0x464c_5954;
+    let send = (dev.id() == 0).then(|| dev.isend(xdev::Buffer::zeroed(1 << 20), 1, 0, ctx));
+    barrier(&*dev).map_err(|e| format!("barrier: {e}"))?;
+    if dev.id() == 1 {
+        std::process::exit(0);
+    }
+    if let Some(send) = send {
+        match send.wait().status.error {
+            Some(xdev::Error::PeerLost { rank: 1, .. }) => {}
+            other => {
+                return Err(format!(
+                    "isend: expected PeerLost from rank 1, got {other:?}"
+                ))
+            }
+        }
+    }
     dev.finish().map_err(|e| format!("finish: {e}"))
 }
