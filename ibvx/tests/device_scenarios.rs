@@ -6,7 +6,9 @@
 //! - a peer that exits without finishing makes a receive from it, a send to
 //!   it and a probe naming it fail with PeerLost, and the survivor finishes;
 //! - a peer that exits with a rendezvous send to it in flight makes that
-//!   send fail with PeerLost (`ibv`: not run here yet).
+//!   send fail with PeerLost (`ibv`: not run here yet);
+//! - receives still posted at finish end with Closed, as do operations
+//!   started after it (`ibv`: not run here yet).
 
 use std::time::Duration;
 
@@ -72,6 +74,16 @@ fn shm_inflight_send() {
 #[test]
 fn psm_inflight_send() {
     run("psm", "inflight-send");
+}
+
+#[test]
+fn shm_finish_posted() {
+    run("shm", "finish-posted");
+}
+
+#[test]
+fn psm_finish_posted() {
+    run("psm", "finish-posted");
 }
 
 #[test]

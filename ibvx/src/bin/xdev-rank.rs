@@ -7,6 +7,8 @@
 //!                                             involving it fail with PeerLost
 //! xdev-rank inflight-send [KEY=VALUE...]      rank 1 leaves with a rendezvous send
 //!                                             to it in flight: the send fails
+//! xdev-rank finish-posted [KEY=VALUE...]      receives still posted at finish, and
+//!                                             operations after it, fail with Closed
 //! xdev-rank posted-truncation [KEY=VALUE...]  a large message into a smaller
 //!                                             receive posted before it was sent
 //! ```
@@ -41,9 +43,10 @@ fn main() -> ExitCode {
         Some("posted-truncation") => posted_truncation(&args[1..]),
         Some("peer-exit") => peer_exit(&args[1..]),
         Some("inflight-send") => inflight_send(&args[1..]),
+        Some("finish-posted") => finish_posted(&args[1..]),
         _ => Err(
             "usage: xdev-rank conformance CASE [K=V...] | posted-truncation [K=V...] \
-                  | peer-exit [K=V...] | inflight-send [K=V...]"
+                  | peer-exit [K=V...] | inflight-send [K=V...] | finish-posted [K=V...]"
                 .into(),
         ),
     };
@@ -170,4 +173,39 @@ fn inflight_send(options: &[String]) -> Result<(), String> {
         }
     }
     dev.finish().map_err(|e| format!("finish: {e}"))
+}
+
+/// Every rank posts receives that nothing matches (from itself, so that a
+/// peer finishing first cannot fail it, and from any source), then all
+/// finish: the receives end with Closed, as do a send and a receive started
+/// afterwards.
+fn finish_posted(options: &[String]) -> Result<(), String> {
+    let dev = open(options)?;
+    let ctx = 0x434c_5344;
+    let me = dev.id();
+    let posted = [xdev::Source::Rank(me), xdev::Source::Any]
+        .map(|s| dev.irecv(xdev::Buffer::zeroed(8), s, xdev::TagSel::Any, ctx));
+    barrier(&*dev).map_err(|e| format!("barrier: {e}"))?;
+    dev.finish().map_err(|e| format!("finish: {e}"))?;
+    let closed = |what: &str, r: Option<&xdev::Error>| match r {
+        Some(xdev::Error::Closed) => Ok(()),
+        other => Err(format!("{what}: expected Closed, got {other:?}")),
+    };
+    for (i, r) in posted.into_iter().enumerate() {
+        closed(
+            &format!("posted receive {i}"),
+            r.wait().status.error.as_ref(),
+        )?;
+    }
+    closed(
+        "send after finish",
+        dev.send(b"x", me, 0, ctx).err().as_ref(),
+    )?;
+    let late = dev.irecv(
+        xdev::Buffer::zeroed(8),
+        xdev::Source::Any,
+        xdev::TagSel::Any,
+        ctx,
+    );
+    closed("receive after finish", late.wait().status.error.as_ref())
 }
