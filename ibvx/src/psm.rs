@@ -1159,22 +1159,14 @@ impl Device for PsmDevice {
             Ok(eng.tracker.outstanding_sends() == 0)
         });
         let mut l = eng.lock();
-        // Posted receives end with Closed.
-        let recvs: Vec<Key> = l
-            .live
-            .iter()
-            .filter(|(_, s)| matches!(s, Slot::Request { send: None, .. }))
-            .map(|(k, _)| *k)
-            .collect();
-        for k in recvs {
-            if let Some(core) = eng.cancel_recv(&mut l, k) {
-                let env = Envelope {
-                    source: eng.rank,
-                    tag: -1,
-                    context: 0,
-                };
-                eng.tracker
-                    .complete(&core, Status::failed(env, Error::Closed));
+        // Posted receives PSM2 has not matched go back to it before the
+        // close (they end with Closed below, with the rest).
+        for s in l.live.values() {
+            if let Slot::Request {
+                req, send: None, ..
+            } = s
+            {
+                eng.cancel_req(*req);
             }
         }
         let psm = eng.psm();
@@ -1190,7 +1182,7 @@ impl Device for PsmDevice {
         }
         l.open = false;
         // Receives that had matched finish inside the close; what is still
-        // live can no longer complete.
+        // live (cancelled or not) can no longer complete.
         for (_, s) in l.live.drain() {
             if let Slot::Request { core, .. } = s {
                 let env = Envelope {
