@@ -15,7 +15,7 @@ use std::io;
 use std::ptr::NonNull;
 use std::time::Duration;
 
-use xdev::bootstrap::{is_xdev_shm_name, shm_prefix, Bootstrap};
+use xdev::bootstrap::{is_xdev_shm_name, shm_prefix, Bootstrap, Secret};
 use xdev::{Device, Error, Rank, Source, TagSel};
 
 use crate::{HandoffLine, BENCH_CONTEXT};
@@ -142,22 +142,11 @@ impl Drop for ShmObject {
     }
 }
 
+/// 64 random bits from the operating system (through xdev's [`Secret`]).
 fn random_u64() -> io::Result<u64> {
+    let secret = Secret::generate().map_err(io::Error::other)?;
     let mut bytes = [0u8; 8];
-    let mut got = 0;
-    while got < bytes.len() {
-        // SAFETY: the pointer and length describe the unfilled tail of
-        // `bytes`, which getrandom only writes.
-        let n = unsafe { libc::getrandom(bytes[got..].as_mut_ptr().cast(), bytes.len() - got, 0) };
-        if n < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() != io::ErrorKind::Interrupted {
-                return Err(e);
-            }
-        } else {
-            got += n as usize;
-        }
-    }
+    bytes.copy_from_slice(&secret.as_bytes()[..8]);
     Ok(u64::from_ne_bytes(bytes))
 }
 
