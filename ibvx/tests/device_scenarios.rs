@@ -6,9 +6,9 @@
 //! - a peer that exits without finishing makes a receive from it, a send to
 //!   it and a probe naming it fail with PeerLost, and the survivor finishes;
 //! - a peer that exits with a rendezvous send to it in flight makes that
-//!   send fail with PeerLost (`ibv`: not run here yet);
+//!   send fail with PeerLost;
 //! - receives still posted at finish end with Closed, as do operations
-//!   started after it (`ibv`: not run here yet).
+//!   started after it.
 
 use std::time::Duration;
 
@@ -94,4 +94,14 @@ fn ibv_posted_truncation() {
 #[test]
 fn ibv_peer_exit() {
     run("ibv", "peer-exit");
+}
+
+#[test]
+fn ibv_inflight_send() {
+    run("ibv", "inflight-send");
+}
+
+#[test]
+fn ibv_finish_posted() {
+    run("ibv", "finish-posted");
 }
