@@ -46,6 +46,7 @@
 //! Waits spin briefly, then sleep on the rank's [`Doorbell`](crate::Doorbell)
 //! (a futex in its inbox); publishers wake it only when a sleeper is armed.
 
+use std::cell::Cell;
 use std::collections::{HashMap, VecDeque};
 #[cfg(test)]
 use std::sync::atomic::AtomicU64;
@@ -367,6 +368,12 @@ struct InStream {
 }
 
 /// One rank's private protocol state, behind the rank lock.
+///
+/// A producer's waiting-for-room flag, once set (by a backlog, a reply, a
+/// stream or a blocking send that found its ring full), is never cleared:
+/// clearing it safely would need a count of every kind of waiter on that
+/// ring, and a flag set for nothing only costs the consumer a doorbell ring
+/// per pop, which wakes us only while we sleep.
 struct Local {
     consumers: Vec<Consumer>,
     producers: Vec<Producer>,
@@ -392,9 +399,6 @@ struct Local {
     cma: Vec<bool>,
     departures_seen: u64,
     events: u64,
-    /// Blocking sends waiting for ring room right now (the consumer's
-    /// wake-up on freed room is only a hint, so their sleeps stay short).
-    room_waiters: usize,
     gone: Vec<bool>,
     /// Why each gone peer is gone (what its operations fail with).
     gone_why: Vec<Option<Error>>,
@@ -1017,7 +1021,6 @@ impl Engine {
                     break;
                 }
             }
-            l.producers[d].set_waiting(!l.backlog[d].is_empty());
         }
         any
     }
@@ -1198,8 +1201,7 @@ impl Engine {
                 if done(self, &mut l)? {
                     return Ok(());
                 }
-                let queued =
-                    l.backlog_total + l.control_total + l.streams_total + l.room_waiters > 0;
+                let queued = l.backlog_total + l.control_total + l.streams_total > 0;
                 (l.events != before, queued, l.departures_seen)
             };
             if until_closed && self.closed.load(Ordering::Acquire) {
@@ -1220,8 +1222,11 @@ impl Engine {
                 }
             }
             if sleep {
-                // Short sleeps while our sends wait for room (a consumer's
-                // wake-up on freed room is best-effort), longer otherwise.
+                // Short sleeps while this rank's queues wait for room: the
+                // sleeper's re-check does not look at their rings, so a
+                // consumer's wake-up on freed room can come before we sleep
+                // and be missed. (A blocking send waiting for room re-checks
+                // its ring in `ready`, and needs no short sleep.)
                 let t = if queued {
                     Duration::from_millis(1)
                 } else {
@@ -1252,8 +1257,10 @@ impl Engine {
         }
         // Allocated only when the send must wait for a reply.
         let mut waiter: Option<Arc<BlockingSend>> = None;
-        let mut full = false;
-        let r = self.block_until(
+        // While the ring is full: the consumer position it was full against.
+        let full_at = Cell::new(None);
+        let ring = self.sh.inbox(dest).ring(self.sh.rank);
+        self.block_until(
             true,
             |eng, l| {
                 if !l.backlog[dest].is_empty() {
@@ -1280,28 +1287,23 @@ impl Engine {
                     waiter = Some(w.clone());
                     SendOwner::Blocking(w)
                 });
-                let was_full = std::mem::replace(&mut full, matches!(sent, Sent::Full));
-                match (was_full, full) {
-                    (false, true) => l.room_waiters += 1,
-                    (true, false) => l.room_waiters -= 1,
-                    _ => {}
-                }
+                full_at.set(None);
                 match sent {
                     Sent::Complete | Sent::Waiting => Ok(true),
                     Sent::Refused(e) => Err(e),
                     Sent::Full => {
+                        // Flag first, then note what the ring was full
+                        // against: `ready` re-checks it after the doorbell
+                        // is armed, and a pop that frees room rings us.
                         l.producers[dest].set_waiting(true);
+                        full_at.set(Some(l.producers[dest].consumer_position_seen()));
                         eng.progress_locked(l, None);
                         Ok(false)
                     }
                 }
             },
-            || false,
-        );
-        if full {
-            self.lock().room_waiters -= 1;
-        }
-        r?;
+            || full_at.get().is_some_and(|t| ring.consumer_position() != t),
+        )?;
         let Some(waiter) = waiter else {
             return Ok(()); // eager: the buffer may be reused
         };
@@ -1370,6 +1372,7 @@ impl Engine {
         } else if !(l.backlog[dest].is_empty() && self.push_pending(&mut l, dest, &p)) {
             l.backlog[dest].push_back(p);
             l.backlog_total += 1;
+            // Never cleared (see `Local`).
             l.producers[dest].set_waiting(true);
         }
         drop(l);
@@ -1736,7 +1739,6 @@ impl ProcessDevice {
             cma: vec![cma_ok; n],
             departures_seen: 0,
             events: 0,
-            room_waiters: 0,
             gone: vec![false; n],
             gone_why: vec![None; n],
             broken: vec![false; n],
