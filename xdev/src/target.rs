@@ -4,7 +4,9 @@
 //! for it ([`BlockingRecv`]), and the sends that wait for room ([`Pending`]).
 //!
 //! These are building blocks for device implementations, not part of the
-//! device contract a runtime uses.
+//! device contract a runtime uses. They carry raw addresses of buffers
+//! ([`Target::dst`]) but never dereference them: the engine does, in its own
+//! `unsafe` code, under the rules stated on each type.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -13,8 +15,14 @@ use crate::{Context, Error, Rank, RequestCore, Result, Status, Tag, Tracker};
 
 /// A blocking receive registered with an engine (queued behind other posted
 /// receives, or waiting for a pipelined rendezvous): its buffer is borrowed
-/// by the waiting call, which never returns while the entry is registered
-/// (its engine's `Unpost` guard removes it first, under the rank lock).
+/// by the waiting call.
+///
+/// [`Target::dst`] gives the engine that buffer's address. Writing through
+/// it is sound only under the engine's obligations: the blocking call does
+/// not return (or unwind) while the entry can still be written (it takes the
+/// entry out of everything that delivers into it first, for example with a
+/// guard whose `Drop` un-posts it), and deliveries into it are serialized
+/// (for example under the engine's lock).
 pub struct BlockingRecv {
     ptr: *mut u8,
     cap: usize,
@@ -22,14 +30,18 @@ pub struct BlockingRecv {
     status: Mutex<Option<Status>>,
 }
 
-// SAFETY: `ptr` is written only under the rank lock while the blocking call
-// that owns the borrow is waiting (see BlockingRecv).
+// SAFETY: `ptr` is the only field that is not thread-safe, and this type
+// never dereferences it: it only hands the address out (`Target::dst`), and
+// the engine's writes through it follow the obligations stated on
+// BlockingRecv. `done` and `status` are an atomic and a mutex.
 unsafe impl Send for BlockingRecv {}
-// SAFETY: as above.
+// SAFETY: as above: through a shared reference one can only read the
+// address, `done` and (under its mutex) `status`.
 unsafe impl Sync for BlockingRecv {}
 
 impl BlockingRecv {
-    /// An entry for the caller's `buf`.
+    /// An entry for the caller's `buf` (which must stay borrowed while the
+    /// entry is in an engine, see [`BlockingRecv`]).
     pub fn new(buf: &mut [u8]) -> Arc<BlockingRecv> {
         Arc::new(BlockingRecv {
             ptr: buf.as_mut_ptr(),
@@ -62,7 +74,11 @@ pub enum Target {
 }
 
 impl Target {
-    /// The buffer to deliver into.
+    /// The buffer to deliver into: its address and length. Valid for writes
+    /// of that length while the receive is in the engine (a request owns its
+    /// buffer until it is completed; for a blocking receive see
+    /// [`BlockingRecv`]); the engine writes through it in its own `unsafe`
+    /// code, one delivery at a time.
     pub fn dst(&self) -> (*mut u8, usize) {
         match self {
             Target::Request(c) => (c.buffer_ptr(), c.buffer_len()),
@@ -90,7 +106,7 @@ impl Target {
     }
 }
 
-/// A non-blocking send waiting for ring room.
+/// A non-blocking send waiting for room (ring space, credits) to start.
 pub struct Pending {
     /// The send's request.
     pub core: Arc<RequestCore>,
