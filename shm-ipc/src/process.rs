@@ -69,7 +69,7 @@ use crate::liveness::PeerWatch;
 use crate::lock::{RankGuard, RankLock};
 use crate::ring::{Consumer, Header, Incoming, Producer, INLINE};
 use crate::segment::{self, state, Inbox, InboxLayout};
-use xdev::target::{lost, BlockingRecv, Pending, Target};
+use xdev::target::{lost, BlockingRecv, BlockingSend, Pending, SendOwner, Target};
 
 const KIND_EAGER: u8 = 1;
 const KIND_RNDV: u8 = 2;
@@ -326,19 +326,6 @@ impl Unexpected {
             Unexpected::Rndv { len, .. } => *len,
         }
     }
-}
-
-/// A blocking send waiting for its reply (`ACK`, `FIN`, or the end of its
-/// stream): the waiting call owns the borrowed buffer and returns only
-/// once `done` or the receiver is gone.
-struct BlockingSend {
-    done: AtomicBool,
-    error: Mutex<Option<Error>>,
-}
-
-enum SendOwner {
-    Request(Arc<RequestCore>),
-    Blocking(Arc<BlockingSend>),
 }
 
 /// A send that waits for the receiver.
@@ -743,19 +730,7 @@ impl Engine {
     }
 
     fn complete_send(&self, e: OutSend, result: Result<()>) {
-        match e.owner {
-            SendOwner::Request(core) => {
-                let st = match result {
-                    Ok(()) => Status::ok(e.env, e.len),
-                    Err(err) => Status::failed(e.env, err),
-                };
-                self.tracker.complete(&core, st);
-            }
-            SendOwner::Blocking(b) => {
-                *b.error.lock().unwrap_or_else(|p| p.into_inner()) = result.err();
-                b.done.store(true, Ordering::Release);
-            }
-        }
+        e.owner.complete(&self.tracker, e.env, e.len, result);
     }
 
     /// Handles a reply or fragment from `s`. Returns a protocol violation.
@@ -1280,10 +1255,7 @@ impl Engine {
                     sync,
                 };
                 let sent = eng.push(l, &out, || {
-                    let w = Arc::new(BlockingSend {
-                        done: AtomicBool::new(false),
-                        error: Mutex::new(None),
-                    });
+                    let w = BlockingSend::new();
                     waiter = Some(w.clone());
                     SendOwner::Blocking(w)
                 });
@@ -1312,22 +1284,14 @@ impl Engine {
         let _ = self.block_until(
             false,
             |eng, l| {
-                if !waiter.done.load(Ordering::Acquire) {
+                if !waiter.is_done() {
                     eng.progress_locked(l, None);
                 }
-                Ok(waiter.done.load(Ordering::Acquire))
+                Ok(waiter.is_done())
             },
-            || waiter.done.load(Ordering::Acquire),
+            || waiter.is_done(),
         );
-        let error = waiter
-            .error
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take();
-        match error {
-            Some(e) => Err(e),
-            None => Ok(()),
-        }
+        waiter.outcome()
     }
 
     fn start_send(

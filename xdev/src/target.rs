@@ -1,7 +1,8 @@
 //! Where a matched message goes, shared by the engines of every transport
 //! that uses the [`matching`](crate::matching) engine: a non-blocking
 //! request's buffer, or the borrowed buffer of a blocking receive that waits
-//! for it ([`BlockingRecv`]), and the sends that wait for room ([`Pending`]).
+//! for it ([`BlockingRecv`]); the sends that wait for room ([`Pending`]),
+//! and who waits for a send in flight ([`SendOwner`], [`BlockingSend`]).
 //!
 //! These are building blocks for device implementations, not part of the
 //! device contract a runtime uses. They carry raw addresses of buffers
@@ -11,7 +12,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
-use crate::{Context, Error, Rank, RequestCore, Result, Status, Tag, Tracker};
+use crate::{Context, Envelope, Error, Rank, RequestCore, Result, Status, Tag, Tracker};
 
 /// A blocking receive registered with an engine (queued behind other posted
 /// receives, or waiting for a pipelined rendezvous): its buffer is borrowed
@@ -118,10 +119,96 @@ pub struct Pending {
     pub sync: bool,
 }
 
+/// A blocking send waiting for its receiver (an acknowledgement, the end of
+/// a rendezvous): the waiting call keeps its borrowed buffer alive and
+/// returns only once [`is_done`](BlockingSend::is_done).
+#[derive(Debug, Default)]
+pub struct BlockingSend {
+    done: AtomicBool,
+    error: Mutex<Option<Error>>,
+}
+
+impl BlockingSend {
+    /// A send not yet done.
+    pub fn new() -> Arc<BlockingSend> {
+        Arc::default()
+    }
+
+    /// Whether the send completed (or failed).
+    pub fn is_done(&self) -> bool {
+        // Acquire pairs with the Release in `SendOwner::complete`.
+        self.done.load(Ordering::Acquire)
+    }
+
+    /// The outcome, once done (`Ok` if it never failed).
+    pub fn outcome(&self) -> Result<()> {
+        match self.error.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Who waits for a send that is in an engine.
+pub enum SendOwner {
+    /// A non-blocking send: its request owns the buffer.
+    Request(Arc<RequestCore>),
+    /// A blocking send: the waiting call borrows the buffer.
+    Blocking(Arc<BlockingSend>),
+}
+
+impl SendOwner {
+    /// Completes the send of `len` bytes (`env` as its status reports it)
+    /// with `result`.
+    pub fn complete(self, tracker: &Tracker, env: Envelope, len: usize, result: Result<()>) {
+        match self {
+            SendOwner::Request(core) => {
+                let st = match result {
+                    Ok(()) => Status::ok(env, len),
+                    Err(e) => Status::failed(env, e),
+                };
+                tracker.complete(&core, st);
+            }
+            SendOwner::Blocking(b) => {
+                *b.error.lock().unwrap_or_else(|p| p.into_inner()) = result.err();
+                // Release: the error is written before the waiter sees done.
+                b.done.store(true, Ordering::Release);
+            }
+        }
+    }
+}
+
 /// The error of an operation involving a peer that went away.
 pub fn lost(rank: Rank, reason: &str) -> Error {
     Error::PeerLost {
         rank,
         reason: reason.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn blocking_send_reports_its_outcome_once_done() {
+        let tracker = Tracker::new();
+        let env = Envelope {
+            source: 1,
+            tag: 2,
+            context: 3,
+        };
+        let ok = BlockingSend::new();
+        assert!(!ok.is_done());
+        SendOwner::Blocking(ok.clone()).complete(&tracker, env, 8, Ok(()));
+        assert!(ok.is_done());
+        assert!(ok.outcome().is_ok());
+        let failed = BlockingSend::new();
+        SendOwner::Blocking(failed.clone()).complete(&tracker, env, 8, Err(lost(1, "gone")));
+        assert!(failed.is_done());
+        assert!(matches!(
+            failed.outcome(),
+            Err(Error::PeerLost { rank: 1, .. })
+        ));
     }
 }
