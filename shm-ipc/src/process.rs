@@ -2079,6 +2079,35 @@ mod tests {
     }
 
     #[test]
+    fn impossible_consumer_position_is_a_violation() {
+        let (d0, d1) = pair(&[("ring_bytes", "4096")]);
+        // Rank 1 owns the ring from rank 0 in its inbox; it writes a
+        // consumer position past anything rank 0 published.
+        let ring = d1.engine.sh.mine.ring(0);
+        // SAFETY: the tail word is the first 8 bytes of the ring, inside the
+        // mapping, 8-aligned; a plain write is what a hostile peer could do
+        // (nothing else touches it now).
+        unsafe { std::ptr::write_volatile(ring.base_ptr() as *mut u64, u64::MAX) };
+        // Rank 0 reads the position only once its ring looks full: three
+        // 1000-byte messages fit in 64 slots, the fourth does not.
+        let msg = [1u8; 1000];
+        for _ in 0..3 {
+            d0.send(&msg, 1, 0, 1).unwrap();
+        }
+        match d0.send(&msg, 1, 0, 1) {
+            Err(Error::Protocol { rank: 1, what }) => {
+                assert!(what.contains("consumer position"), "{what}")
+            }
+            other => panic!("expected a protocol violation by rank 1, got {other:?}"),
+        }
+        // Rank 1 is cut off for good.
+        assert!(matches!(
+            d0.send(b"x", 1, 0, 1),
+            Err(Error::Protocol { rank: 1, .. })
+        ));
+    }
+
+    #[test]
     fn peer_info_roundtrip_and_rejects() {
         let i = PeerInfo {
             pid: 42,
