@@ -64,10 +64,15 @@ pub struct RankExit {
 /// The output of every rank that did not exit with status 0, one block per
 /// rank (`rank R: stdout stderr`); empty when all succeeded.
 pub fn failures(exits: &[RankExit]) -> String {
+    report(exits, |e| !e.success)
+}
+
+/// The output of the ranks `which` selects, one block per rank.
+fn report(exits: &[RankExit], which: impl Fn(&RankExit) -> bool) -> String {
     exits
         .iter()
         .enumerate()
-        .filter(|(_, e)| !e.success)
+        .filter(|(_, e)| which(e))
         .map(|(r, e)| format!("rank {r}: {}{}", e.stdout, e.stderr))
         .collect::<Vec<_>>()
         .join("\n")
@@ -173,16 +178,11 @@ impl LocalJob {
             })
             .collect();
         if timed_out {
-            let out: Vec<String> = exits
-                .iter()
-                .enumerate()
-                .map(|(r, e)| format!("rank {r}: {}{}", e.stdout, e.stderr))
-                .collect();
             return Err(Error::transport(
                 format!(
                     "job {} timed out after {timeout:?}\n{}",
                     self.job,
-                    out.join("\n")
+                    report(&exits, |_| true)
                 ),
                 std::io::Error::from(std::io::ErrorKind::TimedOut),
             ));
