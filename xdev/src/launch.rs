@@ -201,3 +201,30 @@ impl Drop for LocalJob {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_hung_job_is_killed_and_reported_with_its_output() {
+        let job = LocalJob::start(2, "sh", &["-c", "echo started; exec sleep 30"], &[]).unwrap();
+        let t = Instant::now();
+        match job.wait(Duration::from_secs(2)) {
+            Err(Error::Transport { context, .. }) => {
+                assert!(context.contains("timed out"), "{context}");
+                assert!(context.contains("rank 1: started"), "{context}");
+            }
+            other => panic!("expected a timeout, got {other:?}"),
+        }
+        assert!(t.elapsed() < Duration::from_secs(10), "not killed");
+    }
+
+    #[test]
+    fn failures_lists_only_the_failed_ranks() {
+        let job =
+            LocalJob::start(2, "sh", &["-c", "echo out$XDEV_RANK; exit $XDEV_RANK"], &[]).unwrap();
+        let exits = job.wait(Duration::from_secs(30)).unwrap();
+        assert_eq!(failures(&exits), "rank 1: out1\n");
+    }
+}
