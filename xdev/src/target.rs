@@ -1,20 +1,29 @@
 //! Where a matched message goes, shared by the engines of every transport
 //! that uses the [`matching`](crate::matching) engine: a non-blocking
 //! request's buffer, or the borrowed buffer of a blocking receive that waits
-//! for it ([`BlockingRecv`]), and the sends that wait for room ([`Pending`]).
+//! for it ([`BlockingRecv`]); the sends that wait for room ([`Pending`]),
+//! and who waits for a send in flight ([`SendOwner`], [`BlockingSend`]).
 //!
 //! These are building blocks for device implementations, not part of the
-//! device contract a runtime uses.
+//! device contract a runtime uses. They carry raw addresses of buffers
+//! ([`Target::dst`]) but never dereference them: the engine does, in its own
+//! `unsafe` code, under the rules stated on each type.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
-use crate::{Context, Error, Rank, RequestCore, Result, Status, Tag, Tracker};
+use crate::{Context, Envelope, Error, Rank, RequestCore, Result, Status, Tag, Tracker};
 
 /// A blocking receive registered with an engine (queued behind other posted
 /// receives, or waiting for a pipelined rendezvous): its buffer is borrowed
-/// by the waiting call, which never returns while the entry is registered
-/// (its engine's `Unpost` guard removes it first, under the rank lock).
+/// by the waiting call.
+///
+/// [`Target::dst`] gives the engine that buffer's address. Writing through
+/// it is sound only under the engine's obligations: the blocking call does
+/// not return (or unwind) while the entry can still be written (it takes the
+/// entry out of everything that delivers into it first, for example with a
+/// guard whose `Drop` un-posts it), and deliveries into it are serialized
+/// (for example under the engine's lock).
 pub struct BlockingRecv {
     ptr: *mut u8,
     cap: usize,
@@ -22,14 +31,18 @@ pub struct BlockingRecv {
     status: Mutex<Option<Status>>,
 }
 
-// SAFETY: `ptr` is written only under the rank lock while the blocking call
-// that owns the borrow is waiting (see BlockingRecv).
+// SAFETY: `ptr` is the only field that is not thread-safe, and this type
+// never dereferences it: it only hands the address out (`Target::dst`), and
+// the engine's writes through it follow the obligations stated on
+// BlockingRecv. `done` and `status` are an atomic and a mutex.
 unsafe impl Send for BlockingRecv {}
-// SAFETY: as above.
+// SAFETY: as above: through a shared reference one can only read the
+// address, `done` and (under its mutex) `status`.
 unsafe impl Sync for BlockingRecv {}
 
 impl BlockingRecv {
-    /// An entry for the caller's `buf`.
+    /// An entry for the caller's `buf` (which must stay borrowed while the
+    /// entry is in an engine, see [`BlockingRecv`]).
     pub fn new(buf: &mut [u8]) -> Arc<BlockingRecv> {
         Arc::new(BlockingRecv {
             ptr: buf.as_mut_ptr(),
@@ -62,7 +75,11 @@ pub enum Target {
 }
 
 impl Target {
-    /// The buffer to deliver into.
+    /// The buffer to deliver into: its address and length. Valid for writes
+    /// of that length while the receive is in the engine (a request owns its
+    /// buffer until it is completed; for a blocking receive see
+    /// [`BlockingRecv`]); the engine writes through it in its own `unsafe`
+    /// code, one delivery at a time.
     pub fn dst(&self) -> (*mut u8, usize) {
         match self {
             Target::Request(c) => (c.buffer_ptr(), c.buffer_len()),
@@ -90,7 +107,7 @@ impl Target {
     }
 }
 
-/// A non-blocking send waiting for ring room.
+/// A non-blocking send waiting for room (ring space, credits) to start.
 pub struct Pending {
     /// The send's request.
     pub core: Arc<RequestCore>,
@@ -102,10 +119,96 @@ pub struct Pending {
     pub sync: bool,
 }
 
+/// A blocking send waiting for its receiver (an acknowledgement, the end of
+/// a rendezvous): the waiting call keeps its borrowed buffer alive and
+/// returns only once [`is_done`](BlockingSend::is_done).
+#[derive(Debug, Default)]
+pub struct BlockingSend {
+    done: AtomicBool,
+    error: Mutex<Option<Error>>,
+}
+
+impl BlockingSend {
+    /// A send not yet done.
+    pub fn new() -> Arc<BlockingSend> {
+        Arc::default()
+    }
+
+    /// Whether the send completed (or failed).
+    pub fn is_done(&self) -> bool {
+        // Acquire pairs with the Release in `SendOwner::complete`.
+        self.done.load(Ordering::Acquire)
+    }
+
+    /// The outcome, once done (`Ok` if it never failed).
+    pub fn outcome(&self) -> Result<()> {
+        match self.error.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Who waits for a send that is in an engine.
+pub enum SendOwner {
+    /// A non-blocking send: its request owns the buffer.
+    Request(Arc<RequestCore>),
+    /// A blocking send: the waiting call borrows the buffer.
+    Blocking(Arc<BlockingSend>),
+}
+
+impl SendOwner {
+    /// Completes the send of `len` bytes (`env` as its status reports it)
+    /// with `result`.
+    pub fn complete(self, tracker: &Tracker, env: Envelope, len: usize, result: Result<()>) {
+        match self {
+            SendOwner::Request(core) => {
+                let st = match result {
+                    Ok(()) => Status::ok(env, len),
+                    Err(e) => Status::failed(env, e),
+                };
+                tracker.complete(&core, st);
+            }
+            SendOwner::Blocking(b) => {
+                *b.error.lock().unwrap_or_else(|p| p.into_inner()) = result.err();
+                // Release: the error is written before the waiter sees done.
+                b.done.store(true, Ordering::Release);
+            }
+        }
+    }
+}
+
 /// The error of an operation involving a peer that went away.
 pub fn lost(rank: Rank, reason: &str) -> Error {
     Error::PeerLost {
         rank,
         reason: reason.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn blocking_send_reports_its_outcome_once_done() {
+        let tracker = Tracker::new();
+        let env = Envelope {
+            source: 1,
+            tag: 2,
+            context: 3,
+        };
+        let ok = BlockingSend::new();
+        assert!(!ok.is_done());
+        SendOwner::Blocking(ok.clone()).complete(&tracker, env, 8, Ok(()));
+        assert!(ok.is_done());
+        assert!(ok.outcome().is_ok());
+        let failed = BlockingSend::new();
+        SendOwner::Blocking(failed.clone()).complete(&tracker, env, 8, Err(lost(1, "gone")));
+        assert!(failed.is_done());
+        assert!(matches!(
+            failed.outcome(),
+            Err(Error::PeerLost { rank: 1, .. })
+        ));
     }
 }
