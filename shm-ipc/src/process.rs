@@ -69,7 +69,9 @@ use crate::liveness::PeerWatch;
 use crate::lock::{RankGuard, RankLock};
 use crate::ring::{Consumer, Header, Incoming, Producer, INLINE};
 use crate::segment::{self, state, Inbox, InboxLayout};
-use xdev::target::{lost, BlockingRecv, BlockingSend, Pending, SendOwner, Target};
+use xdev::target::{
+    cancelled, lost, unpost, BlockingRecv, BlockingSend, Pending, SendOwner, Target,
+};
 
 const KIND_EAGER: u8 = 1;
 const KIND_RNDV: u8 = 2;
@@ -1524,19 +1526,8 @@ impl Progress for Engine {
     }
 
     fn cancel(&self, core: &Arc<RequestCore>) -> bool {
-        if core.kind() != RequestKind::Recv || core.token() == u64::MAX {
-            return false;
-        }
-        let mut l = self.lock();
-        match l.matching.cancel(PostedId::from_raw(core.token())) {
-            Some(t) => {
-                drop(l);
-                let st = Status::cancelled(Pattern::new(Source::Any, TagSel::Any, 0));
-                self.complete_target(t, st);
-                true
-            }
-            None => false,
-        }
+        let t = unpost(&mut self.lock().matching, core);
+        t.map(|t| self.complete_target(t, cancelled())).is_some()
     }
 }
 

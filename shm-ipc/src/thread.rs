@@ -42,7 +42,7 @@ use crate::doorbell::{Backoff, Doorbell};
 use crate::futex::Scope;
 use crate::lock::{RankGuard, RankLock};
 use crate::ring::{Consumer, Header, HeapRing, Incoming, Producer, RingRef};
-use xdev::target::{lost, BlockingRecv, Pending, Target};
+use xdev::target::{cancelled, lost, unpost, BlockingRecv, Pending, Target};
 
 const KIND_EAGER: u8 = 1;
 const KIND_RNDV: u8 = 2;
@@ -1159,19 +1159,8 @@ impl Progress for Engine {
     }
 
     fn cancel(&self, core: &Arc<RequestCore>) -> bool {
-        if core.kind() != RequestKind::Recv || core.token() == u64::MAX {
-            return false;
-        }
-        let mut l = self.lock();
-        match l.matching.cancel(PostedId::from_raw(core.token())) {
-            Some(t) => {
-                drop(l);
-                let st = Status::cancelled(Pattern::new(Source::Any, TagSel::Any, 0));
-                self.complete_target(t, st);
-                true
-            }
-            None => false,
-        }
+        let t = unpost(&mut self.lock().matching, core);
+        t.map(|t| self.complete_target(t, cancelled())).is_some()
     }
 }
 

@@ -178,6 +178,31 @@ impl SendOwner {
     }
 }
 
+/// The first half of cancelling a receive in an engine that matches with
+/// [`MatchingEngine`](crate::matching::MatchingEngine): takes `core`'s
+/// receive out of `matching` if it is still queued there (not matched yet).
+/// The engine stores the receive's [`PostedId`](crate::matching::PostedId)
+/// as the request's token when it queues it. The caller completes the
+/// returned target with [`cancelled`].
+pub fn unpost<M>(
+    matching: &mut crate::matching::MatchingEngine<M, Target>,
+    core: &RequestCore,
+) -> Option<Target> {
+    if core.kind() != crate::RequestKind::Recv || core.token() == u64::MAX {
+        return None;
+    }
+    matching.cancel(crate::matching::PostedId::from_raw(core.token()))
+}
+
+/// The status of a receive cancelled before it matched.
+pub fn cancelled() -> Status {
+    Status::cancelled(crate::Pattern::new(
+        crate::Source::Any,
+        crate::TagSel::Any,
+        0,
+    ))
+}
+
 /// The error of an operation involving a peer that went away.
 pub fn lost(rank: Rank, reason: &str) -> Error {
     Error::PeerLost {

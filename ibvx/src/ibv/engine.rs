@@ -40,10 +40,10 @@ use std::time::{Duration, Instant};
 
 use xdev::bootstrap::Bootstrap;
 use xdev::matching::{MatchingEngine, Posted, PostedId};
-use xdev::target::{lost, BlockingRecv, Target};
+use xdev::target::{cancelled, lost, unpost, BlockingRecv, Target};
 use xdev::{
     check_recv, check_send, Buffer, Context, Envelope, Error, Pattern, Peeked, Progress, Rank,
-    Request, RequestCore, RequestKind, Result, Source, Status, Tag, TagSel, Tracker,
+    Request, RequestCore, RequestKind, Result, Source, Status, Tag, Tracker,
 };
 
 use super::regcache::{Registration, RegistrationCache};
@@ -1727,17 +1727,9 @@ impl Progress for Engine {
     }
 
     fn cancel(&self, core: &Arc<RequestCore>) -> bool {
-        if core.kind() != RequestKind::Recv || core.token() == u64::MAX {
-            return false;
-        }
         let mut l = self.lock();
-        match l.matching.cancel(PostedId::from_raw(core.token())) {
-            Some(t) => {
-                let st = Status::cancelled(Pattern::new(Source::Any, TagSel::Any, 0));
-                self.complete_target(&mut l, t, st);
-                true
-            }
-            None => false,
-        }
+        let t = unpost(&mut l.matching, core);
+        t.map(|t| self.complete_target(&mut l, t, cancelled()))
+            .is_some()
     }
 }
