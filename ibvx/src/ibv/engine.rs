@@ -40,7 +40,7 @@ use std::time::{Duration, Instant};
 
 use xdev::bootstrap::Bootstrap;
 use xdev::matching::{MatchingEngine, Posted, PostedId};
-use xdev::target::{cancelled, lost, unpost, BlockingRecv, Target};
+use xdev::target::{cancelled, lost, unpost, BlockingRecv, BlockingSend, SendOwner, Target};
 use xdev::{
     check_recv, check_send, Buffer, Context, Envelope, Error, Pattern, Peeked, Progress, Rank,
     Request, RequestCore, RequestKind, Result, Source, Status, Tag, Tracker,
@@ -121,17 +121,6 @@ impl Unexpected {
             Unexpected::Start { len, .. } => *len,
         }
     }
-}
-
-/// A blocking send waiting for its peer.
-struct BlockingSend {
-    done: AtomicBool,
-    error: Mutex<Option<Error>>,
-}
-
-enum SendOwner {
-    Request(Arc<RequestCore>),
-    Blocking(Arc<BlockingSend>),
 }
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -678,26 +667,12 @@ impl Engine {
             return;
         };
         l.events += 1;
-        match s.owner {
-            SendOwner::Request(core) => {
-                let env = Envelope {
-                    source: s.dest,
-                    tag: s.tag,
-                    context: s.context,
-                };
-                let st = match r {
-                    Ok(()) => Status::ok(env, s.len),
-                    Err(e) => Status::failed(env, e),
-                };
-                self.tracker.complete(&core, st);
-            }
-            SendOwner::Blocking(b) => {
-                if let Err(e) = r {
-                    *b.error.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
-                }
-                b.done.store(true, Ordering::Release);
-            }
-        }
+        let env = Envelope {
+            source: s.dest,
+            tag: s.tag,
+            context: s.context,
+        };
+        s.owner.complete(&self.tracker, env, s.len, r);
     }
 
     fn complete_target(&self, l: &mut Local, t: Target, st: Status) {
@@ -1446,10 +1421,7 @@ impl Engine {
             sync,
         };
         let started = self.start(&mut l, out, || {
-            let w = Arc::new(BlockingSend {
-                done: AtomicBool::new(false),
-                error: Mutex::new(None),
-            });
+            let w = BlockingSend::new();
             waiter = Some(w.clone());
             SendOwner::Blocking(w)
         })?;
@@ -1460,12 +1432,8 @@ impl Engine {
         let w = waiter.expect("a send in the engine has its waiter");
         // The NIC or the peer may read `buf` until the send is out of the
         // engine: this wait ignores our own closing (finish waits for it).
-        let _ = self.block_until(false, |_, _| Ok(w.done.load(Ordering::Acquire)));
-        let error = w.error.lock().unwrap_or_else(|p| p.into_inner()).take();
-        match error {
-            Some(e) => Err(e),
-            None => Ok(()),
-        }
+        let _ = self.block_until(false, |_, _| Ok(w.is_done()));
+        w.outcome()
     }
 
     pub(crate) fn start_send(
