@@ -40,7 +40,6 @@
 //!   send PSM2 has already taken cannot be cancelled; its buffer stays with
 //!   the device (never freed while PSM2 might read it) and the request fails.
 
-use std::collections::HashMap;
 use std::ffi::{c_void, CStr};
 use std::ptr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -145,31 +144,14 @@ fn library() -> Result<&'static Library> {
     .map_err(Clone::clone)
 }
 
-/// Hashes our sequential request keys (one multiply, as FxHash): the maps
-/// below are on every message's path, where SipHash's cost shows.
-#[derive(Default, Clone, Copy)]
-struct KeyHasher(u64);
-
-impl std::hash::Hasher for KeyHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for b in bytes {
-            self.0 = (self.0.rotate_left(5) ^ u64::from(*b)).wrapping_mul(0x517c_c1b7_2722_0a95);
-        }
-    }
-    fn write_usize(&mut self, k: usize) {
-        self.0 = (k as u64).wrapping_mul(0x517c_c1b7_2722_0a95);
-    }
-}
-
 /// Marks the keys of requests a blocking call waits for: they are not in
 /// `live` (the call holds the handle), and a collecting
 /// progress round that completes one leaves its status in `done`.
 const BLOCKING: Key = 1 << (usize::BITS - 1);
 
-type KeyMap<V> = HashMap<Key, V, std::hash::BuildHasherDefault<KeyHasher>>;
+/// The maps below are on every message's path, where SipHash's cost shows;
+/// our request keys are sequential integers.
+type KeyMap<V> = xdev::matching::FxMap<Key, V>;
 
 /// Our id of an outstanding PSM2 request, passed to PSM2 as the request's
 /// context and read back from its completion status. (PSM2 reuses request
