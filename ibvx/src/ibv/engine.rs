@@ -31,7 +31,7 @@
 //! receive completes otherwise, the peer's queue pair is moved to the error
 //! state, after which the peer cannot write any more.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::ptr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -39,7 +39,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use xdev::bootstrap::Bootstrap;
-use xdev::matching::{MatchingEngine, Posted, PostedId};
+use xdev::matching::{FxMap, MatchingEngine, Posted, PostedId};
 use xdev::target::{cancelled, lost, unpost, BlockingRecv, BlockingSend, SendOwner, Target};
 use xdev::{
     check_recv, check_send, Buffer, Context, Envelope, Error, Pattern, Peeked, Progress, Rank,
@@ -231,8 +231,8 @@ struct Peer {
 struct Local {
     matching: MatchingEngine<Unexpected, Target>,
     peers: Vec<Peer>,
-    sends: HashMap<u64, OutSend>,
-    incoming: HashMap<u64, Incoming>,
+    sends: FxMap<u64, OutSend>,
+    incoming: FxMap<u64, Incoming>,
     next_id: u64,
     /// The send slots (`send_slots * slot_len` bytes).
     send_mr: MemoryRegion<'static>,
@@ -322,8 +322,8 @@ impl Engine {
             local: Mutex::new(Local {
                 matching: MatchingEngine::new(),
                 peers,
-                sends: HashMap::new(),
-                incoming: HashMap::new(),
+                sends: FxMap::default(),
+                incoming: FxMap::default(),
                 next_id: 1,
                 send_mr,
                 free_slots: (0..slots).rev().collect(),
