@@ -2,102 +2,38 @@
 //! to each other, every operation the layer offers, and its error paths.
 //!
 //! Needs an RDMA device (soft-RoCE is enough); without one each test prints
-//! "skipped: no RDMA device (runs in ci/vm-suite.sh)" and returns.
-//! Environment: `RXE_DEVICE` (default: the first device), `RXE_GID_INDEX`
-//! (default: the layer's choice).
+//! "skipped: no RDMA device (runs in ci/vm-suite.sh)" and returns (see
+//! `common` for the environment).
+
+mod common;
 
 use std::time::{Duration, Instant};
 
+use common::{gid_index, open, Pair, PORT};
 use ibvx::verbs::*;
 
-const SKIP: &str = "skipped: no RDMA device (runs in ci/vm-suite.sh)";
-const PORT: u8 = 1;
 const TIMEOUT: Duration = Duration::from_secs(10);
 
-fn open() -> Option<Context> {
-    match Context::open(std::env::var("RXE_DEVICE").ok().as_deref()) {
-        Ok(c) => Some(c),
-        Err(e @ (Error::NoDevice { .. } | Error::Unavailable(_))) => {
-            println!("{SKIP} [{e}]");
-            None
-        }
-        Err(e) => panic!("{e}"),
-    }
-}
-
-fn gid_index() -> Option<u32> {
-    std::env::var("RXE_GID_INDEX")
-        .ok()
-        .map(|v| v.parse().expect("RXE_GID_INDEX"))
-}
-
-/// Two connected RC QPs on one CQ each, plus their regions.
-struct Pair {
-    a: QueuePair,
-    b: QueuePair,
-    cq_a: CompletionQueue,
-    cq_b: CompletionQueue,
-}
-
+/// Two connected RC QPs with `inline` bytes of inline data and two
+/// scatter/gather entries, on CQs of 64 entries attached to `channel`.
 fn pair(
     ctx: &Context,
     pd: &ProtectionDomain,
     channel: Option<&CompletionChannel>,
     inline: u32,
 ) -> Pair {
-    let local = ctx.port_address(PORT, gid_index()).unwrap();
-    let cq_a = CompletionQueue::new(ctx, 64, channel).unwrap();
-    let cq_b = CompletionQueue::new(ctx, 64, channel).unwrap();
     let caps = QpCaps {
         max_send_sge: 2,
         max_recv_sge: 2,
         max_inline_data: inline,
         ..QpCaps::default()
     };
-    let a = QueuePair::new_rc(pd, &cq_a, &cq_a, caps, false).unwrap();
-    let b = QueuePair::new_rc(pd, &cq_b, &cq_b, caps, false).unwrap();
-    assert_eq!(a.state().unwrap(), QpState::Reset);
-    for qp in [&a, &b] {
-        qp.modify_to_init(&InitAttr {
-            port: PORT,
-            ..InitAttr::default()
-        })
-        .unwrap();
-    }
-    let gid = local.gid.map(|(_, g)| g);
-    let ra = RemoteQp {
-        qpn: a.qp_num(),
-        psn: 0x100,
-        lid: local.lid,
-        gid,
-    };
-    let rb = RemoteQp {
-        qpn: b.qp_num(),
-        psn: 0x200,
-        lid: local.lid,
-        gid,
-    };
-    a.connect(&local, &rb, local.active_mtu, ra.psn).unwrap();
-    b.connect(&local, &ra, local.active_mtu, rb.psn).unwrap();
-    assert_eq!(a.state().unwrap(), QpState::Rts);
-    Pair { a, b, cq_a, cq_b }
+    common::pair(ctx, pd, 64, channel, caps)
 }
 
 /// Polls until `n` completions arrived (in any status).
 fn poll_n(cq: &CompletionQueue, n: usize) -> Vec<WorkCompletion> {
-    let deadline = Instant::now() + TIMEOUT;
-    let mut got = Vec::new();
-    let mut wcs = [WorkCompletion::default(); 8];
-    while got.len() < n {
-        let k = cq.poll(&mut wcs).unwrap();
-        got.extend_from_slice(&wcs[..k]);
-        assert!(
-            Instant::now() < deadline,
-            "{} of {n} completions",
-            got.len()
-        );
-    }
-    got
+    common::poll_n(cq, n, TIMEOUT)
 }
 
 fn by_id(wcs: &[WorkCompletion], id: u64) -> WorkCompletion {
