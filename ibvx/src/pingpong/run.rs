@@ -322,23 +322,39 @@ fn fill(mr: &mut MemoryRegion<'_>, offset: usize, len: usize, seed: u8, iter: u6
     mr.fill(offset, len, |j| pattern(seed, iter, j));
 }
 
+/// Checks that `len` bytes at `offset` hold message `iter` of the side with
+/// `seed`. Runs once per message with `--check`: it allocates nothing, and
+/// `what` (the context of the error) is only formatted on a mismatch.
 fn verify(
     mr: &MemoryRegion<'_>,
     offset: usize,
     len: usize,
     seed: u8,
     iter: u64,
-    what: &str,
+    what: impl Fn() -> String,
 ) -> Result<(), PingpongError> {
-    let mut buf = vec![0u8; len.min(1 << 16)];
+    check_pattern(|at, out| mr.read(offset + at, out), len, seed, iter, what)
+}
+
+/// [`verify`] over any source of bytes: `read(at, out)` fills `out` with
+/// the bytes at `at`; they are compared in chunks of a stack buffer.
+fn check_pattern(
+    mut read: impl FnMut(usize, &mut [u8]),
+    len: usize,
+    seed: u8,
+    iter: u64,
+    what: impl Fn() -> String,
+) -> Result<(), PingpongError> {
+    let mut buf = [0u8; 4096];
     let mut done = 0;
     while done < len {
         let n = buf.len().min(len - done);
-        mr.read(offset + done, &mut buf[..n]);
+        read(done, &mut buf[..n]);
         if let Some(k) = (0..n).find(|&k| buf[k] != pattern(seed, iter, done + k)) {
             let j = done + k;
             return Err(PingpongError::DataCheck(format!(
-                "{what}: byte {j} of message {iter} is {:#04x}, expected {:#04x}",
+                "{}: byte {j} of message {iter} is {:#04x}, expected {:#04x}",
+                what(),
                 buf[k],
                 pattern(seed, iter, j)
             )));
@@ -937,14 +953,9 @@ impl Session<'_> {
                     for slot in 0..slots.min(iters as usize) {
                         // the last iteration that wrote this slot
                         let it = (iters - 1) - ((iters - 1 - slot as u64) % slots as u64);
-                        verify(
-                            &self.r.recv_mr,
-                            slot * size,
-                            size,
-                            peer_seed,
-                            it,
-                            &format!("write_bw {size} B slot {slot}"),
-                        )?;
+                        verify(&self.r.recv_mr, slot * size, size, peer_seed, it, || {
+                            format!("write_bw {size} B slot {slot}")
+                        })?;
                     }
                 }
                 let rep = match self.link.recv("the client's bandwidth report")? {
@@ -1057,14 +1068,9 @@ fn send_lat(
                 )));
             }
             if o.check {
-                verify(
-                    &r.recv_mr,
-                    0,
-                    size,
-                    peer_seed,
-                    rcnt,
-                    &format!("send_lat {size} B"),
-                )?;
+                verify(&r.recv_mr, 0, size, peer_seed, rcnt, || {
+                    format!("send_lat {size} B")
+                })?;
             }
             rcnt += 1;
             r.qp.post_recv(RECV_WR_ID, &[r.recv_mr.sge(0, r.recv_mr.len())])
@@ -1124,14 +1130,9 @@ fn write_lat(
                 }
             }
             if o.check {
-                verify(
-                    &r.recv_mr,
-                    0,
-                    last,
-                    peer_seed,
-                    rcnt - 1,
-                    &format!("write_lat {size} B"),
-                )?;
+                verify(&r.recv_mr, 0, last, peer_seed, rcnt - 1, || {
+                    format!("write_lat {size} B")
+                })?;
             }
         }
         if scnt < iters {
@@ -1292,6 +1293,29 @@ mod tests {
         assert!(row.windows(2).any(|w| w[0] != w[1]));
         // bytes 256 apart differ too
         assert_ne!(pattern(CLIENT_SEED, 3, 1), pattern(CLIENT_SEED, 3, 257));
+    }
+
+    #[test]
+    fn the_data_check_finds_the_first_wrong_byte() {
+        let len = 10_000; // more than one chunk
+        let mut msg: Vec<u8> = (0..len).map(|j| pattern(CLIENT_SEED, 7, j)).collect();
+        fn read(m: &[u8]) -> impl FnMut(usize, &mut [u8]) + '_ {
+            move |at, out| out.copy_from_slice(&m[at..at + out.len()])
+        }
+        let what = || "send_lat 10000 B".to_string();
+        check_pattern(read(&msg), len, CLIENT_SEED, 7, what).unwrap();
+        let e = check_pattern(read(&msg), len, CLIENT_SEED, 8, what).unwrap_err();
+        assert!(
+            e.to_string()
+                .starts_with("data check failed: send_lat 10000 B: byte 0 of message 8 is "),
+            "{e}"
+        );
+        msg[9000] ^= 1;
+        let e = check_pattern(read(&msg), len, CLIENT_SEED, 7, what).unwrap_err();
+        assert!(matches!(e, PingpongError::DataCheck(_)), "{e}");
+        assert!(e.to_string().contains("byte 9000 of message 7"), "{e}");
+        // Only the first `len` bytes count.
+        check_pattern(read(&msg), 9000, CLIENT_SEED, 7, what).unwrap();
     }
 
     #[test]
