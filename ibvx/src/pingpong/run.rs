@@ -280,24 +280,12 @@ fn wait_wc_idle(
     let mut wc = [WorkCompletion::default()];
     let mut spins = 0u32;
     loop {
-        let n = cq.poll(&mut wc).map_err(|e| run_error(link, what(), e))?;
-        if n == 1 {
+        if poll_armed(cq, &mut wc, events, link, what)? == 1 {
             wc[0].ok().map_err(|e| run_error(link, what(), e))?;
             return Ok(wc[0]);
         }
         if events {
-            cq.req_notify(false)
-                .map_err(|e| run_error(link, what(), e))?;
-            if cq.poll(&mut wc).map_err(|e| run_error(link, what(), e))? == 1 {
-                wc[0].ok().map_err(|e| run_error(link, what(), e))?;
-                return Ok(wc[0]);
-            }
-            if !cq
-                .wait_event(Some(Duration::from_millis(50)))
-                .map_err(|e| run_error(link, what(), e))?
-            {
-                w.check(link, what)?;
-            }
+            wait_armed(cq, w, link, what)?;
         } else if let Some(pause) = idle {
             std::thread::sleep(pause);
             w.check(link, what)?;
@@ -308,6 +296,44 @@ fn wait_wc_idle(
             }
         }
     }
+}
+
+/// Polls `cq` into `wcs` and returns how many completions it took. With
+/// `events`, an empty poll arms the queue and polls once more: a completion
+/// that arrived before the arming raises no event, so only after a second
+/// empty poll may the caller sleep ([`wait_armed`]).
+#[inline]
+fn poll_armed(
+    cq: &CompletionQueue,
+    wcs: &mut [WorkCompletion],
+    events: bool,
+    link: &Link,
+    what: &dyn Fn() -> String,
+) -> Result<usize, PingpongError> {
+    let n = cq.poll(wcs).map_err(|e| run_error(link, what(), e))?;
+    if n > 0 || !events {
+        return Ok(n);
+    }
+    cq.req_notify(false)
+        .map_err(|e| run_error(link, what(), e))?;
+    cq.poll(wcs).map_err(|e| run_error(link, what(), e))
+}
+
+/// Sleeps on the channel of `cq` (armed by [`poll_armed`]) for up to 50 ms,
+/// checking the watch when no event came.
+fn wait_armed(
+    cq: &CompletionQueue,
+    w: &mut Watch,
+    link: &Link,
+    what: &dyn Fn() -> String,
+) -> Result<(), PingpongError> {
+    let woke = cq
+        .wait_event(Some(Duration::from_millis(50)))
+        .map_err(|e| run_error(link, what(), e))?;
+    if !woke {
+        w.check(link, what)?;
+    }
+    Ok(())
 }
 
 /// Byte `j` of message `iter` from the side with `seed` (`--check`).
@@ -1230,30 +1256,10 @@ fn write_bw_client(
         }
         let done = ccnt;
         let what = move || format!("write_bw {size} B: {done} of {iters} writes complete");
-        let mut n = r
-            .send_cq
-            .poll(&mut wcs)
-            .map_err(|e| run_error(link, what(), e))?;
+        let n = poll_armed(&r.send_cq, &mut wcs, o.events, link, &what)?;
         if n == 0 && o.events {
-            // Arm, then poll again: a completion that arrived in between
-            // raises no event.
-            r.send_cq
-                .req_notify(false)
-                .map_err(|e| run_error(link, what(), e))?;
-            n = r
-                .send_cq
-                .poll(&mut wcs)
-                .map_err(|e| run_error(link, what(), e))?;
-            if n == 0 {
-                let woke = r
-                    .send_cq
-                    .wait_event(Some(Duration::from_millis(50)))
-                    .map_err(|e| run_error(link, what(), e))?;
-                if !woke {
-                    w.check(link, &what)?;
-                }
-                continue;
-            }
+            wait_armed(&r.send_cq, w, link, &what)?;
+            continue;
         }
         let now = cycles();
         for wc in &wcs[..n] {
