@@ -864,18 +864,20 @@ impl Session<'_> {
             // The client's last write of the size carries an immediate.
             self.r.qp.post_recv(RECV_WR_ID, &[])?;
         }
-        if self.o.test == TestKind::WriteBw && self.client() {
-            let slots = if self.o.check {
-                check_slots(self.o.window(), size)
-            } else {
-                1
-            };
-            if (slots * size) as u64 > self.remote.len {
-                return Err(PingpongError::Setup(format!(
-                    "the server's region of {} bytes cannot hold {slots} x {size} bytes",
-                    self.remote.len
-                )));
-            }
+        // The bandwidth client's write slots (several only with --check).
+        let slots = if self.o.check {
+            check_slots(self.o.window(), size)
+        } else {
+            1
+        };
+        if self.o.test == TestKind::WriteBw
+            && self.client()
+            && (slots * size) as u64 > self.remote.len
+        {
+            return Err(PingpongError::Setup(format!(
+                "the server's region of {} bytes cannot hold {slots} x {size} bytes",
+                self.remote.len
+            )));
         }
         self.sync_before(k)?;
         let mut w = self.watch();
@@ -906,11 +908,6 @@ impl Session<'_> {
                 })
             }
             TestKind::WriteBw if self.client() => {
-                let slots = if self.o.check {
-                    check_slots(self.o.window(), size)
-                } else {
-                    1
-                };
                 let (posted, completed) = write_bw_client(
                     &mut self.r,
                     &self.link,
