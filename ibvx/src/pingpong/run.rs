@@ -101,6 +101,13 @@ struct Resources {
     device: String,
 }
 
+impl Resources {
+    /// Whether `size`-byte messages are sent inline.
+    fn inline(&self, size: usize) -> bool {
+        self.inline_max > 0 && size <= self.inline_max as usize
+    }
+}
+
 /// A random 24-bit PSN.
 fn random_psn() -> u32 {
     let mut h = RandomState::new().build_hasher();
@@ -1077,8 +1084,7 @@ fn send_lat(
     let iters = o.iters;
     let client = o.is_client();
     let mut stamps = Vec::with_capacity(iters as usize);
-    let inline = r.inline_max > 0 && size <= r.inline_max as usize;
-    let flags = SendFlags::SIGNALED.with(SendFlags::INLINE, inline);
+    let flags = SendFlags::SIGNALED.with(SendFlags::INLINE, r.inline(size));
     let (mut scnt, mut rcnt) = (0u64, 0u64);
     while scnt < iters || rcnt < iters {
         if rcnt < iters && !(client && scnt == 0) {
@@ -1135,8 +1141,7 @@ fn write_lat(
     let iters = o.iters;
     let server = !o.is_client();
     let mut stamps = Vec::with_capacity(iters as usize);
-    let inline = r.inline_max > 0 && size <= r.inline_max as usize;
-    let flags = SendFlags::SIGNALED.with(SendFlags::INLINE, inline);
+    let flags = SendFlags::SIGNALED.with(SendFlags::INLINE, r.inline(size));
     let last = size - 1;
     let (mut scnt, mut rcnt, mut ccnt) = (0u64, 0u64, 0u64);
     while scnt < iters || ccnt < iters || rcnt < iters {
@@ -1218,7 +1223,7 @@ fn write_bw_client(
     } else {
         window.min(100)
     };
-    let inline = r.inline_max > 0 && size <= r.inline_max as usize;
+    let inline = r.inline(size);
     let mut posted = Vec::with_capacity(iters);
     let mut completed = Vec::with_capacity(iters / cq_mod + 1);
     let (mut scnt, mut ccnt) = (0usize, 0usize);
