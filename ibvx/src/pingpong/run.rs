@@ -548,9 +548,8 @@ impl Session<'_> {
     fn native_handshake(&mut self, first: Option<[u8; 16]>) -> Result<(), PingpongError> {
         let mine = self.hello();
         let theirs = if self.client() {
-            let mut greeting = MAGIC.to_vec();
-            greeting.extend(Message::Hello(mine).encode());
-            self.link.write(&greeting, "the greeting")?;
+            self.link
+                .write(&greeting(&Message::Hello(mine)), "the greeting")?;
             let mut magic = [0u8; 16];
             self.link.read(&mut magic, "the server's greeting").map_err(|e| match e {
                 PingpongError::PeerGone { .. } => PingpongError::Protocol(
@@ -586,15 +585,14 @@ impl Session<'_> {
                 m => return Err(unexpected("Hello", &m)),
             };
             if let Some(m) = wire::mismatch(&mine, &h) {
-                let mut reply = MAGIC.to_vec();
-                reply.extend(Message::Reject(m.clone()).encode());
                 // Best effort: the error is this side's result either way.
-                let _ = self.link.write(&reply, "the refusal");
+                let _ = self
+                    .link
+                    .write(&greeting(&Message::Reject(m.clone())), "the refusal");
                 return Err(PingpongError::Mismatch(m));
             }
-            let mut reply = MAGIC.to_vec();
-            reply.extend(Message::Hello(mine).encode());
-            self.link.write(&reply, "the greeting")?;
+            self.link
+                .write(&greeting(&Message::Hello(mine)), "the greeting")?;
             h
         };
         let e = theirs.endpoint;
@@ -1282,6 +1280,14 @@ fn write_bw_client(
         }
     }
     Ok((posted, completed))
+}
+
+/// What each side sends first in the native protocol: the magic and `m`,
+/// in one write.
+fn greeting(m: &Message) -> Vec<u8> {
+    let mut g = MAGIC.to_vec();
+    m.encode_into(&mut g);
+    g
 }
 
 /// The error for a message of the wrong kind where `want` was due.
