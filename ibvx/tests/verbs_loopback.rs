@@ -373,3 +373,58 @@ fn objects_outlive_the_handles_they_came_from() {
     drop(mem);
     drop(b);
 }
+
+#[test]
+fn argument_errors_are_refused_before_the_provider() {
+    let Some(ctx) = open() else { return };
+    let pd = ProtectionDomain::new(&ctx).unwrap();
+
+    // Empty ranges cannot be registered, whichever constructor is used.
+    let e = MemoryRegion::register(&pd, &mut [], Access::LOCAL_WRITE).unwrap_err();
+    assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
+    assert!(e.to_string().contains("empty buffer"), "{e}");
+    let mut byte = 0u8;
+    // SAFETY: `byte` outlives the call; an empty range is refused before
+    // anything is registered.
+    let e = unsafe {
+        MemoryRegion::register_raw_parts(
+            &pd,
+            std::ptr::NonNull::from(&mut byte),
+            0,
+            Access::LOCAL_WRITE,
+        )
+    }
+    .unwrap_err();
+    assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
+
+    // Explicit deregistration reports success.
+    let mr = MemoryRegion::alloc(&pd, 100, Access::LOCAL_WRITE).unwrap();
+    assert_eq!(mr.len(), 100);
+    mr.deregister().unwrap();
+
+    // A queue without a completion channel cannot wait for events.
+    let cq = CompletionQueue::new(&ctx, 4, None).unwrap();
+    let e = cq.wait_event(Some(Duration::from_millis(1))).unwrap_err();
+    assert!(e.to_string().contains("no completion channel"), "{e}");
+
+    // A port that needs a GRH cannot connect to a peer without a GID; the
+    // QP stays where it was.
+    let local = ctx.port_address(PORT, gid_index()).unwrap();
+    if local.gid.is_some() {
+        let qp = QueuePair::new_rc(&pd, &cq, &cq, QpCaps::default(), false).unwrap();
+        qp.modify_to_init(&InitAttr {
+            port: PORT,
+            ..InitAttr::default()
+        })
+        .unwrap();
+        let peer = RemoteQp {
+            qpn: qp.qp_num(),
+            psn: 0,
+            lid: local.lid,
+            gid: None,
+        };
+        let e = qp.connect(&local, &peer, local.active_mtu, 0).unwrap_err();
+        assert!(e.to_string().contains("the peer sent no GID"), "{e}");
+        assert_eq!(qp.state().unwrap(), QpState::Init);
+    }
+}
