@@ -5,7 +5,9 @@
 # ONE boot of the soft-RoCE guest (ci/softroce-vm.sh) runs:
 #   1. the ibvx-sys tests (lib, load, device_loopback --nocapture; regen is a
 #      host-only freshness check and is not run),
-#   2. the ibvx tests (lib, verbs_loopback --nocapture),
+#   2. the ibvx tests (lib, verbs_loopback --nocapture), then the ibv device
+#      with IBVX_REQUIRE_RDMA=1 (a skip fails): registration cache (regcache_rxe),
+#      the ibv:: device tests, the ibv scenarios, conformance with 2 and 4 processes,
 #   3. ibvx-pingpong against itself for send_lat, write_lat and write_bw with
 #      the data check (-c): every size 2..8 MiB, plus events (-e) and inline,
 #   4. ibvx-pingpong against perftest (ib_send_lat, ib_write_lat, ib_write_bw)

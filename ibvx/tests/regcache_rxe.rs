@@ -7,82 +7,26 @@
 //!
 //! Needs an RDMA device (soft-RoCE is enough; see ci/softroce-vm.sh).
 //! Without one each test prints "skipped: ..." and returns, unless
-//! `IBVX_REQUIRE_RDMA=1`, which makes that a failure. Environment:
-//! `RXE_DEVICE` (default: the first device), `RXE_GID_INDEX` (default: the
-//! layer's choice).
+//! `IBVX_REQUIRE_RDMA=1`, which makes that a failure (see `common` for the
+//! environment).
 
-use std::time::{Duration, Instant};
+mod common;
 
+use std::time::Duration;
+
+use common::{open, Pair};
 use ibvx::ibv::regcache::{CacheLimits, Lease, Registration, RegistrationCache};
 use ibvx::verbs::*;
 
-const PORT: u8 = 1;
 const TIMEOUT: Duration = Duration::from_secs(20);
-
-fn open() -> Option<Context> {
-    match Context::open(std::env::var("RXE_DEVICE").ok().as_deref()) {
-        Ok(c) => Some(c),
-        Err(e @ (Error::NoDevice { .. } | Error::Unavailable(_))) => {
-            if std::env::var("IBVX_REQUIRE_RDMA").as_deref() == Ok("1") {
-                panic!("IBVX_REQUIRE_RDMA=1 but: {e}");
-            }
-            println!("skipped: {e}");
-            None
-        }
-        Err(e) => panic!("{e}"),
-    }
-}
 
 fn access() -> Access {
     Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ
 }
 
 /// Two RC QPs of one device connected to each other; `a` writes into `b`.
-struct Pair {
-    a: QueuePair,
-    _b: QueuePair,
-    cq_a: CompletionQueue,
-    _cq_b: CompletionQueue,
-}
-
 fn pair(ctx: &Context, pd: &ProtectionDomain) -> Pair {
-    let gid_index = std::env::var("RXE_GID_INDEX")
-        .ok()
-        .map(|v| v.parse().expect("RXE_GID_INDEX"));
-    let local = ctx.port_address(PORT, gid_index).unwrap();
-    let cq_a = CompletionQueue::new(ctx, 16, None).unwrap();
-    let cq_b = CompletionQueue::new(ctx, 16, None).unwrap();
-    let a = QueuePair::new_rc(pd, &cq_a, &cq_a, QpCaps::default(), false).unwrap();
-    let b = QueuePair::new_rc(pd, &cq_b, &cq_b, QpCaps::default(), false).unwrap();
-    for qp in [&a, &b] {
-        qp.modify_to_init(&InitAttr {
-            port: PORT,
-            access: Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ,
-            ..InitAttr::default()
-        })
-        .unwrap();
-    }
-    let gid = local.gid.map(|(_, g)| g);
-    let ra = RemoteQp {
-        qpn: a.qp_num(),
-        psn: 0x10,
-        lid: local.lid,
-        gid,
-    };
-    let rb = RemoteQp {
-        qpn: b.qp_num(),
-        psn: 0x20,
-        lid: local.lid,
-        gid,
-    };
-    a.connect(&local, &rb, local.active_mtu, ra.psn).unwrap();
-    b.connect(&local, &ra, local.active_mtu, rb.psn).unwrap();
-    Pair {
-        a,
-        _b: b,
-        cq_a,
-        _cq_b: cq_b,
-    }
+    common::pair(ctx, pd, 16, None, QpCaps::default())
 }
 
 /// RDMA-writes `[src, src + len)` (registered by `sreg`) to `dst` (in
@@ -102,18 +46,7 @@ fn rdma_write(
         flags: SendFlags::SIGNALED,
     })
     .unwrap();
-    let deadline = Instant::now() + TIMEOUT;
-    let mut wcs = [WorkCompletion::default(); 1];
-    loop {
-        if p.cq_a.poll(&mut wcs).unwrap() == 1 {
-            wcs[0].ok().unwrap();
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no completion for the RDMA write"
-        );
-    }
+    common::poll_n(&p.cq_a, 1, TIMEOUT)[0].ok().unwrap();
 }
 
 fn bytes(l: &Lease, len: usize) -> &[u8] {

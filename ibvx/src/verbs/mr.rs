@@ -112,22 +112,11 @@ impl MemoryRegion<'static> {
         };
         // SAFETY: `ptr` is a fresh allocation of `layout.size()` bytes that
         // the region owns and frees only after deregistering.
-        match unsafe { Self::register_raw(pd, ptr, layout.size(), access) } {
-            Ok(raw) => Ok(MemoryRegion {
-                raw,
-                ptr,
-                len: layout.size(),
-                access,
-                storage: Storage::Owned(layout),
-                pd: pd.clone(),
-                _buf: PhantomData,
-            }),
-            Err(e) => {
+        unsafe { Self::from_parts(pd, ptr, layout.size(), access, Storage::Owned(layout)) }
+            .inspect_err(|_| {
                 // SAFETY: allocated above with `layout`, not registered.
                 unsafe { alloc::dealloc(ptr.as_ptr(), layout) };
-                Err(e)
-            }
-        }
+            })
     }
 
     /// Registers `len` bytes at `ptr` that the caller manages itself (for
@@ -148,22 +137,8 @@ impl MemoryRegion<'static> {
         len: usize,
         access: Access,
     ) -> Result<MemoryRegion<'static>> {
-        if len == 0 {
-            return Err(Error::InvalidArgument(
-                "cannot register an empty buffer".into(),
-            ));
-        }
         // SAFETY: the caller keeps the range mapped until deregistration.
-        let raw = unsafe { Self::register_raw(pd, ptr, len, access)? };
-        Ok(MemoryRegion {
-            raw,
-            ptr,
-            len,
-            access,
-            storage: Storage::Borrowed,
-            pd: pd.clone(),
-            _buf: PhantomData,
-        })
+        unsafe { Self::from_parts(pd, ptr, len, access, Storage::Borrowed) }
     }
 }
 
@@ -175,40 +150,37 @@ impl<'buf> MemoryRegion<'buf> {
         buf: &'buf mut [u8],
         access: Access,
     ) -> Result<MemoryRegion<'buf>> {
-        if buf.is_empty() {
-            return Err(Error::InvalidArgument(
-                "cannot register an empty buffer".into(),
-            ));
-        }
         let len = buf.len();
         let ptr = NonNull::from(buf).cast::<u8>();
         // SAFETY: `buf` is borrowed exclusively for 'buf, which the region
         // cannot outlive, so it stays mapped until deregistration.
-        let raw = unsafe { Self::register_raw(pd, ptr, len, access)? };
-        Ok(MemoryRegion {
-            raw,
-            ptr,
-            len,
-            access,
-            storage: Storage::Borrowed,
-            pd: pd.clone(),
-            _buf: PhantomData,
-        })
+        unsafe { Self::from_parts(pd, ptr, len, access, Storage::Borrowed) }
     }
 
+    /// Registers `len` bytes at `ptr` with `access` on `pd`: the one
+    /// constructor behind [`MemoryRegion::alloc`],
+    /// [`MemoryRegion::register_raw_parts`] and [`MemoryRegion::register`].
+    /// Refuses an empty range.
+    ///
     /// # Safety
-    /// `ptr .. ptr + len` must stay mapped until the returned MR is
-    /// deregistered.
-    unsafe fn register_raw(
+    /// `ptr .. ptr + len` must stay mapped until the returned region is
+    /// deregistered, and be the memory `storage` describes.
+    unsafe fn from_parts(
         pd: &ProtectionDomain,
         ptr: NonNull<u8>,
         len: usize,
         access: Access,
-    ) -> Result<NonNull<sys::ibv_mr>> {
+        storage: Storage,
+    ) -> Result<MemoryRegion<'buf>> {
+        if len == 0 {
+            return Err(Error::InvalidArgument(
+                "cannot register an empty buffer".into(),
+            ));
+        }
         let verbs = pd.context().verbs();
         // SAFETY: live PD; the memory stays mapped per this function's contract.
         let raw = unsafe { verbs.reg_mr(pd.as_raw(), ptr.as_ptr().cast(), len, access.bits()) };
-        NonNull::new(raw).ok_or_else(|| {
+        let raw = NonNull::new(raw).ok_or_else(|| {
             let source = std::io::Error::last_os_error();
             let hint = match source.raw_os_error() {
                 Some(libc::ENOMEM) | Some(libc::EPERM) | Some(libc::EAGAIN) => {
@@ -217,6 +189,15 @@ impl<'buf> MemoryRegion<'buf> {
                 _ => "",
             };
             Error::Registration { len, source, hint }
+        })?;
+        Ok(MemoryRegion {
+            raw,
+            ptr,
+            len,
+            access,
+            storage,
+            pd: pd.clone(),
+            _buf: PhantomData,
         })
     }
 
