@@ -14,6 +14,8 @@ use std::time::Duration;
 
 use xdev::launch::LocalJob;
 
+mod common;
+
 fn run(device: &str, scenario: &str) {
     if device == "psm" {
         if let Err(e) = psm_sys::Psm2::load() {
@@ -21,26 +23,16 @@ fn run(device: &str, scenario: &str) {
             return;
         }
     }
-    if device == "ibv" {
-        let why = match ibvx::verbs::device_list() {
-            Ok(l) if !l.is_empty() => None,
-            Ok(_) => Some("no RDMA device".to_string()),
-            Err(e) => Some(e.to_string()),
-        };
-        if let Some(why) = why {
-            assert!(
-                std::env::var("IBVX_REQUIRE_RDMA").as_deref() != Ok("1"),
-                "IBVX_REQUIRE_RDMA=1 but {why}"
-            );
-            println!("skipped: {why}");
-            return;
-        }
+    if device == "ibv" && common::open().is_none() {
+        return;
     }
-    // The VM suite copies the rank program into the guest.
-    let program =
-        std::env::var("XDEV_RANK_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_xdev-rank").into());
-    let job =
-        LocalJob::start(2, program, &[scenario], &[("XDEV_DEVICE", device)]).expect("start job");
+    let job = LocalJob::start(
+        2,
+        common::rank_program(),
+        &[scenario],
+        &[("XDEV_DEVICE", device)],
+    )
+    .expect("start job");
     let exits = job.wait(Duration::from_secs(120)).expect("job ends");
     let failures = xdev::launch::failures(&exits);
     assert!(failures.is_empty(), "{device}: {failures}");

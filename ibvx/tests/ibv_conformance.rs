@@ -8,36 +8,19 @@ use std::time::Duration;
 
 use xdev::launch::LocalJob;
 
+mod common;
+
 static SERIAL: Mutex<()> = Mutex::new(());
 
-/// Why the test cannot run here, if it cannot.
-fn unavailable() -> Option<String> {
-    match ibvx::verbs::device_list() {
-        Ok(list) if !list.is_empty() => None,
-        Ok(_) => Some("no RDMA device".into()),
-        Err(e) => Some(e.to_string()),
-    }
-}
-
-/// The rank program: `XDEV_RANK_BIN` (the VM suite copies it into the
-/// guest) or the one cargo built.
-fn rank_bin() -> String {
-    std::env::var("XDEV_RANK_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_xdev-rank").into())
-}
-
 fn run(n: usize, case: &str, options: &[&str]) {
-    if let Some(why) = unavailable() {
-        assert!(
-            std::env::var("IBVX_REQUIRE_RDMA").as_deref() != Ok("1"),
-            "IBVX_REQUIRE_RDMA=1 but {why}"
-        );
-        println!("skipped: {why}");
+    if common::open().is_none() {
         return;
     }
     let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let mut args = vec!["conformance", case];
     args.extend_from_slice(options);
-    let job = LocalJob::start(n, rank_bin(), &args, &[("XDEV_DEVICE", "ibv")]).expect("start job");
+    let job = LocalJob::start(n, common::rank_program(), &args, &[("XDEV_DEVICE", "ibv")])
+        .expect("start job");
     let secs = std::env::var("IBVX_JOB_TIMEOUT")
         .ok()
         .and_then(|s| s.parse().ok())

@@ -1,6 +1,7 @@
 //! What the device tests of this directory share (`verbs_loopback`,
-//! `regcache_rxe`): opening the device or skipping without one, and two RC
-//! QPs of that device connected to each other.
+//! `regcache_rxe`, `ibv_conformance`, `device_scenarios`): opening the
+//! device or skipping without one, two RC QPs of that device connected to
+//! each other, and the rank program of multi-process jobs.
 //!
 //! Environment: `RXE_DEVICE` (default: the first device), `RXE_GID_INDEX`
 //! (default: the layer's choice), `IBVX_REQUIRE_RDMA=1` (a missing device is
@@ -30,6 +31,12 @@ pub fn open() -> Option<Context> {
         }
         Err(e) => panic!("{e}"),
     }
+}
+
+/// The `xdev-rank` program: `XDEV_RANK_BIN` (the VM suite copies it into
+/// the guest) or the one cargo built.
+pub fn rank_program() -> String {
+    std::env::var("XDEV_RANK_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_xdev-rank").into())
 }
 
 /// `RXE_GID_INDEX`, if set.
