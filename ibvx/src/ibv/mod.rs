@@ -370,13 +370,7 @@ impl IbvDevice {
         let opts = &fab.opts;
         let qps = &fab.qps;
         // Exchange addresses.
-        let psns: Vec<u32> = (0..size)
-            .map(|_| {
-                let mut b = [0u8; 4];
-                getrandom(&mut b);
-                u32::from_le_bytes(b) & 0x00ff_ffff
-            })
-            .collect();
+        let psns: Vec<u32> = (0..size).map(|_| verbs::random_psn()).collect();
         let me = PeerRecord {
             lid: port.lid,
             mtu: port.active_mtu,
@@ -463,19 +457,6 @@ impl IbvDevice {
     /// The registration cache (for statistics).
     pub fn cache(&self) -> &RegistrationCache {
         self.engine.cache()
-    }
-}
-
-fn getrandom(out: &mut [u8]) {
-    // SAFETY: fills `out` (valid for its length) from the kernel.
-    let n = unsafe { libc::getrandom(out.as_mut_ptr().cast(), out.len(), 0) };
-    if n != out.len() as isize {
-        // PSNs need not be secret; any value works.
-        for (i, b) in out.iter_mut().enumerate() {
-            *b = (std::process::id() as usize)
-                .wrapping_mul(31)
-                .wrapping_add(i) as u8;
-        }
     }
 }
 
