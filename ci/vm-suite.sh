@@ -5,7 +5,9 @@
 # ONE boot of the soft-RoCE guest (ci/softroce-vm.sh) runs:
 #   1. the ibvx-sys tests (lib, load, device_loopback --nocapture; regen is a
 #      host-only freshness check and is not run),
-#   2. the ibvx tests (lib, verbs_loopback --nocapture),
+#   2. the ibvx tests (lib, verbs_loopback --nocapture), then the ibv device
+#      with IBVX_REQUIRE_RDMA=1 (a skip fails): registration cache (regcache_rxe),
+#      the ibv:: device tests, the ibv scenarios, conformance with 2 and 4 processes,
 #   3. ibvx-pingpong against itself for send_lat, write_lat and write_bw with
 #      the data check (-c): every size 2..8 MiB, plus events (-e) and inline,
 #   4. ibvx-pingpong against perftest (ib_send_lat, ib_write_lat, ib_write_bw)
@@ -23,14 +25,14 @@
 # Usage: ci/vm-suite.sh [--rounds N] [--strict-perf] [--timeout SECS] [--keep]
 #   --rounds N      comparison rounds per test (default 9)
 #   --strict-perf   fail when ibvx-pingpong is not within 10% of perftest
-#   --timeout SECS  limit for the whole guest run (default 1500)
+#   --timeout SECS  limit for the whole guest run (default 2700)
 #   --keep          keep the work directory (logs of every step)
 # Environment: CARGO (default cargo), CARGO_TARGET_DIR (honoured).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 
-ROUNDS=9 STRICT=0 TIMEOUT=1500 KEEP=0
+ROUNDS=9 STRICT=0 TIMEOUT=2700 KEEP=0
 while (($#)); do
   case $1 in
     --rounds) ROUNDS=${2:?}; shift ;;
@@ -50,7 +52,9 @@ say() { printf 'vm-suite: %s\n' "$*"; }
 
 # ------------------------------------------------------------------ build
 say "building ibvx-pingpong and the test binaries (release)"
-"$CARGO" build --release --quiet -p ibvx --bin ibvx-pingpong
+"$CARGO" build --release --quiet -p ibvx --bin ibvx-pingpong --bin xdev-rank
+"$CARGO" build --release --quiet -p xdev --bin xdev-run
+"$CARGO" build --release --quiet -p xdev-bench --bin xdev-bench
 BUILD_JSON=$(mktemp)
 trap 'rm -f "$BUILD_JSON"' EXIT
 "$CARGO" test --release --quiet -p ibvx-sys -p ibvx --no-run --message-format=json >"$BUILD_JSON"
@@ -72,9 +76,16 @@ SYS_LOAD=$(pick test load)
 SYS_DEV=$(pick test device_loopback)
 IBVX_LIB=$(pick lib ibvx)
 IBVX_VERBS=$(pick test verbs_loopback)
+IBV_CONF=$(pick test ibv_conformance)
+IBV_SCEN=$(pick test device_scenarios)
+REGCACHE=$(pick test regcache_rxe)
 TARGET_DIR=$(dirname "$(dirname "$SYS_DEV")")   # .../release/deps -> .../release
 PINGPONG=$TARGET_DIR/ibvx-pingpong
-for f in "$SYS_LIB" "$SYS_LOAD" "$SYS_DEV" "$IBVX_LIB" "$IBVX_VERBS" "$PINGPONG"; do
+RANK_BIN=$TARGET_DIR/xdev-rank
+XDEV_RUN=$TARGET_DIR/xdev-run
+XDEV_BENCH=$TARGET_DIR/xdev-bench
+for f in "$SYS_LIB" "$SYS_LOAD" "$SYS_DEV" "$IBVX_LIB" "$IBVX_VERBS" "$IBV_CONF" "$IBV_SCEN" "$REGCACHE" \
+         "$PINGPONG" "$RANK_BIN" "$XDEV_RUN" "$XDEV_BENCH"; do
   [[ -n $f && -x $f ]] || { say "error: test executable not found (${f:-?}); cargo output in $BUILD_JSON"; trap - EXIT; exit 1; }
 done
 
@@ -90,6 +101,9 @@ SYS_LOAD=$(basename "$SYS_LOAD")
 SYS_DEV=$(basename "$SYS_DEV")
 IBVX_LIB=$(basename "$IBVX_LIB")
 IBVX_VERBS=$(basename "$IBVX_VERBS")
+IBV_CONF=$(basename "$IBV_CONF")
+IBV_SCEN=$(basename "$IBV_SCEN")
+REGCACHE=$(basename "$REGCACHE")
 ROUNDS=$ROUNDS
 STRICT=$STRICT
 EOF
@@ -193,6 +207,22 @@ unit "ibvx verbs_loopback (safe verbs layer)" ibvx-verbs.txt "$IBVX_VERBS" --noc
 if grep -q '^skipped' "$LOG/ibvx-verbs.txt" "$LOG/sys-device.txt"; then
   fail "device tests skipped inside the VM" 0 "$LOG/ibvx-verbs.txt"
 fi
+
+# --------------------------------------------------------------- 2b IBVX
+section "IBVX: the ibv xdev device over rxe"
+# Every test below must really run here: a skip is a failure.
+export IBVX_REQUIRE_RDMA=1 XDEV_RANK_BIN=/usr/local/bin/xdev-rank IBVX_JOB_TIMEOUT=300
+unit "registration cache over rxe (stale-registration stress)" regcache.txt "$REGCACHE" --nocapture --test-threads 1
+unit "ibv device tests (init/finish loop, QP error, registration failure, free/realloc/resend)" \
+  ibv-device.txt "$IBVX_LIB" ibv:: --test-threads 1
+unit "ibv scenarios (posted truncation, peer exit)" ibv-scen.txt "$IBV_SCEN" ibv_ --test-threads 1
+unit "ibv conformance, 2 processes" ibv-conf-2.txt "$IBV_CONF" two_processes:: --test-threads 1
+unit "ibv conformance, 4 processes" ibv-conf-4.txt "$IBV_CONF" four_processes:: --test-threads 1
+for f in regcache ibv-device ibv-scen ibv-conf-2 ibv-conf-4; do
+  grep -q '^skipped' "$LOG/$f.txt" && fail "$f: a test skipped inside the VM" 0 "$LOG/$f.txt"
+  grep -h 'test result' "$LOG/$f.txt" | sed 's/^/      /'
+done
+unset IBVX_REQUIRE_RDMA XDEV_RANK_BIN IBVX_JOB_TIMEOUT
 
 # --------------------------------------------------------------- 3 self
 section "ibvx-pingpong against itself, data check on"
@@ -404,10 +434,12 @@ GUEST
 # ------------------------------------------------------------------ run
 say "booting the soft-RoCE guest (one boot for the whole suite)"
 status=0
-"$ROOT/ci/softroce-vm.sh" --timeout "$TIMEOUT" --share "$WORK" \
+"$ROOT/ci/softroce-vm.sh" --timeout "$TIMEOUT" --mem 2048 --share "$WORK" \
   --extra-bin "$PINGPONG" \
   --extra-bin "$SYS_LIB" --extra-bin "$SYS_LOAD" --extra-bin "$SYS_DEV" \
   --extra-bin "$IBVX_LIB" --extra-bin "$IBVX_VERBS" \
+  --extra-bin "$IBV_CONF" --extra-bin "$IBV_SCEN" --extra-bin "$REGCACHE" \
+  --extra-bin "$RANK_BIN" --extra-bin "$XDEV_RUN" --extra-bin "$XDEV_BENCH" \
   -- 'bash /share/guest.sh' || status=$?
 
 if ((KEEP)); then say "logs kept in $WORK/logs"; fi

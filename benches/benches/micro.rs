@@ -3,7 +3,8 @@
 //! dequeue), and the decoders of what peers send (the shm device's bootstrap
 //! record, a bootstrap frame). Run with `cargo bench -p xdev-bench`.
 //!
-//! Not here yet: the registration cache (it comes with IBVX over verbs).
+//! The registration cache has its own benchmark (`benches/regcache.rs`): it
+//! needs an RDMA device.
 
 // criterion's macros generate undocumented public functions.
 #![allow(missing_docs)]

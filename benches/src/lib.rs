@@ -85,7 +85,7 @@ pub fn latency(
 }
 
 /// Runs `step` `skip` times untimed, then `iters` times timed; seconds.
-fn timed(
+pub(crate) fn timed(
     iters: usize,
     skip: usize,
     mut step: impl FnMut() -> xdev::Result<()>,

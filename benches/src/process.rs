@@ -15,7 +15,7 @@ use std::io;
 use std::ptr::NonNull;
 use std::time::Duration;
 
-use xdev::bootstrap::{is_xdev_shm_name, shm_prefix, Bootstrap};
+use xdev::bootstrap::{is_xdev_shm_name, shm_prefix, Bootstrap, Secret};
 use xdev::{Device, Error, Rank, Source, TagSel};
 
 use crate::{HandoffLine, BENCH_CONTEXT};
@@ -60,16 +60,14 @@ impl Coordinator for Bootstrap {
     }
 }
 
-/// A [`Coordinator`] over the device itself: rank 0 sends to every rank, and
-/// the barrier gathers at rank 0 and releases from it, on a context of its
-/// own ([`BENCH_CONTEXT`] + 2). Keys are not sent: messages from one sender
-/// match in order, and every rank calls in the same order.
+/// A [`Coordinator`] over the device itself: rank 0 sends to every rank on a
+/// context of its own ([`BENCH_CONTEXT`] + 2), and the barrier is
+/// [`xdev::conformance::barrier`]. Keys are not sent: messages from one
+/// sender match in order, and every rank calls in the same order.
 pub struct DeviceCoordinator<'a>(pub &'a dyn Device);
 
 const COORDINATION: u32 = BENCH_CONTEXT + 2;
 const SHARE_TAG: i32 = 1;
-const ARRIVE_TAG: i32 = 2;
-const RELEASE_TAG: i32 = 3;
 
 impl Coordinator for DeviceCoordinator<'_> {
     fn rank(&self) -> Rank {
@@ -97,29 +95,7 @@ impl Coordinator for DeviceCoordinator<'_> {
     }
 
     fn barrier(&self) -> xdev::Result<()> {
-        let dev = self.0;
-        if dev.id() == 0 {
-            for r in 1..dev.size() {
-                dev.recv(
-                    &mut [],
-                    Source::Rank(r),
-                    TagSel::Tag(ARRIVE_TAG),
-                    COORDINATION,
-                )?;
-            }
-            for r in 1..dev.size() {
-                dev.send(&[], r, RELEASE_TAG, COORDINATION)?;
-            }
-        } else {
-            dev.send(&[], 0, ARRIVE_TAG, COORDINATION)?;
-            dev.recv(
-                &mut [],
-                Source::Rank(0),
-                TagSel::Tag(RELEASE_TAG),
-                COORDINATION,
-            )?;
-        }
-        Ok(())
+        xdev::conformance::barrier(self.0)
     }
 }
 
@@ -166,22 +142,11 @@ impl Drop for ShmObject {
     }
 }
 
+/// 64 random bits from the operating system (through xdev's [`Secret`]).
 fn random_u64() -> io::Result<u64> {
+    let secret = Secret::generate().map_err(io::Error::other)?;
     let mut bytes = [0u8; 8];
-    let mut got = 0;
-    while got < bytes.len() {
-        // SAFETY: the pointer and length describe the unfilled tail of
-        // `bytes`, which getrandom only writes.
-        let n = unsafe { libc::getrandom(bytes[got..].as_mut_ptr().cast(), bytes.len() - got, 0) };
-        if n < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() != io::ErrorKind::Interrupted {
-                return Err(e);
-            }
-        } else {
-            got += n as usize;
-        }
-    }
+    bytes.copy_from_slice(&secret.as_bytes()[..8]);
     Ok(u64::from_ne_bytes(bytes))
 }
 

@@ -8,13 +8,12 @@
 
 use std::ffi::c_void;
 use std::ptr;
-use std::time::Instant;
 
 use ibvx::psm::RawPsm;
 use psm_sys::ffi::*;
 use xdev::{Error, Rank, Result};
 
-use crate::WINDOW;
+use crate::{timed, WINDOW};
 
 /// Context word of raw PSM2 benchmark traffic.
 const RAW_CONTEXT: u32 = 0x5241_5750;
@@ -124,7 +123,7 @@ pub fn latency(
     skip: usize,
 ) -> Result<Option<f64>> {
     let mut buf = vec![0xA5u8; size];
-    let mut step = || -> Result<()> {
+    let secs = timed(iters, skip, || {
         match me {
             0 => {
                 send(raw, 1, 0, 1, &buf)?;
@@ -137,15 +136,7 @@ pub fn latency(
             _ => {}
         }
         Ok(())
-    };
-    for _ in 0..skip {
-        step()?;
-    }
-    let start = Instant::now();
-    for _ in 0..iters {
-        step()?;
-    }
-    let secs = start.elapsed().as_secs_f64();
+    })?;
     Ok((me == 0).then_some(secs * 1e6 / (2.0 * iters as f64)))
 }
 
@@ -160,7 +151,7 @@ pub fn bandwidth(
     skip: usize,
 ) -> Result<Option<f64>> {
     let mut bufs: Vec<Vec<u8>> = (0..WINDOW).map(|_| vec![0x5Au8; size]).collect();
-    let mut step = || -> Result<()> {
+    let secs = timed(iters, skip, || {
         match me {
             0 => {
                 let reqs = bufs
@@ -185,15 +176,7 @@ pub fn bandwidth(
             _ => {}
         }
         Ok(())
-    };
-    for _ in 0..skip {
-        step()?;
-    }
-    let start = Instant::now();
-    for _ in 0..iters {
-        step()?;
-    }
-    let secs = start.elapsed().as_secs_f64();
+    })?;
     let mb = (size * WINDOW * iters) as f64 / 1e6;
     Ok((me == 0).then_some(mb / secs))
 }
@@ -249,14 +232,7 @@ pub fn bibandwidth(
         }
         posted.and(waited)
     };
-    for _ in 0..skip {
-        step(&mut rbufs)?;
-    }
-    let start = Instant::now();
-    for _ in 0..iters {
-        step(&mut rbufs)?;
-    }
-    let secs = start.elapsed().as_secs_f64();
+    let secs = timed(iters, skip, || step(&mut rbufs))?;
     let mb = (2 * size * WINDOW * iters) as f64 / 1e6;
     Ok((me == 0).then_some(mb / secs))
 }

@@ -40,12 +40,12 @@
 //!   send PSM2 has already taken cannot be cancelled; its buffer stays with
 //!   the device (never freed while PSM2 might read it) and the request fails.
 
-use std::collections::HashMap;
 use std::ffi::{c_void, CStr};
 use std::ptr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
+use shm_ipc::doorbell::{Backoff, SPIN_POLLS, YIELD_POLLS};
 use shm_ipc::lock::{RankGuard, RankLock};
 use std::time::{Duration, Instant};
 
@@ -144,31 +144,14 @@ fn library() -> Result<&'static Library> {
     .map_err(Clone::clone)
 }
 
-/// Hashes our sequential request keys (one multiply, as FxHash): the maps
-/// below are on every message's path, where SipHash's cost shows.
-#[derive(Default, Clone, Copy)]
-struct KeyHasher(u64);
-
-impl std::hash::Hasher for KeyHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for b in bytes {
-            self.0 = (self.0.rotate_left(5) ^ u64::from(*b)).wrapping_mul(0x517c_c1b7_2722_0a95);
-        }
-    }
-    fn write_usize(&mut self, k: usize) {
-        self.0 = (k as u64).wrapping_mul(0x517c_c1b7_2722_0a95);
-    }
-}
-
 /// Marks the keys of requests a blocking call waits for: they are not in
-/// `live` or `handles` (the call holds the handle), and a collecting
+/// `live` (the call holds the handle), and a collecting
 /// progress round that completes one leaves its status in `done`.
 const BLOCKING: Key = 1 << (usize::BITS - 1);
 
-type KeyMap<V> = HashMap<Key, V, std::hash::BuildHasherDefault<KeyHasher>>;
+/// The maps below are on every message's path, where SipHash's cost shows;
+/// our request keys are sequential integers.
+type KeyMap<V> = xdev::matching::FxMap<Key, V>;
 
 /// Our id of an outstanding PSM2 request, passed to PSM2 as the request's
 /// context and read back from its completion status. (PSM2 reuses request
@@ -180,6 +163,8 @@ enum Slot {
     /// A non-blocking request; completed through the tracker.
     Request {
         core: Arc<RequestCore>,
+        /// PSM2's handle (for cancel; valid while the slot is live).
+        req: psm2_mq_req_t,
         /// For sends, the envelope (source = destination) and length.
         send: Option<(Envelope, usize)>,
         /// For receives, the source it names (to fail it if that peer leaves).
@@ -199,8 +184,6 @@ struct Inner {
     mq: psm2_mq_t,
     addrs: Vec<psm2_epaddr_t>,
     live: KeyMap<Slot>,
-    /// PSM2's handle of each outstanding request (for cancel).
-    handles: KeyMap<psm2_mq_req_t>,
     next_key: Key,
     done: KeyMap<psm2_mq_status2_t>,
     gone: Vec<bool>,
@@ -243,14 +226,21 @@ fn tag(tag: Tag, context: Context, len: u32) -> psm2_mq_tag_t {
     }
 }
 
-/// Tag and selector of a receive: the tag exactly unless `ANY_TAG`, the
-/// context always, never the length word.
-fn selector(p: &Pattern) -> (psm2_mq_tag_t, psm2_mq_tag_t) {
+/// What a receive or probe of `p` selects, as PSM2 takes it: the source's
+/// endpoint address (`addrs` by rank; any for `ANY_SOURCE`), then the tag
+/// and its selector: the tag exactly unless `ANY_TAG`, the context always,
+/// never the length word.
+fn selector(addrs: &[psm2_epaddr_t], p: &Pattern) -> (psm2_epaddr_t, psm2_mq_tag_t, psm2_mq_tag_t) {
+    let src = match p.source {
+        Source::Rank(s) => addrs[s],
+        Source::Any => PSM2_MQ_ANY_ADDR,
+    };
     let (t, tmask) = match p.tag {
         TagSel::Tag(t) => (t, u32::MAX),
         TagSel::Any => (0, 0),
     };
     (
+        src,
         tag(t, p.context, 0),
         psm2_mq_tag_t {
             tag: [tmask, u32::MAX, 0, 0],
@@ -357,7 +347,6 @@ impl Engine {
                 }
                 continue;
             }
-            l.handles.remove(&key);
             match l.live.remove(&key) {
                 Some(Slot::Request { core, send, .. }) => {
                     let status = match send {
@@ -373,7 +362,9 @@ impl Engine {
     }
 
     /// Applies the bootstrap's departure notices: receives naming a departed
-    /// peer are cancelled and fail; later operations to it fail at once.
+    /// peer are cancelled and fail; sends to it fail and their buffers stay
+    /// with the device (PSM2 cannot cancel a send it has taken); later
+    /// operations to it fail at once.
     fn check_departures(&self, l: &mut Inner) {
         let Ok(departed) = self.boot.departed() else {
             return;
@@ -387,38 +378,61 @@ impl Engine {
                 continue;
             }
             l.gone[d] = true;
-            let keys: Vec<Key> = l
-                .live
-                .iter()
-                .filter(|(_, s)| matches!(s, Slot::Request { source: Some(s), .. } if *s == d))
-                .map(|(k, _)| *k)
-                .collect();
-            for k in keys {
-                if self.cancel_key(l, k) {
-                    if let Some(Slot::Request { core, .. }) = l.live.remove(&k) {
-                        let env = Envelope {
-                            source: d,
-                            tag: -1,
-                            context: 0,
-                        };
-                        self.tracker.complete(&core, Status::failed(env, lost(d)));
-                    }
+            let (mut recvs, mut sends) = (Vec::new(), Vec::new());
+            for (k, s) in &l.live {
+                match s {
+                    Slot::Request {
+                        send: Some((env, _)),
+                        ..
+                    } if env.source == d => sends.push(*k),
+                    Slot::Request {
+                        source: Some(s), ..
+                    } if *s == d => recvs.push(*k),
+                    _ => {}
+                }
+            }
+            for k in recvs {
+                if let Some(core) = self.cancel_recv(l, k) {
+                    let env = Envelope {
+                        source: d,
+                        tag: -1,
+                        context: 0,
+                    };
+                    self.tracker.complete(&core, Status::failed(env, lost(d)));
+                }
+            }
+            for k in sends {
+                if let Some(Slot::Request {
+                    core,
+                    send: Some((env, _)),
+                    ..
+                }) = l.live.remove(&k)
+                {
+                    self.tracker.complete(&core, Status::failed(env, lost(d)));
+                    l.kept.push(core);
+                    l.live.insert(k, Slot::Abandoned);
                 }
             }
         }
     }
 
-    /// Cancels the posted receive `key`; true if it was not matched yet (it
-    /// is then returned to PSM2; the caller removes its slot).
-    fn cancel_key(&self, l: &mut Inner, key: Key) -> bool {
-        let Some(&handle) = l.handles.get(&key) else {
-            return false;
+    /// Cancels the posted non-blocking receive `key` if PSM2 has not
+    /// matched it yet: it is then returned to PSM2, and its slot removed;
+    /// returns its request (to complete).
+    fn cancel_recv(&self, l: &mut Inner, key: Key) -> Option<Arc<RequestCore>> {
+        let Some(&Slot::Request {
+            req, send: None, ..
+        }) = l.live.get(&key)
+        else {
+            return None;
         };
-        if !self.cancel_req(handle) {
-            return false;
+        if !self.cancel_req(req) {
+            return None;
         }
-        l.handles.remove(&key);
-        true
+        match l.live.remove(&key) {
+            Some(Slot::Request { core, .. }) => Some(core),
+            _ => None,
+        }
     }
 
     /// Cancels live receive request `req` (PSM2's handle); true if it had
@@ -436,8 +450,9 @@ impl Engine {
         true
     }
 
-    /// Polls until `done` says so: PSM2 polls, then yields, then sleeps in
-    /// steps of up to 1 ms (PSM2's shm device has no wake-up event).
+    /// Polls until `done` says so: PSM2 polls between the spins and yields
+    /// of a [`Backoff`], then sleeps in steps of up to 1 ms (PSM2's shm
+    /// device has no wake-up event).
     ///
     /// With `collect`, every round also collects all of PSM2's completions
     /// (`progress_locked`); without it, `done` makes its own progress (see
@@ -447,6 +462,7 @@ impl Engine {
         collect: bool,
         mut done: impl FnMut(&Self, &mut Inner) -> Result<bool>,
     ) -> Result<()> {
+        let mut backoff = Backoff::new();
         let mut idle: u32 = 0;
         let mut last_departure_check: Option<Instant> = None;
         loop {
@@ -469,17 +485,15 @@ impl Engine {
                 }
                 if any {
                     idle = 0;
+                    backoff.reset();
                     continue;
                 }
             }
             idle = idle.saturating_add(1);
-            if idle < 2_000 {
-                // Poll again at once: each round already spends a PSM2
-                // poll, and a pause here adds to every message's latency.
-            } else if idle < 2_100 {
-                std::thread::yield_now();
-            } else {
-                let step = (idle - 2_100).min(20) as u64 * 50;
+            if !backoff.snooze() {
+                // `idle` counts the backoff's polls: these are the sleeps.
+                let sleeps = idle - (SPIN_POLLS + YIELD_POLLS);
+                let step = u64::from(sleeps.min(20)) * 50;
                 std::thread::sleep(Duration::from_micros(step.max(20)));
             }
         }
@@ -514,19 +528,11 @@ impl Engine {
         Some(unsafe { st.assume_init() })
     }
 
-    /// Records a request PSM2 accepted under `key`: a blocking call keeps
-    /// the handle itself, others are found through `handles` (for cancel).
-    fn register(
-        l: &mut Inner,
-        key: Key,
-        req: psm2_mq_req_t,
-        blocking: bool,
-    ) -> (Key, psm2_mq_req_t) {
+    /// A fresh key, marked [`BLOCKING`] for a blocking call's request.
+    fn new_key(l: &mut Inner, blocking: bool) -> Key {
+        let key = l.next_key | if blocking { BLOCKING } else { 0 };
         l.next_key += 1;
-        if !blocking {
-            l.handles.insert(key, req);
-        }
-        (key, req)
+        key
     }
 
     fn post_send(
@@ -540,7 +546,7 @@ impl Engine {
         let len = psm_len(data.len())?;
         let mut stag = tag(t, context, len);
         let mut req: psm2_mq_req_t = ptr::null_mut();
-        let key = l.next_key | if blocking { BLOCKING } else { 0 };
+        let key = Self::new_key(l, blocking);
         let flags = if sync { PSM2_MQ_FLAG_SENDSYNC } else { 0 };
         // SAFETY: data stays valid and unmodified until the request completes
         // (owned by a request core, or borrowed by a blocking call that waits
@@ -560,7 +566,7 @@ impl Engine {
         if e != psm2_error::PSM2_OK {
             return Err(psm_err(self.psm(), "psm2_mq_isend2", e));
         }
-        Ok(Self::register(l, key, req, blocking))
+        Ok((key, req))
     }
 
     fn post_recv(
@@ -572,13 +578,9 @@ impl Engine {
         blocking: bool,
     ) -> Result<(Key, psm2_mq_req_t)> {
         let len = psm_len(cap)?;
-        let (mut rtag, mut sel) = selector(p);
-        let src = match p.source {
-            Source::Rank(s) => l.addrs[s],
-            Source::Any => PSM2_MQ_ANY_ADDR,
-        };
+        let (src, mut rtag, mut sel) = selector(&l.addrs, p);
         let mut req: psm2_mq_req_t = ptr::null_mut();
-        let key = l.next_key | if blocking { BLOCKING } else { 0 };
+        let key = Self::new_key(l, blocking);
         // SAFETY: buf is valid for cap bytes until the request completes or is
         // cancelled (see post_send); tags and out-pointer are valid.
         let e = unsafe {
@@ -597,7 +599,7 @@ impl Engine {
         if e != psm2_error::PSM2_OK {
             return Err(psm_err(self.psm(), "psm2_mq_irecv2", e));
         }
-        Ok(Self::register(l, key, req, blocking))
+        Ok((key, req))
     }
 
     fn blocking_send(
@@ -727,10 +729,9 @@ impl Progress for Engine {
         {
             return false;
         }
-        if !self.cancel_key(&mut l, key) {
+        if self.cancel_recv(&mut l, key).is_none() {
             return false;
         }
-        l.live.remove(&key);
         drop(l);
         let st = Status::cancelled(Pattern::new(Source::Any, TagSel::Any, 0));
         self.tracker.complete(core, st);
@@ -935,7 +936,6 @@ impl PsmDevice {
                     mq,
                     addrs,
                     live: KeyMap::default(),
-                    handles: KeyMap::default(),
                     next_key: 1,
                     done: KeyMap::default(),
                     gone: vec![false; size],
@@ -1067,7 +1067,7 @@ impl Device for PsmDevice {
             &pattern,
             false,
         ) {
-            Ok((key, _)) => {
+            Ok((key, req)) => {
                 core.set_token(key as u64);
                 let source = match source {
                     Source::Rank(s) => Some(s),
@@ -1077,6 +1077,7 @@ impl Device for PsmDevice {
                     key,
                     Slot::Request {
                         core: core.clone(),
+                        req,
                         send: None,
                         source,
                     },
@@ -1137,47 +1138,17 @@ impl Device for PsmDevice {
         // Our sends first (those to departed peers fail and stay kept).
         let r = eng.block_until(true, |eng, l| {
             eng.check_departures(l);
-            let keys: Vec<Key> = l
-                .live
-                .iter()
-                .filter_map(|(k, s)| match s {
-                    Slot::Request {
-                        send: Some((env, _)),
-                        ..
-                    } if l.gone[env.source] => Some(*k),
-                    _ => None,
-                })
-                .collect();
-            for k in keys {
-                if let Some(Slot::Request { core, send, .. }) = l.live.remove(&k) {
-                    let (env, _) = send.expect("a send");
-                    eng.tracker
-                        .complete(&core, Status::failed(env, lost(env.source)));
-                    l.kept.push(core);
-                    l.live.insert(k, Slot::Abandoned);
-                }
-            }
             Ok(eng.tracker.outstanding_sends() == 0)
         });
         let mut l = eng.lock();
-        // Posted receives end with Closed.
-        let recvs: Vec<Key> = l
-            .live
-            .iter()
-            .filter(|(_, s)| matches!(s, Slot::Request { send: None, .. }))
-            .map(|(k, _)| *k)
-            .collect();
-        for k in recvs {
-            if eng.cancel_key(&mut l, k) {
-                if let Some(Slot::Request { core, .. }) = l.live.remove(&k) {
-                    let env = Envelope {
-                        source: eng.rank,
-                        tag: -1,
-                        context: 0,
-                    };
-                    eng.tracker
-                        .complete(&core, Status::failed(env, Error::Closed));
-                }
+        // Posted receives PSM2 has not matched go back to it before the
+        // close (they end with Closed below, with the rest).
+        for s in l.live.values() {
+            if let Slot::Request {
+                req, send: None, ..
+            } = s
+            {
+                eng.cancel_req(*req);
             }
         }
         let psm = eng.psm();
@@ -1193,7 +1164,7 @@ impl Device for PsmDevice {
         }
         l.open = false;
         // Receives that had matched finish inside the close; what is still
-        // live can no longer complete.
+        // live (cancelled or not) can no longer complete.
         for (_, s) in l.live.drain() {
             if let Slot::Request { core, .. } = s {
                 let env = Envelope {
@@ -1213,11 +1184,7 @@ impl Device for PsmDevice {
 
 impl Engine {
     fn iprobe_locked(&self, l: &mut Inner, p: &Pattern) -> Option<Status> {
-        let (mut rtag, mut sel) = selector(p);
-        let src = match p.source {
-            Source::Rank(s) => l.addrs[s],
-            Source::Any => PSM2_MQ_ANY_ADDR,
-        };
+        let (src, mut rtag, mut sel) = selector(&l.addrs, p);
         let mut st = std::mem::MaybeUninit::<psm2_mq_status2_t>::zeroed();
         // SAFETY: mq is open; tags and status are valid for the call.
         let e = unsafe {
@@ -1267,11 +1234,12 @@ impl PsmDevice {
         // only when PSM2 has finished with it (or kept forever, see Slot).
         let data = unsafe { std::slice::from_raw_parts(core.buffer_ptr(), core.buffer_len()) };
         match eng.post_send(&mut l, data, (dest, tag, context), sync, false) {
-            Ok((key, _)) => {
+            Ok((key, req)) => {
                 l.live.insert(
                     key,
                     Slot::Request {
                         core: core.clone(),
+                        req,
                         send: Some((env, data.len())),
                         source: None,
                     },

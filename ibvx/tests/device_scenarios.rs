@@ -1,13 +1,20 @@
-//! Scenarios of `xdev-rank` on every multi-process device that runs here:
+//! Scenarios of `xdev-rank` on every multi-process device that runs here
+//! (`ibv` needs an RDMA device: the soft-RoCE VM suite runs it):
 //! - a rendezvous-size message into a smaller receive posted before it was
 //!   sent reports the truncation with the sender's length (libpsm2 itself
 //!   does not report it; the psm device carries the length in its tag);
 //! - a peer that exits without finishing makes a receive from it, a send to
-//!   it and a probe naming it fail with PeerLost, and the survivor finishes.
+//!   it and a probe naming it fail with PeerLost, and the survivor finishes;
+//! - a peer that exits with a rendezvous send to it in flight makes that
+//!   send fail with PeerLost;
+//! - receives still posted at finish end with Closed, as do operations
+//!   started after it.
 
 use std::time::Duration;
 
 use xdev::launch::LocalJob;
+
+mod common;
 
 fn run(device: &str, scenario: &str) {
     if device == "psm" {
@@ -16,9 +23,12 @@ fn run(device: &str, scenario: &str) {
             return;
         }
     }
+    if device == "ibv" && common::open().is_none() {
+        return;
+    }
     let job = LocalJob::start(
         2,
-        env!("CARGO_BIN_EXE_xdev-rank"),
+        common::rank_program(),
         &[scenario],
         &[("XDEV_DEVICE", device)],
     )
@@ -46,4 +56,44 @@ fn shm_peer_exit() {
 #[test]
 fn psm_peer_exit() {
     run("psm", "peer-exit");
+}
+
+#[test]
+fn shm_inflight_send() {
+    run("shm", "inflight-send");
+}
+
+#[test]
+fn psm_inflight_send() {
+    run("psm", "inflight-send");
+}
+
+#[test]
+fn shm_finish_posted() {
+    run("shm", "finish-posted");
+}
+
+#[test]
+fn psm_finish_posted() {
+    run("psm", "finish-posted");
+}
+
+#[test]
+fn ibv_posted_truncation() {
+    run("ibv", "posted-truncation");
+}
+
+#[test]
+fn ibv_peer_exit() {
+    run("ibv", "peer-exit");
+}
+
+#[test]
+fn ibv_inflight_send() {
+    run("ibv", "inflight-send");
+}
+
+#[test]
+fn ibv_finish_posted() {
+    run("ibv", "finish-posted");
 }

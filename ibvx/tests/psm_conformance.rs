@@ -43,3 +43,42 @@ mod two_processes {
 mod four_processes {
     xdev::conformance_tests!(|case| super::run(4, case));
 }
+
+/// PSM2 allows one endpoint per process: a second `psm` device opened in a
+/// process that has one fails cleanly with a configuration error, and the
+/// first works on. (In this test process, with one-rank jobs of its own.)
+#[test]
+fn one_endpoint_per_process() {
+    use xdev::bootstrap::{Bootstrap, BootstrapServer, Secret};
+    use xdev::{Config, Device, Error, Source, TagSel};
+
+    if let Err(e) = psm_sys::Psm2::load() {
+        println!("skipped: {e}");
+        return;
+    }
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let open = |job: &str| {
+        let secret = Secret::generate().expect("secret");
+        let bind = "127.0.0.1:0".parse().expect("loopback address");
+        let server = BootstrapServer::start(bind, 1, job, secret.clone()).expect("service");
+        let boot = Bootstrap::connect(server.addr(), 0, 1, job, &secret).expect("connect");
+        let dev = ibvx::PsmDevice::with_bootstrap(&Config::new(0, 1, job), boot);
+        (server, dev)
+    };
+    let job = |n: u32| format!("psm-one-endpoint-{}-{n}", std::process::id());
+    let (_first_service, first) = open(&job(1));
+    let first = first.expect("the process's first endpoint opens");
+    let (_second_service, second) = open(&job(2));
+    match second {
+        Err(Error::Config(m)) if m.contains("one endpoint per process") => {}
+        Err(e) => panic!("second endpoint: {e}"),
+        Ok(_) => panic!("a second endpoint opened in one process"),
+    }
+    first.send(b"ping", 0, 1, 7).expect("send to self");
+    let mut buf = [0u8; 4];
+    let st = first
+        .recv(&mut buf, Source::Rank(0), TagSel::Tag(1), 7)
+        .expect("receive from self");
+    assert_eq!((st.count, &buf), (4, b"ping"));
+    first.finish().expect("finish");
+}

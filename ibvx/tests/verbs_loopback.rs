@@ -2,102 +2,38 @@
 //! to each other, every operation the layer offers, and its error paths.
 //!
 //! Needs an RDMA device (soft-RoCE is enough); without one each test prints
-//! "skipped: no RDMA device (runs in ci/vm-suite.sh)" and returns.
-//! Environment: `RXE_DEVICE` (default: the first device), `RXE_GID_INDEX`
-//! (default: the layer's choice).
+//! "skipped: no RDMA device (runs in ci/vm-suite.sh)" and returns (see
+//! `common` for the environment).
+
+mod common;
 
 use std::time::{Duration, Instant};
 
+use common::{gid_index, open, Pair, PORT};
 use ibvx::verbs::*;
 
-const SKIP: &str = "skipped: no RDMA device (runs in ci/vm-suite.sh)";
-const PORT: u8 = 1;
 const TIMEOUT: Duration = Duration::from_secs(10);
 
-fn open() -> Option<Context> {
-    match Context::open(std::env::var("RXE_DEVICE").ok().as_deref()) {
-        Ok(c) => Some(c),
-        Err(e @ (Error::NoDevice { .. } | Error::Unavailable(_))) => {
-            println!("{SKIP} [{e}]");
-            None
-        }
-        Err(e) => panic!("{e}"),
-    }
-}
-
-fn gid_index() -> Option<u32> {
-    std::env::var("RXE_GID_INDEX")
-        .ok()
-        .map(|v| v.parse().expect("RXE_GID_INDEX"))
-}
-
-/// Two connected RC QPs on one CQ each, plus their regions.
-struct Pair {
-    a: QueuePair,
-    b: QueuePair,
-    cq_a: CompletionQueue,
-    cq_b: CompletionQueue,
-}
-
+/// Two connected RC QPs with `inline` bytes of inline data and two
+/// scatter/gather entries, on CQs of 64 entries attached to `channel`.
 fn pair(
     ctx: &Context,
     pd: &ProtectionDomain,
     channel: Option<&CompletionChannel>,
     inline: u32,
 ) -> Pair {
-    let local = ctx.port_address(PORT, gid_index()).unwrap();
-    let cq_a = CompletionQueue::new(ctx, 64, channel).unwrap();
-    let cq_b = CompletionQueue::new(ctx, 64, channel).unwrap();
     let caps = QpCaps {
         max_send_sge: 2,
         max_recv_sge: 2,
         max_inline_data: inline,
         ..QpCaps::default()
     };
-    let a = QueuePair::new_rc(pd, &cq_a, &cq_a, caps, false).unwrap();
-    let b = QueuePair::new_rc(pd, &cq_b, &cq_b, caps, false).unwrap();
-    assert_eq!(a.state().unwrap(), QpState::Reset);
-    for qp in [&a, &b] {
-        qp.modify_to_init(&InitAttr {
-            port: PORT,
-            ..InitAttr::default()
-        })
-        .unwrap();
-    }
-    let gid = local.gid.map(|(_, g)| g);
-    let ra = RemoteQp {
-        qpn: a.qp_num(),
-        psn: 0x100,
-        lid: local.lid,
-        gid,
-    };
-    let rb = RemoteQp {
-        qpn: b.qp_num(),
-        psn: 0x200,
-        lid: local.lid,
-        gid,
-    };
-    a.connect(&local, &rb, local.active_mtu, ra.psn).unwrap();
-    b.connect(&local, &ra, local.active_mtu, rb.psn).unwrap();
-    assert_eq!(a.state().unwrap(), QpState::Rts);
-    Pair { a, b, cq_a, cq_b }
+    common::pair(ctx, pd, 64, channel, caps)
 }
 
 /// Polls until `n` completions arrived (in any status).
 fn poll_n(cq: &CompletionQueue, n: usize) -> Vec<WorkCompletion> {
-    let deadline = Instant::now() + TIMEOUT;
-    let mut got = Vec::new();
-    let mut wcs = [WorkCompletion::default(); 8];
-    while got.len() < n {
-        let k = cq.poll(&mut wcs).unwrap();
-        got.extend_from_slice(&wcs[..k]);
-        assert!(
-            Instant::now() < deadline,
-            "{} of {n} completions",
-            got.len()
-        );
-    }
-    got
+    common::poll_n(cq, n, TIMEOUT)
 }
 
 fn by_id(wcs: &[WorkCompletion], id: u64) -> WorkCompletion {
@@ -436,4 +372,59 @@ fn objects_outlive_the_handles_they_came_from() {
     drop(a);
     drop(mem);
     drop(b);
+}
+
+#[test]
+fn argument_errors_are_refused_before_the_provider() {
+    let Some(ctx) = open() else { return };
+    let pd = ProtectionDomain::new(&ctx).unwrap();
+
+    // Empty ranges cannot be registered, whichever constructor is used.
+    let e = MemoryRegion::register(&pd, &mut [], Access::LOCAL_WRITE).unwrap_err();
+    assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
+    assert!(e.to_string().contains("empty buffer"), "{e}");
+    let mut byte = 0u8;
+    // SAFETY: `byte` outlives the call; an empty range is refused before
+    // anything is registered.
+    let e = unsafe {
+        MemoryRegion::register_raw_parts(
+            &pd,
+            std::ptr::NonNull::from(&mut byte),
+            0,
+            Access::LOCAL_WRITE,
+        )
+    }
+    .unwrap_err();
+    assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
+
+    // Explicit deregistration reports success.
+    let mr = MemoryRegion::alloc(&pd, 100, Access::LOCAL_WRITE).unwrap();
+    assert_eq!(mr.len(), 100);
+    mr.deregister().unwrap();
+
+    // A queue without a completion channel cannot wait for events.
+    let cq = CompletionQueue::new(&ctx, 4, None).unwrap();
+    let e = cq.wait_event(Some(Duration::from_millis(1))).unwrap_err();
+    assert!(e.to_string().contains("no completion channel"), "{e}");
+
+    // A port that needs a GRH cannot connect to a peer without a GID; the
+    // QP stays where it was.
+    let local = ctx.port_address(PORT, gid_index()).unwrap();
+    if local.gid.is_some() {
+        let qp = QueuePair::new_rc(&pd, &cq, &cq, QpCaps::default(), false).unwrap();
+        qp.modify_to_init(&InitAttr {
+            port: PORT,
+            ..InitAttr::default()
+        })
+        .unwrap();
+        let peer = RemoteQp {
+            qpn: qp.qp_num(),
+            psn: 0,
+            lid: local.lid,
+            gid: None,
+        };
+        let e = qp.connect(&local, &peer, local.active_mtu, 0).unwrap_err();
+        assert!(e.to_string().contains("the peer sent no GID"), "{e}");
+        assert_eq!(qp.state().unwrap(), QpState::Init);
+    }
 }

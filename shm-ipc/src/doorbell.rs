@@ -20,6 +20,11 @@
 //! `membarrier`, both sides use `fence(SeqCst)` instead, the symmetric form of
 //! the same argument. The futex word `seq` is bumped before each wake, so a
 //! wake between the re-check and the sleep makes `FUTEX_WAIT` return at once.
+//!
+//! The ring's "waiting for room" flag is the same handshake with the roles
+//! swapped (the producer arms, the consumer publishes room), and uses the
+//! same fence pair (`light_fence`, `heavy_fence`; see
+//! `ring::Producer::set_waiting`).
 
 use std::sync::atomic::{compiler_fence, fence, AtomicU32, Ordering};
 use std::sync::OnceLock;
@@ -104,8 +109,12 @@ fn asymmetric() -> bool {
     FENCE_MODE.get() == Some(&FenceMode::Asymmetric)
 }
 
+/// The publisher's half of the store-buffer handshake: between its
+/// publication store and its load of the sleeper's flag. A compiler fence in
+/// [`FenceMode::Asymmetric`] (the sleeper's [`heavy_fence`] does the work),
+/// `fence(SeqCst)` otherwise.
 #[inline]
-fn light_fence() {
+pub(crate) fn light_fence() {
     if asymmetric() {
         compiler_fence(Ordering::SeqCst);
     } else {
@@ -113,7 +122,9 @@ fn light_fence() {
     }
 }
 
-fn heavy_fence() {
+/// The sleeper's half: between its store arming the flag and its re-check.
+/// `membarrier` in [`FenceMode::Asymmetric`], `fence(SeqCst)` otherwise.
+pub(crate) fn heavy_fence() {
     if asymmetric() && crate::futex::membarrier_global_expedited().is_ok() {
         return;
     }

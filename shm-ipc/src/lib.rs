@@ -18,7 +18,6 @@ pub mod process;
 pub mod ring;
 pub mod segment;
 mod sync;
-mod target;
 pub mod thread;
 
 pub use doorbell::{Backoff, Doorbell};

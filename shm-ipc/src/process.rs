@@ -46,6 +46,7 @@
 //! Waits spin briefly, then sleep on the rank's [`Doorbell`](crate::Doorbell)
 //! (a futex in its inbox); publishers wake it only when a sleeper is armed.
 
+use std::cell::Cell;
 use std::collections::{HashMap, VecDeque};
 #[cfg(test)]
 use std::sync::atomic::AtomicU64;
@@ -68,7 +69,9 @@ use crate::liveness::PeerWatch;
 use crate::lock::{RankGuard, RankLock};
 use crate::ring::{Consumer, Header, Incoming, Producer, INLINE};
 use crate::segment::{self, state, Inbox, InboxLayout};
-use crate::target::{lost, BlockingRecv, Pending, Target};
+use xdev::target::{
+    cancelled, lost, unpost, BlockingRecv, BlockingSend, Pending, SendOwner, Target,
+};
 
 const KIND_EAGER: u8 = 1;
 const KIND_RNDV: u8 = 2;
@@ -327,19 +330,6 @@ impl Unexpected {
     }
 }
 
-/// A blocking send waiting for its reply (`ACK`, `FIN`, or the end of its
-/// stream): the waiting call owns the borrowed buffer and returns only
-/// once `done` or the receiver is gone.
-struct BlockingSend {
-    done: AtomicBool,
-    error: Mutex<Option<Error>>,
-}
-
-enum SendOwner {
-    Request(Arc<RequestCore>),
-    Blocking(Arc<BlockingSend>),
-}
-
 /// A send that waits for the receiver.
 struct OutSend {
     dest: Rank,
@@ -367,6 +357,12 @@ struct InStream {
 }
 
 /// One rank's private protocol state, behind the rank lock.
+///
+/// A producer's waiting-for-room flag, once set (by a backlog, a reply, a
+/// stream or a blocking send that found its ring full), is never cleared:
+/// clearing it safely would need a count of every kind of waiter on that
+/// ring, and a flag set for nothing only costs the consumer a doorbell ring
+/// per pop, which wakes us only while we sleep.
 struct Local {
     consumers: Vec<Consumer>,
     producers: Vec<Producer>,
@@ -392,9 +388,6 @@ struct Local {
     cma: Vec<bool>,
     departures_seen: u64,
     events: u64,
-    /// Blocking sends waiting for ring room right now (the consumer's
-    /// wake-up on freed room is only a hint, so their sleeps stay short).
-    room_waiters: usize,
     gone: Vec<bool>,
     /// Why each gone peer is gone (what its operations fail with).
     gone_why: Vec<Option<Error>>,
@@ -739,19 +732,7 @@ impl Engine {
     }
 
     fn complete_send(&self, e: OutSend, result: Result<()>) {
-        match e.owner {
-            SendOwner::Request(core) => {
-                let st = match result {
-                    Ok(()) => Status::ok(e.env, e.len),
-                    Err(err) => Status::failed(e.env, err),
-                };
-                self.tracker.complete(&core, st);
-            }
-            SendOwner::Blocking(b) => {
-                *b.error.lock().unwrap_or_else(|p| p.into_inner()) = result.err();
-                b.done.store(true, Ordering::Release);
-            }
-        }
+        e.owner.complete(&self.tracker, e.env, e.len, result);
     }
 
     /// Handles a reply or fragment from `s`. Returns a protocol violation.
@@ -1017,7 +998,6 @@ impl Engine {
                     break;
                 }
             }
-            l.producers[d].set_waiting(!l.backlog[d].is_empty());
         }
         any
     }
@@ -1198,8 +1178,7 @@ impl Engine {
                 if done(self, &mut l)? {
                     return Ok(());
                 }
-                let queued =
-                    l.backlog_total + l.control_total + l.streams_total + l.room_waiters > 0;
+                let queued = l.backlog_total + l.control_total + l.streams_total > 0;
                 (l.events != before, queued, l.departures_seen)
             };
             if until_closed && self.closed.load(Ordering::Acquire) {
@@ -1220,8 +1199,11 @@ impl Engine {
                 }
             }
             if sleep {
-                // Short sleeps while our sends wait for room (a consumer's
-                // wake-up on freed room is best-effort), longer otherwise.
+                // Short sleeps while this rank's queues wait for room: the
+                // sleeper's re-check does not look at their rings, so a
+                // consumer's wake-up on freed room can come before we sleep
+                // and be missed. (A blocking send waiting for room re-checks
+                // its ring in `ready`, and needs no short sleep.)
                 let t = if queued {
                     Duration::from_millis(1)
                 } else {
@@ -1252,8 +1234,10 @@ impl Engine {
         }
         // Allocated only when the send must wait for a reply.
         let mut waiter: Option<Arc<BlockingSend>> = None;
-        let mut full = false;
-        let r = self.block_until(
+        // While the ring is full: the consumer position it was full against.
+        let full_at = Cell::new(None);
+        let ring = self.sh.inbox(dest).ring(self.sh.rank);
+        self.block_until(
             true,
             |eng, l| {
                 if !l.backlog[dest].is_empty() {
@@ -1273,35 +1257,27 @@ impl Engine {
                     sync,
                 };
                 let sent = eng.push(l, &out, || {
-                    let w = Arc::new(BlockingSend {
-                        done: AtomicBool::new(false),
-                        error: Mutex::new(None),
-                    });
+                    let w = BlockingSend::new();
                     waiter = Some(w.clone());
                     SendOwner::Blocking(w)
                 });
-                let was_full = std::mem::replace(&mut full, matches!(sent, Sent::Full));
-                match (was_full, full) {
-                    (false, true) => l.room_waiters += 1,
-                    (true, false) => l.room_waiters -= 1,
-                    _ => {}
-                }
+                full_at.set(None);
                 match sent {
                     Sent::Complete | Sent::Waiting => Ok(true),
                     Sent::Refused(e) => Err(e),
                     Sent::Full => {
+                        // Flag first, then note what the ring was full
+                        // against: `ready` re-checks it after the doorbell
+                        // is armed, and a pop that frees room rings us.
                         l.producers[dest].set_waiting(true);
+                        full_at.set(Some(l.producers[dest].consumer_position_seen()));
                         eng.progress_locked(l, None);
                         Ok(false)
                     }
                 }
             },
-            || false,
-        );
-        if full {
-            self.lock().room_waiters -= 1;
-        }
-        r?;
+            || full_at.get().is_some_and(|t| ring.consumer_position() != t),
+        )?;
         let Some(waiter) = waiter else {
             return Ok(()); // eager: the buffer may be reused
         };
@@ -1310,22 +1286,14 @@ impl Engine {
         let _ = self.block_until(
             false,
             |eng, l| {
-                if !waiter.done.load(Ordering::Acquire) {
+                if !waiter.is_done() {
                     eng.progress_locked(l, None);
                 }
-                Ok(waiter.done.load(Ordering::Acquire))
+                Ok(waiter.is_done())
             },
-            || waiter.done.load(Ordering::Acquire),
+            || waiter.is_done(),
         );
-        let error = waiter
-            .error
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take();
-        match error {
-            Some(e) => Err(e),
-            None => Ok(()),
-        }
+        waiter.outcome()
     }
 
     fn start_send(
@@ -1370,6 +1338,7 @@ impl Engine {
         } else if !(l.backlog[dest].is_empty() && self.push_pending(&mut l, dest, &p)) {
             l.backlog[dest].push_back(p);
             l.backlog_total += 1;
+            // Never cleared (see `Local`).
             l.producers[dest].set_waiting(true);
         }
         drop(l);
@@ -1557,19 +1526,8 @@ impl Progress for Engine {
     }
 
     fn cancel(&self, core: &Arc<RequestCore>) -> bool {
-        if core.kind() != RequestKind::Recv || core.token() == u64::MAX {
-            return false;
-        }
-        let mut l = self.lock();
-        match l.matching.cancel(PostedId::from_raw(core.token())) {
-            Some(t) => {
-                drop(l);
-                let st = Status::cancelled(Pattern::new(Source::Any, TagSel::Any, 0));
-                self.complete_target(t, st);
-                true
-            }
-            None => false,
-        }
+        let t = unpost(&mut self.lock().matching, core);
+        t.map(|t| self.complete_target(t, cancelled())).is_some()
     }
 }
 
@@ -1736,7 +1694,6 @@ impl ProcessDevice {
             cma: vec![cma_ok; n],
             departures_seen: 0,
             events: 0,
-            room_waiters: 0,
             gone: vec![false; n],
             gone_why: vec![None; n],
             broken: vec![false; n],
@@ -2110,6 +2067,35 @@ mod tests {
             Some(Error::Protocol { rank: 1, what }) => assert!(what.contains("fragment"), "{what}"),
             other => panic!("expected a protocol violation, got {other:?}"),
         }
+    }
+
+    #[test]
+    fn impossible_consumer_position_is_a_violation() {
+        let (d0, d1) = pair(&[("ring_bytes", "4096")]);
+        // Rank 1 owns the ring from rank 0 in its inbox; it writes a
+        // consumer position past anything rank 0 published.
+        let ring = d1.engine.sh.mine.ring(0);
+        // SAFETY: the tail word is the first 8 bytes of the ring, inside the
+        // mapping, 8-aligned; a plain write is what a hostile peer could do
+        // (nothing else touches it now).
+        unsafe { std::ptr::write_volatile(ring.base_ptr() as *mut u64, u64::MAX) };
+        // Rank 0 reads the position only once its ring looks full: three
+        // 1000-byte messages fit in 64 slots, the fourth does not.
+        let msg = [1u8; 1000];
+        for _ in 0..3 {
+            d0.send(&msg, 1, 0, 1).unwrap();
+        }
+        match d0.send(&msg, 1, 0, 1) {
+            Err(Error::Protocol { rank: 1, what }) => {
+                assert!(what.contains("consumer position"), "{what}")
+            }
+            other => panic!("expected a protocol violation by rank 1, got {other:?}"),
+        }
+        // Rank 1 is cut off for good.
+        assert!(matches!(
+            d0.send(b"x", 1, 0, 1),
+            Err(Error::Protocol { rank: 1, .. })
+        ));
     }
 
     #[test]

@@ -18,6 +18,17 @@
 //! releases the slots by storing `tail` (`Release`); the producer reads `tail`
 //! with `Acquire` before reusing them.
 //!
+//! A producer that finds the ring full may flag that it waits for room
+//! ([`Producer::set_waiting`]); [`Consumer::pop`] then reports the flag so
+//! that its caller wakes the producer. The flag is reliable: the handshake
+//! (producer: store the flag, fence, re-read `tail`; consumer: store `tail`,
+//! fence, read the flag) is the store-buffer pattern with a fence on both
+//! sides, so a producer whose re-check after flagging finds no room is
+//! always reported by the pop that frees it. The fences are the doorbell's
+//! asymmetric pair (see [`crate::doorbell`]): free on the consumer's side
+//! (every pop), a `membarrier` on the producer's (only when it starts
+//! waiting).
+//!
 //! Everything read from the ring is validated before use, since the peer
 //! may be buggy or hostile and write anything anywhere in the ring: a header
 //! whose length could not fit the ring is reported as [`RingError::Corrupt`],
@@ -34,7 +45,7 @@
 use std::alloc::Layout;
 use std::ptr::{self, NonNull};
 
-use crate::sync::{AtomicU32, AtomicU64, Ordering};
+use crate::sync::{heavy_fence, light_fence, AtomicU32, AtomicU64, Ordering};
 
 /// Bytes per slot (one cache line).
 pub const SLOT: usize = 64;
@@ -176,6 +187,17 @@ impl RingRef {
         self.seq(t).load(Ordering::Acquire) == t.wrapping_add(1)
     }
 
+    /// The consumer's position as last published: a lock-free hint for a
+    /// producer that waits for room (it re-checks with
+    /// [`Producer::try_push`]). Compare with
+    /// [`Producer::consumer_position_seen`].
+    #[inline]
+    pub fn consumer_position(&self) -> u64 {
+        // Relaxed: a hint; the ordering that matters for a sleeping waiter
+        // comes from the doorbell's fences around it.
+        self.tail().load(Ordering::Relaxed)
+    }
+
     #[cfg(not(loom))]
     fn tail(&self) -> &AtomicU64 {
         // SAFETY: the control block starts at `base` (aligned, in bounds per
@@ -262,6 +284,8 @@ pub struct Producer {
     ring: RingRef,
     head: u64,
     tail_cache: u64,
+    /// What we last stored in the ring's `waiting` word.
+    waiting: bool,
 }
 
 impl Producer {
@@ -275,12 +299,20 @@ impl Producer {
             ring,
             head: 0,
             tail_cache: 0,
+            waiting: false,
         }
     }
 
     /// The ring.
     pub fn ring(&self) -> RingRef {
         self.ring
+    }
+
+    /// The consumer's position as this producer last read it (what a full
+    /// ring was full against): [`RingRef::consumer_position`] differs from
+    /// it once the consumer has freed something since.
+    pub fn consumer_position_seen(&self) -> u64 {
+        self.tail_cache
     }
 
     /// Whether a message of `len` bytes fits now (refreshing the consumer's
@@ -377,15 +409,35 @@ impl Producer {
         }
     }
 
-    /// Tells the consumer the producer waits for room (it then rings the
-    /// producer's doorbell when it frees slots).
+    /// Tells the consumer whether the producer waits for room: while the
+    /// flag is set, every [`Consumer::pop`] reports it (and its caller rings
+    /// the producer's doorbell).
     ///
-    /// A hint, not a guarantee: see [`Consumer::pop`]. A producer that sleeps
-    /// on it must bound the sleep and re-check for room.
-    pub fn set_waiting(&self, waiting: bool) {
-        // SeqCst: the strongest store, though without a fence on the
-        // consumer's side it cannot close the race described at pop.
-        self.ring.waiting().store(waiting as u32, Ordering::SeqCst);
+    /// The guarantee: after `set_waiting(true)`, a re-check of room
+    /// ([`try_push`](Producer::try_push), [`has_room`](Producer::has_room))
+    /// that finds none is followed by a `pop` that reports the flag. So a
+    /// producer that flags, re-checks and then sleeps until rung (with the
+    /// doorbell's own re-check) cannot miss the room being freed.
+    ///
+    /// Only a change is written (and fenced): calling it on every retry is
+    /// free.
+    pub fn set_waiting(&mut self, waiting: bool) {
+        if waiting == self.waiting {
+            return;
+        }
+        self.waiting = waiting;
+        // Relaxed: the fence below orders the store. Clearing needs no
+        // ordering: a consumer that still sees the flag only rings a
+        // doorbell for nothing.
+        self.ring.waiting().store(waiting as u32, Ordering::Relaxed);
+        if waiting {
+            // Store-buffer handshake, producer's half: our flag store before
+            // our next load of `tail` (the re-check). Paired with the fence
+            // in `Consumer::pop` between its `tail` store and its load of the
+            // flag: either our re-check sees the freed room, or that pop sees
+            // the flag. Heavy (`membarrier`) so that pop's half is free.
+            heavy_fence();
+        }
     }
 }
 
@@ -483,14 +535,8 @@ impl Consumer {
     }
 
     /// Releases the head message. Returns true when the producer has flagged
-    /// that it waits for room (the caller then rings its doorbell).
-    ///
-    /// The flag can be missed: the handshake is the store-buffer pattern
-    /// (the producer stores `waiting` then loads `tail`, this stores `tail`
-    /// then loads `waiting`) with no fence between this store and load, so
-    /// both loads may see the old values and the producer sleeps although
-    /// room was freed. `tests/ring_loom.rs` (`waiting_flag_handshake`) shows
-    /// the lost wake-up; waiters bound their sleep.
+    /// that it waits for room (the caller then rings its doorbell); see
+    /// [`Producer::set_waiting`] for why the flag is never missed.
     pub fn pop(&mut self, msg: &Incoming) -> bool {
         // At most nslots/2 slots, whatever `msg` says (see copy_payload).
         let k = slots_for(self.payload_len(msg));
@@ -507,9 +553,13 @@ impl Consumer {
         // Release: our reads of the message and the zeroing above happen
         // before the producer's Acquire load of tail and its reuse.
         self.ring.tail().store(self.tail, Ordering::Release);
-        // Relaxed: the flag orders nothing (the caller only rings a
-        // doorbell, which has its own fences), and it is best-effort anyway
-        // (see above).
+        // Store-buffer handshake, consumer's half: our `tail` store before
+        // our load of the flag (pairs with the heavy fence in
+        // `Producer::set_waiting`). Light: a compiler fence when the
+        // producer's side is a `membarrier`, so pops stay fence-free.
+        light_fence();
+        // Relaxed: the fence above orders it; the flag publishes no data
+        // (the caller only rings a doorbell, which has its own fences).
         self.ring.waiting().load(Ordering::Relaxed) != 0
     }
 
@@ -925,6 +975,7 @@ mod tests {
                         ring: v,
                         head,
                         tail_cache: head,
+                        waiting: false,
                     };
                     assert_eq!(p.try_push(&h, &payload), Ok(true));
                     assert_eq!(p.head, head + slots_for(len));

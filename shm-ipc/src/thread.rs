@@ -24,6 +24,7 @@
 //!
 //! Waits spin briefly, then sleep on the rank's [`Doorbell`].
 
+use std::cell::Cell;
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
@@ -41,7 +42,7 @@ use crate::doorbell::{Backoff, Doorbell};
 use crate::futex::Scope;
 use crate::lock::{RankGuard, RankLock};
 use crate::ring::{Consumer, Header, HeapRing, Incoming, Producer, RingRef};
-use crate::target::{lost, BlockingRecv, Pending, Target};
+use xdev::target::{cancelled, lost, unpost, BlockingRecv, Pending, Target};
 
 const KIND_EAGER: u8 = 1;
 const KIND_RNDV: u8 = 2;
@@ -311,6 +312,12 @@ impl Drop for Settle<'_> {
 }
 
 /// One rank's private protocol state, behind the rank lock.
+///
+/// A producer's waiting-for-room flag, once set (by a backlog or a blocking
+/// send that found its ring full), is never cleared: clearing it safely
+/// would need a count of every kind of waiter on that ring, and a flag set
+/// for nothing only costs the consumer a doorbell ring per pop, which wakes
+/// us only while we sleep.
 struct Local {
     consumers: Vec<Option<Consumer>>,
     producers: Vec<Option<Producer>>,
@@ -325,8 +332,6 @@ struct Local {
     departures_seen: u64,
     /// Bumped by every progress round that did something.
     events: u64,
-    /// Blocking sends waiting for ring room right now.
-    room_waiters: usize,
     gone: Vec<bool>,
 }
 
@@ -710,11 +715,6 @@ impl Engine {
                     break;
                 }
             }
-            if l.backlog[d].is_empty() && l.producers[d].is_some() {
-                self.producer(l, d).set_waiting(false);
-            } else if !l.backlog[d].is_empty() {
-                self.producer(l, d).set_waiting(true);
-            }
         }
         any
     }
@@ -815,10 +815,7 @@ impl Engine {
                 if done(self, &mut l)? {
                     return Ok(());
                 }
-                // Sends waiting for ring room sleep briefly: the consumer's
-                // wake-up on freed room is only a hint (see ring::Producer).
-                let backlog = l.backlog_total + l.room_waiters > 0;
-                (l.events != before, backlog, l.departures_seen)
+                (l.events != before, l.backlog_total > 0, l.departures_seen)
             };
             if self.closed.load(Ordering::Acquire) {
                 return Err(Error::Closed);
@@ -840,9 +837,12 @@ impl Engine {
                 }
             }
             if sleep {
-                // Short sleeps while our sends wait for room (the consumer's
-                // wake-up on freed room is best-effort), longer otherwise; both
-                // bounded so that departures are noticed.
+                // Short sleeps while the backlog waits for room (the
+                // sleeper's re-check does not look at its rings, so a
+                // consumer's wake-up on freed room can come before we sleep
+                // and be missed; a blocking send waiting for room re-checks
+                // its ring in `ready`), longer otherwise; both bounded so
+                // that departures are noticed.
                 let t = if backlog {
                     Duration::from_millis(1)
                 } else {
@@ -890,8 +890,10 @@ impl Engine {
             return Err(lost(dest, "peer finished or died"));
         }
         let mut hand = None;
-        let mut full = false;
-        let r = self.block_until(
+        // While the ring is full: the consumer position it was full against.
+        let full_at = Cell::new(None);
+        let ring = self.world.ring(self.rank, dest);
+        self.block_until(
             |eng, l| {
                 if !l.backlog[dest].is_empty() {
                     eng.progress_locked(l, None);
@@ -910,12 +912,7 @@ impl Engine {
                     sync,
                 };
                 let sent = eng.push(l, &out, None);
-                let was_full = std::mem::replace(&mut full, matches!(sent, Sent::Full));
-                match (was_full, full) {
-                    (false, true) => l.room_waiters += 1,
-                    (true, false) => l.room_waiters -= 1,
-                    _ => {}
-                }
+                full_at.set(None);
                 match sent {
                     Sent::Complete => Ok(true),
                     Sent::Waiting(h) => {
@@ -923,18 +920,19 @@ impl Engine {
                         Ok(true)
                     }
                     Sent::Full => {
-                        eng.producer(l, dest).set_waiting(true);
+                        // Flag first, then note what the ring was full
+                        // against: `ready` re-checks it after the doorbell
+                        // is armed, and a pop that frees room rings us.
+                        let p = eng.producer(l, dest);
+                        p.set_waiting(true);
+                        full_at.set(Some(p.consumer_position_seen()));
                         eng.progress_locked(l, None);
                         Ok(false)
                     }
                 }
             },
-            || false,
-        );
-        if full {
-            self.lock().room_waiters -= 1;
-        }
-        r?;
+            || full_at.get().is_some_and(|t| ring.consumer_position() != t),
+        )?;
         match hand {
             Some(h) => {
                 // `h` points into the caller's borrowed `buf`: whatever happens
@@ -1161,19 +1159,8 @@ impl Progress for Engine {
     }
 
     fn cancel(&self, core: &Arc<RequestCore>) -> bool {
-        if core.kind() != RequestKind::Recv || core.token() == u64::MAX {
-            return false;
-        }
-        let mut l = self.lock();
-        match l.matching.cancel(PostedId::from_raw(core.token())) {
-            Some(t) => {
-                drop(l);
-                let st = Status::cancelled(Pattern::new(Source::Any, TagSel::Any, 0));
-                self.complete_target(t, st);
-                true
-            }
-            None => false,
-        }
+        let t = unpost(&mut self.lock().matching, core);
+        t.map(|t| self.complete_target(t, cancelled())).is_some()
     }
 }
 
@@ -1247,7 +1234,6 @@ impl ThreadDevice {
                 handoffs_compact_at: 64,
                 departures_seen: 0,
                 events: 0,
-                room_waiters: 0,
                 gone: vec![false; n],
             }),
             world,

@@ -164,20 +164,14 @@ fn push_wrap_and_full_ring() {
 /// producer fills the ring, flags that it waits, re-checks for room, then
 /// sleeps until the consumer's `pop` reports the flag and rings.
 ///
-/// Loom finds a lost wake-up, so this test expects the model to deadlock:
-/// the handshake is the store-buffer pattern (producer: store `waiting`, load
-/// `tail`; consumer: store `tail`, load `waiting`) and `pop` has no fence
-/// between its `Release` store of `tail` and its `Relaxed` load of `waiting`,
-/// so both loads may miss the other side's store (on x86 too: the consumer's
-/// store can still sit in its store buffer). The flag is therefore a hint;
-/// the thread device relies on it only with a bounded sleep (its own comment
-/// calls the wake-up on freed room best-effort). Checked by hand: with a
-/// `fence(SeqCst)` after the `tail` store in `pop` and after the store in
-/// `set_waiting`, the model passes exhaustively (21,272 executions); with the
-/// fence in `pop` alone it still deadlocks. If the ring ever makes the flag
-/// reliable, drop the `should_panic`.
+/// The handshake is the store-buffer pattern (producer: store `waiting`,
+/// load `tail`; consumer: store `tail`, load `waiting`), with a fence on each
+/// side (`Producer::set_waiting`, `Consumer::pop`; `fence(SeqCst)` in this
+/// build): either the producer's re-check sees the freed room, or the pop
+/// reports the flag. A lost wake-up would leave the producer asleep and loom
+/// would report a deadlock. (Before the fences, loom found exactly that; the
+/// fence in `pop` alone is not enough either.)
 #[test]
-#[should_panic(expected = "deadlock")]
 fn waiting_flag_handshake() {
     use loom::sync::{Condvar, Mutex};
     model("waiting_flag_handshake", || {

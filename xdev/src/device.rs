@@ -45,6 +45,16 @@ impl Config {
         Ok(self.with(k, v))
     }
 
+    /// Adds options written `KEY=VALUE`, in order (a later one wins).
+    pub fn with_assignments<S: AsRef<str>>(
+        self,
+        assignments: impl IntoIterator<Item = S>,
+    ) -> Result<Self> {
+        assignments
+            .into_iter()
+            .try_fold(self, |c, a| c.with_assignment(a.as_ref()))
+    }
+
     /// Checks `rank < size` and `size > 0`.
     pub fn validate(&self) -> Result<()> {
         if self.size == 0 {
@@ -171,5 +181,15 @@ mod tests {
             Config::new(0, 2, "j").with_assignment("ring_bytes"),
             Err(Error::Config(_))
         ));
+        let c = Config::new(0, 2, "j")
+            .with_assignments(["a=1", "b=2", "a=3"])
+            .unwrap();
+        assert_eq!(
+            (c.option("a", 0).unwrap(), c.option("b", 0).unwrap()),
+            (3, 2)
+        );
+        assert!(Config::new(0, 2, "j")
+            .with_assignments(["a=1", "bad"])
+            .is_err());
     }
 }

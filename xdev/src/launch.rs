@@ -64,10 +64,15 @@ pub struct RankExit {
 /// The output of every rank that did not exit with status 0, one block per
 /// rank (`rank R: stdout stderr`); empty when all succeeded.
 pub fn failures(exits: &[RankExit]) -> String {
+    report(exits, |e| !e.success)
+}
+
+/// The output of the ranks `which` selects, one block per rank.
+fn report(exits: &[RankExit], which: impl Fn(&RankExit) -> bool) -> String {
     exits
         .iter()
         .enumerate()
-        .filter(|(_, e)| !e.success)
+        .filter(|(_, e)| which(e))
         .map(|(r, e)| format!("rank {r}: {}{}", e.stdout, e.stderr))
         .collect::<Vec<_>>()
         .join("\n")
@@ -173,16 +178,11 @@ impl LocalJob {
             })
             .collect();
         if timed_out {
-            let out: Vec<String> = exits
-                .iter()
-                .enumerate()
-                .map(|(r, e)| format!("rank {r}: {}{}", e.stdout, e.stderr))
-                .collect();
             return Err(Error::transport(
                 format!(
                     "job {} timed out after {timeout:?}\n{}",
                     self.job,
-                    out.join("\n")
+                    report(&exits, |_| true)
                 ),
                 std::io::Error::from(std::io::ErrorKind::TimedOut),
             ));
@@ -199,5 +199,32 @@ impl Drop for LocalJob {
                 let _ = c.wait();
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_hung_job_is_killed_and_reported_with_its_output() {
+        let job = LocalJob::start(2, "sh", &["-c", "echo started; exec sleep 30"], &[]).unwrap();
+        let t = Instant::now();
+        match job.wait(Duration::from_secs(2)) {
+            Err(Error::Transport { context, .. }) => {
+                assert!(context.contains("timed out"), "{context}");
+                assert!(context.contains("rank 1: started"), "{context}");
+            }
+            other => panic!("expected a timeout, got {other:?}"),
+        }
+        assert!(t.elapsed() < Duration::from_secs(10), "not killed");
+    }
+
+    #[test]
+    fn failures_lists_only_the_failed_ranks() {
+        let job =
+            LocalJob::start(2, "sh", &["-c", "echo out$XDEV_RANK; exit $XDEV_RANK"], &[]).unwrap();
+        let exits = job.wait(Duration::from_secs(30)).unwrap();
+        assert_eq!(failures(&exits), "rank 1: out1\n");
     }
 }

@@ -19,6 +19,7 @@ pub mod launch;
 pub mod matching;
 pub mod registry;
 mod request;
+pub mod target;
 mod types;
 
 pub use buffer::{Buffer, BufferStorage};

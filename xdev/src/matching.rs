@@ -871,13 +871,14 @@ impl<M, R> Ctx<M, R> {
     }
 }
 
-/// Map with the fast non-cryptographic [`FxHasher`]: keys are small integers
-/// chosen by the job, not by an adversary.
-type FxMap<K, V> = HashMap<K, V, BuildHasherDefault<FxHasher>>;
+/// Map with the fast non-cryptographic [`FxHasher`], for keys that are
+/// small integers chosen by the job or the device (ranks, contexts, request
+/// ids), not by an adversary. Transports use it for their per-message maps.
+pub type FxMap<K, V> = HashMap<K, V, BuildHasherDefault<FxHasher>>;
 
 /// The Fx hash (as used by rustc): one rotate, xor and multiply per word.
 #[derive(Default, Clone, Copy)]
-struct FxHasher {
+pub struct FxHasher {
     hash: u64,
 }
 

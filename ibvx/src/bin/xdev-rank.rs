@@ -5,6 +5,10 @@
 //! xdev-rank conformance CASE [KEY=VALUE...]   run one xdev conformance case
 //! xdev-rank peer-exit [KEY=VALUE...]          rank 1 leaves; rank 0's operations
 //!                                             involving it fail with PeerLost
+//! xdev-rank inflight-send [KEY=VALUE...]      rank 1 leaves with a rendezvous send
+//!                                             to it in flight: the send fails
+//! xdev-rank finish-posted [KEY=VALUE...]      receives still posted at finish, and
+//!                                             operations after it, fail with Closed
 //! xdev-rank posted-truncation [KEY=VALUE...]  a large message into a smaller
 //!                                             receive posted before it was sent
 //! ```
@@ -16,10 +20,8 @@ use xdev::conformance::{barrier, run_case};
 use xdev::{Config, Device};
 
 fn config(options: &[String]) -> Result<Config, String> {
-    let cfg = xdev::bootstrap::config_from_env().map_err(|e| e.to_string())?;
-    options
-        .iter()
-        .try_fold(cfg, |c, kv| c.with_assignment(kv))
+    xdev::bootstrap::config_from_env()
+        .and_then(|c| c.with_assignments(options))
         .map_err(|e| e.to_string())
 }
 
@@ -38,7 +40,13 @@ fn main() -> ExitCode {
         Some("conformance") if args.len() >= 2 => conformance(&args[1], &args[2..]),
         Some("posted-truncation") => posted_truncation(&args[1..]),
         Some("peer-exit") => peer_exit(&args[1..]),
-        _ => Err("usage: xdev-rank conformance CASE [K=V...] | posted-truncation [K=V...]".into()),
+        Some("inflight-send") => inflight_send(&args[1..]),
+        Some("finish-posted") => finish_posted(&args[1..]),
+        _ => Err(
+            "usage: xdev-rank conformance CASE [K=V...] | posted-truncation [K=V...] \
+                  | peer-exit [K=V...] | inflight-send [K=V...] | finish-posted [K=V...]"
+                .into(),
+        ),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,
@@ -138,4 +146,64 @@ fn peer_exit(options: &[String]) -> Result<(), String> {
             .as_ref(),
     )?;
     dev.finish().map_err(|e| format!("finish: {e}"))
+}
+
+/// Rank 0 starts a 1 MiB send to rank 1 (a rendezvous on every device),
+/// which rank 1 never receives: it exits right after a barrier, without
+/// finishing. Waiting for the send fails with PeerLost (it does not wait
+/// for `finish`), and rank 0 still finishes.
+fn inflight_send(options: &[String]) -> Result<(), String> {
+    let dev = open(options)?;
+    let ctx = 0x464c_5954;
+    let send = (dev.id() == 0).then(|| dev.isend(xdev::Buffer::zeroed(1 << 20), 1, 0, ctx));
+    barrier(&*dev).map_err(|e| format!("barrier: {e}"))?;
+    if dev.id() == 1 {
+        std::process::exit(0);
+    }
+    if let Some(send) = send {
+        match send.wait().status.error {
+            Some(xdev::Error::PeerLost { rank: 1, .. }) => {}
+            other => {
+                return Err(format!(
+                    "isend: expected PeerLost from rank 1, got {other:?}"
+                ))
+            }
+        }
+    }
+    dev.finish().map_err(|e| format!("finish: {e}"))
+}
+
+/// Every rank posts receives that nothing matches (from itself, so that a
+/// peer finishing first cannot fail it, and from any source), then all
+/// finish: the receives end with Closed, as do a send and a receive started
+/// afterwards.
+fn finish_posted(options: &[String]) -> Result<(), String> {
+    let dev = open(options)?;
+    let ctx = 0x434c_5344;
+    let me = dev.id();
+    let posted = [xdev::Source::Rank(me), xdev::Source::Any]
+        .map(|s| dev.irecv(xdev::Buffer::zeroed(8), s, xdev::TagSel::Any, ctx));
+    barrier(&*dev).map_err(|e| format!("barrier: {e}"))?;
+    dev.finish().map_err(|e| format!("finish: {e}"))?;
+    let closed = |what: &str, r: Option<&xdev::Error>| match r {
+        Some(xdev::Error::Closed) => Ok(()),
+        other => Err(format!("{what}: expected Closed, got {other:?}")),
+    };
+    for (i, r) in posted.into_iter().enumerate() {
+        closed(
+            &format!("posted receive {i}"),
+            r.wait().status.error.as_ref(),
+        )?;
+    }
+    closed(
+        "send after finish",
+        dev.send(b"x", me, 0, ctx).err().as_ref(),
+    )?;
+    let late = dev.irecv(
+        xdev::Buffer::zeroed(8),
+        xdev::Source::Any,
+        xdev::TagSel::Any,
+        ctx,
+    );
+    closed("receive after finish", late.wait().status.error.as_ref())
 }

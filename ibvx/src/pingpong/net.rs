@@ -286,6 +286,11 @@ mod tests {
             .port()
     }
 
+    /// A client of the test server on `port`, whose reads time out after `timeout`.
+    fn client(port: u16, timeout: Duration) -> Link {
+        Link::connect("127.0.0.1", port, Duration::from_secs(10), timeout).unwrap()
+    }
+
     #[test]
     fn refused_connection_is_a_clear_error() {
         let port = free_port();
@@ -331,19 +336,14 @@ mod tests {
                 thread::sleep(Duration::from_millis(5));
             }
         });
-        let mut c = Link::connect(
-            "127.0.0.1",
-            port,
-            Duration::from_secs(10),
-            Duration::from_secs(10),
-        )
-        .unwrap();
+        let mut c = client(port, Duration::from_secs(10));
         let mut got = [0u8; 3];
         c.xchg(b"cli", &mut got, "test").unwrap();
         assert_eq!(&got, b"srv");
         c.send(&Message::Sync(9)).unwrap();
         assert_eq!(c.recv("bye").unwrap(), Message::Bye);
-        assert!(c.peer_gone().is_none() || c.peer_gone().is_some());
+        // The server is still connected, waiting for this side to close.
+        assert_eq!(c.peer_gone(), None);
         drop(c);
         server.join().unwrap();
     }
@@ -356,19 +356,41 @@ mod tests {
             thread::sleep(Duration::from_millis(200));
             drop(l);
         });
-        let mut c = Link::connect(
-            "127.0.0.1",
-            port,
-            Duration::from_secs(10),
-            Duration::from_millis(50),
-        )
-        .unwrap();
+        let mut c = client(port, Duration::from_millis(50));
         let mut b = [0u8; 4];
         let e = c.read(&mut b, "hello").unwrap_err();
         assert!(matches!(e, PingpongError::Timeout { .. }), "{e}");
         c.set_timeout(Duration::from_secs(10)).unwrap();
         let e = c.read(&mut b, "hello").unwrap_err();
         assert!(matches!(e, PingpongError::PeerGone { .. }), "{e}");
+        server.join().unwrap();
+    }
+
+    #[test]
+    fn a_bad_frame_is_a_protocol_error() {
+        let port = free_port();
+        let server = thread::spawn(move || {
+            let mut l = Link::accept(port, Duration::from_secs(10)).unwrap();
+            // An unknown kind, then a Reject whose reason is not UTF-8.
+            l.write(&[9, 0, 0, 0, 0], "junk").unwrap();
+            l.write(&[2, 0, 0, 0, 1, 0xff], "junk").unwrap();
+            // Until the client has read both and closed.
+            let e = l.read(&mut [0u8; 1], "the close").unwrap_err();
+            assert!(matches!(e, PingpongError::PeerGone { .. }), "{e}");
+        });
+        let mut c = client(port, Duration::from_secs(10));
+        let e = c.recv("the greeting").unwrap_err();
+        assert!(matches!(e, PingpongError::Protocol(_)), "{e}");
+        assert_eq!(
+            e.to_string(),
+            "protocol error: unknown frame kind 9 (the greeting)"
+        );
+        let e = c.recv("the parameters").unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "protocol error: invalid reason (the parameters)"
+        );
+        drop(c);
         server.join().unwrap();
     }
 }

@@ -1,7 +1,5 @@
 //! A run: resources, handshake, the measured loops and the output.
 
-use std::collections::hash_map::RandomState;
-use std::hash::{BuildHasher, Hasher};
 use std::io::Write;
 use std::time::Duration;
 
@@ -101,11 +99,11 @@ struct Resources {
     device: String,
 }
 
-/// A random 24-bit PSN.
-fn random_psn() -> u32 {
-    let mut h = RandomState::new().build_hasher();
-    h.write_u64(cycles());
-    (h.finish() & 0xff_ffff) as u32
+impl Resources {
+    /// Whether `size`-byte messages are sent inline.
+    fn inline(&self, size: usize) -> bool {
+        self.inline_max > 0 && size <= self.inline_max as usize
+    }
 }
 
 fn setup(o: &Options) -> Result<Resources, PingpongError> {
@@ -183,7 +181,7 @@ fn setup(o: &Options) -> Result<Resources, PingpongError> {
         recv_cq,
         send_mr,
         recv_mr,
-        psn: random_psn(),
+        psn: crate::verbs::random_psn(),
         inline_max,
         device: ctx.name().to_string(),
     })
@@ -280,24 +278,12 @@ fn wait_wc_idle(
     let mut wc = [WorkCompletion::default()];
     let mut spins = 0u32;
     loop {
-        let n = cq.poll(&mut wc).map_err(|e| run_error(link, what(), e))?;
-        if n == 1 {
+        if poll_armed(cq, &mut wc, events, link, what)? == 1 {
             wc[0].ok().map_err(|e| run_error(link, what(), e))?;
             return Ok(wc[0]);
         }
         if events {
-            cq.req_notify(false)
-                .map_err(|e| run_error(link, what(), e))?;
-            if cq.poll(&mut wc).map_err(|e| run_error(link, what(), e))? == 1 {
-                wc[0].ok().map_err(|e| run_error(link, what(), e))?;
-                return Ok(wc[0]);
-            }
-            if !cq
-                .wait_event(Some(Duration::from_millis(50)))
-                .map_err(|e| run_error(link, what(), e))?
-            {
-                w.check(link, what)?;
-            }
+            wait_armed(cq, w, link, what)?;
         } else if let Some(pause) = idle {
             std::thread::sleep(pause);
             w.check(link, what)?;
@@ -308,6 +294,44 @@ fn wait_wc_idle(
             }
         }
     }
+}
+
+/// Polls `cq` into `wcs` and returns how many completions it took. With
+/// `events`, an empty poll arms the queue and polls once more: a completion
+/// that arrived before the arming raises no event, so only after a second
+/// empty poll may the caller sleep ([`wait_armed`]).
+#[inline]
+fn poll_armed(
+    cq: &CompletionQueue,
+    wcs: &mut [WorkCompletion],
+    events: bool,
+    link: &Link,
+    what: &dyn Fn() -> String,
+) -> Result<usize, PingpongError> {
+    let n = cq.poll(wcs).map_err(|e| run_error(link, what(), e))?;
+    if n > 0 || !events {
+        return Ok(n);
+    }
+    cq.req_notify(false)
+        .map_err(|e| run_error(link, what(), e))?;
+    cq.poll(wcs).map_err(|e| run_error(link, what(), e))
+}
+
+/// Sleeps on the channel of `cq` (armed by [`poll_armed`]) for up to 50 ms,
+/// checking the watch when no event came.
+fn wait_armed(
+    cq: &CompletionQueue,
+    w: &mut Watch,
+    link: &Link,
+    what: &dyn Fn() -> String,
+) -> Result<(), PingpongError> {
+    let woke = cq
+        .wait_event(Some(Duration::from_millis(50)))
+        .map_err(|e| run_error(link, what(), e))?;
+    if !woke {
+        w.check(link, what)?;
+    }
+    Ok(())
 }
 
 /// Byte `j` of message `iter` from the side with `seed` (`--check`).
@@ -322,23 +346,39 @@ fn fill(mr: &mut MemoryRegion<'_>, offset: usize, len: usize, seed: u8, iter: u6
     mr.fill(offset, len, |j| pattern(seed, iter, j));
 }
 
+/// Checks that `len` bytes at `offset` hold message `iter` of the side with
+/// `seed`. Runs once per message with `--check`: it allocates nothing, and
+/// `what` (the context of the error) is only formatted on a mismatch.
 fn verify(
     mr: &MemoryRegion<'_>,
     offset: usize,
     len: usize,
     seed: u8,
     iter: u64,
-    what: &str,
+    what: impl Fn() -> String,
 ) -> Result<(), PingpongError> {
-    let mut buf = vec![0u8; len.min(1 << 16)];
+    check_pattern(|at, out| mr.read(offset + at, out), len, seed, iter, what)
+}
+
+/// [`verify`] over any source of bytes: `read(at, out)` fills `out` with
+/// the bytes at `at`; they are compared in chunks of a stack buffer.
+fn check_pattern(
+    mut read: impl FnMut(usize, &mut [u8]),
+    len: usize,
+    seed: u8,
+    iter: u64,
+    what: impl Fn() -> String,
+) -> Result<(), PingpongError> {
+    let mut buf = [0u8; 4096];
     let mut done = 0;
     while done < len {
         let n = buf.len().min(len - done);
-        mr.read(offset + done, &mut buf[..n]);
+        read(done, &mut buf[..n]);
         if let Some(k) = (0..n).find(|&k| buf[k] != pattern(seed, iter, done + k)) {
             let j = done + k;
             return Err(PingpongError::DataCheck(format!(
-                "{what}: byte {j} of message {iter} is {:#04x}, expected {:#04x}",
+                "{}: byte {j} of message {iter} is {:#04x}, expected {:#04x}",
+                what(),
                 buf[k],
                 pattern(seed, iter, j)
             )));
@@ -499,9 +539,8 @@ impl Session<'_> {
     fn native_handshake(&mut self, first: Option<[u8; 16]>) -> Result<(), PingpongError> {
         let mine = self.hello();
         let theirs = if self.client() {
-            let mut greeting = MAGIC.to_vec();
-            greeting.extend(Message::Hello(mine).encode());
-            self.link.write(&greeting, "the greeting")?;
+            self.link
+                .write(&greeting(&Message::Hello(mine)), "the greeting")?;
             let mut magic = [0u8; 16];
             self.link.read(&mut magic, "the server's greeting").map_err(|e| match e {
                 PingpongError::PeerGone { .. } => PingpongError::Protocol(
@@ -537,15 +576,14 @@ impl Session<'_> {
                 m => return Err(unexpected("Hello", &m)),
             };
             if let Some(m) = wire::mismatch(&mine, &h) {
-                let mut reply = MAGIC.to_vec();
-                reply.extend(Message::Reject(m.clone()).encode());
                 // Best effort: the error is this side's result either way.
-                let _ = self.link.write(&reply, "the refusal");
+                let _ = self
+                    .link
+                    .write(&greeting(&Message::Reject(m.clone())), "the refusal");
                 return Err(PingpongError::Mismatch(m));
             }
-            let mut reply = MAGIC.to_vec();
-            reply.extend(Message::Hello(mine).encode());
-            self.link.write(&reply, "the greeting")?;
+            self.link
+                .write(&greeting(&Message::Hello(mine)), "the greeting")?;
             h
         };
         let e = theirs.endpoint;
@@ -822,18 +860,20 @@ impl Session<'_> {
             // The client's last write of the size carries an immediate.
             self.r.qp.post_recv(RECV_WR_ID, &[])?;
         }
-        if self.o.test == TestKind::WriteBw && self.client() {
-            let slots = if self.o.check {
-                check_slots(self.o.window(), size)
-            } else {
-                1
-            };
-            if (slots * size) as u64 > self.remote.len {
-                return Err(PingpongError::Setup(format!(
-                    "the server's region of {} bytes cannot hold {slots} x {size} bytes",
-                    self.remote.len
-                )));
-            }
+        // The bandwidth client's write slots (several only with --check).
+        let slots = if self.o.check {
+            check_slots(self.o.window(), size)
+        } else {
+            1
+        };
+        if self.o.test == TestKind::WriteBw
+            && self.client()
+            && (slots * size) as u64 > self.remote.len
+        {
+            return Err(PingpongError::Setup(format!(
+                "the server's region of {} bytes cannot hold {slots} x {size} bytes",
+                self.remote.len
+            )));
         }
         self.sync_before(k)?;
         let mut w = self.watch();
@@ -864,11 +904,6 @@ impl Session<'_> {
                 })
             }
             TestKind::WriteBw if self.client() => {
-                let slots = if self.o.check {
-                    check_slots(self.o.window(), size)
-                } else {
-                    1
-                };
                 let (posted, completed) = write_bw_client(
                     &mut self.r,
                     &self.link,
@@ -937,14 +972,9 @@ impl Session<'_> {
                     for slot in 0..slots.min(iters as usize) {
                         // the last iteration that wrote this slot
                         let it = (iters - 1) - ((iters - 1 - slot as u64) % slots as u64);
-                        verify(
-                            &self.r.recv_mr,
-                            slot * size,
-                            size,
-                            peer_seed,
-                            it,
-                            &format!("write_bw {size} B slot {slot}"),
-                        )?;
+                        verify(&self.r.recv_mr, slot * size, size, peer_seed, it, || {
+                            format!("write_bw {size} B slot {slot}")
+                        })?;
                     }
                 }
                 let rep = match self.link.recv("the client's bandwidth report")? {
@@ -1043,8 +1073,7 @@ fn send_lat(
     let iters = o.iters;
     let client = o.is_client();
     let mut stamps = Vec::with_capacity(iters as usize);
-    let inline = r.inline_max > 0 && size <= r.inline_max as usize;
-    let flags = SendFlags::SIGNALED.with(SendFlags::INLINE, inline);
+    let flags = SendFlags::SIGNALED.with(SendFlags::INLINE, r.inline(size));
     let (mut scnt, mut rcnt) = (0u64, 0u64);
     while scnt < iters || rcnt < iters {
         if rcnt < iters && !(client && scnt == 0) {
@@ -1057,14 +1086,9 @@ fn send_lat(
                 )));
             }
             if o.check {
-                verify(
-                    &r.recv_mr,
-                    0,
-                    size,
-                    peer_seed,
-                    rcnt,
-                    &format!("send_lat {size} B"),
-                )?;
+                verify(&r.recv_mr, 0, size, peer_seed, rcnt, || {
+                    format!("send_lat {size} B")
+                })?;
             }
             rcnt += 1;
             r.qp.post_recv(RECV_WR_ID, &[r.recv_mr.sge(0, r.recv_mr.len())])
@@ -1106,8 +1130,7 @@ fn write_lat(
     let iters = o.iters;
     let server = !o.is_client();
     let mut stamps = Vec::with_capacity(iters as usize);
-    let inline = r.inline_max > 0 && size <= r.inline_max as usize;
-    let flags = SendFlags::SIGNALED.with(SendFlags::INLINE, inline);
+    let flags = SendFlags::SIGNALED.with(SendFlags::INLINE, r.inline(size));
     let last = size - 1;
     let (mut scnt, mut rcnt, mut ccnt) = (0u64, 0u64, 0u64);
     while scnt < iters || ccnt < iters || rcnt < iters {
@@ -1124,14 +1147,9 @@ fn write_lat(
                 }
             }
             if o.check {
-                verify(
-                    &r.recv_mr,
-                    0,
-                    last,
-                    peer_seed,
-                    rcnt - 1,
-                    &format!("write_lat {size} B"),
-                )?;
+                verify(&r.recv_mr, 0, last, peer_seed, rcnt - 1, || {
+                    format!("write_lat {size} B")
+                })?;
             }
         }
         if scnt < iters {
@@ -1194,7 +1212,7 @@ fn write_bw_client(
     } else {
         window.min(100)
     };
-    let inline = r.inline_max > 0 && size <= r.inline_max as usize;
+    let inline = r.inline(size);
     let mut posted = Vec::with_capacity(iters);
     let mut completed = Vec::with_capacity(iters / cq_mod + 1);
     let (mut scnt, mut ccnt) = (0usize, 0usize);
@@ -1229,30 +1247,10 @@ fn write_bw_client(
         }
         let done = ccnt;
         let what = move || format!("write_bw {size} B: {done} of {iters} writes complete");
-        let mut n = r
-            .send_cq
-            .poll(&mut wcs)
-            .map_err(|e| run_error(link, what(), e))?;
+        let n = poll_armed(&r.send_cq, &mut wcs, o.events, link, &what)?;
         if n == 0 && o.events {
-            // Arm, then poll again: a completion that arrived in between
-            // raises no event.
-            r.send_cq
-                .req_notify(false)
-                .map_err(|e| run_error(link, what(), e))?;
-            n = r
-                .send_cq
-                .poll(&mut wcs)
-                .map_err(|e| run_error(link, what(), e))?;
-            if n == 0 {
-                let woke = r
-                    .send_cq
-                    .wait_event(Some(Duration::from_millis(50)))
-                    .map_err(|e| run_error(link, what(), e))?;
-                if !woke {
-                    w.check(link, &what)?;
-                }
-                continue;
-            }
+            wait_armed(&r.send_cq, w, link, &what)?;
+            continue;
         }
         let now = cycles();
         for wc in &wcs[..n] {
@@ -1275,6 +1273,14 @@ fn write_bw_client(
     Ok((posted, completed))
 }
 
+/// What each side sends first in the native protocol: the magic and `m`,
+/// in one write.
+fn greeting(m: &Message) -> Vec<u8> {
+    let mut g = MAGIC.to_vec();
+    m.encode_into(&mut g);
+    g
+}
+
 /// The error for a message of the wrong kind where `want` was due.
 fn unexpected(want: &str, got: &Message) -> PingpongError {
     PingpongError::Protocol(format!("expected {want}, got {}", got.name()))
@@ -1295,6 +1301,29 @@ mod tests {
     }
 
     #[test]
+    fn the_data_check_finds_the_first_wrong_byte() {
+        let len = 10_000; // more than one chunk
+        let mut msg: Vec<u8> = (0..len).map(|j| pattern(CLIENT_SEED, 7, j)).collect();
+        fn read(m: &[u8]) -> impl FnMut(usize, &mut [u8]) + '_ {
+            move |at, out| out.copy_from_slice(&m[at..at + out.len()])
+        }
+        let what = || "send_lat 10000 B".to_string();
+        check_pattern(read(&msg), len, CLIENT_SEED, 7, what).unwrap();
+        let e = check_pattern(read(&msg), len, CLIENT_SEED, 8, what).unwrap_err();
+        assert!(
+            e.to_string()
+                .starts_with("data check failed: send_lat 10000 B: byte 0 of message 8 is "),
+            "{e}"
+        );
+        msg[9000] ^= 1;
+        let e = check_pattern(read(&msg), len, CLIENT_SEED, 7, what).unwrap_err();
+        assert!(matches!(e, PingpongError::DataCheck(_)), "{e}");
+        assert!(e.to_string().contains("byte 9000 of message 7"), "{e}");
+        // Only the first `len` bytes count.
+        check_pattern(read(&msg), 9000, CLIENT_SEED, 7, what).unwrap();
+    }
+
+    #[test]
     fn check_slots_fit_the_region() {
         assert_eq!(check_slots(128, 2), 128);
         assert_eq!(check_slots(128, 1 << 20), 16);
@@ -1303,13 +1332,6 @@ mod tests {
         assert_eq!(check_slots(0, 64), 1);
         for size in [1usize, 4096, 1 << 20, 1 << 23] {
             assert!(check_slots(128, size) * size <= CHECK_REGION.max(size));
-        }
-    }
-
-    #[test]
-    fn psns_are_24_bits() {
-        for _ in 0..100 {
-            assert!(random_psn() <= 0xff_ffff);
         }
     }
 }

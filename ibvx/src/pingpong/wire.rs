@@ -160,24 +160,33 @@ impl Message {
 
     /// The frame bytes (header and payload).
     pub fn encode(&self) -> Vec<u8> {
-        let mut p = Vec::with_capacity(64);
+        let mut out = Vec::with_capacity(HEADER_LEN + HELLO_LEN);
+        self.encode_into(&mut out);
+        out
+    }
+
+    /// Appends the frame bytes to `out` (the payload is written in place,
+    /// then its length into the header).
+    pub fn encode_into(&self, out: &mut Vec<u8>) {
+        let start = out.len();
+        out.extend_from_slice(&[0; HEADER_LEN]);
         let kind = match self {
             Message::Hello(h) => {
                 let e = &h.endpoint;
-                p.push(h.test.code());
-                p.push(u8::from(h.all) | u8::from(h.check) << 1);
-                p.extend_from_slice(&h.size.to_be_bytes());
-                p.extend_from_slice(&h.iters.to_be_bytes());
-                p.extend_from_slice(&h.mtu_requested.to_be_bytes());
-                p.extend_from_slice(&h.mtu_active.to_be_bytes());
-                p.extend_from_slice(&h.window.to_be_bytes());
-                p.extend_from_slice(&e.lid.to_be_bytes());
-                p.extend_from_slice(&e.qpn.to_be_bytes());
-                p.extend_from_slice(&e.psn.to_be_bytes());
-                p.extend_from_slice(&e.gid);
-                p.extend_from_slice(&e.rkey.to_be_bytes());
-                p.extend_from_slice(&e.addr.to_be_bytes());
-                p.extend_from_slice(&e.len.to_be_bytes());
+                out.push(h.test.code());
+                out.push(u8::from(h.all) | u8::from(h.check) << 1);
+                out.extend_from_slice(&h.size.to_be_bytes());
+                out.extend_from_slice(&h.iters.to_be_bytes());
+                out.extend_from_slice(&h.mtu_requested.to_be_bytes());
+                out.extend_from_slice(&h.mtu_active.to_be_bytes());
+                out.extend_from_slice(&h.window.to_be_bytes());
+                out.extend_from_slice(&e.lid.to_be_bytes());
+                out.extend_from_slice(&e.qpn.to_be_bytes());
+                out.extend_from_slice(&e.psn.to_be_bytes());
+                out.extend_from_slice(&e.gid);
+                out.extend_from_slice(&e.rkey.to_be_bytes());
+                out.extend_from_slice(&e.addr.to_be_bytes());
+                out.extend_from_slice(&e.len.to_be_bytes());
                 HELLO
             }
             Message::Reject(reason) => {
@@ -185,28 +194,26 @@ impl Message {
                 while !reason.is_char_boundary(end) {
                     end -= 1;
                 }
-                p.extend_from_slice(&reason.as_bytes()[..end]);
+                out.extend_from_slice(&reason.as_bytes()[..end]);
                 REJECT
             }
             Message::Sync(tag) => {
-                p.extend_from_slice(&tag.to_be_bytes());
+                out.extend_from_slice(&tag.to_be_bytes());
                 SYNC
             }
             Message::BwReport(r) => {
-                p.extend_from_slice(&r.size.to_be_bytes());
-                p.extend_from_slice(&r.iters.to_be_bytes());
-                p.extend_from_slice(&r.peak.to_bits().to_be_bytes());
-                p.extend_from_slice(&r.avg.to_bits().to_be_bytes());
-                p.extend_from_slice(&r.msg_rate.to_bits().to_be_bytes());
+                out.extend_from_slice(&r.size.to_be_bytes());
+                out.extend_from_slice(&r.iters.to_be_bytes());
+                out.extend_from_slice(&r.peak.to_bits().to_be_bytes());
+                out.extend_from_slice(&r.avg.to_bits().to_be_bytes());
+                out.extend_from_slice(&r.msg_rate.to_bits().to_be_bytes());
                 BW_REPORT
             }
             Message::Bye => BYE,
         };
-        let mut out = Vec::with_capacity(HEADER_LEN + p.len());
-        out.push(kind);
-        out.extend_from_slice(&(p.len() as u32).to_be_bytes());
-        out.extend_from_slice(&p);
-        out
+        let len = (out.len() - start - HEADER_LEN) as u32;
+        out[start] = kind;
+        out[start + 1..start + HEADER_LEN].copy_from_slice(&len.to_be_bytes());
     }
 
     /// Decodes a frame header: kind and payload length, checked against the

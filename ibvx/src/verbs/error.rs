@@ -123,6 +123,20 @@ pub enum Error {
         source: io::Error,
     },
 
+    /// A bounded resource would be exceeded (the registration cache's
+    /// pinned-memory budget), even after releasing what could be released.
+    #[error("{what} of {requested} bytes refused: {pinned} bytes already pinned, limit {limit}")]
+    Budget {
+        /// What was asked for (e.g. `registration cache lease`).
+        what: &'static str,
+        /// Bytes asked for.
+        requested: usize,
+        /// Bytes pinned when the request was refused.
+        pinned: usize,
+        /// The limit.
+        limit: usize,
+    },
+
     /// A caller error detected before calling libibverbs.
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
@@ -201,6 +215,12 @@ mod tests {
         );
         for e in [
             Error::InvalidArgument("x".into()),
+            Error::Budget {
+                what: "registration cache lease",
+                requested: 4096,
+                pinned: 1 << 30,
+                limit: 1 << 30,
+            },
             Error::from_rc("ibv_post_send", libc::ENOMEM),
             Error::from_rc("ibv_post_send", -libc::ENOMEM),
         ] {

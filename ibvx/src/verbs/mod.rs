@@ -74,6 +74,6 @@ pub use error::{Error, Result, Transition};
 pub use mr::{Access, MemoryRegion, RemoteAddr, Sge};
 pub use pd::ProtectionDomain;
 pub use qp::{
-    AddressVector, GlobalRoute, InitAttr, QpCaps, QpState, QueuePair, RemoteQp, RtrAttr, RtsAttr,
-    SendFlags, SendOp, SendRequest,
+    random_psn, AddressVector, GlobalRoute, InitAttr, QpCaps, QpState, QueuePair, RemoteQp,
+    RtrAttr, RtsAttr, SendFlags, SendOp, SendRequest,
 };

@@ -3,6 +3,7 @@
 use std::alloc::{self, Layout};
 use std::fmt;
 use std::marker::PhantomData;
+use std::mem::ManuallyDrop;
 use std::ops::BitOr;
 use std::ptr::{self, NonNull};
 
@@ -111,22 +112,33 @@ impl MemoryRegion<'static> {
         };
         // SAFETY: `ptr` is a fresh allocation of `layout.size()` bytes that
         // the region owns and frees only after deregistering.
-        match unsafe { Self::register_raw(pd, ptr, layout.size(), access) } {
-            Ok(raw) => Ok(MemoryRegion {
-                raw,
-                ptr,
-                len: layout.size(),
-                access,
-                storage: Storage::Owned(layout),
-                pd: pd.clone(),
-                _buf: PhantomData,
-            }),
-            Err(e) => {
+        unsafe { Self::from_parts(pd, ptr, layout.size(), access, Storage::Owned(layout)) }
+            .inspect_err(|_| {
                 // SAFETY: allocated above with `layout`, not registered.
                 unsafe { alloc::dealloc(ptr.as_ptr(), layout) };
-                Err(e)
-            }
-        }
+            })
+    }
+
+    /// Registers `len` bytes at `ptr` that the caller manages itself (for
+    /// memory that is not a Rust slice the region could borrow, such as a
+    /// registration cache's own mappings). The region does not free the
+    /// memory: dropping it (or [`MemoryRegion::deregister`]) only
+    /// deregisters.
+    ///
+    /// # Safety
+    /// `ptr .. ptr + len` must be mapped, and must stay mapped (neither
+    /// unmapped nor freed) until the returned region has been deregistered.
+    /// The region's accessors ([`MemoryRegion::write`] and friends) treat
+    /// the memory as the region's own, so the caller must not use them
+    /// while anything else holds references into the range.
+    pub unsafe fn register_raw_parts(
+        pd: &ProtectionDomain,
+        ptr: NonNull<u8>,
+        len: usize,
+        access: Access,
+    ) -> Result<MemoryRegion<'static>> {
+        // SAFETY: the caller keeps the range mapped until deregistration.
+        unsafe { Self::from_parts(pd, ptr, len, access, Storage::Borrowed) }
     }
 }
 
@@ -138,40 +150,37 @@ impl<'buf> MemoryRegion<'buf> {
         buf: &'buf mut [u8],
         access: Access,
     ) -> Result<MemoryRegion<'buf>> {
-        if buf.is_empty() {
-            return Err(Error::InvalidArgument(
-                "cannot register an empty buffer".into(),
-            ));
-        }
         let len = buf.len();
         let ptr = NonNull::from(buf).cast::<u8>();
         // SAFETY: `buf` is borrowed exclusively for 'buf, which the region
         // cannot outlive, so it stays mapped until deregistration.
-        let raw = unsafe { Self::register_raw(pd, ptr, len, access)? };
-        Ok(MemoryRegion {
-            raw,
-            ptr,
-            len,
-            access,
-            storage: Storage::Borrowed,
-            pd: pd.clone(),
-            _buf: PhantomData,
-        })
+        unsafe { Self::from_parts(pd, ptr, len, access, Storage::Borrowed) }
     }
 
+    /// Registers `len` bytes at `ptr` with `access` on `pd`: the one
+    /// constructor behind [`MemoryRegion::alloc`],
+    /// [`MemoryRegion::register_raw_parts`] and [`MemoryRegion::register`].
+    /// Refuses an empty range.
+    ///
     /// # Safety
-    /// `ptr .. ptr + len` must stay mapped until the returned MR is
-    /// deregistered.
-    unsafe fn register_raw(
+    /// `ptr .. ptr + len` must stay mapped until the returned region is
+    /// deregistered, and be the memory `storage` describes.
+    unsafe fn from_parts(
         pd: &ProtectionDomain,
         ptr: NonNull<u8>,
         len: usize,
         access: Access,
-    ) -> Result<NonNull<sys::ibv_mr>> {
+        storage: Storage,
+    ) -> Result<MemoryRegion<'buf>> {
+        if len == 0 {
+            return Err(Error::InvalidArgument(
+                "cannot register an empty buffer".into(),
+            ));
+        }
         let verbs = pd.context().verbs();
         // SAFETY: live PD; the memory stays mapped per this function's contract.
         let raw = unsafe { verbs.reg_mr(pd.as_raw(), ptr.as_ptr().cast(), len, access.bits()) };
-        NonNull::new(raw).ok_or_else(|| {
+        let raw = NonNull::new(raw).ok_or_else(|| {
             let source = std::io::Error::last_os_error();
             let hint = match source.raw_os_error() {
                 Some(libc::ENOMEM) | Some(libc::EPERM) | Some(libc::EAGAIN) => {
@@ -180,12 +189,28 @@ impl<'buf> MemoryRegion<'buf> {
                 _ => "",
             };
             Error::Registration { len, source, hint }
+        })?;
+        Ok(MemoryRegion {
+            raw,
+            ptr,
+            len,
+            access,
+            storage,
+            pd: pd.clone(),
+            _buf: PhantomData,
         })
     }
 
     /// Length in bytes.
     pub fn len(&self) -> usize {
         self.len
+    }
+
+    /// Start of the registered bytes, for copying in and out under the
+    /// contract of [`MemoryRegion::as_slice`] (no work request or peer may
+    /// be accessing the range at the same time).
+    pub fn as_mut_ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
     }
 
     /// Whether the region is empty (never: regions have at least one byte).
@@ -353,10 +378,31 @@ impl<'buf> MemoryRegion<'buf> {
     }
 }
 
-impl Drop for MemoryRegion<'_> {
-    fn drop(&mut self) {
+impl MemoryRegion<'_> {
+    /// Deregisters the region now and reports whether `ibv_dereg_mr`
+    /// succeeded (dropping the region does the same but can only print a
+    /// failure). On failure the device may still reach the memory, so owned
+    /// memory is leaked rather than freed, and the caller must not free or
+    /// reuse borrowed memory either.
+    pub fn deregister(self) -> Result<()> {
+        let mut this = ManuallyDrop::new(self);
+        let rc = this.dereg_and_release();
+        // SAFETY: `this` is never used or dropped again, so moving the PD
+        // handle out drops it exactly once.
+        drop(unsafe { ptr::read(&this.pd) });
+        if rc == 0 {
+            Ok(())
+        } else {
+            Err(Error::from_rc("ibv_dereg_mr", rc))
+        }
+    }
+
+    /// Deregisters, then frees owned memory if that succeeded (else leaks
+    /// it). Returns `ibv_dereg_mr`'s return code. Called exactly once.
+    fn dereg_and_release(&mut self) -> i32 {
         let verbs = self.pd.context().verbs();
-        // SAFETY: registered by reg_mr and deregistered once.
+        // SAFETY: registered by reg_mr; both callers (drop, deregister) run
+        // at most once per region.
         let rc = unsafe { (verbs.ibv_dereg_mr)(self.raw.as_ptr()) };
         if rc != 0 {
             // The device may still reach the memory: leaking it is the only
@@ -366,12 +412,19 @@ impl Drop for MemoryRegion<'_> {
                 errno_error(rc),
                 self.len
             );
-            return;
+            return rc;
         }
         if let Storage::Owned(layout) = self.storage {
             // SAFETY: allocated in `alloc` with this layout; deregistered above.
             unsafe { alloc::dealloc(self.ptr.as_ptr(), layout) };
         }
+        0
+    }
+}
+
+impl Drop for MemoryRegion<'_> {
+    fn drop(&mut self) {
+        self.dereg_and_release();
     }
 }
 
@@ -397,7 +450,17 @@ pub struct Sge<'mr> {
     _mr: PhantomData<&'mr ()>,
 }
 
-impl Sge<'_> {
+impl<'mr> Sge<'mr> {
+    /// An entry from its parts, for registrations that are not a
+    /// [`MemoryRegion`] borrow (the registration cache); the caller ties
+    /// `'mr` to whatever keeps `lkey` registered.
+    pub(crate) fn from_parts(addr: u64, length: u32, lkey: u32) -> Sge<'mr> {
+        Sge {
+            raw: sys::ibv_sge { addr, length, lkey },
+            _mr: PhantomData,
+        }
+    }
+
     /// Start address.
     pub fn addr(&self) -> u64 {
         self.raw.addr

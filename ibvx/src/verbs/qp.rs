@@ -137,6 +137,21 @@ impl Default for RtsAttr {
     }
 }
 
+/// A random first packet sequence number (24 bits), so that a packet of
+/// an earlier connection is not taken for one of this one.
+pub fn random_psn() -> u32 {
+    use std::hash::{BuildHasher, Hasher};
+    // RandomState is seeded randomly per process (and differs per call);
+    // the clock adds entropy across calls in one thread.
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    (h.finish() & 0xff_ffff) as u32
+}
+
 /// What a connection needs to know about the peer's QP.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RemoteQp {
@@ -481,6 +496,26 @@ impl QueuePair {
         path_mtu: Mtu,
         sq_psn: u32,
     ) -> Result<()> {
+        self.connect_with(
+            local,
+            remote,
+            path_mtu,
+            &RtsAttr {
+                sq_psn,
+                ..RtsAttr::default()
+            },
+        )
+    }
+
+    /// [`QueuePair::connect`] with the RTS parameters (timeouts and
+    /// retries) given by `rts`.
+    pub fn connect_with(
+        &self,
+        local: &PortAddress,
+        remote: &RemoteQp,
+        path_mtu: Mtu,
+        rts: &RtsAttr,
+    ) -> Result<()> {
         let grh = match (local.gid, remote.gid) {
             (Some((index, _)), Some(dgid)) => Some(GlobalRoute {
                 dgid,
@@ -512,10 +547,7 @@ impl QueuePair {
                 grh,
             },
         })?;
-        self.modify_to_rts(&RtsAttr {
-            sq_psn,
-            ..RtsAttr::default()
-        })
+        self.modify_to_rts(rts)
     }
 
     /// The current state (`ibv_query_qp`).
@@ -652,6 +684,13 @@ mod tests {
             SendFlags::NONE.with(SendFlags::INLINE, true),
             SendFlags::INLINE
         );
+    }
+
+    #[test]
+    fn psns_are_24_bits_and_vary() {
+        let psns: std::collections::HashSet<u32> = (0..100).map(|_| random_psn()).collect();
+        assert!(psns.iter().all(|&p| p <= 0xff_ffff));
+        assert!(psns.len() > 90, "{} distinct PSNs of 100", psns.len());
     }
 
     #[test]

@@ -18,10 +18,8 @@ use xdev::conformance::{barrier, run_case};
 use xdev::{Buffer, Config, Device, Error, Source, TagSel};
 
 fn config(options: &[String]) -> Result<Config, String> {
-    let cfg = xdev::bootstrap::config_from_env().map_err(|e| e.to_string())?;
-    options
-        .iter()
-        .try_fold(cfg, |c, kv| c.with_assignment(kv))
+    xdev::bootstrap::config_from_env()
+        .and_then(|c| c.with_assignments(options))
         .map_err(|e| e.to_string())
 }
 
