@@ -2,8 +2,9 @@
 //! and bibw of every device that works here, with the floors), measures the
 //! installed peers in the same run (raw PSM2 on the psm device's endpoint,
 //! Open MPI and MPICH through `benches/mpi/osu_peer.c` built with their
-//! `mpicc`, perftest from a soft-RoCE VM results file when one is given),
-//! and writes a self-contained markdown report with SVG plots ([`crate::plot`]).
+//! `mpicc`), takes the `ibv` device and perftest from a soft-RoCE VM results
+//! file when one is given (`ci/bench-vm.sh` writes it: [`parse_vm`]), and
+//! writes a self-contained markdown report with SVG plots ([`crate::plot`]).
 //!
 //! Nothing is invented: a device or peer that could not be measured is listed
 //! as "not measured" with the reason.
@@ -40,7 +41,14 @@ pub const FLOOR_PREFIX: &str = "floor (";
 pub const MPI_INSTALL: &str = "apt-get install openmpi-bin libopenmpi-dev mpich libmpich-dev";
 
 /// The reason perftest is absent without a VM results file.
-pub const PERFTEST_ABSENT: &str = "needs the soft-RoCE VM (ci/vm-suite.sh)";
+pub const PERFTEST_ABSENT: &str =
+    "needs the soft-RoCE VM: run ci/bench-vm.sh, or pass its results file with --vm FILE";
+
+/// Series name of the perftest peer in a VM results file.
+pub const PERFTEST: &str = "perftest";
+
+/// The host name the VM section's plots and tables carry.
+pub const VM_HOST: &str = "soft-RoCE VM";
 
 /// One measurement: a JSON record of `xdev-bench --json` or of the MPI peer.
 #[derive(Clone, Debug, PartialEq)]
@@ -204,6 +212,34 @@ pub fn parse_results(text: &str) -> Results {
     r
 }
 
+/// What a soft-RoCE VM results file holds (`ci/bench-vm.sh`): measurements
+/// taken in the guest, and notes on the guest and the run.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct VmRun {
+    /// (key, value) of every `{"vm_info":KEY,"value":VALUE}` line, in order.
+    pub info: Vec<(String, String)>,
+    /// The records (`ibv` with the guest's floors, `perftest`) and
+    /// not-measured notices.
+    pub results: Results,
+}
+
+/// Parses a VM results file: the records and notices of [`parse_results`],
+/// and the `vm_info` lines.
+pub fn parse_vm(text: &str) -> VmRun {
+    let info = text
+        .lines()
+        .filter_map(|l| flat_object(&l[l.find('{')?..]))
+        .filter_map(|o| match (o.get("vm_info"), o.get("value")) {
+            (Some(Scalar::Str(k)), Some(Scalar::Str(v))) => Some((k.clone(), v.clone())),
+            _ => None,
+        })
+        .collect();
+    VmRun {
+        info,
+        results: parse_results(text),
+    }
+}
+
 /// The machine a report was measured on.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Machine {
@@ -307,8 +343,11 @@ pub struct Report {
     pub results: Results,
     /// (peer, status): raw PSM2, Open MPI, MPICH, perftest.
     pub peers: Vec<(String, PeerStatus)>,
-    /// perftest rows from the VM suite (`RATIO` lines), if a file was given.
-    pub perftest: Vec<String>,
+    /// What was measured in the soft-RoCE VM, if a results file was given.
+    pub vm: Option<VmRun>,
+    /// (a, b): the tables end with a column `a / b`, the two lines' values
+    /// divided (the VM section: `ibv / perftest`).
+    pub relative: Option<(String, String)>,
 }
 
 /// The placement of a device's ranks, for its cache-line floor.
@@ -331,7 +370,8 @@ struct Line {
 
 impl Report {
     /// The device and peer lines of `test`, in report order: the devices as
-    /// built, raw PSM2, then the MPI peers.
+    /// built, raw PSM2, then the other peers as their records come. Of
+    /// several records of one size (rounds), the best value.
     fn lines(&self, test: &str) -> Vec<Line> {
         let mut order: Vec<String> = self.built.clone();
         order.push(RAW_PSM2.into());
@@ -358,7 +398,17 @@ impl Report {
                 (r.device.as_str(), r.value)
             };
             if let Some(l) = lines.iter_mut().find(|l| l.name == name) {
-                l.points.insert(r.size, value);
+                // Several rounds of one size (a VM results file): the best.
+                l.points
+                    .entry(r.size)
+                    .and_modify(|v| {
+                        *v = if test == "latency" {
+                            v.min(value)
+                        } else {
+                            v.max(value)
+                        }
+                    })
+                    .or_insert(value);
             }
         }
         lines.retain(|l| !l.points.is_empty());
@@ -535,8 +585,12 @@ impl Report {
         for l in &lines {
             let _ = write!(s, "| {} | ratio ", l.name);
         }
+        let relative = self.relative_lines(&lines);
+        if let Some((a, b)) = relative {
+            let _ = write!(s, "| {} / {} ", a.name, b.name);
+        }
         s.push_str("|\n|---");
-        for _ in 0..floors.len() + 2 * lines.len() {
+        for _ in 0..floors.len() + 2 * lines.len() + usize::from(relative.is_some()) {
             s.push_str("|---:");
         }
         s.push_str("|\n");
@@ -563,12 +617,186 @@ impl Report {
                     None => s.push_str("| – | – "),
                 }
             }
+            if let Some((a, b)) = relative {
+                match (a.points.get(&size), b.points.get(&size)) {
+                    (Some(x), Some(y)) if *y > 0.0 => {
+                        let _ = write!(s, "| {:.2} ", x / y);
+                    }
+                    _ => s.push_str("| – "),
+                }
+            }
             s.push_str("|\n");
         }
         s
     }
 
-    /// The report as markdown; the plots are `<test>.svg` beside it.
+    /// The two lines of [`Self::relative`] among `lines`, when both are.
+    fn relative_lines<'l>(&self, lines: &'l [Line]) -> Option<(&'l Line, &'l Line)> {
+        let (a, b) = self.relative.as_ref()?;
+        let find = |n: &str| lines.iter().find(|l| l.name == n);
+        Some((find(a)?, find(b)?))
+    }
+
+    /// The report of what was measured in the soft-RoCE VM, with the
+    /// guest's own floors: the tables and plots of its section.
+    pub fn vm_report(&self) -> Option<Report> {
+        let vm = self.vm.as_ref()?;
+        Some(Report {
+            machine: Machine {
+                host: VM_HOST.into(),
+                ..self.machine.clone()
+            },
+            load_after: self.load_after.clone(),
+            command: self.command.clone(),
+            elapsed: self.elapsed,
+            built: vec!["ibv".into()],
+            results: vm.results.clone(),
+            peers: Vec::new(),
+            vm: None,
+            relative: Some(("ibv".into(), PERFTEST.into())),
+        })
+    }
+
+    /// The status of the device `d` in the devices table: measured here,
+    /// in the VM, or not, and why.
+    fn device_status(&self, d: &str) -> String {
+        let measured = |r: &Results| r.records.iter().any(|x| x.device == d);
+        let why = |r: &Results| {
+            r.not_measured
+                .iter()
+                .find(|(n, _)| n == d)
+                .map(|(_, w)| w.clone())
+        };
+        if measured(&self.results) {
+            return "measured".into();
+        }
+        let here = if let Some(w) = why(&self.results) {
+            format!("not measured: {w}")
+        } else if !self.built.iter().any(|b| b == d) {
+            "not measured: not in this build (planned)".to_string()
+        } else {
+            "not measured: no results (see the run's stderr)".to_string()
+        };
+        match self.vm.as_ref().map(|v| &v.results) {
+            Some(v) if measured(v) => {
+                format!("measured in the soft-RoCE VM (its section below); on this host {here}")
+            }
+            Some(v) => match why(v) {
+                Some(w) => format!("{here}; in the soft-RoCE VM not measured: {w}"),
+                None => here,
+            },
+            None => here,
+        }
+    }
+
+    /// The VM section: the guest, the headline of `ibv` against perftest,
+    /// a table and a plot per test.
+    fn vm_section(&self) -> String {
+        let mut s = String::from(
+            "## ibv and perftest in the soft-RoCE VM
+
+",
+        );
+        let (Some(vm), Some(sub)) = (self.vm.as_ref(), self.vm_report()) else {
+            let why = self
+                .peers
+                .iter()
+                .find_map(|(p, st)| match (p.as_str(), st) {
+                    (PERFTEST, PeerStatus::NotMeasured(why)) => Some(why.clone()),
+                    _ => None,
+                })
+                .unwrap_or_else(|| PERFTEST_ABSENT.into());
+            let _ = writeln!(s, "Not measured: {why}.\n");
+            return s;
+        };
+        s.push_str(
+            "The `ibv` device needs an RDMA device, which this host lacks, so it is measured \
+             with perftest in a qemu guest with soft-RoCE (`rdma_rxe`), both sides in the \
+             guest, by `ci/bench-vm.sh` (a separate run, just before the host's). The guest \
+             is emulated (TCG, no KVM): its figures are far from the host's and from real \
+             RDMA hardware, and its two virtual CPUs keep the host's two cores busy. Compare \
+             `ibv` with perftest (the last column, `ibv / perftest`: above 1 for latency or \
+             below 1 for bandwidth means `ibv` is slower), and each with the guest's floors, \
+             measured in the guest between two processes; not with the tables above.\n\n",
+        );
+        s.push_str("| | |\n|---|---|\n");
+        for (k, v) in &vm.info {
+            let _ = writeln!(s, "| {k} | {v} |");
+        }
+        s.push('\n');
+        s.push_str(&sub.vm_headline());
+        s.push('\n');
+        for (test, title, unit, what) in [
+            (
+                "latency",
+                "Latency",
+                "us",
+                "`ibv`: osu_latency (blocking pingpong, half the round trip); perftest: \
+                 `ib_send_lat`, t_avg (also half the round trip)",
+            ),
+            (
+                "bw",
+                "Bandwidth",
+                "MB/s",
+                "`ibv`: osu_bw (a window of 64 non-blocking sends, then a zero-byte \
+                 acknowledgement); perftest: `ib_write_bw -t 64` (RDMA writes, 64 in \
+                 flight), BW average converted to 10^6 bytes per second",
+            ),
+        ] {
+            let _ = writeln!(s, "### {title} in the VM ({unit})\n\n{what}.\n");
+            let _ = writeln!(s, "![{title} in the VM](vm-{test}.svg)\n");
+            if sub.lines(test).is_empty() {
+                s.push_str("Nothing measured.\n\n");
+            } else {
+                s.push_str(&sub.table(test));
+                s.push('\n');
+            }
+        }
+        s
+    }
+
+    /// The VM headline: `ibv` and perftest at 8 B latency and 1 and 4 MiB
+    /// bandwidth, each over its floor, and `ibv / perftest`.
+    fn vm_headline(&self) -> String {
+        let mut s = String::from(
+            "| figure | ibv | ratio | perftest | ratio | ibv / perftest |\n|---|---:|---:|---:|---:|---:|\n",
+        );
+        for (test, size, label) in [
+            ("latency", 8usize, "latency 8 B (us)"),
+            ("bw", 1 << 20, "bw 1 MiB (MB/s)"),
+            ("bw", 4 << 20, "bw 4 MiB (MB/s)"),
+        ] {
+            let lines = self.lines(test);
+            let cell = |name: &str| {
+                let l = lines.iter().find(|l| l.name == name)?;
+                let v = *l.points.get(&size)?;
+                Some((v, self.floor_of(test, l, size)))
+            };
+            let _ = write!(s, "| {label} ");
+            let (a, b) = (cell("ibv"), cell(PERFTEST));
+            for c in [a, b] {
+                match c {
+                    Some((v, Some(f))) if f > 0.0 => {
+                        let _ = write!(s, "| {} | {:.2} ", fmt_value(v), v / f);
+                    }
+                    Some((v, _)) => {
+                        let _ = write!(s, "| {} | – ", fmt_value(v));
+                    }
+                    None => s.push_str("| – | – "),
+                }
+            }
+            match (a, b) {
+                (Some((x, _)), Some((y, _))) if y > 0.0 => {
+                    let _ = writeln!(s, "| {:.2} |", x / y);
+                }
+                _ => s.push_str("| – |\n"),
+            }
+        }
+        s
+    }
+
+    /// The report as markdown; the plots are `<test>.svg` beside it (and
+    /// `vm-<test>.svg` with a VM results file).
     pub fn markdown(&self) -> String {
         let m = &self.machine;
         let mut s = String::new();
@@ -616,23 +844,8 @@ impl Report {
              working sets), or when the neighbours' load hits one side more than the other.\n\n",
         );
         s.push_str("## Devices and peers\n\n| name | kind | status |\n|---|---|---|\n");
-        let measured: Vec<String> = self
-            .results
-            .records
-            .iter()
-            .map(|r| r.device.clone())
-            .collect();
         for d in KNOWN_DEVICES {
-            let status = if measured.iter().any(|x| x == d) {
-                "measured".to_string()
-            } else if let Some((_, why)) = self.results.not_measured.iter().find(|(n, _)| n == d) {
-                format!("not measured: {why}")
-            } else if !self.built.iter().any(|b| b == d) {
-                "not measured: not in this build (planned)".to_string()
-            } else {
-                "not measured: no results (see the run's stderr)".to_string()
-            };
-            let _ = writeln!(s, "| `{d}` | xdev device | {status} |");
+            let _ = writeln!(s, "| `{d}` | xdev device | {} |", self.device_status(d));
         }
         for (d, why) in &self.results.not_measured {
             if !KNOWN_DEVICES.contains(&d.as_str()) {
@@ -649,6 +862,12 @@ impl Report {
         s.push_str("\n## Headline figures\n\n");
         s.push_str(&self.headline());
         s.push('\n');
+        if self.vm.is_some() {
+            s.push_str(
+                "`ibv` and perftest, measured in the soft-RoCE VM, have a section of their \
+                 own below: their figures come from an emulated guest.\n\n",
+            );
+        }
         for test in TESTS {
             let (title, unit, what) = match test {
                 "latency" => (
@@ -676,29 +895,7 @@ impl Report {
                 s.push('\n');
             }
         }
-        s.push_str("## perftest (soft-RoCE VM)\n\n");
-        if self.perftest.is_empty() {
-            let why = self
-                .peers
-                .iter()
-                .find_map(|(p, st)| match (p.as_str(), st) {
-                    ("perftest", PeerStatus::NotMeasured(why)) => Some(why.clone()),
-                    _ => None,
-                })
-                .unwrap_or_else(|| PERFTEST_ABSENT.into());
-            let _ = writeln!(s, "Not measured: {why}.\n");
-        } else {
-            s.push_str(
-                "ibvx-pingpong against perftest over soft-RoCE (rdma_rxe) in the qemu guest, \
-                 median of the rounds, from the VM suite's results file given to the report \
-                 (a separate run, in the guest: not comparable with the figures above):\n\n```\n",
-            );
-            for l in &self.perftest {
-                s.push_str(l);
-                s.push('\n');
-            }
-            s.push_str("```\n\n");
-        }
+        s.push_str(&self.vm_section());
         s.push_str("## Method\n\n");
         s.push_str(
             "Message sizes are 0 (latency only) and powers of two up to the largest shown, with \
@@ -720,6 +917,22 @@ impl Report {
              from 1 byte on log axes, the floors dashed. Raw records, with each device's own \
              floor: `results.jsonl` beside this file.\n",
         );
+        if self.vm.is_some() {
+            s.push_str(
+                "\nIn the soft-RoCE VM (`ci/bench-vm.sh`), `xdev-bench --device ibv --quick` \
+                 (a tenth of OSU's iterations, one round of floor and device per size) and \
+                 perftest with the same message counts (`ib_send_lat -n` 1000 up to 8 KiB, \
+                 100 above; `ib_write_bw -t 64 -n` 640 and 128), server and client in the \
+                 guest, take turns in rounds (the tools' order alternating); each figure is \
+                 the best of its rounds. The guest's floors are measured by the `ibv` ranks \
+                 alongside the device, and alone once per round (`xdev-bench --test floor`, \
+                 between two processes); each row divides by the best of them at that size \
+                 (for latency, the least cache-line hand-off of the whole guest run). A \
+                 perftest run that failed \
+                 three times is listed in the guest table, not filled in. Raw records: \
+                 `vm-results.jsonl` beside this file.\n",
+            );
+        }
         s
     }
 }
@@ -733,14 +946,6 @@ fn fmt_value(v: f64) -> String {
     } else {
         format!("{v:.3}")
     }
-}
-
-/// The perftest comparison rows of a VM suite results file (its `RATIO`
-/// lines: `ci/vm-suite.sh` output or its `ratios.txt`).
-pub fn perftest_rows(text: &str) -> Vec<String> {
-    text.lines()
-        .filter_map(|l| l.find("RATIO ").map(|i| l[i..].trim_end().to_string()))
-        .collect()
 }
 
 /// Runs `cmd` with stdout captured line by line (each line also passed to
@@ -1028,13 +1233,6 @@ test tests::x ... {\"device\":\"thread\",\"test\":\"bw\",\"size\":1024,\"value\"
         assert_eq!(civil_from_days(-1), (1969, 12, 31));
     }
 
-    #[test]
-    fn perftest_rows_come_from_ratio_lines() {
-        let text = "guest: x\nRATIO send_lat  t_typical (usec)  perftest 5.00 ibvx-pingpong 5.10\n  RATIO write_bw  BW\n";
-        assert_eq!(perftest_rows(text).len(), 2);
-        assert!(perftest_rows("nothing").is_empty());
-    }
-
     fn report() -> Report {
         let records = vec![
             rec("thread", "latency", 0, 0.2, 0.04),
@@ -1082,7 +1280,8 @@ test tests::x ... {\"device\":\"thread\",\"test\":\"bw\",\"size\":1024,\"value\"
                     PeerStatus::NotMeasured(PERFTEST_ABSENT.into()),
                 ),
             ],
-            perftest: vec![],
+            vm: None,
+            relative: None,
         }
     }
 
@@ -1093,7 +1292,7 @@ test tests::x ... {\"device\":\"thread\",\"test\":\"bw\",\"size\":1024,\"value\"
         assert!(md.contains("| `ibv` | xdev device | not measured: no RDMA device |"));
         assert!(md.contains("| `hybrid` | xdev device | not measured: not in this build"));
         assert!(md.contains("| MPICH | peer | not measured: not installed |"));
-        assert!(md.contains("Not measured: needs the soft-RoCE VM (ci/vm-suite.sh)."));
+        assert!(md.contains(&format!("Not measured: {PERFTEST_ABSENT}.")));
         // Headline rows: value and ratio. thread: 0.25 / 0.05 = 5; shm bw
         // 5000 / 10000; raw PSM2 is the floor field of psm-vs-raw, divided
         // by the processes' best cache-line floor (0.08); so is Open MPI.
@@ -1144,6 +1343,115 @@ test tests::x ... {\"device\":\"thread\",\"test\":\"bw\",\"size\":1024,\"value\"
         let bibw = r.plot("bibw");
         assert_eq!(bibw.series.len(), 2, "shm and its floor");
         assert_eq!(bibw.series[1].name, "memcpy floor (2 concurrent)");
+    }
+
+    /// A VM results file of two rounds, as `ci/bench-vm.sh` writes it.
+    const VM_FILE: &str = "\
+{\"vm_info\":\"guest kernel\",\"value\":\"6.1.0\"}
+{\"vm_info\":\"perftest\",\"value\":\"6.06: ib_send_lat\"}
+{\"device\":\"perftest\",\"test\":\"latency\",\"size\":8,\"value\":20.0,\"unit\":\"us\",\"floor\":0}
+{\"device\":\"ibv\",\"test\":\"latency\",\"size\":8,\"value\":30.0,\"unit\":\"us\",\"floor\":0.5}
+{\"device\":\"ibv\",\"test\":\"latency\",\"size\":8,\"value\":25.0,\"unit\":\"us\",\"floor\":0.25}
+{\"device\":\"perftest\",\"test\":\"latency\",\"size\":8,\"value\":22.0,\"unit\":\"us\",\"floor\":0}
+{\"device\":\"perftest\",\"test\":\"bw\",\"size\":4194304,\"value\":40.0,\"unit\":\"MB/s\",\"floor\":0}
+{\"device\":\"ibv\",\"test\":\"bw\",\"size\":4194304,\"value\":30.0,\"unit\":\"MB/s\",\"floor\":1000}
+{\"device\":\"ibv\",\"test\":\"bw\",\"size\":4194304,\"value\":36.0,\"unit\":\"MB/s\",\"floor\":1200}
+{\"vm_info\":\"perftest failed\",\"value\":\"ib_write_bw -s 2 in round 1\"}
+";
+
+    #[test]
+    fn vm_files_are_parsed() {
+        let vm = parse_vm(VM_FILE);
+        assert_eq!(
+            vm.info,
+            [
+                ("guest kernel".to_string(), "6.1.0".to_string()),
+                ("perftest".to_string(), "6.06: ib_send_lat".to_string()),
+                (
+                    "perftest failed".to_string(),
+                    "ib_write_bw -s 2 in round 1".to_string()
+                ),
+            ]
+        );
+        assert_eq!(vm.results.records.len(), 7);
+        assert_eq!(
+            vm.results.records[0],
+            rec("perftest", "latency", 8, 20.0, 0.0)
+        );
+        assert!(vm.results.not_measured.is_empty());
+    }
+
+    #[test]
+    fn the_vm_section_compares_ibv_with_perftest_over_the_guests_floors() {
+        let mut r = report();
+        r.vm = Some(parse_vm(VM_FILE));
+        r.peers.retain(|(p, _)| p != PERFTEST);
+        r.peers.push((
+            PERFTEST.into(),
+            PeerStatus::Measured("in the soft-RoCE VM".into()),
+        ));
+        let md = r.markdown();
+        assert!(md.contains("| perftest | peer | measured (in the soft-RoCE VM) |"));
+        // ibv: not measured on the host, measured in the VM.
+        assert!(
+            md.contains(
+                "| `ibv` | xdev device | measured in the soft-RoCE VM (its section below); \
+                 on this host not measured: no RDMA device |"
+            ),
+            "{md}"
+        );
+        assert!(md.contains("| guest kernel | 6.1.0 |"), "{md}");
+        assert!(md.contains("| perftest failed | ib_write_bw -s 2 in round 1 |"));
+        // Best of the rounds: ibv 25 us over the least floor of the guest
+        // (0.25) = 100; perftest 20 / 0.25 = 80; 25 / 20 = 1.25. At 4 MiB:
+        // 36 / 1200, 40 / 1200, 36 / 40.
+        assert!(
+            md.contains("| latency 8 B (us) | 25.00 | 100.00 | 20.00 | 80.00 | 1.25 |"),
+            "{md}"
+        );
+        assert!(
+            md.contains("| bw 4 MiB (MB/s) | 36.00 | 0.03 | 40.00 | 0.03 | 0.90 |"),
+            "{md}"
+        );
+        assert!(
+            md.contains("| bw 1 MiB (MB/s) | – | – | – | – | – |"),
+            "{md}"
+        );
+        let sub = r.vm_report().unwrap();
+        let lat = sub.table("latency");
+        assert!(
+            lat.starts_with(
+                "| size | cache-line floor (processes) | ibv | ratio | perftest | ratio | ibv / perftest |\n\
+                 |---|---:|---:|---:|---:|---:|---:|\n"
+            ),
+            "{lat}"
+        );
+        assert!(
+            lat.contains("\n| 8 | 0.250 | 25.00 | 100.00 | 20.00 | 80.00 | 1.25 |"),
+            "{lat}"
+        );
+        assert!(sub
+            .table("bw")
+            .contains("\n| 4M | 1200 | 36.00 | 0.03 | 40.00 | 0.03 | 0.90 |"));
+        // The host's tables keep the host's floors and have no such column.
+        assert!(!r.table("latency").contains("perftest"));
+        let p = sub.plot("bw");
+        assert!(p.title.contains(VM_HOST), "{}", p.title);
+        let names: Vec<&str> = p.series.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(names, ["ibv", "perftest", "memcpy floor"]);
+        assert!(md.contains("![Latency in the VM](vm-latency.svg)"));
+        assert!(!md.contains(PERFTEST_ABSENT), "{md}");
+    }
+
+    #[test]
+    fn without_a_vm_file_its_section_says_why() {
+        let md = report().markdown();
+        assert!(
+            md.contains(&format!("Not measured: {PERFTEST_ABSENT}.")),
+            "{md}"
+        );
+        assert!(md.contains("| `ibv` | xdev device | not measured: no RDMA device |"));
+        assert!(report().vm_report().is_none());
     }
 
     #[test]

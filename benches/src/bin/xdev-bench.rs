@@ -1067,13 +1067,16 @@ and writes DIR/report.md, DIR/latency.svg, DIR/bw.svg, DIR/bibw.svg and
 DIR/results.jsonl (every record). Absent devices and peers are listed as not
 measured, with the reason. The MPI peers need Debian's packages:
   apt-get install openmpi-bin libopenmpi-dev mpich libmpich-dev
+The ibv device and perftest need an RDMA device: ci/bench-vm.sh measures them
+in the soft-RoCE VM and then runs this command with --vm FILE, which adds
+their section (DIR/vm-latency.svg, DIR/vm-bw.svg, DIR/vm-results.jsonl).
 
 OPTIONS:
   --out DIR          where to write (default: benches/reports/DATE-HOST)
   --quick            a tenth of OSU's iterations, one round (smoke runs)
   --max-size BYTES   largest message (default 4194304)
-  --perftest FILE    the soft-RoCE VM suite's output (ci/vm-suite.sh), whose
-                     ibvx-pingpong/perftest RATIO lines the report includes
+  --vm FILE          the soft-RoCE VM's results (ci/bench-vm.sh writes them):
+                     ibv and perftest, measured in the guest
   --no-mpi           do not build or run the MPI peers
   -h, --help         this text";
 
@@ -1083,7 +1086,7 @@ struct ReportArgs {
     out: Option<PathBuf>,
     quick: bool,
     max_size: usize,
-    perftest: Option<PathBuf>,
+    vm: Option<PathBuf>,
     mpi: bool,
 }
 
@@ -1092,7 +1095,7 @@ fn parse_report(args: &[String]) -> Result<Option<ReportArgs>, String> {
         out: None,
         quick: false,
         max_size: 4 << 20,
-        perftest: None,
+        vm: None,
         mpi: true,
     };
     let mut it = args.iter();
@@ -1106,7 +1109,7 @@ fn parse_report(args: &[String]) -> Result<Option<ReportArgs>, String> {
                     .parse()
                     .map_err(|_| "--max-size takes a byte count".to_string())?
             }
-            "--perftest" => r.perftest = Some(value("--perftest")?.into()),
+            "--vm" => r.vm = Some(value("--vm")?.into()),
             "--no-mpi" => r.mpi = false,
             "-h" | "--help" => return Ok(None),
             other => {
@@ -1122,12 +1125,17 @@ fn parse_report(args: &[String]) -> Result<Option<ReportArgs>, String> {
 /// `xdev-bench report`: see [`REPORT_USAGE`].
 fn report_main(args: &[String], reg: &Registry) -> Result<PathBuf, String> {
     use xdev_bench::report::{
-        measure_mpi, parse_results, perftest_rows, run_captured, which, Machine, PeerStatus,
-        Report, MPIS, PERFTEST_ABSENT, RAW_PSM2, TESTS,
+        measure_mpi, parse_results, parse_vm, run_captured, which, Machine, PeerStatus, Report,
+        MPIS, PERFTEST, PERFTEST_ABSENT, RAW_PSM2, TESTS,
     };
     let Some(r) = parse_report(args)? else {
         println!("{REPORT_USAGE}");
         return Err(String::new());
+    };
+    // Read before the run, so that a wrong path fails at once.
+    let vm_text = match &r.vm {
+        Some(f) => Some(std::fs::read_to_string(f).map_err(|e| format!("{}: {e}", f.display()))?),
+        None => None,
     };
     let machine = Machine::here();
     let start = std::time::Instant::now();
@@ -1237,24 +1245,43 @@ fn report_main(args: &[String], reg: &Registry) -> Result<PathBuf, String> {
     }
     let _ = std::fs::remove_dir_all(&build_dir);
 
-    let perftest = match &r.perftest {
-        Some(f) => {
-            let text = std::fs::read_to_string(f).map_err(|e| format!("{}: {e}", f.display()))?;
-            let rows = perftest_rows(&text);
-            let st = if rows.is_empty() {
-                PeerStatus::NotMeasured(format!("no RATIO lines in {}", f.display()))
+    let vm = match (&r.vm, &vm_text) {
+        (Some(f), Some(text)) => {
+            let vm = parse_vm(text);
+            let has = |d: &str| vm.results.records.iter().any(|x| x.device == d);
+            let st = if has(PERFTEST) {
+                let version = vm
+                    .info
+                    .iter()
+                    .find(|(k, _)| k == PERFTEST)
+                    .map_or("version unknown".into(), |(_, v)| v.clone());
+                PeerStatus::Measured(format!("in the soft-RoCE VM: perftest {version}"))
             } else {
-                PeerStatus::Measured(format!("from {}", f.display()))
+                let failed: Vec<&str> = vm
+                    .info
+                    .iter()
+                    .filter(|(k, _)| k == "perftest failed")
+                    .map(|(_, v)| v.as_str())
+                    .collect();
+                PeerStatus::NotMeasured(format!(
+                    "no perftest figures in {}{}",
+                    f.display(),
+                    if failed.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" ({})", failed.join("; "))
+                    }
+                ))
             };
-            peers.push(("perftest".to_string(), st));
-            rows
+            peers.push((PERFTEST.to_string(), st));
+            Some(vm)
         }
-        None => {
+        _ => {
             peers.push((
-                "perftest".to_string(),
+                PERFTEST.to_string(),
                 PeerStatus::NotMeasured(PERFTEST_ABSENT.into()),
             ));
-            Vec::new()
+            None
         }
     };
 
@@ -1271,7 +1298,8 @@ fn report_main(args: &[String], reg: &Registry) -> Result<PathBuf, String> {
         built: reg.entries().iter().map(|e| e.name.to_string()).collect(),
         results,
         peers,
-        perftest,
+        vm,
+        relative: None,
     };
     let write = |name: &str, body: &str| {
         let p = out.join(name);
@@ -1280,6 +1308,12 @@ fn report_main(args: &[String], reg: &Registry) -> Result<PathBuf, String> {
     write("report.md", &report.markdown())?;
     for test in TESTS {
         write(&format!("{test}.svg"), &report.plot(test).svg())?;
+    }
+    if let (Some(sub), Some(text)) = (report.vm_report(), &vm_text) {
+        for test in ["latency", "bw"] {
+            write(&format!("vm-{test}.svg"), &sub.plot(test).svg())?;
+        }
+        write("vm-results.jsonl", text)?;
     }
     let mut jsonl = String::new();
     for x in &report.results.records {
@@ -1886,18 +1920,16 @@ mod tests {
     #[test]
     fn report_arguments() {
         let v = |l: &str| l.split_whitespace().map(String::from).collect::<Vec<_>>();
-        let r = parse_report(&v(
-            "--out /tmp/r --quick --max-size 64 --perftest f --no-mpi",
-        ))
-        .unwrap()
-        .unwrap();
+        let r = parse_report(&v("--out /tmp/r --quick --max-size 64 --vm f --no-mpi"))
+            .unwrap()
+            .unwrap();
         assert_eq!(
             r,
             ReportArgs {
                 out: Some("/tmp/r".into()),
                 quick: true,
                 max_size: 64,
-                perftest: Some("f".into()),
+                vm: Some("f".into()),
                 mpi: false
             }
         );
