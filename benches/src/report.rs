@@ -240,6 +240,34 @@ pub fn parse_vm(text: &str) -> VmRun {
     }
 }
 
+/// The `vm_info` key of a perftest run that gave no figure.
+pub const PERFTEST_FAILED: &str = "perftest failed";
+
+/// perftest's status in a report given the VM results file `file`: measured
+/// (with the version the file gives) when it holds perftest's figures, else
+/// why not (with the runs that failed).
+pub fn perftest_status(vm: &VmRun, file: &str) -> PeerStatus {
+    let info = |key: &str| {
+        vm.info
+            .iter()
+            .filter(|(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
+            .collect::<Vec<_>>()
+    };
+    if vm.results.records.iter().any(|r| r.device == PERFTEST) {
+        let version = info(PERFTEST).first().copied().unwrap_or("version unknown");
+        PeerStatus::Measured(format!("in the soft-RoCE VM: perftest {version}"))
+    } else {
+        let failed = info(PERFTEST_FAILED);
+        let failed = if failed.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", failed.join("; "))
+        };
+        PeerStatus::NotMeasured(format!("no perftest figures in {file}{failed}"))
+    }
+}
+
 /// The machine a report was measured on.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Machine {
@@ -1379,6 +1407,21 @@ test tests::x ... {\"device\":\"thread\",\"test\":\"bw\",\"size\":1024,\"value\"
             rec("perftest", "latency", 8, 20.0, 0.0)
         );
         assert!(vm.results.not_measured.is_empty());
+        assert_eq!(
+            perftest_status(&vm, "f"),
+            PeerStatus::Measured("in the soft-RoCE VM: perftest 6.06: ib_send_lat".into())
+        );
+        let only_ibv: String = VM_FILE
+            .lines()
+            .filter(|l| !l.contains("\"device\":\"perftest\""))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        assert_eq!(
+            perftest_status(&parse_vm(&only_ibv), "f"),
+            PeerStatus::NotMeasured(
+                "no perftest figures in f (ib_write_bw -s 2 in round 1)".into()
+            )
+        );
     }
 
     #[test]

@@ -1125,8 +1125,8 @@ fn parse_report(args: &[String]) -> Result<Option<ReportArgs>, String> {
 /// `xdev-bench report`: see [`REPORT_USAGE`].
 fn report_main(args: &[String], reg: &Registry) -> Result<PathBuf, String> {
     use xdev_bench::report::{
-        measure_mpi, parse_results, parse_vm, run_captured, which, Machine, PeerStatus, Report,
-        MPIS, PERFTEST, PERFTEST_ABSENT, RAW_PSM2, TESTS,
+        measure_mpi, parse_results, parse_vm, perftest_status, run_captured, which, Machine,
+        PeerStatus, Report, MPIS, PERFTEST, PERFTEST_ABSENT, RAW_PSM2, TESTS,
     };
     let Some(r) = parse_report(args)? else {
         println!("{REPORT_USAGE}");
@@ -1245,45 +1245,14 @@ fn report_main(args: &[String], reg: &Registry) -> Result<PathBuf, String> {
     }
     let _ = std::fs::remove_dir_all(&build_dir);
 
-    let vm = match (&r.vm, &vm_text) {
-        (Some(f), Some(text)) => {
-            let vm = parse_vm(text);
-            let has = |d: &str| vm.results.records.iter().any(|x| x.device == d);
-            let st = if has(PERFTEST) {
-                let version = vm
-                    .info
-                    .iter()
-                    .find(|(k, _)| k == PERFTEST)
-                    .map_or("version unknown".into(), |(_, v)| v.clone());
-                PeerStatus::Measured(format!("in the soft-RoCE VM: perftest {version}"))
-            } else {
-                let failed: Vec<&str> = vm
-                    .info
-                    .iter()
-                    .filter(|(k, _)| k == "perftest failed")
-                    .map(|(_, v)| v.as_str())
-                    .collect();
-                PeerStatus::NotMeasured(format!(
-                    "no perftest figures in {}{}",
-                    f.display(),
-                    if failed.is_empty() {
-                        String::new()
-                    } else {
-                        format!(" ({})", failed.join("; "))
-                    }
-                ))
-            };
-            peers.push((PERFTEST.to_string(), st));
-            Some(vm)
-        }
-        _ => {
-            peers.push((
-                PERFTEST.to_string(),
-                PeerStatus::NotMeasured(PERFTEST_ABSENT.into()),
-            ));
-            None
-        }
-    };
+    let vm = vm_text.as_deref().map(parse_vm);
+    peers.push((
+        PERFTEST.to_string(),
+        match (&vm, &r.vm) {
+            (Some(vm), Some(f)) => perftest_status(vm, &f.display().to_string()),
+            _ => PeerStatus::NotMeasured(PERFTEST_ABSENT.into()),
+        },
+    ));
 
     let mut command = String::from("xdev-bench report");
     for a in args {
