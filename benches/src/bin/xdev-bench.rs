@@ -835,11 +835,14 @@ impl Drop for ReasonFile {
 }
 
 /// Appends why this rank cannot open its device to the file the launching
-/// run named (best effort: the reason is also on stderr).
+/// run named (best effort: the reason is also on stderr). The line goes out
+/// in one write, so the ranks' lines do not interleave (`writeln!` writes
+/// the text and its newline separately).
 fn tell_reason(reason: &str) {
     if let Some(path) = std::env::var_os(REASON_FILE) {
         if let Ok(mut f) = std::fs::OpenOptions::new().append(true).open(path) {
-            let _ = writeln!(f, "{}", reason.replace('\n', " "));
+            let line = format!("{}\n", reason.replace('\n', " "));
+            let _ = f.write_all(line.as_bytes());
         }
     }
 }
@@ -1569,6 +1572,23 @@ mod tests {
         let Ok(line) = std::env::var(CHILD_ARGS) else {
             return;
         };
+        // Only rank 0 prints. The other ranks' libtest lines ("ok", "test
+        // result: ...") would land amid rank 0's rows on the shared stdout,
+        // so they go to /dev/null. (What libtest printed before this body
+        // precedes rank 0's first line: rank 0 prints once every rank has
+        // opened the device.)
+        if std::env::var(bootstrap::XDEV_RANK).is_ok_and(|r| r != "0") {
+            use std::os::fd::AsRawFd;
+            let null = std::fs::OpenOptions::new()
+                .write(true)
+                .open("/dev/null")
+                .unwrap();
+            let _ = std::io::stdout().flush();
+            // SAFETY: dup2(2) on two descriptors open in this process: fd 1
+            // becomes a copy of /dev/null's; `null` keeps owning its own.
+            let r = unsafe { libc::dup2(null.as_raw_fd(), 1) };
+            assert_eq!(r, 1, "dup2 onto stdout");
+        }
         match rank_status(rank_main(&args(&line), &test_registry())) {
             0 => {}
             code => std::process::exit(code.into()),
