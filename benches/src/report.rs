@@ -345,6 +345,51 @@ impl Machine {
     }
 }
 
+/// How often [`LoadSampler`] reads the load average.
+pub const LOAD_SAMPLE_EVERY: Duration = Duration::from_secs(10);
+
+/// Samples the 1-minute load average (`/proc/loadavg`) in a thread, every
+/// [`LOAD_SAMPLE_EVERY`], until [`LoadSampler::finish`]: how busy the machine
+/// was while a run measured.
+pub struct LoadSampler {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: std::thread::JoinHandle<Vec<f64>>,
+}
+
+impl LoadSampler {
+    /// Starts sampling (the first sample at once).
+    pub fn start() -> LoadSampler {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let stopped = || flag.load(std::sync::atomic::Ordering::Acquire);
+            let mut samples = Vec::new();
+            while !stopped() {
+                if let Some(l) = read_trimmed("/proc/loadavg")
+                    .and_then(|l| l.split_whitespace().next()?.parse().ok())
+                {
+                    samples.push(l);
+                }
+                let t = Instant::now();
+                while t.elapsed() < LOAD_SAMPLE_EVERY && !stopped() {
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+            }
+            samples
+        });
+        LoadSampler { stop, thread }
+    }
+
+    /// Stops; the least and the most sampled, if any sample was taken.
+    pub fn finish(self) -> Option<(f64, f64)> {
+        self.stop.store(true, std::sync::atomic::Ordering::Release);
+        let samples = self.thread.join().ok()?;
+        let lo = samples.iter().copied().reduce(f64::min)?;
+        let hi = samples.iter().copied().reduce(f64::max)?;
+        Some((lo, hi))
+    }
+}
+
 /// A peer of the report and how it went.
 #[derive(Clone, Debug, PartialEq)]
 pub enum PeerStatus {
@@ -361,6 +406,9 @@ pub struct Report {
     pub machine: Machine,
     /// Load averages when the run ended.
     pub load_after: String,
+    /// The least and the most 1-minute load average sampled during the run
+    /// ([`LoadSampler`]), if sampled.
+    pub load_range: Option<(f64, f64)>,
     /// How the suite was run (the command line, for the reader).
     pub command: String,
     /// Wall-clock time of the whole run.
@@ -675,6 +723,7 @@ impl Report {
                 ..self.machine.clone()
             },
             load_after: self.load_after.clone(),
+            load_range: self.load_range,
             command: self.command.clone(),
             elapsed: self.elapsed,
             built: vec!["ibv".into()],
@@ -849,14 +898,35 @@ impl Report {
         let _ = writeln!(s, "| date | {} |", m.date);
         let _ = writeln!(
             s,
-            "| load average (1, 5, 15 min) | {} at the start, {} at the end |\n",
+            "| load average (1, 5, 15 min) | {} at the start, {} at the end |",
             m.load, self.load_after
         );
+        if let Some((lo, hi)) = self.load_range {
+            let _ = writeln!(
+                s,
+                "| 1-minute load average during the run (sampled every {} s) | {lo:.2} to {hi:.2} |",
+                LOAD_SAMPLE_EVERY.as_secs()
+            );
+        }
+        s.push('\n');
         s.push_str(
             "The machine is shared and virtualized: absolute figures move from run to run. \
              Read the ratios, which divide each figure by a floor measured in the same run, \
-             close in time.\n\n",
+             close in time.",
         );
+        // The run itself keeps about two busy (its two ranks spin); more
+        // than one beyond the cores means other jobs ran beside it.
+        if let Some((_, hi)) = self.load_range.filter(|&(_, hi)| hi > m.cores as f64 + 1.0) {
+            let _ = write!(
+                s,
+                " The machine was busy during this run: the 1-minute load average reached \
+                 {hi:.2} on {} cores, of which the run's two spinning ranks account for about \
+                 two, so other jobs ran beside it and the figures are noisier than on a quiet \
+                 machine; the ratios suffer least.",
+                m.cores
+            );
+        }
+        s.push_str("\n\n");
         s.push_str("## How to read value/floor\n\n");
         s.push_str(
             "- **Latency** (`ratio` = latency / cache-line floor): the floor is the one-way \
@@ -1286,6 +1356,7 @@ test tests::x ... {\"device\":\"thread\",\"test\":\"bw\",\"size\":1024,\"value\"
                 load: "0.1 0.2 0.3".into(),
             },
             load_after: "1 1 1".into(),
+            load_range: None,
             command: "xdev-bench report".into(),
             elapsed: Duration::from_secs(3),
             built: vec!["thread".into(), "shm".into(), "psm".into()],
@@ -1484,6 +1555,38 @@ test tests::x ... {\"device\":\"thread\",\"test\":\"bw\",\"size\":1024,\"value\"
         assert_eq!(names, ["ibv", "perftest", "memcpy floor"]);
         assert!(md.contains("![Latency in the VM](vm-latency.svg)"));
         assert!(!md.contains(PERFTEST_ABSENT), "{md}");
+    }
+
+    #[test]
+    fn a_busy_machine_is_said_to_be() {
+        let mut r = report();
+        assert!(!r.markdown().contains("during the run"));
+        r.load_range = Some((0.5, 1.5));
+        let md = r.markdown();
+        assert!(
+            md.contains(
+                "| 1-minute load average during the run (sampled every 10 s) | 0.50 to 1.50 |"
+            ),
+            "{md}"
+        );
+        assert!(!md.contains("was busy"), "1.5 on 2 cores: {md}");
+        r.load_range = Some((0.5, 2.9));
+        assert!(
+            !r.markdown().contains("was busy"),
+            "the run's own two ranks"
+        );
+        r.load_range = Some((0.5, 3.25));
+        assert!(r
+            .markdown()
+            .contains("The machine was busy during this run: the 1-minute load average reached 3.25 on 2 cores"));
+    }
+
+    #[test]
+    fn the_load_sampler_samples_at_once() {
+        let s = LoadSampler::start();
+        std::thread::sleep(Duration::from_millis(300));
+        let (lo, hi) = s.finish().expect("a sample of /proc/loadavg");
+        assert!(lo >= 0.0 && lo <= hi, "{lo} {hi}");
     }
 
     #[test]

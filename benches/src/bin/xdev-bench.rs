@@ -1128,8 +1128,8 @@ fn parse_report(args: &[String]) -> Result<Option<ReportArgs>, String> {
 /// `xdev-bench report`: see [`REPORT_USAGE`].
 fn report_main(args: &[String], reg: &Registry) -> Result<PathBuf, String> {
     use xdev_bench::report::{
-        measure_mpi, parse_results, parse_vm, perftest_status, run_captured, which, Machine,
-        PeerStatus, Report, MPIS, PERFTEST, PERFTEST_ABSENT, RAW_PSM2, TESTS,
+        measure_mpi, parse_results, parse_vm, perftest_status, run_captured, which, LoadSampler,
+        Machine, PeerStatus, Report, MPIS, PERFTEST, PERFTEST_ABSENT, RAW_PSM2, TESTS,
     };
     let Some(r) = parse_report(args)? else {
         println!("{REPORT_USAGE}");
@@ -1142,6 +1142,7 @@ fn report_main(args: &[String], reg: &Registry) -> Result<PathBuf, String> {
     };
     let machine = Machine::here();
     let start = std::time::Instant::now();
+    let sampler = LoadSampler::start();
     let out = r.out.clone().unwrap_or_else(|| {
         let day = machine
             .date
@@ -1265,6 +1266,7 @@ fn report_main(args: &[String], reg: &Registry) -> Result<PathBuf, String> {
     let report = Report {
         machine,
         load_after: Machine::here().load,
+        load_range: sampler.finish(),
         command,
         elapsed: start.elapsed(),
         built: reg.entries().iter().map(|e| e.name.to_string()).collect(),
