@@ -166,10 +166,17 @@ printf 'MAX=%s\nROUNDS=%s\n' "$MAX" "$ROUNDS" >"$WORK/share/env.sh"
 
 LOAD_BEFORE=$(load) T0=$SECONDS
 say "booting the soft-RoCE guest (host load average $LOAD_BEFORE)"
+# What else the host runs meanwhile: every 10 s the 1-minute load average and
+# the number of qemu processes (this guest is one of them).
+(while :; do echo "$(cut -d' ' -f1 /proc/loadavg) $(pgrep -c qemu-system || true)"; sleep 10; done) \
+  >"$WORK/host-samples.txt" &
+SAMPLER=$!
 status=0
 "$ROOT/ci/softroce-vm.sh" --timeout "$TIMEOUT" --mem 2048 --share "$WORK/share" \
   --extra-bin "$TARGET_DIR/xdev-bench" --extra-bin "$TARGET_DIR/xdev-run" \
   -- 'bash /share/run.sh' || status=$?
+kill "$SAMPLER" 2>/dev/null || true
+wait "$SAMPLER" 2>/dev/null || true
 if ((status != 0)); then
   say "the guest run failed (status $status); logs in $WORK/share/logs"
   exit "$status"
@@ -178,6 +185,9 @@ fi
   cat "$WORK/share/vm-results.jsonl"
   printf '{"vm_info":"host load average (1, 5, 15 min)","value":"%s before the guest run, %s after"}\n' \
     "$LOAD_BEFORE" "$(load)"
+  awk '{ n++; l = $1 + 0; if (n == 1 || l < lo) lo = l; if (l > hi) hi = l; if ($2 > 1) busy++ }
+    END { if (n) printf "{\"vm_info\":\"host during the guest run\",\"value\":\"1-minute load average %.2f to %.2f (the guest itself keeps about 2 busy); other qemu guests running in %d of %d samples (every 10 s)\"}\n", lo, hi, busy, n }' \
+    "$WORK/host-samples.txt"
   printf '{"vm_info":"guest run","value":"ci/bench-vm.sh --rounds %s --max-size %s on %s, %s UTC, %d s from boot to power-off"}\n' \
     "$ROUNDS" "$MAX" "$(hostname)" "$(date -u '+%Y-%m-%d %H:%M')" $((SECONDS - T0))
 } >"$OUT.tmp"
@@ -185,5 +195,6 @@ mv "$OUT.tmp" "$OUT"
 say "wrote $OUT"
 
 if ((VM_ONLY)); then exit 0; fi
+OUT=${OUT#"$ROOT"/} # the report names the file: relative to the work tree when in it
 say "the report: xdev-bench report --vm $OUT $*"
 exec "$TARGET_DIR/xdev-bench" report --vm "$OUT" "$@"
