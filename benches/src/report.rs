@@ -789,7 +789,7 @@ impl Report {
         s.push_str(
             "The `ibv` device needs an RDMA device, which this host lacks, so it is measured \
              with perftest in a qemu guest with soft-RoCE (`rdma_rxe`), both sides in the \
-             guest, by `ci/bench-vm.sh` (a separate run, just before the host's). The guest \
+             guest, by `ci/bench-vm.sh` (a separate run, dated in the table below). The guest \
              is emulated (TCG, no KVM): its figures are far from the host's and from real \
              RDMA hardware, and its two virtual CPUs keep the host's two cores busy. Compare \
              `ibv` with perftest (the last column, `ibv / perftest`: above 1 for latency or \
