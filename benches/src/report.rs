@@ -442,7 +442,16 @@ struct Line {
     name: String,
     /// size -> value.
     points: BTreeMap<usize, f64>,
+    /// size -> the floor measured alongside that value (devices only).
+    alongside: BTreeMap<usize, f64>,
 }
+
+/// A latency figure whose cache-line floor, measured alongside it, was more
+/// than this many times the row's floor was measured on disturbed cores.
+pub const DISTURBED: f64 = 2.0;
+
+/// The mark of such a figure in the tables.
+pub const DISTURBED_MARK: &str = "†";
 
 impl Report {
     /// The device and peer lines of `test`, in report order: the devices as
@@ -464,6 +473,7 @@ impl Report {
             .map(|name| Line {
                 name: name.clone(),
                 points: BTreeMap::new(),
+                alongside: BTreeMap::new(),
             })
             .collect();
         for r in self.results.records.iter().filter(|r| r.test == test) {
@@ -474,17 +484,21 @@ impl Report {
                 (r.device.as_str(), r.value)
             };
             if let Some(l) = lines.iter_mut().find(|l| l.name == name) {
-                // Several rounds of one size (a VM results file): the best.
-                l.points
-                    .entry(r.size)
-                    .and_modify(|v| {
-                        *v = if test == "latency" {
-                            v.min(value)
-                        } else {
-                            v.max(value)
-                        }
-                    })
-                    .or_insert(value);
+                // Several rounds of one size (a VM results file): the best,
+                // with the floor measured alongside it.
+                let better = match l.points.get(&r.size) {
+                    None => true,
+                    Some(&v) if test == "latency" => value < v,
+                    Some(&v) => value > v,
+                };
+                if better {
+                    l.points.insert(r.size, value);
+                    if r.device != PSM_VS_RAW && r.floor > 0.0 {
+                        l.alongside.insert(r.size, r.floor);
+                    } else {
+                        l.alongside.remove(&r.size);
+                    }
+                }
             }
         }
         lines.retain(|l| !l.points.is_empty());
@@ -620,27 +634,66 @@ impl Report {
         let mut s = String::from(
             "| device or peer | latency 8 B (us) | ratio | bw 1 MiB (MB/s) | ratio | bibw 1 MiB (MB/s) | ratio |\n|---|---:|---:|---:|---:|---:|---:|\n",
         );
+        let mut marked = false;
         for name in names {
             let _ = write!(s, "| {name} ");
             for (test, size) in picks {
-                let lines = self.lines(test);
-                let cell = lines.iter().find(|l| l.name == name).and_then(|l| {
-                    let v = *l.points.get(&size)?;
-                    Some((v, self.floor_of(test, l, size)))
-                });
-                match cell {
-                    Some((v, Some(f))) => {
-                        let _ = write!(s, "| {} | {:.2} ", fmt_value(v), v / f);
-                    }
-                    Some((v, None)) => {
-                        let _ = write!(s, "| {} | – ", fmt_value(v));
-                    }
-                    None => s.push_str("| – | – "),
-                }
+                s.push_str(&self.cells(test, &self.lines(test), &name, size, &mut marked));
             }
             s.push_str("|\n");
         }
+        if marked {
+            s.push('\n');
+            s.push_str(&Self::disturbed_note());
+        }
         s
+    }
+
+    /// [`DISTURBED_MARK`] when `line`'s latency at `size` was measured next
+    /// to a cache-line floor more than [`DISTURBED`] times the row's `floor`.
+    fn disturbed(test: &str, line: &Line, size: usize, floor: f64) -> &'static str {
+        match line.alongside.get(&size) {
+            Some(&a) if test == "latency" && a > DISTURBED * floor => DISTURBED_MARK,
+            _ => "",
+        }
+    }
+
+    /// The `| value | ratio ` cells of the line `name` of `lines` at `size`
+    /// for a headline table (dashes when not measured); `marked` is set
+    /// when the value is [`Self::disturbed`].
+    fn cells(
+        &self,
+        test: &str,
+        lines: &[Line],
+        name: &str,
+        size: usize,
+        marked: &mut bool,
+    ) -> String {
+        let Some((l, v)) = lines
+            .iter()
+            .find(|l| l.name == name)
+            .and_then(|l| Some((l, *l.points.get(&size)?)))
+        else {
+            return "| – | – ".into();
+        };
+        match self.floor_of(test, l, size) {
+            Some(f) if f > 0.0 => {
+                let mark = Self::disturbed(test, l, size, f);
+                *marked |= !mark.is_empty();
+                format!("| {}{mark} | {:.2} ", fmt_value(v), v / f)
+            }
+            _ => format!("| {} | – ", fmt_value(v)),
+        }
+    }
+
+    /// The note under a table with marked figures.
+    fn disturbed_note() -> String {
+        format!(
+            "{DISTURBED_MARK} The cache-line floor measured alongside this figure was more \
+             than {DISTURBED} times the row's: the cores were disturbed (by other jobs or the \
+             hypervisor) while it was measured, so the figure is too; its own floor is in \
+             the raw records.\n"
+        )
     }
 
     /// The table of `test`: per size, the floors, then per line the value
@@ -670,6 +723,7 @@ impl Report {
             s.push_str("|---:");
         }
         s.push_str("|\n");
+        let mut marked = false;
         for size in sizes {
             let _ = write!(s, "| {} ", size_label(size));
             for (_, m) in &floors {
@@ -684,7 +738,9 @@ impl Report {
                 match l.points.get(&size) {
                     Some(&v) => match self.floor_of(test, l, size) {
                         Some(f) if f > 0.0 => {
-                            let _ = write!(s, "| {} | {:.2} ", fmt_value(v), v / f);
+                            let mark = Self::disturbed(test, l, size, f);
+                            marked |= !mark.is_empty();
+                            let _ = write!(s, "| {}{mark} | {:.2} ", fmt_value(v), v / f);
                         }
                         _ => {
                             let _ = write!(s, "| {} | – ", fmt_value(v));
@@ -702,6 +758,10 @@ impl Report {
                 }
             }
             s.push_str("|\n");
+        }
+        if marked {
+            s.push('\n');
+            s.push_str(&Self::disturbed_note());
         }
         s
     }
@@ -838,36 +898,30 @@ impl Report {
         let mut s = String::from(
             "| figure | ibv | ratio | perftest | ratio | ibv / perftest |\n|---|---:|---:|---:|---:|---:|\n",
         );
+        let mut marked = false;
         for (test, size, label) in [
             ("latency", 8usize, "latency 8 B (us)"),
             ("bw", 1 << 20, "bw 1 MiB (MB/s)"),
             ("bw", 4 << 20, "bw 4 MiB (MB/s)"),
         ] {
             let lines = self.lines(test);
-            let cell = |name: &str| {
-                let l = lines.iter().find(|l| l.name == name)?;
-                let v = *l.points.get(&size)?;
-                Some((v, self.floor_of(test, l, size)))
-            };
             let _ = write!(s, "| {label} ");
-            let (a, b) = (cell("ibv"), cell(PERFTEST));
-            for c in [a, b] {
-                match c {
-                    Some((v, Some(f))) if f > 0.0 => {
-                        let _ = write!(s, "| {} | {:.2} ", fmt_value(v), v / f);
-                    }
-                    Some((v, _)) => {
-                        let _ = write!(s, "| {} | – ", fmt_value(v));
-                    }
-                    None => s.push_str("| – | – "),
-                }
+            for name in ["ibv", PERFTEST] {
+                s.push_str(&self.cells(test, &lines, name, size, &mut marked));
             }
-            match (a, b) {
-                (Some((x, _)), Some((y, _))) if y > 0.0 => {
-                    let _ = writeln!(s, "| {:.2} |", x / y);
-                }
-                _ => s.push_str("| – |\n"),
+            match self.relative_lines(&lines) {
+                Some((a, b)) => match (a.points.get(&size), b.points.get(&size)) {
+                    (Some(x), Some(y)) if *y > 0.0 => {
+                        let _ = writeln!(s, "| {:.2} |", x / y);
+                    }
+                    _ => s.push_str("| – |\n"),
+                },
+                None => s.push_str("| – |\n"),
             }
+        }
+        if marked {
+            s.push('\n');
+            s.push_str(&Self::disturbed_note());
         }
         s
     }
@@ -1555,6 +1609,41 @@ test tests::x ... {\"device\":\"thread\",\"test\":\"bw\",\"size\":1024,\"value\"
         assert_eq!(names, ["ibv", "perftest", "memcpy floor"]);
         assert!(md.contains("![Latency in the VM](vm-latency.svg)"));
         assert!(!md.contains(PERFTEST_ABSENT), "{md}");
+    }
+
+    #[test]
+    fn latency_measured_on_disturbed_cores_is_marked() {
+        let mut r = report();
+        // thread at 16 B: its own floor 0.2, five times the row's (0.04);
+        // a better round at 8 B whose floor was 0.3: that value is kept,
+        // with its floor.
+        r.results
+            .records
+            .push(rec("thread", "latency", 16, 0.9, 0.2));
+        r.results
+            .records
+            .push(rec("thread", "latency", 8, 0.24, 0.3));
+        let md = r.markdown();
+        assert!(md.contains("| thread | 0.240† | 6.00 |"), "headline: {md}");
+        let lat = r.table("latency");
+        assert!(
+            lat.contains("\n| 16 | 0.040 | 0.080 | 0.900† | 22.50 |"),
+            "{lat}"
+        );
+        assert!(
+            lat.contains("\n| 0 | 0.040 | 0.080 | 0.200 | 5.00 |"),
+            "{lat}"
+        );
+        assert!(
+            lat.contains("† The cache-line floor measured alongside"),
+            "{lat}"
+        );
+        // Not marked: no disturbed figure, and bandwidth never.
+        let quiet = report();
+        assert!(!quiet.table("latency").contains('†'));
+        assert!(!quiet.markdown().contains('†'));
+        r.results.records.push(rec("thread", "bw", 16, 1.0, 1.0));
+        assert!(!r.table("bw").contains('†'));
     }
 
     #[test]
