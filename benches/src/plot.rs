@@ -40,6 +40,9 @@ const PALETTE: [&str; 8] = [
 ];
 /// Colours of the dashed lines (floors).
 const FLOOR_PALETTE: [&str; 3] = ["#000000", "#7f7f7f", "#bcbd22"];
+/// Their dash patterns, one each: floors that coincide (the cache-line
+/// floors of threads and of processes often do) stay told apart.
+const FLOOR_DASHES: [&str; 3] = ["8,5", "2,3", "12,3,2,3"];
 
 /// `size` in bytes as an axis label: 1, 4, 16, ..., 1K, 4K, ..., 1M, 4M.
 pub fn size_label(size: usize) -> String {
@@ -212,17 +215,19 @@ impl Plot {
         // Lines and legend.
         let (mut solid, mut dashed) = (0, 0);
         for (i, (series, pts)) in self.series.iter().zip(&lines).enumerate() {
-            let colour = if series.dashed {
+            let (colour, dash) = if series.dashed {
                 dashed += 1;
-                FLOOR_PALETTE[(dashed - 1) % FLOOR_PALETTE.len()]
+                let k = dashed - 1;
+                (
+                    FLOOR_PALETTE[k % FLOOR_PALETTE.len()],
+                    format!(
+                        r#" stroke-dasharray="{}""#,
+                        FLOOR_DASHES[k % FLOOR_DASHES.len()]
+                    ),
+                )
             } else {
                 solid += 1;
-                PALETTE[(solid - 1) % PALETTE.len()]
-            };
-            let dash = if series.dashed {
-                r#" stroke-dasharray="6,4""#
-            } else {
-                ""
+                (PALETTE[(solid - 1) % PALETTE.len()], String::new())
             };
             if pts.len() > 1 {
                 let path: Vec<String> = pts
@@ -309,6 +314,16 @@ mod tests {
             2,
             "line and legend"
         );
+        // A second floor gets a dash pattern of its own.
+        let mut two = p.clone();
+        two.series.push(Series {
+            name: "floor 2".into(),
+            points: vec![(1, 0.05), (1024, 0.05)],
+            dashed: true,
+        });
+        let svg2 = two.svg();
+        assert_eq!(svg2.matches(r#"stroke-dasharray="8,5""#).count(), 2);
+        assert_eq!(svg2.matches(r#"stroke-dasharray="2,3""#).count(), 2);
         // Size 0 has no place on a log axis: three markers for shm.
         assert_eq!(svg.matches("<circle").count(), 3);
         assert!(svg.contains("latency &lt;test&gt;"));
