@@ -4,7 +4,9 @@
 //! PSM2 in its shm-only mode (`remote=psm`), so that the layer's routing,
 //! rank mapping and held wildcard receives run over real devices in real
 //! processes. One job without simulation runs the single-host case (no
-//! network device at all). The soft-RoCE VM suite runs the real thing:
+//! network device at all). With an RDMA device (the soft-RoCE VM suite),
+//! two simulated hosts use the `ibv` device between them; elsewhere that
+//! part says `skipped: ...`. `ci/two-guest-suite.sh` runs the real thing:
 //! two guests, two ranks each, verbs between them.
 
 use std::time::Duration;
@@ -14,6 +16,9 @@ use xdev::launch::LocalJob;
 mod common;
 
 fn run(n: usize, case: &str, options: &[&str]) {
+    if options.contains(&"remote=ibv") && common::open().is_none() {
+        return;
+    }
     if options.contains(&"remote=psm") {
         if let Err(e) = psm_sys::Psm2::load() {
             println!("skipped: {e}");
@@ -47,6 +52,11 @@ mod four_hosts_over_shm {
 /// Two simulated hosts of two ranks, PSM2 (shm-only mode) between them.
 mod two_hosts_over_psm {
     xdev::conformance_tests!(|case| super::run(4, case, &["simulate_hosts=2", "remote=psm"]));
+}
+
+/// Two simulated hosts of two ranks, verbs between them (RDMA device only).
+mod two_hosts_over_ibv {
+    xdev::conformance_tests!(|case| super::run(4, case, &["simulate_hosts=2", "remote=ibv"]));
 }
 
 /// One real host: shared memory only.
