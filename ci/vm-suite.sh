@@ -221,9 +221,11 @@ unit "ibv device tests (init/finish loop, QP error, registration failure, free/r
 unit "ibv scenarios (posted truncation, peer exit)" ibv-scen.txt "$IBV_SCEN" ibv_ --test-threads 1
 unit "ibv conformance, 2 processes" ibv-conf-2.txt "$IBV_CONF" two_processes:: --test-threads 1
 unit "ibv conformance, 4 processes" ibv-conf-4.txt "$IBV_CONF" four_processes:: --test-threads 1
+unit "ibv conformance, 2 processes, tiny budgets (4 slots, 256 B window)" ibv-conf-tiny.txt \
+  "$IBV_CONF" tiny_budgets:: --test-threads 1
 unit "hybrid conformance, 4 processes on 2 simulated hosts, ibv between them" hybrid-conf.txt \
   "$HYBRID_CONF" two_hosts_over_ibv:: --test-threads 1
-for f in regcache ibv-device ibv-scen ibv-conf-2 ibv-conf-4 hybrid-conf; do
+for f in regcache ibv-device ibv-scen ibv-conf-2 ibv-conf-4 ibv-conf-tiny hybrid-conf; do
   grep -q '^skipped' "$LOG/$f.txt" && fail "$f: a test skipped inside the VM" 0 "$LOG/$f.txt"
   grep -h 'test result' "$LOG/$f.txt" | sed 's/^/      /'
 done
