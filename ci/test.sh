@@ -63,5 +63,7 @@ CARGO_TARGET_DIR=target/loom RUSTFLAGS="${RUSTFLAGS:-} --cfg loom" \
 if ((no_vm == 0)) && [ -x ci/vm-suite.sh ]; then
   step "soft-RoCE VM suite"
   bash ci/vm-suite.sh
+  step "two-guest suite (conformance with ranks split between two soft-RoCE guests: ibv, and hybrid)"
+  bash ci/two-guest-suite.sh
 fi
 step "all tests passed"

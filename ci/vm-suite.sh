@@ -8,6 +8,7 @@
 #   2. the ibvx tests (lib, verbs_loopback --nocapture), then the ibv device
 #      with IBVX_REQUIRE_RDMA=1 (a skip fails): registration cache (regcache_rxe),
 #      the ibv:: device tests, the ibv scenarios, conformance with 2 and 4 processes,
+#      and the hybrid device's conformance on 2 simulated hosts with ibv between,
 #   3. ibvx-pingpong against itself for send_lat, write_lat and write_bw with
 #      the data check (-c): every size 2..8 MiB, plus events (-e) and inline,
 #   4. ibvx-pingpong against perftest (ib_send_lat, ib_write_lat, ib_write_bw)
@@ -77,6 +78,7 @@ SYS_DEV=$(pick test device_loopback)
 IBVX_LIB=$(pick lib ibvx)
 IBVX_VERBS=$(pick test verbs_loopback)
 IBV_CONF=$(pick test ibv_conformance)
+HYBRID_CONF=$(pick test hybrid_conformance)
 IBV_SCEN=$(pick test device_scenarios)
 REGCACHE=$(pick test regcache_rxe)
 TARGET_DIR=$(dirname "$(dirname "$SYS_DEV")")   # .../release/deps -> .../release
@@ -84,7 +86,7 @@ PINGPONG=$TARGET_DIR/ibvx-pingpong
 RANK_BIN=$TARGET_DIR/xdev-rank
 XDEV_RUN=$TARGET_DIR/xdev-run
 XDEV_BENCH=$TARGET_DIR/xdev-bench
-for f in "$SYS_LIB" "$SYS_LOAD" "$SYS_DEV" "$IBVX_LIB" "$IBVX_VERBS" "$IBV_CONF" "$IBV_SCEN" "$REGCACHE" \
+for f in "$SYS_LIB" "$SYS_LOAD" "$SYS_DEV" "$IBVX_LIB" "$IBVX_VERBS" "$IBV_CONF" "$HYBRID_CONF" "$IBV_SCEN" "$REGCACHE" \
          "$PINGPONG" "$RANK_BIN" "$XDEV_RUN" "$XDEV_BENCH"; do
   [[ -n $f && -x $f ]] || { say "error: test executable not found (${f:-?}); cargo output in $BUILD_JSON"; trap - EXIT; exit 1; }
 done
@@ -102,6 +104,7 @@ SYS_DEV=$(basename "$SYS_DEV")
 IBVX_LIB=$(basename "$IBVX_LIB")
 IBVX_VERBS=$(basename "$IBVX_VERBS")
 IBV_CONF=$(basename "$IBV_CONF")
+HYBRID_CONF=$(basename "$HYBRID_CONF")
 IBV_SCEN=$(basename "$IBV_SCEN")
 REGCACHE=$(basename "$REGCACHE")
 ROUNDS=$ROUNDS
@@ -218,7 +221,11 @@ unit "ibv device tests (init/finish loop, QP error, registration failure, free/r
 unit "ibv scenarios (posted truncation, peer exit)" ibv-scen.txt "$IBV_SCEN" ibv_ --test-threads 1
 unit "ibv conformance, 2 processes" ibv-conf-2.txt "$IBV_CONF" two_processes:: --test-threads 1
 unit "ibv conformance, 4 processes" ibv-conf-4.txt "$IBV_CONF" four_processes:: --test-threads 1
-for f in regcache ibv-device ibv-scen ibv-conf-2 ibv-conf-4; do
+unit "ibv conformance, 2 processes, tiny budgets (4 slots, 256 B window)" ibv-conf-tiny.txt \
+  "$IBV_CONF" tiny_budgets:: --test-threads 1
+unit "hybrid conformance, 4 processes on 2 simulated hosts, ibv between them" hybrid-conf.txt \
+  "$HYBRID_CONF" two_hosts_over_ibv:: --test-threads 1
+for f in regcache ibv-device ibv-scen ibv-conf-2 ibv-conf-4 ibv-conf-tiny hybrid-conf; do
   grep -q '^skipped' "$LOG/$f.txt" && fail "$f: a test skipped inside the VM" 0 "$LOG/$f.txt"
   grep -h 'test result' "$LOG/$f.txt" | sed 's/^/      /'
 done
@@ -438,7 +445,7 @@ status=0
   --extra-bin "$PINGPONG" \
   --extra-bin "$SYS_LIB" --extra-bin "$SYS_LOAD" --extra-bin "$SYS_DEV" \
   --extra-bin "$IBVX_LIB" --extra-bin "$IBVX_VERBS" \
-  --extra-bin "$IBV_CONF" --extra-bin "$IBV_SCEN" --extra-bin "$REGCACHE" \
+  --extra-bin "$IBV_CONF" --extra-bin "$HYBRID_CONF" --extra-bin "$IBV_SCEN" --extra-bin "$REGCACHE" \
   --extra-bin "$RANK_BIN" --extra-bin "$XDEV_RUN" --extra-bin "$XDEV_BENCH" \
   -- 'bash /share/guest.sh' || status=$?
 

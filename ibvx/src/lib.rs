@@ -9,27 +9,32 @@
 //! [`pingpong`], the engine of the `ibvx-pingpong` tool (perftest-style
 //! latency and bandwidth, interoperable with perftest).
 //!
-//! It is not the hybrid device (shared memory inside a host, verbs between
-//! hosts), which is not written yet, and the `ibv` device uses the RDMA
-//! device even between ranks on one host.
+//! It also holds [`hybrid`], the device that puts `shm-ipc`'s shared memory
+//! (ranks on one host) and a network device (ranks on other hosts) behind one
+//! xdev device. It is not a matching engine of its own: each device keeps its
+//! matching, and the hybrid layer only routes, and holds receives from any
+//! source until it knows which device has their message.
 //!
 //! Nothing here links libibverbs: it is loaded at run time, and without it
 //! every entry point fails with `verbs not available: ...`.
 
+pub mod hybrid;
 pub mod ibv;
 pub mod pingpong;
 pub mod psm;
 pub mod verbs;
 
+pub use hybrid::{HybridDevice, HybridOptions};
 pub use ibv::{IbvDevice, IbvOptions};
 pub use psm::{PsmDevice, PsmMode};
 
 /// A registry of every xdev device this workspace provides: `thread` and
-/// `shm` (from `shm-ipc`), `ibv` and `psm`.
+/// `shm` (from `shm-ipc`), `ibv`, `psm` and `hybrid`.
 pub fn registry() -> xdev::Registry {
     let mut r = xdev::Registry::new();
     shm_ipc::register(&mut r);
     ibv::register(&mut r);
     psm::register(&mut r);
+    hybrid::register(&mut r);
     r
 }

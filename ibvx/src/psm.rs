@@ -1130,6 +1130,10 @@ impl Device for PsmDevice {
         Ok(found.or_else(|| eng.tracker.pop_completed()))
     }
 
+    fn progress(&self) {
+        xdev::Progress::progress(&*self.engine)
+    }
+
     fn finish(&self) -> Result<()> {
         let eng = &self.engine;
         if eng.closing.swap(true, Ordering::AcqRel) {

@@ -17,6 +17,15 @@ use xdev::launch::LocalJob;
 mod common;
 
 fn run(device: &str, scenario: &str) {
+    run_with(device, scenario, &[]);
+}
+
+/// The hybrid device with each of the two ranks on a simulated host of its
+/// own, so that every peer is reached through the network side (here a
+/// second shared-memory world).
+const HYBRID_TWO_HOSTS: &[&str] = &["simulate_hosts=2", "remote=shm"];
+
+fn run_with(device: &str, scenario: &str, options: &[&str]) {
     if device == "psm" {
         if let Err(e) = psm_sys::Psm2::load() {
             println!("skipped: {e}");
@@ -29,7 +38,7 @@ fn run(device: &str, scenario: &str) {
     let job = LocalJob::start(
         2,
         common::rank_program(),
-        &[scenario],
+        &[&[scenario], options].concat(),
         &[("XDEV_DEVICE", device)],
     )
     .expect("start job");
@@ -96,4 +105,29 @@ fn ibv_inflight_send() {
 #[test]
 fn ibv_finish_posted() {
     run("ibv", "finish-posted");
+}
+
+#[test]
+fn hybrid_posted_truncation() {
+    run_with("hybrid", "posted-truncation", HYBRID_TWO_HOSTS);
+}
+
+#[test]
+fn hybrid_peer_exit() {
+    run_with("hybrid", "peer-exit", HYBRID_TWO_HOSTS);
+}
+
+#[test]
+fn hybrid_inflight_send() {
+    run_with("hybrid", "inflight-send", HYBRID_TWO_HOSTS);
+}
+
+#[test]
+fn hybrid_finish_posted() {
+    run_with("hybrid", "finish-posted", HYBRID_TWO_HOSTS);
+}
+
+#[test]
+fn hybrid_one_host_peer_exit() {
+    run_with("hybrid", "peer-exit", &[]);
 }

@@ -37,3 +37,20 @@ mod two_processes {
 mod four_processes {
     xdev::conformance_tests!(|case| super::run(4, case, &[]));
 }
+
+/// The smallest budgets the device accepts: four receive slots per peer and
+/// four send slots, so credits run out all the time (both sides must keep
+/// returning them, also the slots their credit messages use), a 256-byte
+/// eager window and a 64-byte eager limit, so most messages go rendezvous.
+mod tiny_budgets {
+    xdev::conformance_tests!(|case| super::run(
+        2,
+        case,
+        &[
+            "recv_depth=4",
+            "send_slots=4",
+            "eager_window=256",
+            "eager_limit=64"
+        ]
+    ));
+}

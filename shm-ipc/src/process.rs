@@ -1860,6 +1860,10 @@ impl Device for ProcessDevice {
         Ok(found.or_else(|| eng.tracker.pop_completed()))
     }
 
+    fn progress(&self) {
+        xdev::Progress::progress(&*self.engine)
+    }
+
     fn finish(&self) -> Result<()> {
         self.engine.finish()
     }

@@ -1385,6 +1385,10 @@ impl Device for ThreadDevice {
         Ok(found.or_else(|| eng.tracker.pop_completed()))
     }
 
+    fn progress(&self) {
+        xdev::Progress::progress(&*self.engine)
+    }
+
     fn finish(&self) -> Result<()> {
         self.engine.finish()
     }

@@ -132,6 +132,13 @@ pub trait Device: Send + Sync {
     /// is reported once. `None` when nothing is outstanding.
     fn peek(&self) -> Result<Option<Peeked>>;
 
+    /// Advances the device's protocols once without blocking (completions,
+    /// credits, queued sends). Waits, tests and probes already do this; a
+    /// device layered over others (the hybrid device) calls it to keep each
+    /// one moving while it waits on several. The default does nothing, for
+    /// devices whose progress needs no caller.
+    fn progress(&self) {}
+
     /// Waits for this rank's outstanding sends (failing those to dead peers
     /// rather than hanging), then closes the device: later calls fail with
     /// [`Error::Closed`]. Idempotent.

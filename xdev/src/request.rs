@@ -29,10 +29,16 @@ pub enum RequestKind {
     Recv,
 }
 
+/// What a layered device runs when a request it relays completes.
+pub type CompletionHook = Box<dyn FnOnce(Completion) + Send>;
+
 #[derive(Default)]
 struct Slot {
     buf: Option<Buffer>,
     status: Option<Status>,
+    /// Set by [`RequestCore::on_complete`]: receives the completion instead
+    /// of a handle.
+    hook: Option<CompletionHook>,
 }
 
 /// The device-side state of one non-blocking operation: it owns the buffer
@@ -72,6 +78,7 @@ impl RequestCore {
             slot: Mutex::new(Slot {
                 buf: Some(buf),
                 status: None,
+                hook: None,
             }),
         }
     }
@@ -129,9 +136,52 @@ impl RequestCore {
     }
 
     fn finish(&self, status: Status) {
-        self.lock().status = Some(status);
+        let mut slot = self.lock();
+        match slot.hook.take() {
+            Some(hook) => {
+                let buf = slot.buf.take().unwrap_or_else(|| Buffer::from(Vec::new()));
+                drop(slot);
+                // The hook runs before `done` is set, so whoever sees this
+                // request done also sees the relaying request done.
+                hook(Completion { buf, status });
+            }
+            None => {
+                slot.status = Some(status);
+                drop(slot);
+            }
+        }
         // Release: publishes the status and all data the device wrote.
         self.done.store(true, Ordering::Release);
+    }
+
+    /// Hands the completion (buffer and status) to `hook` instead of to a
+    /// handle: at once if the request has completed, else when it does, on
+    /// the completing thread (which may hold the device's locks: the hook
+    /// must not call back into that device). For devices layered over
+    /// others, after [`Request::into_parts`].
+    pub fn on_complete(&self, hook: CompletionHook) {
+        let mut slot = self.lock();
+        match slot.status.take() {
+            Some(status) => {
+                let buf = slot.buf.take().unwrap_or_else(|| Buffer::from(Vec::new()));
+                drop(slot);
+                hook(Completion { buf, status });
+            }
+            None => slot.hook = Some(hook),
+        }
+    }
+
+    /// Takes the buffer out of an incomplete request so that a layered
+    /// device can hand it to the device below; it comes back with
+    /// [`Tracker::complete_returning`]. `None` if already taken or complete.
+    ///
+    /// [`buffer_ptr`](RequestCore::buffer_ptr) keeps pointing at the same
+    /// memory, now owned by the request below.
+    pub fn lend_buffer(&self) -> Option<Buffer> {
+        if self.is_done() {
+            return None;
+        }
+        self.lock().buf.take()
     }
 
     fn take(&self) -> Completion {
@@ -237,6 +287,16 @@ impl Request {
         !self.core.is_done() && self.engine.cancel(&self.core)
     }
 
+    /// Takes the request apart, for a device layered over another that
+    /// relays its own requests to this one: the core (see
+    /// [`RequestCore::on_complete`]) and the engine that progresses, waits
+    /// for and cancels it. The request is no longer reported by its device's
+    /// `peek`.
+    pub fn into_parts(self) -> (Arc<RequestCore>, Arc<dyn Progress>) {
+        self.core.peekable.store(false, Ordering::Relaxed);
+        (self.core.clone(), self.engine.clone())
+    }
+
     fn consume(self) -> Completion {
         self.core.peekable.store(false, Ordering::Relaxed);
         self.core.take()
@@ -321,6 +381,11 @@ impl Tracker {
         if !core.claim() {
             return false;
         }
+        self.finish_claimed(core, status);
+        true
+    }
+
+    fn finish_claimed(&self, core: &Arc<RequestCore>, status: Status) {
         core.finish(status);
         if core.kind == RequestKind::Send {
             self.outstanding_sends.fetch_sub(1, Ordering::Release);
@@ -334,6 +399,17 @@ impl Tracker {
                 q.compact_at = (q.queue.len() * 2).max(64);
             }
         }
+    }
+
+    /// Completes `core`, whose buffer was lent out with
+    /// [`RequestCore::lend_buffer`], putting `buf` back; as
+    /// [`complete`](Tracker::complete) otherwise.
+    pub fn complete_returning(&self, core: &Arc<RequestCore>, buf: Buffer, status: Status) -> bool {
+        if !core.claim() {
+            return false;
+        }
+        core.lock().buf = Some(buf);
+        self.finish_claimed(core, status);
         true
     }
 
@@ -448,6 +524,53 @@ mod tests {
         // SAFETY: the core owns an 8-byte buffer and nobody else writes it.
         unsafe { core.buffer_ptr().write_bytes(1, 8) };
         assert!(t.complete(&core, Status::ok(env(), 8)));
+    }
+
+    #[test]
+    fn relayed_request_returns_buffer_through_the_outer_one() {
+        let outer_t = Arc::new(Tracker::new());
+        let inner_t = Tracker::new();
+        let outer = outer_t.start(RequestKind::Recv, Buffer::from(vec![0u8; 4]));
+        let handle = Request::new(outer.clone(), Arc::new(Inert));
+        let buf = outer.lend_buffer().expect("buffer lent once");
+        assert!(outer.lend_buffer().is_none());
+        let inner = Request::new(inner_t.start(RequestKind::Recv, buf), Arc::new(Inert));
+        let (inner_core, _engine) = inner.into_parts();
+        let (t, o) = (outer_t.clone(), outer.clone());
+        inner_core.on_complete(Box::new(move |c: Completion| {
+            let mut st = c.status;
+            st.source = 7;
+            t.complete_returning(&o, c.buf, st);
+        }));
+        assert!(!outer.is_done());
+        // SAFETY: the inner core owns the 4-byte buffer; nothing else writes it.
+        unsafe { inner_core.buffer_ptr().write_bytes(9, 4) };
+        assert!(inner_t.complete(&inner_core, Status::ok(env(), 4)));
+        assert!(
+            outer.is_done(),
+            "the hook ran before the inner request was done"
+        );
+        assert!(inner_t.pop_completed().is_none(), "inner is not peekable");
+        assert_eq!(outer_t.pop_completed().map(|p| p.id), Some(handle.id()));
+        let c = handle.wait();
+        assert_eq!((&c.buf[..], c.status.source), (&[9u8; 4][..], 7));
+        assert_eq!(outer_t.outstanding(), 0);
+    }
+
+    #[test]
+    fn hook_on_a_completed_request_runs_at_once() {
+        let t = Tracker::new();
+        let core = t.start(RequestKind::Send, Buffer::from(vec![3u8; 2]));
+        t.complete(&core, Status::ok(env(), 2));
+        let got = Arc::new(Mutex::new(None));
+        let g = got.clone();
+        core.on_complete(Box::new(move |c| *g.lock().unwrap() = Some(c)));
+        let c = got.lock().unwrap().take().expect("hook ran");
+        assert_eq!((&c.buf[..], c.status.count), (&[3u8, 3][..], 2));
+        assert!(
+            core.lend_buffer().is_none(),
+            "a complete request lends nothing"
+        );
     }
 
     #[test]

@@ -11,6 +11,7 @@
 //!                                             operations after it, fail with Closed
 //! xdev-rank posted-truncation [KEY=VALUE...]  a large message into a smaller
 //!                                             receive posted before it was sent
+//! xdev-rank cases                             list the conformance cases (no job)
 //! ```
 //! Exits 0 on success, 1 with a message on failure.
 
@@ -38,13 +39,19 @@ fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let r = match args.first().map(String::as_str) {
         Some("conformance") if args.len() >= 2 => conformance(&args[1], &args[2..]),
+        Some("cases") => {
+            for (name, _) in xdev::conformance::CASES {
+                println!("{name}");
+            }
+            Ok(())
+        }
         Some("posted-truncation") => posted_truncation(&args[1..]),
         Some("peer-exit") => peer_exit(&args[1..]),
         Some("inflight-send") => inflight_send(&args[1..]),
         Some("finish-posted") => finish_posted(&args[1..]),
         _ => Err(
             "usage: xdev-rank conformance CASE [K=V...] | posted-truncation [K=V...] \
-                  | peer-exit [K=V...] | inflight-send [K=V...] | finish-posted [K=V...]"
+                  | peer-exit [K=V...] | inflight-send [K=V...] | finish-posted [K=V...] | cases"
                 .into(),
         ),
     };

@@ -11,8 +11,8 @@
 //! credits, so two ranks that both ran out can always tell each other about
 //! re-posted slots. Every message carries the slots and bytes we owe the
 //! peer (piggybacked credit); a `CREDIT` message goes out on its own once a
-//! quarter of the peer's slots or half its byte window are owed and nothing
-//! else is going there.
+//! quarter of the peer's slots used by data, half its slots of any kind, or
+//! half its byte window are owed and nothing else is going there.
 //!
 //! Unexpected eager data is bounded by a per-peer *byte window*: an eager
 //! message is charged against it by the sender and the receiver returns the
@@ -68,6 +68,8 @@ const SPIN_POLLS: u32 = 4_000;
 const SLEEP: Duration = Duration::from_millis(20);
 /// How often a busy rank looks at the bootstrap's departure list.
 const DEPARTURE_CHECK: Duration = Duration::from_millis(20);
+/// Calls of a busy wait between two looks at the clock for departures.
+const DEPARTURE_POLLS: u32 = 256;
 
 /// Verbs resources fixed after start-up.
 pub(crate) struct Fabric {
@@ -211,8 +213,9 @@ struct Peer {
     /// Slots we re-posted for it and have not reported.
     owed_slots: u32,
     /// Of those, slots its data and protocol messages used (not its
-    /// `CREDIT`s): only these make us send a `CREDIT` of our own, so two
-    /// ranks never bounce credit messages back and forth.
+    /// `CREDIT`s): a quarter of its slots used by data makes us send a
+    /// `CREDIT`; slots of its `CREDIT`s only once half its slots are owed
+    /// (see `owes_enough`), so credit messages do not bounce back and forth.
     owed_by_data: u32,
     /// Eager bytes of its messages we consumed and have not reported.
     owed_bytes: u64,
@@ -241,6 +244,8 @@ struct Local {
     slot_use: Vec<(Rank, Option<u64>)>,
     events: u64,
     last_departure_check: Instant,
+    /// Calls of `check_departures` since the clock was last read.
+    departure_polls: u32,
     departures_seen: usize,
     wcs: Vec<WorkCompletion>,
     /// Threads waiting on the condition variable (only then is it
@@ -330,6 +335,7 @@ impl Engine {
                 slot_use: vec![(0, None); slots as usize],
                 events: 0,
                 last_departure_check: Instant::now(),
+                departure_polls: 0,
                 departures_seen: 0,
                 wcs: vec![WorkCompletion::default(); POLL_BATCH],
                 cond_waiters: 0,
@@ -1035,21 +1041,32 @@ impl Engine {
     /// Sends a `CREDIT` to `dest` if enough is owed and nothing else is
     /// going there to carry it.
     fn return_credit(&self, l: &mut Local, dest: Rank) {
-        let threshold = (self.fab.opts.recv_depth / 4).max(1);
-        let window = self.fab.opts.eager_window as u64;
-        let p = &l.peers[dest];
-        let owed_enough = p.owed_by_data >= threshold || p.owed_bytes * 2 >= window;
-        if !owed_enough || p.gone.is_some() {
+        if !self.owes_enough(&l.peers[dest]) || l.peers[dest].gone.is_some() {
             return;
         }
+        let p = &l.peers[dest];
         if !p.control.is_empty() || !p.backlog.is_empty() {
             self.flush_peer(l, dest);
         }
-        let p = &l.peers[dest];
-        let still = p.owed_by_data >= threshold || p.owed_bytes * 2 >= window;
+        let still = self.owes_enough(&l.peers[dest]);
         if still && self.can_post(l, dest, 1, true) {
             let _ = self.post_message(l, dest, Header::default(), Body::Credit, None);
         }
+    }
+
+    /// Whether enough is owed to `p` to send a `CREDIT` on its own: a
+    /// quarter of its slots used by data, half its byte window, or half its
+    /// slots of any kind. The last rule returns the slots the peer's own
+    /// `CREDIT` messages used, which nothing else would return while no data
+    /// goes its way: without it a peer whose credits went into `CREDIT`
+    /// messages could be left with one credit and a reply it cannot send.
+    /// Each `CREDIT` it triggers returns at least half the slots and uses
+    /// one, so `CREDIT`s cannot bounce back and forth for long.
+    fn owes_enough(&self, p: &Peer) -> bool {
+        let depth = self.fab.opts.recv_depth;
+        p.owed_by_data >= (depth / 4).max(1)
+            || p.owed_slots * 2 >= depth
+            || p.owed_bytes * 2 >= self.fab.opts.eager_window as u64
     }
 
     fn repost(&self, l: &mut Local, src: Rank, slot: u32, by_data: bool) {
@@ -1102,7 +1119,7 @@ impl Engine {
                     self.flush_peer(l, d);
                 }
                 let p = &l.peers[d];
-                if p.owed_by_data > 0 || p.owed_bytes > 0 {
+                if p.owed_slots > 0 || p.owed_bytes > 0 {
                     self.return_credit(l, d);
                 }
             }
@@ -1255,8 +1272,18 @@ impl Engine {
     /// Applies the bootstrap's departure notices (at most every
     /// [`DEPARTURE_CHECK`] unless `now`).
     fn check_departures(&self, l: &mut Local, now: bool) {
-        if !now && l.last_departure_check.elapsed() < DEPARTURE_CHECK {
-            return;
+        if !now {
+            // The clock is read every DEPARTURE_POLLS calls only: a busy
+            // wait calls this on every poll, and reading the clock can be a
+            // system call (in a virtual machine, it often is).
+            l.departure_polls += 1;
+            if l.departure_polls < DEPARTURE_POLLS {
+                return;
+            }
+            l.departure_polls = 0;
+            if l.last_departure_check.elapsed() < DEPARTURE_CHECK {
+                return;
+            }
         }
         l.last_departure_check = Instant::now();
         let Ok(deps) = self.boot.departures() else {

@@ -519,6 +519,10 @@ impl Device for IbvDevice {
         self.engine.peek()
     }
 
+    fn progress(&self) {
+        xdev::Progress::progress(&*self.engine)
+    }
+
     fn finish(&self) -> Result<()> {
         self.engine.finish()
     }
