@@ -805,7 +805,13 @@ impl Report {
                 .map(|(_, w)| w.clone())
         };
         if measured(&self.results) {
-            return "measured".into();
+            // On one host the hybrid device is its shared-memory side alone.
+            return if d == "hybrid" {
+                "measured (on this one host: its shared-memory side; between hosts it uses `ibv`)"
+                    .into()
+            } else {
+                "measured".into()
+            };
         }
         let here = if let Some(w) = why(&self.results) {
             format!("not measured: {w}")
@@ -1444,6 +1450,15 @@ test tests::x ... {\"device\":\"thread\",\"test\":\"bw\",\"size\":1024,\"value\"
         let md = r.markdown();
         assert!(md.contains("| `ibv` | xdev device | not measured: no RDMA device |"));
         assert!(md.contains("| `hybrid` | xdev device | not measured: not in this build"));
+        let mut with_hybrid = report();
+        with_hybrid.built.push("hybrid".into());
+        with_hybrid
+            .results
+            .records
+            .push(rec("hybrid", "latency", 8, 0.3, 0.05));
+        assert!(with_hybrid.markdown().contains(
+            "| `hybrid` | xdev device | measured (on this one host: its shared-memory side;"
+        ));
         assert!(md.contains("| MPICH | peer | not measured: not installed |"));
         assert!(md.contains(&format!("Not measured: {PERFTEST_ABSENT}.")));
         // Headline rows: value and ratio. thread: 0.25 / 0.05 = 5; shm bw
