@@ -44,7 +44,7 @@ use std::time::Duration;
 
 use shm_ipc::doorbell::Backoff;
 use shm_ipc::ProcessDevice;
-use xdev::bootstrap::{Bootstrap, BootstrapServer, JobEnv, Secret};
+use xdev::bootstrap::{Bootstrap, BootstrapServer, Secret};
 use xdev::matching::FxMap;
 use xdev::registry::{Entry, Placement};
 use xdev::{
@@ -283,26 +283,14 @@ impl HybridDevice {
     /// Opens the device with the bootstrap service named by the environment
     /// (`xdev-run` sets it). Collective.
     pub fn open(config: &Config) -> Result<HybridDevice> {
-        let env = JobEnv::from_env()?;
-        let c = &env.config;
-        if (c.rank, c.size, &c.job) != (config.rank, config.size, &config.job) {
-            return Err(Error::Config(format!(
-                "the environment says rank {} of {} in job {:?}, the config rank {} of {} in {:?}",
-                c.rank, c.size, c.job, config.rank, config.size, config.job
-            )));
-        }
-        Self::with_bootstrap(config, Bootstrap::from_job_env(&env)?)
+        Self::with_bootstrap(config, Bootstrap::for_config(config)?)
     }
 
     /// Opens the device over a connected bootstrap (collective: every rank
     /// of the job calls it).
     pub fn with_bootstrap(config: &Config, boot: Bootstrap) -> Result<HybridDevice> {
         config.validate()?;
-        if (boot.rank(), boot.size(), boot.job()) != (config.rank, config.size, &config.job[..]) {
-            return Err(Error::Config(
-                "the bootstrap connection is for another rank, size or job".into(),
-            ));
-        }
+        boot.check_config(config)?;
         let opts = HybridOptions::from_config(config)?;
         let (rank, size) = (config.rank, config.size);
         let keys = boot.allgather(&host_key(opts.simulate_hosts, rank, size)?)?;

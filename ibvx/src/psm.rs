@@ -51,7 +51,7 @@ use std::time::{Duration, Instant};
 
 use psm_sys::ffi::*;
 use psm_sys::Psm2;
-use xdev::bootstrap::{Bootstrap, JobEnv};
+use xdev::bootstrap::Bootstrap;
 use xdev::registry::{Entry, Placement};
 use xdev::{
     check_recv, check_send, Buffer, Config, Context, Device, Envelope, Error, Pattern, Peeked,
@@ -777,15 +777,7 @@ impl PsmDevice {
     /// (`xdev-run` sets it). The environment's rank, size and job must match
     /// `config`.
     pub fn open(config: &Config) -> Result<PsmDevice> {
-        let env = JobEnv::from_env()?;
-        let c = &env.config;
-        if (c.rank, c.size, &c.job) != (config.rank, config.size, &config.job) {
-            return Err(Error::Config(format!(
-                "the environment says rank {} of {} in job {:?}, the config rank {} of {} in {:?}",
-                c.rank, c.size, c.job, config.rank, config.size, config.job
-            )));
-        }
-        Self::with_bootstrap(config, Bootstrap::from_job_env(&env)?)
+        Self::with_bootstrap(config, Bootstrap::for_config(config)?)
     }
 
     /// Opens the device over a connected bootstrap (collective).

@@ -54,7 +54,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use xdev::bootstrap::{Bootstrap, JobEnv};
+use xdev::bootstrap::Bootstrap;
 use xdev::matching::{MatchingEngine, Posted, PostedId};
 use xdev::registry::{Entry, Placement};
 use xdev::{
@@ -1542,26 +1542,14 @@ impl ProcessDevice {
     /// environment (`XDEV_BOOTSTRAP`, `XDEV_SECRET`; `xdev-run` sets them).
     /// The environment's rank, size and job must match `config`.
     pub fn open(config: &Config) -> Result<ProcessDevice> {
-        let env = JobEnv::from_env()?;
-        let c = &env.config;
-        if (c.rank, c.size, &c.job) != (config.rank, config.size, &config.job) {
-            return Err(Error::Config(format!(
-                "the environment says rank {} of {} in job {:?}, the config rank {} of {} in {:?}",
-                c.rank, c.size, c.job, config.rank, config.size, config.job
-            )));
-        }
-        Self::with_bootstrap(config, Bootstrap::from_job_env(&env)?)
+        Self::with_bootstrap(config, Bootstrap::for_config(config)?)
     }
 
     /// Opens the device for `config` over an already connected bootstrap
     /// (collective: every rank of the job must call it).
     pub fn with_bootstrap(config: &Config, boot: Bootstrap) -> Result<ProcessDevice> {
         config.validate()?;
-        if (boot.rank(), boot.size(), boot.job()) != (config.rank, config.size, &config.job[..]) {
-            return Err(Error::Config(
-                "the bootstrap connection is for another rank, size or job".into(),
-            ));
-        }
+        boot.check_config(config)?;
         let opts = ProcessOptions::from_config(config)?;
         let opts_cma = opts.cma;
         crate::doorbell::init_fences();

@@ -266,4 +266,34 @@ mod tests {
         assert!(Secret::from_hex(&"é".repeat(32)).is_err());
         assert_eq!(format!("{s:?}"), "Secret(..)");
     }
+
+    #[test]
+    fn a_device_config_must_match_the_environment_and_the_connection() {
+        let secret = Secret::generate().unwrap();
+        let server = BootstrapServer::start(
+            std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
+            1,
+            "job-a",
+            secret.clone(),
+        )
+        .unwrap();
+        let vars = [
+            (XDEV_RANK, "0".to_string()),
+            (XDEV_SIZE, "1".to_string()),
+            (XDEV_JOB, "job-a".to_string()),
+            (XDEV_BOOTSTRAP, server.addr().to_string()),
+            (XDEV_SECRET, secret.to_hex()),
+        ];
+        let env =
+            JobEnv::from_lookup(|n| vars.iter().find(|(k, _)| *k == n).map(|(_, v)| v.clone()))
+                .unwrap();
+        let other = Config::new(0, 1, "job-b");
+        match Bootstrap::for_config_in(&env, &other) {
+            Err(Error::Config(m)) => assert!(m.contains("the environment says"), "{m}"),
+            r => panic!("expected a config error, got {:?}", r.map(|_| ())),
+        }
+        let boot = Bootstrap::for_config_in(&env, &Config::new(0, 1, "job-a")).unwrap();
+        assert!(boot.check_config(&Config::new(0, 1, "job-a")).is_ok());
+        assert!(matches!(boot.check_config(&other), Err(Error::Config(_))));
+    }
 }

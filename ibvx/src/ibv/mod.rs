@@ -44,7 +44,7 @@ pub mod wire;
 
 use std::sync::Arc;
 
-use xdev::bootstrap::{Bootstrap, JobEnv};
+use xdev::bootstrap::Bootstrap;
 use xdev::registry::{Entry, Placement};
 use xdev::{
     Buffer, Config, Context, Device, Error, Pattern, Peeked, Rank, Request, Result, Source, Status,
@@ -264,15 +264,7 @@ impl IbvDevice {
     /// Opens the device for `config` with the bootstrap service named by the
     /// environment (`xdev-run` sets it). Collective.
     pub fn open(config: &Config) -> Result<IbvDevice> {
-        let env = JobEnv::from_env()?;
-        let c = &env.config;
-        if (c.rank, c.size, &c.job) != (config.rank, config.size, &config.job) {
-            return Err(Error::Config(format!(
-                "the environment says rank {} of {} in job {:?}, the config rank {} of {} in {:?}",
-                c.rank, c.size, c.job, config.rank, config.size, config.job
-            )));
-        }
-        Self::with_bootstrap(config, Bootstrap::from_job_env(&env)?)
+        Self::with_bootstrap(config, Bootstrap::for_config(config)?)
     }
 
     /// Opens the device over a connected bootstrap (collective: every rank

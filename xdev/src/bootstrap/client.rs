@@ -270,6 +270,36 @@ impl Bootstrap {
         Self::from_job_env(&JobEnv::from_env()?)
     }
 
+    /// Connects for `config` with the variables the launcher sets, after
+    /// checking that they name the same rank, size and job (what a device's
+    /// `open(config)` does).
+    pub fn for_config(config: &Config) -> Result<Bootstrap> {
+        Self::for_config_in(&JobEnv::from_env()?, config)
+    }
+
+    /// [`for_config`](Self::for_config) with already parsed variables.
+    pub fn for_config_in(env: &JobEnv, config: &Config) -> Result<Bootstrap> {
+        let c = &env.config;
+        if (c.rank, c.size, &c.job) != (config.rank, config.size, &config.job) {
+            return Err(Error::Config(format!(
+                "the environment says rank {} of {} in job {:?}, the config rank {} of {} in {:?}",
+                c.rank, c.size, c.job, config.rank, config.size, config.job
+            )));
+        }
+        Self::from_job_env(env)
+    }
+
+    /// Checks that this connection is for `config`'s rank, size and job
+    /// (what a device's `with_bootstrap(config, boot)` does).
+    pub fn check_config(&self, config: &Config) -> Result<()> {
+        if (self.rank(), self.size(), self.job()) != (config.rank, config.size, &config.job[..]) {
+            return Err(Error::Config(
+                "the bootstrap connection is for another rank, size or job".into(),
+            ));
+        }
+        Ok(())
+    }
+
     /// Connects with already parsed variables.
     pub fn from_job_env(env: &JobEnv) -> Result<Bootstrap> {
         let addr = env.bootstrap.as_deref().ok_or_else(|| {
