@@ -208,6 +208,10 @@ impl RankMap {
         }
     }
 
+    fn result(&self, r: Result<Status>) -> Result<Status> {
+        r.map(|st| self.status(st)).map_err(|e| self.error(e))
+    }
+
     fn status(&self, mut st: Status) -> Status {
         if self.to_job.is_some() {
             st.source = self.rank(st.source);
@@ -245,6 +249,8 @@ struct Hybrid {
     routes: Vec<Route>,
     local: Arc<dyn Device>,
     local_map: RankMap,
+    /// The network device's ranks are the job's.
+    remote_map: RankMap,
     remote: Option<Arc<dyn Device>>,
     tracker: Arc<Tracker>,
     /// Outer request id to the request below, for waits and cancels.
@@ -387,6 +393,7 @@ impl HybridDevice {
                     to_job: Some(group.into()),
                     size,
                 },
+                remote_map: RankMap { to_job: None, size },
                 remote,
                 tracker: Arc::new(Tracker::new()),
                 relays: Arc::new(Mutex::new(FxMap::default())),
@@ -420,21 +427,15 @@ impl Hybrid {
     }
 
     /// The device for `route`, and how its ranks map to the job's.
-    fn device(&self, route: Route) -> (&dyn Device, RankMap) {
+    fn device(&self, route: Route) -> (&dyn Device, &RankMap) {
         match (route, &self.remote) {
-            (Route::Remote, Some(r)) => (
-                &**r,
-                RankMap {
-                    to_job: None,
-                    size: self.size,
-                },
-            ),
-            _ => (&*self.local, self.local_map.clone()),
+            (Route::Remote, Some(r)) => (&**r, &self.remote_map),
+            _ => (&*self.local, &self.local_map),
         }
     }
 
     /// The device reaching `rank` and the rank's number there.
-    fn reach(&self, rank: Rank) -> (&dyn Device, Rank, RankMap) {
+    fn reach(&self, rank: Rank) -> (&dyn Device, Rank, &RankMap) {
         let route = self.routes[rank];
         let (dev, map) = self.device(route);
         match route {
@@ -464,7 +465,7 @@ impl Hybrid {
         &self,
         outer: &Arc<RequestCore>,
         dev: &dyn Device,
-        map: RankMap,
+        map: &RankMap,
         start: impl FnOnce(&dyn Device, Buffer) -> Request,
     ) {
         let Some(buf) = outer.lend_buffer() else {
@@ -480,6 +481,7 @@ impl Hybrid {
             },
         );
         let (relays, tracker, outer) = (self.relays.clone(), self.tracker.clone(), outer.clone());
+        let map = map.clone();
         // The hook runs on whichever thread completes the request below,
         // possibly under that device's locks: it takes only the relay map's
         // lock and the tracker's, which are never held across a call into a
@@ -626,8 +628,7 @@ impl Hybrid {
                 Source::Rank(s) => self.post_named(&core, s, tag, context),
                 // One host: every source is local.
                 Source::Any => {
-                    let map = self.local_map.clone();
-                    self.relay(&core, &*self.local, map, |d, b| {
+                    self.relay(&core, &*self.local, &self.local_map, |d, b| {
                         d.irecv(b, Source::Any, tag, context)
                     });
                 }
@@ -664,9 +665,7 @@ impl Hybrid {
         });
         self.request(core)
     }
-}
 
-impl Hybrid {
     /// `send`/`ssend`. With two devices, a send blocked inside one of them
     /// would starve the other, so it runs as a request this layer waits for.
     fn blocking_send(
@@ -688,17 +687,14 @@ impl Hybrid {
             };
             return r.map_err(|e| map.error(e));
         }
-        // SAFETY: the send is waited for below before `buf`'s borrow ends,
-        // and a device only reads a send's buffer.
-        let lent = unsafe { Lent::buffer(buf.as_ptr().cast_mut(), buf.len()) };
-        let mut armed = AbortIfLent(true);
-        let c = self.isend(lent, dest, tag, context, sync).wait();
-        drop(c.buf);
-        armed.0 = false;
-        match c.status.error {
-            Some(e) => Err(e),
-            None => Ok(()),
+        // SAFETY: `buf` is borrowed for this call, which waits for the send;
+        // a device only reads a send's buffer.
+        unsafe {
+            lend_and_wait(buf.as_ptr().cast_mut(), buf.len(), |b| {
+                self.isend(b, dest, tag, context, sync)
+            })
         }
+        .map(drop)
     }
 }
 
@@ -749,8 +745,8 @@ impl Progress for Hybrid {
     }
 }
 
-/// The caller's buffer of a blocking receive, lent to a request that the
-/// receive waits for before it returns.
+/// The caller's buffer of a blocking send or receive, lent to a request
+/// that the call waits for before it returns.
 struct Lent {
     ptr: *mut u8,
     len: usize,
@@ -794,17 +790,41 @@ unsafe impl BufferStorage for Lent {
     }
 }
 
-/// Aborts the process if dropped while armed: a blocking receive that
-/// unwinds (a panic inside a device) before its request completed cannot
-/// give the caller back memory a device may still write.
+/// Aborts the process if dropped while armed: a blocking call that unwinds
+/// (a panic inside a device) before its request completed cannot give the
+/// caller back memory a device may still use.
 struct AbortIfLent(bool);
 
 impl Drop for AbortIfLent {
     fn drop(&mut self) {
         if self.0 {
-            eprintln!("hybrid: a blocking receive unwound with its buffer still lent; aborting");
+            eprintln!("hybrid: a blocking call unwound with its buffer still lent; aborting");
             std::process::abort();
         }
+    }
+}
+
+/// Lends `len` bytes at `ptr` to the request `start` makes, waits for it,
+/// and returns its status (its error, if any, as the error).
+///
+/// # Safety
+/// As [`Lent::buffer`]: the memory is the caller's for the whole call, and
+/// exclusively so unless the request is a send.
+unsafe fn lend_and_wait(
+    ptr: *mut u8,
+    len: usize,
+    start: impl FnOnce(Buffer) -> Request,
+) -> Result<Status> {
+    // SAFETY: this function returns only after the request completed and its
+    // buffer was dropped, and aborts instead of unwinding before that.
+    let lent = unsafe { Lent::buffer(ptr, len) };
+    let mut armed = AbortIfLent(true);
+    let mut c = start(lent).wait();
+    drop(c.buf);
+    armed.0 = false;
+    match c.status.error.take() {
+        Some(e) => Err(e),
+        None => Ok(c.status),
     }
 }
 
@@ -845,22 +865,14 @@ impl Device for HybridDevice {
                 Source::Rank(s) => Source::Rank(h.reach(s).1),
                 Source::Any => Source::Any,
             };
-            let map = &h.local_map;
-            return h
-                .local
-                .recv(buf, src, tag, context)
-                .map(|st| map.status(st))
-                .map_err(|e| map.error(e));
+            return h.local_map.result(h.local.recv(buf, src, tag, context));
         }
-        // SAFETY: the receive is waited for below before `buf`'s borrow ends.
-        let lent = unsafe { Lent::buffer(buf.as_mut_ptr(), buf.len()) };
-        let mut armed = AbortIfLent(true);
-        let c = h.irecv(lent, source, tag, context).wait();
-        drop(c.buf);
-        armed.0 = false;
-        match c.status.error.clone() {
-            Some(e) => Err(e),
-            None => Ok(c.status),
+        // SAFETY: `buf` is exclusively borrowed for this call, which waits
+        // for the receive.
+        unsafe {
+            lend_and_wait(buf.as_mut_ptr(), buf.len(), |b| {
+                h.irecv(b, source, tag, context)
+            })
         }
     }
 
@@ -883,17 +895,9 @@ impl Device for HybridDevice {
         match (source, &h.remote) {
             (Source::Rank(s), _) => {
                 let (dev, r, map) = h.reach(s);
-                dev.probe(Source::Rank(r), tag, context)
-                    .map(|st| map.status(st))
-                    .map_err(|e| map.error(e))
+                map.result(dev.probe(Source::Rank(r), tag, context))
             }
-            (Source::Any, None) => {
-                let map = &h.local_map;
-                h.local
-                    .probe(Source::Any, tag, context)
-                    .map(|st| map.status(st))
-                    .map_err(|e| map.error(e))
-            }
+            (Source::Any, None) => h.local_map.result(h.local.probe(Source::Any, tag, context)),
             (Source::Any, Some(_)) => {
                 h.poll_until(|_| self.iprobe(source, tag, context).transpose())
             }
@@ -905,12 +909,13 @@ impl Device for HybridDevice {
         check_recv(source, tag, h.size)?;
         h.check_open()?;
         h.advance_all();
-        let routes: Vec<Route> = match source {
-            Source::Rank(s) => vec![h.routes[s]],
-            Source::Any if h.remote.is_some() => vec![Route::Local(0), Route::Remote],
-            Source::Any => vec![Route::Local(0)],
+        let both = [Route::Local(0), Route::Remote];
+        let routes: &[Route] = match source {
+            Source::Rank(s) => std::slice::from_ref(&h.routes[s]),
+            Source::Any if h.remote.is_some() => &both,
+            Source::Any => &both[..1],
         };
-        for route in routes {
+        for &route in routes {
             let (dev, map) = h.device(route);
             let src = match (source, route) {
                 (Source::Rank(_), Route::Local(i)) => Source::Rank(i),
