@@ -41,6 +41,13 @@ struct Slot {
     hook: Option<CompletionHook>,
 }
 
+impl Slot {
+    /// The buffer, or an empty one if it was already taken.
+    fn take_buf(&mut self) -> Buffer {
+        self.buf.take().unwrap_or_else(|| Buffer::from(Vec::new()))
+    }
+}
+
 /// The device-side state of one non-blocking operation: it owns the buffer
 /// until completion.
 pub struct RequestCore {
@@ -139,7 +146,7 @@ impl RequestCore {
         let mut slot = self.lock();
         match slot.hook.take() {
             Some(hook) => {
-                let buf = slot.buf.take().unwrap_or_else(|| Buffer::from(Vec::new()));
+                let buf = slot.take_buf();
                 drop(slot);
                 // The hook runs before `done` is set, so whoever sees this
                 // request done also sees the relaying request done.
@@ -163,7 +170,7 @@ impl RequestCore {
         let mut slot = self.lock();
         match slot.status.take() {
             Some(status) => {
-                let buf = slot.buf.take().unwrap_or_else(|| Buffer::from(Vec::new()));
+                let buf = slot.take_buf();
                 drop(slot);
                 hook(Completion { buf, status });
             }
@@ -187,7 +194,7 @@ impl RequestCore {
     fn take(&self) -> Completion {
         let mut s = self.lock();
         Completion {
-            buf: s.buf.take().unwrap_or_else(|| Buffer::from(Vec::new())),
+            buf: s.take_buf(),
             status: s.status.take().expect("completed request has a status"),
         }
     }
