@@ -444,6 +444,16 @@ impl Hybrid {
         }
     }
 
+    /// The envelope of a receive that fails before it matched (as every
+    /// device: this rank, no tag).
+    fn failed_recv_env(&self, context: Context) -> Envelope {
+        Envelope {
+            source: self.rank,
+            tag: -1,
+            context,
+        }
+    }
+
     fn request(self: &Arc<Self>, core: Arc<RequestCore>) -> Request {
         Request::new(core, self.clone())
     }
@@ -537,11 +547,7 @@ impl Hybrid {
                                 });
                             }
                             Err(e) => {
-                                let env = Envelope {
-                                    source: self.rank,
-                                    tag: -1,
-                                    context,
-                                };
+                                let env = self.failed_recv_env(context);
                                 self.tracker.complete(&head.core, Status::failed(env, e));
                             }
                         }
@@ -606,11 +612,7 @@ impl Hybrid {
         tag: TagSel,
         context: Context,
     ) -> Request {
-        let env = Envelope {
-            source: self.rank,
-            tag: -1,
-            context,
-        };
+        let env = self.failed_recv_env(context);
         if let Err(e) = check_recv(source, tag, self.size).and_then(|_| self.check_open()) {
             return self.rejected(RequestKind::Recv, buf, env, e);
         }
@@ -646,8 +648,9 @@ impl Hybrid {
         context: Context,
         sync: bool,
     ) -> Request {
+        // As every device: a failed send's status names its destination.
         let env = Envelope {
-            source: self.rank,
+            source: dest,
             tag,
             context,
         };
@@ -957,11 +960,7 @@ impl Device for HybridDevice {
                 .collect()
         };
         for (context, r) in held {
-            let env = Envelope {
-                source: h.rank,
-                tag: -1,
-                context,
-            };
+            let env = h.failed_recv_env(context);
             h.tracker
                 .complete(&r.core, Status::failed(env, Error::Closed));
         }
