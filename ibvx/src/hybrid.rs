@@ -221,12 +221,6 @@ impl RankMap {
     }
 }
 
-/// A request this layer relayed to one of its devices.
-struct Relay {
-    core: Arc<RequestCore>,
-    engine: Arc<dyn Progress>,
-}
-
 /// A receive not yet given to a device (see the module documentation).
 struct HeldRecv {
     core: Arc<RequestCore>,
@@ -253,8 +247,6 @@ struct Hybrid {
     remote_map: RankMap,
     remote: Option<Arc<dyn Device>>,
     tracker: Arc<Tracker>,
-    /// Outer request id to the request below, for waits and cancels.
-    relays: Arc<Mutex<FxMap<u64, Relay>>>,
     /// Held receives. Every receive is posted to a device under this lock.
     held: Mutex<Held>,
     closed: AtomicBool,
@@ -396,7 +388,6 @@ impl HybridDevice {
                 remote_map: RankMap { to_job: None, size },
                 remote,
                 tracker: Arc::new(Tracker::new()),
-                relays: Arc::new(Mutex::new(FxMap::default())),
                 held: Mutex::new(Held::default()),
                 closed: AtomicBool::new(false),
             }),
@@ -481,25 +472,16 @@ impl Hybrid {
         let Some(buf) = outer.lend_buffer() else {
             return;
         };
-        let (core, engine) = start(dev, buf).into_parts();
-        let id = outer.id().0;
-        lock(&self.relays).insert(
-            id,
-            Relay {
-                core: core.clone(),
-                engine,
-            },
-        );
-        let (relays, tracker, outer) = (self.relays.clone(), self.tracker.clone(), outer.clone());
-        let map = map.clone();
+        let (tracker, done, map) = (self.tracker.clone(), outer.clone(), map.clone());
         // The hook runs on whichever thread completes the request below,
-        // possibly under that device's locks: it takes only the relay map's
-        // lock and the tracker's, which are never held across a call into a
-        // device.
-        core.on_complete(Box::new(move |c: Completion| {
-            lock(&relays).remove(&id);
-            tracker.complete_returning(&outer, c.buf, map.status(c.status));
-        }));
+        // possibly under that device's locks: it takes only the tracker's
+        // lock, which is never held across a call into a device.
+        outer.relay(
+            start(dev, buf),
+            Box::new(move |c: Completion| {
+                tracker.complete_returning(&done, c.buf, map.status(c.status));
+            }),
+        );
     }
 
     /// Whether a receive in `context` must be held (see the module docs).
@@ -709,11 +691,8 @@ impl Progress for Hybrid {
     fn wait(&self, core: &RequestCore) {
         if self.remote.is_none() {
             // One device: its own wait (which sleeps on its doorbell).
-            let below = lock(&self.relays)
-                .get(&core.id().0)
-                .map(|r| (r.core.clone(), r.engine.clone()));
-            if let Some((c, engine)) = below {
-                engine.wait(&c);
+            if let Some((c, engine)) = core.relayed_to() {
+                engine.wait(c);
             }
         }
         // Two devices: a wait inside one would starve the other (a peer may
@@ -726,13 +705,11 @@ impl Progress for Hybrid {
         if core.kind() != RequestKind::Recv || core.is_done() {
             return false;
         }
+        // Under the held lock: a held receive is relayed only under it.
         let mut held = lock(&self.held);
-        let below = lock(&self.relays)
-            .get(&core.id().0)
-            .map(|r| (r.core.clone(), r.engine.clone()));
-        if let Some((c, engine)) = below {
+        if let Some((c, engine)) = core.relayed_to() {
             drop(held);
-            return engine.cancel(&c);
+            return engine.cancel(c);
         }
         for (&context, queue) in held.queues.iter_mut() {
             if let Some(i) = queue.iter().position(|h| Arc::ptr_eq(&h.core, core)) {

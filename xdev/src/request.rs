@@ -12,7 +12,7 @@
 use std::collections::VecDeque;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use crate::{Buffer, Status};
 
@@ -63,6 +63,9 @@ pub struct RequestCore {
     /// A device-private cookie (for example a posted-receive id for cancel).
     token: AtomicU64,
     slot: Mutex<Slot>,
+    /// The request of the device below that carries this one, once a
+    /// layered device relayed it (see [`RequestCore::relay`]).
+    below: OnceLock<(Arc<RequestCore>, Arc<dyn Progress>)>,
 }
 
 // SAFETY: `ptr` points into the Buffer owned by `slot`; it is only an address.
@@ -82,6 +85,7 @@ impl RequestCore {
             completing: AtomicBool::new(false),
             peekable: AtomicBool::new(true),
             token: AtomicU64::new(u64::MAX),
+            below: OnceLock::new(),
             slot: Mutex::new(Slot {
                 buf: Some(buf),
                 status: None,
@@ -176,6 +180,23 @@ impl RequestCore {
             }
             None => slot.hook = Some(hook),
         }
+    }
+
+    /// Relays this request to `below`, a request started on the device
+    /// below with this request's buffer (see [`lend_buffer`](Self::lend_buffer)):
+    /// `below`'s completion goes to `hook` (as [`on_complete`](Self::on_complete)),
+    /// and [`relayed_to`](Self::relayed_to) finds it for waits and cancels.
+    /// A request is relayed at most once; a second call only sets the hook.
+    pub fn relay(&self, below: Request, hook: CompletionHook) {
+        let (core, engine) = below.into_parts();
+        let _ = self.below.set((core.clone(), engine));
+        core.on_complete(hook);
+    }
+
+    /// The request this one was relayed to, with the engine that waits for
+    /// and cancels it.
+    pub fn relayed_to(&self) -> Option<&(Arc<RequestCore>, Arc<dyn Progress>)> {
+        self.below.get()
     }
 
     /// Takes the buffer out of an incomplete request so that a layered
@@ -562,6 +583,26 @@ mod tests {
         let c = handle.wait();
         assert_eq!((&c.buf[..], c.status.source), (&[9u8; 4][..], 7));
         assert_eq!(outer_t.outstanding(), 0);
+    }
+
+    #[test]
+    fn relay_records_the_request_below() {
+        let t = Arc::new(Tracker::new());
+        let outer = t.start(RequestKind::Send, Buffer::from(vec![1u8; 3]));
+        assert!(outer.relayed_to().is_none());
+        let below_t = Tracker::new();
+        let below = below_t.start(RequestKind::Send, outer.lend_buffer().unwrap());
+        let (t2, o2) = (t.clone(), outer.clone());
+        outer.relay(
+            Request::new(below.clone(), Arc::new(Inert)),
+            Box::new(move |c| {
+                t2.complete_returning(&o2, c.buf, c.status);
+            }),
+        );
+        assert!(Arc::ptr_eq(&outer.relayed_to().expect("relayed").0, &below));
+        below_t.complete(&below, Status::ok(env(), 3));
+        assert!(outer.is_done());
+        assert_eq!(&outer.take().buf[..], &[1u8; 3]);
     }
 
     #[test]
