@@ -158,6 +158,20 @@ fn host_key(simulate: Option<usize>, rank: Rank, size: usize) -> Result<Vec<u8>>
     Ok(format!("{boot_id}/{host}").into_bytes())
 }
 
+/// Reads a host group's service record (`ADDR SECRET`, as its lowest rank
+/// `leader` published it); a malformed record is a protocol error of
+/// `leader`, a malformed secret a configuration error.
+fn parse_service(record: &[u8], leader: Rank) -> Result<(SocketAddr, Secret)> {
+    let bad = || Error::Protocol {
+        rank: leader,
+        what: "malformed host-group service address".into(),
+    };
+    let text = std::str::from_utf8(record).map_err(|_| bad())?;
+    let (a, s) = text.split_once(' ').ok_or_else(bad)?;
+    let addr: SocketAddr = a.parse().map_err(|_| bad())?;
+    Ok((addr, Secret::from_hex(s)?))
+}
+
 /// Rank numbers in a status or error from the local device are indices in
 /// the host group; this maps them to job ranks.
 #[derive(Clone)]
@@ -335,17 +349,7 @@ impl HybridDevice {
         } else {
             None
         };
-        let (addr, secret) = {
-            let v = boot.get(&key, LOCAL_SERVICE_TIMEOUT)?;
-            let bad = || Error::Protocol {
-                rank: group[0],
-                what: "malformed host-group service address".into(),
-            };
-            let text = std::str::from_utf8(&v).map_err(|_| bad())?;
-            let (a, s) = text.split_once(' ').ok_or_else(bad)?;
-            let addr: SocketAddr = a.parse().map_err(|_| bad())?;
-            (addr, Secret::from_hex(s)?)
-        };
+        let (addr, secret) = parse_service(&boot.get(&key, LOCAL_SERVICE_TIMEOUT)?, group[0])?;
         let local_boot = Bootstrap::connect(addr, index, group.len(), &local_job, &secret)?;
         let local_config = opts
             .local_options
@@ -1011,6 +1015,24 @@ mod tests {
         assert_eq!(host_indices(&sim), vec![0, 0, 1, 1]);
         let real = host_key(None, 0, 1).unwrap();
         assert!(real.len() > 36, "boot id and host name: {real:?}");
+    }
+
+    #[test]
+    fn service_records_parse_or_blame_the_leader() {
+        let secret = Secret::generate().unwrap();
+        let good = format!("127.0.0.1:4000 {}", secret.to_hex());
+        let (addr, s) = parse_service(good.as_bytes(), 2).unwrap();
+        assert_eq!((addr.port(), s), (4000, secret));
+        for bad in [&b"127.0.0.1:4000"[..], b"nowhere 00", b"\xff\xfe"] {
+            assert!(
+                matches!(parse_service(bad, 2), Err(Error::Protocol { rank: 2, .. })),
+                "{bad:?}"
+            );
+        }
+        assert!(matches!(
+            parse_service(b"127.0.0.1:4000 zz", 2),
+            Err(Error::Config(_))
+        ));
     }
 
     #[test]
