@@ -834,6 +834,18 @@ impl Report {
 
     /// The VM section: the guest, the headline of `ibv` against perftest,
     /// a table and a plot per test.
+    /// One test's section: heading, what it measures, its plot, and its
+    /// table (or "Nothing measured.").
+    fn test_section(&self, s: &mut String, heading: &str, what: &str, image: &str, test: &str) {
+        let _ = writeln!(s, "{heading}\n\n{what}.\n\n{image}\n");
+        if self.lines(test).is_empty() {
+            s.push_str("Nothing measured.\n\n");
+        } else {
+            s.push_str(&self.table(test));
+            s.push('\n');
+        }
+    }
+
     fn vm_section(&self) -> String {
         let mut s = String::from(
             "## ibv and perftest in the soft-RoCE VM
@@ -886,14 +898,14 @@ impl Report {
                  flight), BW average converted to 10^6 bytes per second",
             ),
         ] {
-            let _ = writeln!(s, "### {title} in the VM ({unit})\n\n{what}.\n");
-            let _ = writeln!(s, "![{title} in the VM](vm-{test}.svg)\n");
-            if sub.lines(test).is_empty() {
-                s.push_str("Nothing measured.\n\n");
-            } else {
-                s.push_str(&sub.table(test));
-                s.push('\n');
-            }
+            let heading = format!("### {title} in the VM ({unit})");
+            sub.test_section(
+                &mut s,
+                &heading,
+                what,
+                &format!("![{title} in the VM](vm-{test}.svg)"),
+                test,
+            );
         }
         s
     }
@@ -1044,14 +1056,14 @@ impl Report {
                     "osu_bibw: both ranks post 64 receives and 64 sends, then wait for all; both directions counted",
                 ),
             };
-            let _ = writeln!(s, "## {title} ({unit})\n\n{what}.\n");
-            let _ = writeln!(s, "![{title}]({test}.svg)\n");
-            if self.lines(test).is_empty() {
-                s.push_str("Nothing measured.\n\n");
-            } else {
-                s.push_str(&self.table(test));
-                s.push('\n');
-            }
+            let heading = format!("## {title} ({unit})");
+            self.test_section(
+                &mut s,
+                &heading,
+                what,
+                &format!("![{title}]({test}.svg)"),
+                test,
+            );
         }
         s.push_str(&self.vm_section());
         s.push_str("## Method\n\n");
