@@ -238,6 +238,8 @@ impl RankMap {
 /// A receive not yet given to a device (see the module documentation).
 struct HeldRecv {
     core: Arc<RequestCore>,
+    /// The receive's buffer, until the receive is relayed to a device.
+    buf: Buffer,
     source: Source,
     tag: TagSel,
 }
@@ -464,18 +466,17 @@ impl Hybrid {
         self.request(core)
     }
 
-    /// Hands `outer`'s buffer to a request started by `start` on `dev`; the
-    /// request's completion completes `outer` (ranks mapped by `map`).
+    /// Starts a request on `dev` with `buf` (by `start`) and relays `outer`
+    /// (started without a buffer) to it: its completion completes `outer`
+    /// with the buffer (ranks mapped by `map`).
     fn relay(
         &self,
         outer: &Arc<RequestCore>,
+        buf: Buffer,
         dev: &dyn Device,
         map: &RankMap,
         start: impl FnOnce(&dyn Device, Buffer) -> Request,
     ) {
-        let Some(buf) = outer.lend_buffer() else {
-            return;
-        };
         let (tracker, done, map) = (self.tracker.clone(), outer.clone(), map.clone());
         // The hook runs on whichever thread completes the request below,
         // possibly under that device's locks: it takes only the tracker's
@@ -493,10 +494,18 @@ impl Hybrid {
         self.remote.is_some() && (source == Source::Any || held.queues.contains_key(&context))
     }
 
-    /// Posts a receive for `core` to the device reaching `source` (a rank).
-    fn post_named(&self, core: &Arc<RequestCore>, source: Rank, tag: TagSel, context: Context) {
+    /// Posts a receive for `core` into `buf` to the device reaching `source`
+    /// (a rank).
+    fn post_named(
+        &self,
+        core: &Arc<RequestCore>,
+        buf: Buffer,
+        source: Rank,
+        tag: TagSel,
+        context: Context,
+    ) {
         let (dev, r, map) = self.reach(source);
-        self.relay(core, dev, map, |d, b| {
+        self.relay(core, buf, dev, map, |d, b| {
             d.irecv(b, Source::Rank(r), tag, context)
         });
     }
@@ -507,23 +516,30 @@ impl Hybrid {
         let Some(queue) = held.queues.get_mut(&context) else {
             return;
         };
-        while let Some(head) = queue.front() {
-            match head.source {
-                Source::Rank(s) => self.post_named(&head.core, s, head.tag, context),
+        while let Some(head) = queue.pop_front() {
+            let HeldRecv {
+                core,
+                buf,
+                source,
+                tag,
+            } = head;
+            match source {
+                Source::Rank(s) => self.post_named(&core, buf, s, tag, context),
                 Source::Any => {
                     let order = if held.remote_first {
                         [Route::Remote, Route::Local(0)]
                     } else {
                         [Route::Local(0), Route::Remote]
                     };
-                    let mut bound = false;
+                    let mut buf = Some(buf);
                     for route in order {
                         let (dev, map) = self.device(route);
-                        match dev.iprobe(Source::Any, head.tag, context) {
+                        match dev.iprobe(Source::Any, tag, context) {
                             Ok(None) => continue,
                             Ok(Some(st)) => {
                                 // Bind to the probed message: its sender and tag.
-                                self.relay(&head.core, dev, map, |d, b| {
+                                let b = buf.take().expect("bound once");
+                                self.relay(&core, b, dev, map, |d, b| {
                                     d.irecv(
                                         b,
                                         Source::Rank(st.source),
@@ -534,19 +550,26 @@ impl Hybrid {
                             }
                             Err(e) => {
                                 let env = self.failed_recv_env(context);
-                                self.tracker.complete(&head.core, Status::failed(env, e));
+                                let b = buf.take().expect("bound once");
+                                self.tracker
+                                    .complete_returning(&core, b, Status::failed(env, e));
                             }
                         }
-                        bound = true;
                         break;
                     }
-                    if !bound {
+                    if let Some(buf) = buf {
+                        // No message for it yet: it stays at the head.
+                        queue.push_front(HeldRecv {
+                            core,
+                            buf,
+                            source,
+                            tag,
+                        });
                         return;
                     }
                     held.remote_first = !held.remote_first;
                 }
             }
-            queue.pop_front();
         }
         held.queues.remove(&context);
     }
@@ -602,21 +625,22 @@ impl Hybrid {
         if let Err(e) = check_recv(source, tag, self.size).and_then(|_| self.check_open()) {
             return self.rejected(RequestKind::Recv, buf, env, e);
         }
-        let core = self.tracker.start(RequestKind::Recv, buf);
+        let core = self.tracker.start_relay(RequestKind::Recv);
         let mut held = lock(&self.held);
         if self.must_hold(&held, source, context) {
             held.queues.entry(context).or_default().push_back(HeldRecv {
                 core: core.clone(),
+                buf,
                 source,
                 tag,
             });
             self.advance(&mut held, context);
         } else {
             match source {
-                Source::Rank(s) => self.post_named(&core, s, tag, context),
+                Source::Rank(s) => self.post_named(&core, buf, s, tag, context),
                 // One host: every source is local.
                 Source::Any => {
-                    self.relay(&core, &*self.local, &self.local_map, |d, b| {
+                    self.relay(&core, buf, &*self.local, &self.local_map, |d, b| {
                         d.irecv(b, Source::Any, tag, context)
                     });
                 }
@@ -643,9 +667,9 @@ impl Hybrid {
         if let Err(e) = check_send(dest, tag, self.size).and_then(|_| self.check_open()) {
             return self.rejected(RequestKind::Send, buf, env, e);
         }
-        let core = self.tracker.start(RequestKind::Send, buf);
+        let core = self.tracker.start_relay(RequestKind::Send);
         let (dev, d, map) = self.reach(dest);
-        self.relay(&core, dev, map, |dev, b| {
+        self.relay(&core, buf, dev, map, |dev, b| {
             if sync {
                 dev.issend(b, d, tag, context)
             } else {
@@ -719,7 +743,7 @@ impl Progress for Hybrid {
             if let Some(i) = queue.iter().position(|h| Arc::ptr_eq(&h.core, core)) {
                 let h = queue.remove(i).expect("position is in range");
                 let st = Status::cancelled(Pattern::new(h.source, h.tag, context));
-                self.tracker.complete(core, st);
+                self.tracker.complete_returning(core, h.buf, st);
                 // Receives held behind it may be free to go now.
                 self.advance(&mut held, context);
                 return true;
@@ -943,7 +967,7 @@ impl Device for HybridDevice {
         for (context, r) in held {
             let env = h.failed_recv_env(context);
             h.tracker
-                .complete(&r.core, Status::failed(env, Error::Closed));
+                .complete_returning(&r.core, r.buf, Status::failed(env, Error::Closed));
         }
         local.map_err(|e| h.local_map.error(e))?;
         remote

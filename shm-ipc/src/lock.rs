@@ -9,6 +9,7 @@
 //! briefly, then yields its core, so oversubscribed ranks still progress.
 
 use std::cell::UnsafeCell;
+use std::marker::PhantomData;
 use std::ops::{Deref, DerefMut};
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -26,9 +27,32 @@ unsafe impl<T: Send> Sync for RankLock<T> {}
 unsafe impl<T: Send> Send for RankLock<T> {}
 
 /// Exclusive access to the value of a [`RankLock`], released on drop.
+///
+/// Like `std::sync::MutexGuard`, it is `Sync` only when `T` is (a shared
+/// guard hands out `&T` to every thread that holds a reference to it), and
+/// it is not `Send` (a lock is released by the thread that took it):
+///
+/// ```compile_fail,E0277
+/// use std::cell::Cell;
+/// use shm_ipc::lock::RankLock;
+///
+/// let lock = RankLock::new(Cell::new(0u64));
+/// let guard = lock.lock();
+/// std::thread::scope(|s| {
+///     // `Cell` is `Send` but not `Sync`: two threads must not share it.
+///     s.spawn(|| guard.set(guard.get() + 1));
+///     s.spawn(|| guard.set(guard.get() + 1));
+/// });
+/// ```
 pub struct RankGuard<'a, T> {
     lock: &'a RankLock<T>,
+    /// Neither `Send` nor `Sync` by default (see the `Sync` impl below).
+    _not_send: PhantomData<*const ()>,
 }
+
+// SAFETY: through `&RankGuard<T>` a thread only gets `&T`, which is sound to
+// share between threads exactly when `T: Sync` (as for `MutexGuard`).
+unsafe impl<T: Sync> Sync for RankGuard<'_, T> {}
 
 impl<T> RankLock<T> {
     /// A lock around `value`.
@@ -68,7 +92,10 @@ impl<T> RankLock<T> {
         self.locked
             .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
             .ok()
-            .map(|_| RankGuard { lock: self })
+            .map(|_| RankGuard {
+                lock: self,
+                _not_send: PhantomData,
+            })
     }
 }
 

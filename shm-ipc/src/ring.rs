@@ -43,6 +43,7 @@
 //! push/peek/copy/pop code is the same.
 
 use std::alloc::Layout;
+use std::marker::PhantomData;
 use std::ptr::{self, NonNull};
 
 use crate::sync::{heavy_fence, light_fence, AtomicU32, AtomicU64, Ordering};
@@ -128,11 +129,23 @@ pub fn bytes_for(nslots: usize) -> usize {
 }
 
 /// A view of ring memory: base address and slot count. It does not own the
-/// memory; see [`Producer::new`] and [`Consumer::new`] for the lifetime rule.
+/// memory, but borrows it for `'a` (a [`HeapRing`] or a mapping), so safe code
+/// cannot keep a view past the ring's life; see [`Producer::new`] and
+/// [`Consumer::new`] for the ends, which outlive any borrow by contract.
+///
+/// ```compile_fail,E0505
+/// use shm_ipc::ring::HeapRing;
+///
+/// let ring = HeapRing::new(4);
+/// let view = ring.view();
+/// drop(ring); // the memory goes while `view` still points at it
+/// view.has_message();
+/// ```
 #[derive(Copy, Clone, Debug)]
-pub struct RingRef {
+pub struct RingRef<'a> {
     base: NonNull<u8>,
     nslots: usize,
+    _ring: PhantomData<&'a [u8]>,
     /// Loom build only: the side table holding the shared words.
     #[cfg(loom)]
     shadow: NonNull<shadow::Shadow>,
@@ -140,25 +153,38 @@ pub struct RingRef {
 
 // SAFETY: RingRef is an address and a size; all access through it goes through
 // the Producer/Consumer protocol, whose shared words are atomics.
-unsafe impl Send for RingRef {}
+unsafe impl Send for RingRef<'_> {}
 // SAFETY: as above.
-unsafe impl Sync for RingRef {}
+unsafe impl Sync for RingRef<'_> {}
 
-impl RingRef {
+impl<'a> RingRef<'a> {
     /// A view of `bytes_for(nslots)` bytes at `base`.
     ///
     /// # Safety
     /// `base` must be 64-byte aligned and valid for reads and writes of
-    /// `bytes_for(nslots)` bytes, zeroed before first use, and `nslots` a power
-    /// of two of at least 4.
-    pub unsafe fn from_raw(base: NonNull<u8>, nslots: usize) -> RingRef {
+    /// `bytes_for(nslots)` bytes for all of `'a`, zeroed before first use, and
+    /// `nslots` a power of two of at least 4.
+    pub unsafe fn from_raw(base: NonNull<u8>, nslots: usize) -> RingRef<'a> {
         debug_assert!(nslots.is_power_of_two() && nslots >= 4);
         debug_assert_eq!(base.as_ptr() as usize % 64, 0);
         RingRef {
             base,
             nslots,
+            _ring: PhantomData,
             #[cfg(loom)]
             shadow: shadow::none(),
+        }
+    }
+
+    /// The same view with its lifetime erased, for the ring's ends, whose
+    /// `unsafe` constructors require the memory to outlive them.
+    fn detach(self) -> RingRef<'static> {
+        RingRef {
+            base: self.base,
+            nslots: self.nslots,
+            #[cfg(loom)]
+            shadow: self.shadow,
+            _ring: PhantomData,
         }
     }
 
@@ -281,7 +307,8 @@ pub fn slots_for(len: usize) -> u64 {
 /// The producing end. Only one producer may exist per ring.
 #[derive(Debug)]
 pub struct Producer {
-    ring: RingRef,
+    /// The ring, its lifetime erased: [`Producer::new`]'s contract keeps it.
+    ring: RingRef<'static>,
     head: u64,
     tail_cache: u64,
     /// What we last stored in the ring's `waiting` word.
@@ -294,9 +321,9 @@ impl Producer {
     /// # Safety
     /// The ring's memory must outlive the producer, and no other producer may
     /// exist for it.
-    pub unsafe fn new(ring: RingRef) -> Producer {
+    pub unsafe fn new(ring: RingRef<'_>) -> Producer {
         Producer {
-            ring,
+            ring: ring.detach(),
             head: 0,
             tail_cache: 0,
             waiting: false,
@@ -304,7 +331,7 @@ impl Producer {
     }
 
     /// The ring.
-    pub fn ring(&self) -> RingRef {
+    pub fn ring(&self) -> RingRef<'_> {
         self.ring
     }
 
@@ -451,7 +478,8 @@ pub struct Incoming {
 /// The consuming end. Only one consumer may exist per ring.
 #[derive(Debug)]
 pub struct Consumer {
-    ring: RingRef,
+    /// The ring, its lifetime erased: [`Consumer::new`]'s contract keeps it.
+    ring: RingRef<'static>,
     tail: u64,
 }
 
@@ -461,8 +489,11 @@ impl Consumer {
     /// # Safety
     /// The ring's memory must outlive the consumer, and no other consumer may
     /// exist for it.
-    pub unsafe fn new(ring: RingRef) -> Consumer {
-        Consumer { ring, tail: 0 }
+    pub unsafe fn new(ring: RingRef<'_>) -> Consumer {
+        Consumer {
+            ring: ring.detach(),
+            tail: 0,
+        }
     }
 
     /// The message at the head, if one is published.
@@ -603,8 +634,8 @@ impl HeapRing {
         }
     }
 
-    /// A view of the ring.
-    pub fn view(&self) -> RingRef {
+    /// A view of the ring, borrowed from it.
+    pub fn view(&self) -> RingRef<'_> {
         // SAFETY: the allocation is 64-aligned, zeroed, of bytes_for(nslots)
         // bytes, and nslots is a power of two >= 4.
         #[cfg(not(loom))]
@@ -615,6 +646,7 @@ impl HeapRing {
             base: self.ptr,
             nslots: self.nslots,
             shadow: NonNull::from(&*self.shadow),
+            _ring: PhantomData,
         };
         view
     }
@@ -682,9 +714,10 @@ mod tests {
 
     fn pair(nslots: usize) -> (HeapRing, Producer, Consumer) {
         let r = HeapRing::new(nslots);
-        let v = r.view();
-        // SAFETY: `r` is returned alongside and outlives both ends in each test.
-        unsafe { (r, Producer::new(v), Consumer::new(v)) }
+        // SAFETY: `r` is returned alongside and outlives both ends in each
+        // test (moving a HeapRing does not move its memory).
+        let (p, c) = unsafe { (Producer::new(r.view()), Consumer::new(r.view())) };
+        (r, p, c)
     }
 
     fn recv(c: &mut Consumer) -> Option<(Header, Vec<u8>)> {
@@ -835,7 +868,7 @@ mod tests {
             &mut self.all()[start..start + self.nslots * SLOT]
         }
 
-        fn view(&self) -> RingRef {
+        fn view(&self) -> RingRef<'_> {
             // SAFETY: GUARD is a multiple of 64, so the ring is 64-aligned,
             // inside the allocation, and zeroed; nslots is a power of two >= 4.
             unsafe {
@@ -904,7 +937,10 @@ mod tests {
                     let want: Vec<u8> = (0..len)
                         .map(|j| g.area()[payload_offset(nslots, tail, j)])
                         .collect();
-                    let mut c = Consumer { ring: v, tail };
+                    let mut c = Consumer {
+                        ring: v.detach(),
+                        tail,
+                    };
                     let m = c.peek().expect("published").expect("valid");
                     assert_eq!(m.header.len as usize, len);
                     for cap in [len, len / 2, len + 7] {
@@ -934,7 +970,7 @@ mod tests {
         // An Incoming that did not come from peek: capped, never outside.
         let g = Guarded::new(4);
         let mut c = Consumer {
-            ring: g.view(),
+            ring: g.view().detach(),
             tail: 3,
         };
         let m = Incoming {
@@ -972,7 +1008,7 @@ mod tests {
                         aux: 6,
                     };
                     let mut p = Producer {
-                        ring: v,
+                        ring: v.detach(),
                         head,
                         tail_cache: head,
                         waiting: false,

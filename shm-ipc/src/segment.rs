@@ -272,7 +272,7 @@ impl Inbox {
     }
 
     /// The ring from `sender` into this inbox.
-    pub fn ring(&self, sender: Rank) -> RingRef {
+    pub fn ring(&self, sender: Rank) -> RingRef<'_> {
         assert!(sender < self.layout.size);
         let off = self.layout.rings_offset() + sender * self.layout.ring_stride();
         // SAFETY: off + bytes_for(nslots) <= len (see InboxLayout), page

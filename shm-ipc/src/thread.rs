@@ -162,7 +162,7 @@ impl World {
         self.ranks.len()
     }
 
-    fn ring(&self, from: Rank, to: Rank) -> RingRef {
+    fn ring(&self, from: Rank, to: Rank) -> RingRef<'_> {
         self.ranks[to].inbox[from]
             .get_or_init(|| HeapRing::new(self.opts.nslots()))
             .view()

@@ -62,7 +62,7 @@ impl Guarded {
         self.with_all(|all| f(&mut all[GUARD..GUARD + n]))
     }
 
-    fn view(&self) -> RingRef {
+    fn view(&self) -> RingRef<'_> {
         // SAFETY: GUARD is a multiple of 64, so the ring is 64-aligned, in
         // bounds and zeroed; nslots is a power of two >= 4; `self` outlives
         // every view in these tests.

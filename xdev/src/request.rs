@@ -8,6 +8,19 @@
 //! request. Dropping a handle early leaves the core with the device until the
 //! operation ends; `mem::forget` of a handle leaks the core, so the memory the
 //! device may still touch is never freed under it.
+//!
+//! What keeps that rule sound against code outside the device:
+//! - a [`Tracker`] completes only the requests it started (each core records
+//!   its tracker), so nobody but the device that owns a request can hand its
+//!   buffer out;
+//! - a [`Request`] gives its buffer back only once the core is done, whatever
+//!   its [`Progress`] hooks do;
+//! - a device layered over others never takes a buffer out of a request in
+//!   flight: its own request starts without one ([`Tracker::start_relay`]),
+//!   the buffer goes to the request below, and it comes back with that
+//!   request's completion ([`RequestCore::relay`]);
+//! - a completion hook that panics aborts the process, since unwinding there
+//!   would leave a device half-way through a completion.
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -53,6 +66,9 @@ impl Slot {
 pub struct RequestCore {
     id: RequestId,
     kind: RequestKind,
+    /// The [`Tracker`] that started this request: the only one that may
+    /// complete it.
+    tracker: u64,
     ptr: *mut u8,
     len: usize,
     done: AtomicBool,
@@ -75,19 +91,25 @@ unsafe impl Send for RequestCore {}
 unsafe impl Sync for RequestCore {}
 
 impl RequestCore {
-    fn new(id: RequestId, kind: RequestKind, mut buf: Buffer) -> Self {
+    fn new(tracker: u64, id: RequestId, kind: RequestKind, buf: Option<Buffer>) -> Self {
+        let mut buf = buf;
+        let (ptr, len) = match &mut buf {
+            Some(b) => (b.as_mut_ptr(), b.len()),
+            None => (std::ptr::null_mut(), 0),
+        };
         RequestCore {
             id,
             kind,
-            ptr: buf.as_mut_ptr(),
-            len: buf.len(),
+            tracker,
+            ptr,
+            len,
             done: AtomicBool::new(false),
             completing: AtomicBool::new(false),
             peekable: AtomicBool::new(true),
             token: AtomicU64::new(u64::MAX),
             below: OnceLock::new(),
             slot: Mutex::new(Slot {
-                buf: Some(buf),
+                buf,
                 status: None,
                 hook: None,
             }),
@@ -154,7 +176,7 @@ impl RequestCore {
                 drop(slot);
                 // The hook runs before `done` is set, so whoever sees this
                 // request done also sees the relaying request done.
-                hook(Completion { buf, status });
+                run_hook(hook, Completion { buf, status });
             }
             None => {
                 slot.status = Some(status);
@@ -166,27 +188,31 @@ impl RequestCore {
     }
 
     /// Hands the completion (buffer and status) to `hook` instead of to a
-    /// handle: at once if the request has completed, else when it does, on
-    /// the completing thread (which may hold the device's locks: the hook
-    /// must not call back into that device). For devices layered over
-    /// others, after [`Request::into_parts`].
-    pub fn on_complete(&self, hook: CompletionHook) {
+    /// handle: at once if the request has completed, else when it does.
+    fn on_complete(&self, hook: CompletionHook) {
         let mut slot = self.lock();
         match slot.status.take() {
             Some(status) => {
                 let buf = slot.take_buf();
                 drop(slot);
-                hook(Completion { buf, status });
+                run_hook(hook, Completion { buf, status });
             }
             None => slot.hook = Some(hook),
         }
     }
 
-    /// Relays this request to `below`, a request started on the device
-    /// below with this request's buffer (see [`lend_buffer`](Self::lend_buffer)):
-    /// `below`'s completion goes to `hook` (as [`on_complete`](Self::on_complete)),
-    /// and [`relayed_to`](Self::relayed_to) finds it for waits and cancels.
-    /// A request is relayed at most once; a second call only sets the hook.
+    /// Relays this request, started with [`Tracker::start_relay`] (so it
+    /// holds no buffer), to `below`, a request started on the device below
+    /// with the buffer this one stands for. When `below` completes, its
+    /// buffer and status go to `hook` (which typically maps the status and
+    /// completes this request with [`Tracker::complete_returning`]), and
+    /// [`relayed_to`](Self::relayed_to) finds `below` for waits and cancels.
+    ///
+    /// The hook runs on whichever thread completes `below`, possibly under
+    /// that device's locks: it must not call back into that device, and if
+    /// it panics the process aborts (unwinding would leave the device half
+    /// way through a completion). A request is relayed at most once; a
+    /// second call only sets the hook of its `below`.
     pub fn relay(&self, below: Request, hook: CompletionHook) {
         let (core, engine) = below.into_parts();
         let _ = self.below.set((core.clone(), engine));
@@ -199,26 +225,39 @@ impl RequestCore {
         self.below.get()
     }
 
-    /// Takes the buffer out of an incomplete request so that a layered
-    /// device can hand it to the device below; it comes back with
-    /// [`Tracker::complete_returning`]. `None` if already taken or complete.
-    ///
-    /// [`buffer_ptr`](RequestCore::buffer_ptr) keeps pointing at the same
-    /// memory, now owned by the request below.
-    pub fn lend_buffer(&self) -> Option<Buffer> {
-        if self.is_done() {
-            return None;
-        }
-        self.lock().buf.take()
-    }
-
+    /// Takes the completion of a done request. A request whose completion
+    /// went to a hook has none left: it reports an empty buffer and an error.
     fn take(&self) -> Completion {
+        debug_assert!(self.is_done());
         let mut s = self.lock();
+        let status = s.status.take().unwrap_or_else(|| {
+            let env = crate::Envelope {
+                source: usize::MAX,
+                tag: -1,
+                context: 0,
+            };
+            Status::failed(env, crate::Error::Closed)
+        });
         Completion {
             buf: s.take_buf(),
-            status: s.status.take().expect("completed request has a status"),
+            status,
         }
     }
+}
+
+/// Runs a completion hook; a panic in it aborts the process (see
+/// [`RequestCore::relay`]).
+fn run_hook(hook: CompletionHook, completion: Completion) {
+    struct AbortOnUnwind;
+    impl Drop for AbortOnUnwind {
+        fn drop(&mut self) {
+            eprintln!("xdev: a request completion hook panicked; aborting");
+            std::process::abort();
+        }
+    }
+    let guard = AbortOnUnwind;
+    hook(completion);
+    std::mem::forget(guard);
 }
 
 impl fmt::Debug for RequestCore {
@@ -265,6 +304,32 @@ pub trait Progress: Send + Sync {
 }
 
 /// The handle of a non-blocking operation.
+///
+/// Safe code gets the buffer back only from a completed request. A request
+/// cannot be taken apart, and a request core lends no buffer, so the review
+/// reproduction (take the core of a posted receive, take its buffer, free it
+/// while the sender writes) no longer compiles:
+///
+/// ```compile_fail,E0624
+/// # use std::sync::Arc;
+/// # use xdev::{Buffer, Progress, Request, RequestCore, RequestKind, Tracker};
+/// # struct Inert;
+/// # impl Progress for Inert {
+/// #     fn progress(&self) {}
+/// #     fn wait(&self, _: &RequestCore) {}
+/// #     fn cancel(&self, _: &Arc<RequestCore>) -> bool { false }
+/// # }
+/// let t = Tracker::new();
+/// let req = Request::new(t.start(RequestKind::Recv, Buffer::zeroed(64)), Arc::new(Inert));
+/// let (core, _engine) = req.into_parts(); // private to xdev
+/// ```
+///
+/// ```compile_fail,E0599
+/// # use xdev::{Buffer, RequestKind, Tracker};
+/// let t = Tracker::new();
+/// let core = t.start(RequestKind::Recv, Buffer::zeroed(64));
+/// let buf = core.lend_buffer(); // no such method: relaying starts without a buffer
+/// ```
 #[must_use = "a request must be waited or tested to get its buffer back"]
 pub struct Request {
     core: Arc<RequestCore>,
@@ -305,6 +370,12 @@ impl Request {
         if !self.core.is_done() {
             self.engine.wait(&self.core);
         }
+        // The buffer comes back only once the request is done, even if the
+        // engine's wait returned early.
+        while !self.core.is_done() {
+            self.engine.progress();
+            std::thread::yield_now();
+        }
         self.consume()
     }
 
@@ -315,12 +386,10 @@ impl Request {
         !self.core.is_done() && self.engine.cancel(&self.core)
     }
 
-    /// Takes the request apart, for a device layered over another that
-    /// relays its own requests to this one: the core (see
-    /// [`RequestCore::on_complete`]) and the engine that progresses, waits
-    /// for and cancels it. The request is no longer reported by its device's
-    /// `peek`.
-    pub fn into_parts(self) -> (Arc<RequestCore>, Arc<dyn Progress>) {
+    /// Takes the request apart (for [`RequestCore::relay`]): the core and
+    /// the engine that progresses, waits for and cancels it. The request is
+    /// no longer reported by its device's `peek`.
+    pub(crate) fn into_parts(self) -> (Arc<RequestCore>, Arc<dyn Progress>) {
         self.core.peekable.store(false, Ordering::Relaxed);
         (self.core.clone(), self.engine.clone())
     }
@@ -360,6 +429,8 @@ pub struct Peeked {
 /// unconsumed, plus garbage that is compacted away whenever the queue doubles,
 /// so its memory is proportional to the handles user code holds.
 pub struct Tracker {
+    /// This tracker's identity, recorded in every core it starts.
+    id: u64,
     next_id: AtomicU64,
     outstanding: AtomicUsize,
     outstanding_sends: AtomicUsize,
@@ -373,7 +444,9 @@ struct CompletedQueue {
 
 impl Default for Tracker {
     fn default() -> Self {
+        static TRACKERS: AtomicU64 = AtomicU64::new(1);
         Tracker {
+            id: TRACKERS.fetch_add(1, Ordering::Relaxed),
             next_id: AtomicU64::new(1),
             outstanding: AtomicUsize::new(0),
             outstanding_sends: AtomicUsize::new(0),
@@ -394,19 +467,38 @@ impl Tracker {
     /// Starts a request that owns `buf`; it counts as outstanding until
     /// completed.
     pub fn start(&self, kind: RequestKind, buf: Buffer) -> Arc<RequestCore> {
+        self.start_core(kind, Some(buf))
+    }
+
+    /// Starts a request that holds no buffer yet, for a device layered over
+    /// others: the buffer goes to a request on the device below, and comes
+    /// back with [`complete_returning`](Tracker::complete_returning) (see
+    /// [`RequestCore::relay`]). Its [`buffer_ptr`](RequestCore::buffer_ptr)
+    /// is null and its length 0.
+    pub fn start_relay(&self, kind: RequestKind) -> Arc<RequestCore> {
+        self.start_core(kind, None)
+    }
+
+    fn start_core(&self, kind: RequestKind, buf: Option<Buffer>) -> Arc<RequestCore> {
         let id = RequestId(self.next_id.fetch_add(1, Ordering::Relaxed));
         self.outstanding.fetch_add(1, Ordering::Relaxed);
         if kind == RequestKind::Send {
             self.outstanding_sends.fetch_add(1, Ordering::Relaxed);
         }
-        Arc::new(RequestCore::new(id, kind, buf))
+        Arc::new(RequestCore::new(self.id, id, kind, buf))
     }
 
-    /// Completes `core` with `status` unless it was already completed; returns
+    /// Whether `core` was started by this tracker.
+    pub fn started(&self, core: &RequestCore) -> bool {
+        core.tracker == self.id
+    }
+
+    /// Completes `core` with `status` unless it was already completed, or
+    /// was started by another tracker (which this one refuses); returns
     /// whether this call completed it. After it returns true the device must
     /// not touch the buffer again.
     pub fn complete(&self, core: &Arc<RequestCore>, status: Status) -> bool {
-        if !core.claim() {
+        if !self.started(core) || !core.claim() {
             return false;
         }
         self.finish_claimed(core, status);
@@ -429,11 +521,12 @@ impl Tracker {
         }
     }
 
-    /// Completes `core`, whose buffer was lent out with
-    /// [`RequestCore::lend_buffer`], putting `buf` back; as
-    /// [`complete`](Tracker::complete) otherwise.
+    /// Completes `core`, a request started by
+    /// [`start_relay`](Tracker::start_relay), with `buf` as its buffer; as
+    /// [`complete`](Tracker::complete) otherwise. A request that already
+    /// holds a buffer is refused (its buffer may be in use).
     pub fn complete_returning(&self, core: &Arc<RequestCore>, buf: Buffer, status: Status) -> bool {
-        if !core.claim() {
+        if !self.started(core) || !core.ptr.is_null() || !core.claim() {
             return false;
         }
         core.lock().buf = Some(buf);
@@ -558,18 +651,24 @@ mod tests {
     fn relayed_request_returns_buffer_through_the_outer_one() {
         let outer_t = Arc::new(Tracker::new());
         let inner_t = Tracker::new();
-        let outer = outer_t.start(RequestKind::Recv, Buffer::from(vec![0u8; 4]));
+        let outer = outer_t.start_relay(RequestKind::Recv);
+        assert!(outer.buffer_ptr().is_null());
         let handle = Request::new(outer.clone(), Arc::new(Inert));
-        let buf = outer.lend_buffer().expect("buffer lent once");
-        assert!(outer.lend_buffer().is_none());
-        let inner = Request::new(inner_t.start(RequestKind::Recv, buf), Arc::new(Inert));
-        let (inner_core, _engine) = inner.into_parts();
+        let inner_core = inner_t.start(RequestKind::Recv, Buffer::from(vec![0u8; 4]));
+        let inner = Request::new(inner_core.clone(), Arc::new(Inert));
         let (t, o) = (outer_t.clone(), outer.clone());
-        inner_core.on_complete(Box::new(move |c: Completion| {
-            let mut st = c.status;
-            st.source = 7;
-            t.complete_returning(&o, c.buf, st);
-        }));
+        outer.relay(
+            inner,
+            Box::new(move |c: Completion| {
+                let mut st = c.status;
+                st.source = 7;
+                t.complete_returning(&o, c.buf, st);
+            }),
+        );
+        assert!(Arc::ptr_eq(
+            &outer.relayed_to().expect("relayed").0,
+            &inner_core
+        ));
         assert!(!outer.is_done());
         // SAFETY: the inner core owns the 4-byte buffer; nothing else writes it.
         unsafe { inner_core.buffer_ptr().write_bytes(9, 4) };
@@ -586,26 +685,6 @@ mod tests {
     }
 
     #[test]
-    fn relay_records_the_request_below() {
-        let t = Arc::new(Tracker::new());
-        let outer = t.start(RequestKind::Send, Buffer::from(vec![1u8; 3]));
-        assert!(outer.relayed_to().is_none());
-        let below_t = Tracker::new();
-        let below = below_t.start(RequestKind::Send, outer.lend_buffer().unwrap());
-        let (t2, o2) = (t.clone(), outer.clone());
-        outer.relay(
-            Request::new(below.clone(), Arc::new(Inert)),
-            Box::new(move |c| {
-                t2.complete_returning(&o2, c.buf, c.status);
-            }),
-        );
-        assert!(Arc::ptr_eq(&outer.relayed_to().expect("relayed").0, &below));
-        below_t.complete(&below, Status::ok(env(), 3));
-        assert!(outer.is_done());
-        assert_eq!(&outer.take().buf[..], &[1u8; 3]);
-    }
-
-    #[test]
     fn hook_on_a_completed_request_runs_at_once() {
         let t = Tracker::new();
         let core = t.start(RequestKind::Send, Buffer::from(vec![3u8; 2]));
@@ -615,10 +694,61 @@ mod tests {
         core.on_complete(Box::new(move |c| *g.lock().unwrap() = Some(c)));
         let c = got.lock().unwrap().take().expect("hook ran");
         assert_eq!((&c.buf[..], c.status.count), (&[3u8, 3][..], 2));
+    }
+
+    #[test]
+    fn a_tracker_refuses_requests_it_did_not_start() {
+        // The review's reproduction: another tracker completing a device's
+        // request would hand its buffer out while the device writes it.
+        let device = Tracker::new();
+        let core = device.start(RequestKind::Recv, Buffer::zeroed(64));
+        let stranger = Tracker::new();
+        assert!(!stranger.started(&core));
+        assert!(!stranger.complete(&core, Status::ok(env(), 0)));
+        assert!(!stranger.complete_returning(&core, Buffer::zeroed(1), Status::ok(env(), 0)));
         assert!(
-            core.lend_buffer().is_none(),
-            "a complete request lends nothing"
+            !core.is_done(),
+            "a refused completion leaves the request alone"
         );
+        assert!(device.complete(&core, Status::ok(env(), 64)));
+    }
+
+    #[test]
+    fn complete_returning_refuses_a_request_that_owns_a_buffer() {
+        let t = Tracker::new();
+        let core = t.start(RequestKind::Recv, Buffer::zeroed(8));
+        assert!(!t.complete_returning(&core, Buffer::zeroed(8), Status::ok(env(), 0)));
+        assert!(!core.is_done());
+        assert!(t.complete(&core, Status::ok(env(), 8)));
+    }
+
+    /// A `Progress` whose `wait` returns at once, done or not.
+    struct Liar;
+    impl Progress for Liar {
+        fn progress(&self) {}
+        fn wait(&self, _: &RequestCore) {}
+        fn cancel(&self, _: &Arc<RequestCore>) -> bool {
+            false
+        }
+    }
+
+    #[test]
+    fn wait_returns_the_buffer_only_once_done_whatever_the_engine_says() {
+        let t = Arc::new(Tracker::new());
+        let core = t.start(RequestKind::Recv, Buffer::zeroed(16));
+        let handle = Request::new(core.clone(), Arc::new(Liar));
+        let (t2, c2) = (t.clone(), core.clone());
+        let completer = std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            // SAFETY: the request is incomplete, so it still owns its
+            // 16-byte buffer, and only this thread writes it.
+            unsafe { c2.buffer_ptr().write_bytes(5, 16) };
+            t2.complete(&c2, Status::ok(env(), 16));
+        });
+        let c = handle.wait();
+        assert!(core.is_done());
+        assert_eq!(&c.buf[..], &[5u8; 16][..]);
+        completer.join().unwrap();
     }
 
     #[test]
