@@ -333,6 +333,9 @@ struct Local {
     /// Bumped by every progress round that did something.
     events: u64,
     gone: Vec<bool>,
+    /// Set by `finish` under this lock when it empties the queues: nothing
+    /// may be queued after that (a request posted then would never end).
+    closed: bool,
 }
 
 /// The engine of one rank: shared by the device handle and its requests.
@@ -815,6 +818,12 @@ impl Engine {
                 if done(self, &mut l)? {
                     return Ok(());
                 }
+                if l.closed {
+                    // `finish` emptied the queues: what `done` waits for
+                    // will not come (anything it queued is taken out by its
+                    // caller's guard).
+                    return Err(Error::Closed);
+                }
                 (l.events != before, l.backlog_total > 0, l.departures_seen)
             };
             if self.closed.load(Ordering::Acquire) {
@@ -981,6 +990,13 @@ impl Engine {
             sync,
         };
         let mut l = self.lock();
+        if l.closed {
+            // `finish` emptied the queues after our first check.
+            drop(l);
+            self.tracker
+                .complete(&core, Status::failed(env, Error::Closed));
+            return Request::new(core, self.clone());
+        }
         if l.backlog[dest].is_empty() && self.push_pending(&mut l, dest, &p) {
             return Request::new(core, self.clone());
         }
@@ -1085,6 +1101,7 @@ impl Engine {
             || false,
         );
         let mut l = self.lock();
+        l.closed = true;
         for t in l.matching.remove_posted_where(|_, _| true) {
             let env = Envelope {
                 source: self.rank,
@@ -1235,6 +1252,7 @@ impl ThreadDevice {
                 departures_seen: 0,
                 events: 0,
                 gone: vec![false; n],
+                closed: false,
             }),
             world,
             closing: AtomicBool::new(false),
@@ -1307,6 +1325,18 @@ impl Device for ThreadDevice {
         }
         let core = eng.tracker.start(RequestKind::Recv, buf);
         let mut l = eng.lock();
+        if l.closed {
+            // `finish` emptied the queues after our first check.
+            drop(l);
+            let env = Envelope {
+                source: eng.rank,
+                tag: -1,
+                context,
+            };
+            eng.tracker
+                .complete(&core, Status::failed(env, Error::Closed));
+            return Request::new(core, eng.clone());
+        }
         match l.matching.post(pattern, Target::Request(core.clone())) {
             Posted::Matched { env, msg, recv } => {
                 let (p, n) = recv.dst();
