@@ -52,6 +52,10 @@ const FLAG_SYNC: u8 = 1;
 /// cost of an unexpected-queue entry).
 const ENTRY_CHARGE: u64 = 64;
 
+/// Messages one drain of one ring processes at most, so that a sender that
+/// keeps its ring full cannot hold this rank in one call.
+const DRAIN_BUDGET: usize = 256;
+
 /// Tunables of the thread device. Every field can be set through
 /// [`Config::options`] under the same name.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -70,6 +74,16 @@ pub struct ThreadOptions {
     /// Eager bytes (plus 64 per message) a sender may have unreceived at one
     /// receiver before it switches to rendezvous (default 4 × `ring_bytes`).
     pub credit_bytes: usize,
+    /// Rendezvous headers from one sender that a receiver keeps as
+    /// unexpected (default 16,384, about 100 bytes of the receiver's memory
+    /// each; the conformance suite keeps 10,000 rendezvous sends from one
+    /// peer unreceived while it waits for a later message). Beyond it the receiver leaves that sender's
+    /// ring alone, except for messages that match a posted receive, until
+    /// receives take some: the sender waits (its sends stay queued in its
+    /// own memory) and nothing is lost. A program with more unmatched
+    /// rendezvous sends from one peer than this in flight, that waits for a
+    /// message behind them, needs a larger value.
+    pub max_unexpected_rndv: usize,
 }
 
 impl ThreadOptions {
@@ -83,6 +97,7 @@ impl ThreadOptions {
             eager_limit: 4 << 10,
             ring_bytes,
             credit_bytes: 4 * ring_bytes,
+            max_unexpected_rndv: 16_384,
         }
     }
 
@@ -99,6 +114,7 @@ impl ThreadOptions {
             eager_limit: config.option("eager_limit", d.eager_limit)?,
             ring_bytes,
             credit_bytes: config.option("credit_bytes", 4 * ring_bytes)?,
+            max_unexpected_rndv: config.option("max_unexpected_rndv", d.max_unexpected_rndv)?,
         })
     }
 
@@ -336,6 +352,10 @@ struct Local {
     /// Set by `finish` under this lock when it empties the queues: nothing
     /// may be queued after that (a request posted then would never end).
     closed: bool,
+    /// Rendezvous headers from each sender held as unexpected.
+    unexpected_rndv: Vec<usize>,
+    /// Whether a ring may be stalled (see `Engine::stalled`).
+    stalled_any: bool,
 }
 
 /// The engine of one rank: shared by the device handle and its requests.
@@ -344,6 +364,11 @@ struct Engine {
     rank: Rank,
     tracker: Arc<Tracker>,
     local: RankLock<Local>,
+    /// Per sender: its ring is left alone because this rank holds
+    /// `max_unexpected_rndv` of its rendezvous headers (written under the
+    /// lock, read without it by `worth_a_step`, so a stalled ring with
+    /// messages does not keep a waiter spinning).
+    stalled: Box<[AtomicBool]>,
     closing: AtomicBool,
     closed: AtomicBool,
 }
@@ -509,7 +534,20 @@ impl Engine {
                 }
                 Status::received(env, data.len(), cap)
             }
-            Unexpected::Rndv(h) => self.pull(env, &h, dst, cap),
+            Unexpected::Rndv(h) => {
+                self.unexpected_rndv_taken(l, env.source);
+                self.pull(env, &h, dst, cap)
+            }
+        }
+    }
+
+    /// One of `s`'s unexpected rendezvous headers was taken: its ring may
+    /// be drained again.
+    fn unexpected_rndv_taken(&self, l: &mut Local, s: Rank) {
+        l.unexpected_rndv[s] -= 1;
+        if l.unexpected_rndv[s] < self.world.opts.max_unexpected_rndv {
+            // Relaxed: a hint for `worth_a_step`; the lock orders the rest.
+            self.stalled[s].store(false, Ordering::Relaxed);
         }
     }
 
@@ -530,12 +568,15 @@ impl Engine {
         t.complete(&self.tracker, st);
     }
 
-    /// Processes the messages waiting in the ring from `s`. With `direct`,
-    /// stops as soon as that receive completes. Returns whether anything was
-    /// processed.
+    /// Processes the messages waiting in the ring from `s`, at most
+    /// [`DRAIN_BUDGET`] of them. With `direct`, stops as soon as that receive
+    /// completes. Leaves the ring alone at a rendezvous header that nothing
+    /// matches once `max_unexpected_rndv` of `s`'s are held (unless `s` is
+    /// gone: what a departed peer sent is finite). Returns whether anything
+    /// was processed.
     fn drain(&self, l: &mut Local, s: Rank, mut direct: Option<&mut Direct<'_>>) -> bool {
         let mut any = false;
-        loop {
+        for _ in 0..DRAIN_BUDGET {
             if direct.as_ref().is_some_and(|d| d.status.is_some()) {
                 return any;
             }
@@ -550,7 +591,6 @@ impl Engine {
                     panic!("thread ring from rank {s} corrupt: {e}");
                 }
             };
-            any = true;
             let h = msg.header;
             let env = Envelope {
                 source: s,
@@ -569,12 +609,33 @@ impl Engine {
                 let st = self.deliver_from_ring(l, s, &msg, p, n);
                 self.complete_target(target, st);
             } else {
+                if h.kind == KIND_RNDV {
+                    if l.unexpected_rndv[s] >= self.world.opts.max_unexpected_rndv && !l.gone[s] {
+                        // Relaxed: a hint for `worth_a_step`.
+                        self.stalled[s].store(true, Ordering::Relaxed);
+                        l.stalled_any = true;
+                        return any;
+                    }
+                    l.unexpected_rndv[s] += 1;
+                }
                 let u = self.materialize(l, s, &msg);
                 l.matching.push_unexpected(env, u);
             }
+            any = true;
             let c = l.consumers[s].as_mut().expect("consumer exists");
             if c.pop(&msg) {
                 self.world.ranks[s].doorbell.ring(Scope::Private);
+            }
+        }
+        any
+    }
+
+    /// A receive was posted: stalled rings may hold its message, so the
+    /// next progress round looks at them again.
+    fn unstall(&self, l: &mut Local) {
+        if std::mem::take(&mut l.stalled_any) {
+            for f in self.stalled.iter() {
+                f.store(false, Ordering::Relaxed);
             }
         }
     }
@@ -762,7 +823,7 @@ impl Engine {
             l.gone[d] = true;
             any = true;
             // What it sent before leaving is still deliverable.
-            self.drain(l, d, None);
+            while self.drain(l, d, None) {}
             let reason = "peer finished or died";
             for t in l
                 .matching
@@ -796,11 +857,10 @@ impl Engine {
     /// this rank's rings, or a peer's departure not yet handled.
     fn worth_a_step(&self, departures_seen: u64) -> bool {
         self.world.departures.load(Ordering::Relaxed) != departures_seen
-            || self
-                .me()
-                .inbox
-                .iter()
-                .any(|r| r.get().is_some_and(|r| r.view().has_message()))
+            || self.me().inbox.iter().enumerate().any(|(s, r)| {
+                !self.stalled[s].load(Ordering::Relaxed)
+                    && r.get().is_some_and(|r| r.view().has_message())
+            })
     }
 
     /// Calls `step` (which makes progress itself, see `progress_locked`)
@@ -1027,6 +1087,8 @@ impl Engine {
                     return Ok(b.is_done());
                 }
                 if l.matching.posted_len() == 0 {
+                    // A stalled ring's head may be the message we want.
+                    eng.unstall(l);
                     if eng.direct_from_unexpected(l, &mut direct) {
                         return Ok(true);
                     }
@@ -1057,6 +1119,7 @@ impl Engine {
                         Ok(true)
                     }
                     Posted::Queued(id) => {
+                        eng.unstall(l);
                         *queued.borrow_mut() = Some((b, id));
                         Ok(false)
                     }
@@ -1253,7 +1316,10 @@ impl ThreadDevice {
                 events: 0,
                 gone: vec![false; n],
                 closed: false,
+                unexpected_rndv: vec![0; n],
+                stalled_any: false,
             }),
+            stalled: (0..n).map(|_| AtomicBool::new(false)).collect(),
             world,
             closing: AtomicBool::new(false),
             closed: AtomicBool::new(false),
@@ -1266,6 +1332,12 @@ impl ThreadDevice {
     /// The options in force.
     pub fn options(&self) -> &ThreadOptions {
         &self.engine.world.opts
+    }
+
+    /// Messages this rank holds as unexpected (taken out of its rings
+    /// before a receive matched them), for diagnostics and tests.
+    pub fn unexpected_messages(&self) -> usize {
+        self.engine.lock().matching.unexpected_len()
     }
 }
 
@@ -1345,6 +1417,7 @@ impl Device for ThreadDevice {
             }
             Posted::Queued(id) => {
                 core.set_token(id.as_u64());
+                eng.unstall(&mut l);
                 // A receive naming a peer that already left fails at once
                 // (after what it sent has been drained).
                 if let Source::Rank(s) = source {

@@ -296,3 +296,60 @@ fn finish_racing_with_posts_leaves_no_request_behind() {
         }
     }
 }
+
+/// A sender that floods a receiver with rendezvous sends it does not
+/// receive: the receiver holds at most `max_unexpected_rndv` of their
+/// headers (the rest wait in the ring and in the sender's own queue), and
+/// receives then get every message, in order.
+#[test]
+fn a_flood_of_rendezvous_headers_is_bounded_at_the_receiver() {
+    const COUNT: usize = 20_000;
+    const CAP: usize = 100;
+    let _dog = Watchdog::arm("rendezvous flood", Duration::from_secs(120));
+    let job = job("rndv-flood");
+    let open_opts = |rank| {
+        let cfg = Config::new(rank, 2, job.as_str())
+            // Every message by rendezvous: a header in the ring, no credit.
+            .with("eager_limit", 0)
+            .with("max_unexpected_rndv", CAP);
+        ThreadDevice::open(&cfg).expect("open")
+    };
+    let posted = Barrier::new(2);
+    thread::scope(|s| {
+        s.spawn(|| {
+            let dev = open_opts(0);
+            let reqs: Vec<_> = (0..COUNT)
+                .map(|i| dev.isend(Buffer::from((i as u32).to_le_bytes().to_vec()), 1, 3, 0))
+                .collect();
+            posted.wait();
+            for r in reqs {
+                assert!(r.wait().status.error.is_none());
+            }
+            dev.finish().unwrap();
+        });
+        s.spawn(|| {
+            let dev = open_opts(1);
+            posted.wait();
+            // Progress without receiving: probes drain the ring.
+            let mut seen = 0;
+            for _ in 0..1_000 {
+                let _ = dev.iprobe(Source::Rank(0), TagSel::Tag(99), 0).unwrap();
+                seen = seen.max(dev.unexpected_messages());
+            }
+            assert!(seen >= CAP, "the flood reached the receiver ({seen} held)");
+            assert!(
+                seen <= CAP,
+                "{seen} headers held as unexpected, bound {CAP}"
+            );
+            let mut b = [0u8; 4];
+            for i in 0..COUNT {
+                let st = dev
+                    .recv(&mut b, Source::Rank(0), TagSel::Tag(3), 0)
+                    .unwrap();
+                assert_eq!((st.count, u32::from_le_bytes(b)), (4, i as u32));
+            }
+            assert_eq!(dev.unexpected_messages(), 0);
+            dev.finish().unwrap();
+        });
+    });
+}
