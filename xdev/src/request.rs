@@ -22,10 +22,10 @@
 //! - a completion hook that panics aborts the process, since unwinding there
 //!   would leave a device half-way through a completion.
 
-use std::collections::VecDeque;
+use std::cell::UnsafeCell;
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use crate::{Buffer, Status};
 
@@ -45,24 +45,45 @@ pub enum RequestKind {
 /// What a layered device runs when a request it relays completes.
 pub type CompletionHook = Box<dyn FnOnce(Completion) + Send>;
 
-#[derive(Default)]
-struct Slot {
-    buf: Option<Buffer>,
-    status: Option<Status>,
-    /// Set by [`RequestCore::on_complete`]: receives the completion instead
-    /// of a handle.
-    hook: Option<CompletionHook>,
-}
+/// `RequestCore::state` bits: a completer claimed the request.
+const CLAIMED: u8 = 1;
+/// `RequestCore::state` bits: a completion hook is installed.
+const HOOKED: u8 = 2;
 
-impl Slot {
-    /// The buffer, or an empty one if it was already taken.
-    fn take_buf(&mut self) -> Buffer {
-        self.buf.take().unwrap_or_else(|| Buffer::from(Vec::new()))
-    }
-}
+/// `RequestCore::handle`: no handle was made yet.
+const NO_HANDLE: u8 = 0;
+/// A handle holds the request and has not consumed it (peek may report it).
+const LIVE: u8 = 1;
+/// `peek` is reading the status.
+const PEEKING: u8 = 2;
+/// `peek` reported the completion; the handle still consumes it.
+const REPORTED: u8 = 3;
+/// The handle consumed the completion, was dropped, or was taken apart.
+const RELEASED: u8 = 4;
+
+/// What a reused core's previous request left behind (see
+/// `RequestCore::reset`).
+type Leftovers = (
+    Option<Buffer>,
+    Option<CompletionHook>,
+    OnceLock<(Arc<RequestCore>, Arc<dyn Progress>)>,
+);
 
 /// The device-side state of one non-blocking operation: it owns the buffer
 /// until completion.
+///
+/// Cores live in their [`Tracker`]'s pool and are reused once nobody holds
+/// them, so a request costs no allocation in steady state.
+///
+/// Who touches what (the `UnsafeCell`s):
+/// - `buf` and `status` are written by whoever claimed the completion
+///   (`state` has [`CLAIMED`]), before `done` is set with `Release`; after
+///   that they are read by the one handle (after an `Acquire` load of
+///   `done`), or by the hook that received the completion;
+/// - `hook` is written once by [`relay`](RequestCore::relay) before it sets
+///   [`HOOKED`] with `Release`, and read by the one party that sees both
+///   bits (see `finish` and `on_complete`);
+/// - a reused core is reset through `Arc::get_mut`, when nobody else holds it.
 pub struct RequestCore {
     id: RequestId,
     kind: RequestKind,
@@ -71,49 +92,71 @@ pub struct RequestCore {
     tracker: u64,
     ptr: *mut u8,
     len: usize,
+    /// [`CLAIMED`] and [`HOOKED`] bits.
+    state: AtomicU8,
     done: AtomicBool,
-    completing: AtomicBool,
-    /// True while a handle exists that has not consumed the completion; only
-    /// such requests are reported by `peek`.
-    peekable: AtomicBool,
+    /// Where the handle is ([`NO_HANDLE`], [`LIVE`], [`PEEKING`],
+    /// [`REPORTED`], [`RELEASED`]).
+    handle: AtomicU8,
     /// A device-private cookie (for example a posted-receive id for cancel).
     token: AtomicU64,
-    slot: Mutex<Slot>,
+    buf: UnsafeCell<Option<Buffer>>,
+    status: UnsafeCell<Option<Status>>,
+    hook: UnsafeCell<Option<CompletionHook>>,
     /// The request of the device below that carries this one, once a
     /// layered device relayed it (see [`RequestCore::relay`]).
     below: OnceLock<(Arc<RequestCore>, Arc<dyn Progress>)>,
 }
 
-// SAFETY: `ptr` points into the Buffer owned by `slot`; it is only an address.
-// Devices write through it only under the contract of `buffer_ptr`.
+// SAFETY: `ptr` points into the Buffer this core owns (an address only; the
+// device writes through it under the contract of `buffer_ptr`). The cells
+// are accessed under the protocol in the type's docs: one writer before
+// `done` (Release), readers after it (Acquire), never both at once.
 unsafe impl Send for RequestCore {}
-// SAFETY: all shared mutable state is atomic or behind the Mutex.
+// SAFETY: as above; all other shared state is atomic or a OnceLock.
 unsafe impl Sync for RequestCore {}
 
 impl RequestCore {
     fn new(tracker: u64, id: RequestId, kind: RequestKind, buf: Option<Buffer>) -> Self {
-        let mut buf = buf;
-        let (ptr, len) = match &mut buf {
-            Some(b) => (b.as_mut_ptr(), b.len()),
-            None => (std::ptr::null_mut(), 0),
-        };
-        RequestCore {
+        let mut core = RequestCore {
             id,
             kind,
             tracker,
-            ptr,
-            len,
+            ptr: std::ptr::null_mut(),
+            len: 0,
+            state: AtomicU8::new(0),
             done: AtomicBool::new(false),
-            completing: AtomicBool::new(false),
-            peekable: AtomicBool::new(true),
+            handle: AtomicU8::new(NO_HANDLE),
             token: AtomicU64::new(u64::MAX),
+            buf: UnsafeCell::new(None),
+            status: UnsafeCell::new(None),
+            hook: UnsafeCell::new(None),
             below: OnceLock::new(),
-            slot: Mutex::new(Slot {
-                buf,
-                status: None,
-                hook: None,
-            }),
-        }
+        };
+        drop(core.reset(id, kind, buf));
+        core
+    }
+
+    /// Makes an unshared core new again. Returns what the previous request
+    /// left (a buffer or status nobody took, a relayed request), for the
+    /// caller to drop outside its locks.
+    fn reset(&mut self, id: RequestId, kind: RequestKind, mut buf: Option<Buffer>) -> Leftovers {
+        (self.ptr, self.len) = match &mut buf {
+            Some(b) => (b.as_mut_ptr(), b.len()),
+            None => (std::ptr::null_mut(), 0),
+        };
+        self.id = id;
+        self.kind = kind;
+        *self.state.get_mut() = 0;
+        *self.done.get_mut() = false;
+        *self.handle.get_mut() = NO_HANDLE;
+        *self.token.get_mut() = u64::MAX;
+        *self.status.get_mut() = None;
+        (
+            std::mem::replace(self.buf.get_mut(), buf),
+            self.hook.get_mut().take(),
+            std::mem::take(&mut self.below),
+        )
     }
 
     /// The request's id.
@@ -142,6 +185,7 @@ impl RequestCore {
     }
 
     /// Whether the operation has completed.
+    #[inline]
     pub fn is_done(&self) -> bool {
         // Acquire pairs with the Release in `finish`, so the status and the
         // data written before completion are visible.
@@ -158,46 +202,80 @@ impl RequestCore {
         self.token.store(t, Ordering::Relaxed)
     }
 
-    fn lock(&self) -> MutexGuard<'_, Slot> {
-        // A poisoned slot only means a panic elsewhere; its data stays sound.
-        self.slot.lock().unwrap_or_else(|p| p.into_inner())
+    /// Claims the right to complete; false if already claimed. On success,
+    /// says whether a hook was installed before the claim.
+    #[inline]
+    fn claim(&self) -> Option<bool> {
+        // AcqRel: Acquire makes a hook installed before us visible; Release
+        // orders nothing of ours yet but keeps the RMW symmetric with
+        // `on_complete`'s.
+        let prev = self.state.fetch_or(CLAIMED, Ordering::AcqRel);
+        (prev & CLAIMED == 0).then_some(prev & HOOKED != 0)
     }
 
-    /// Claims the right to complete; false if already claimed.
-    fn claim(&self) -> bool {
-        !self.completing.swap(true, Ordering::AcqRel)
-    }
-
-    fn finish(&self, status: Status) {
-        let mut slot = self.lock();
-        match slot.hook.take() {
-            Some(hook) => {
-                let buf = slot.take_buf();
-                drop(slot);
-                // The hook runs before `done` is set, so whoever sees this
-                // request done also sees the relaying request done.
+    /// Completes a claimed request (`hooked`: what `claim` said), with
+    /// `buf` as its buffer if given.
+    fn finish(&self, hooked: bool, buf: Option<Buffer>, status: Status) {
+        if hooked {
+            // SAFETY: the HOOKED bit was set (Release) after the hook was
+            // written, and our claim saw it (Acquire); `on_complete` saw our
+            // CLAIMED bit was not yet set, so it left the hook to us and
+            // nobody else reads it.
+            let hook = unsafe { (*self.hook.get()).take() };
+            // SAFETY: as the claimer we are the only one touching `buf`
+            // before `done`.
+            let own = unsafe { (*self.buf.get()).take() };
+            let buf = buf.or(own).unwrap_or_else(|| Buffer::from(Vec::new()));
+            if let Some(hook) = hook {
                 run_hook(hook, Completion { buf, status });
             }
-            None => {
-                slot.status = Some(status);
-                drop(slot);
+        } else {
+            // SAFETY: as the claimer we are the only one writing the cells
+            // before `done`; readers wait for `done`.
+            unsafe {
+                if let Some(b) = buf {
+                    *self.buf.get() = Some(b);
+                }
+                *self.status.get() = Some(status);
             }
         }
-        // Release: publishes the status and all data the device wrote.
+        // Release: publishes the status, the buffer and all data the device
+        // wrote into it.
         self.done.store(true, Ordering::Release);
     }
 
     /// Hands the completion (buffer and status) to `hook` instead of to a
-    /// handle: at once if the request has completed, else when it does.
+    /// handle: at once if the request was already claimed (once it is
+    /// done), else when it completes. Called at most once, on a core that
+    /// has no handle.
     fn on_complete(&self, hook: CompletionHook) {
-        let mut slot = self.lock();
-        match slot.status.take() {
-            Some(status) => {
-                let buf = slot.take_buf();
-                drop(slot);
+        // SAFETY: only this call (at most one per core, see `relay`) writes
+        // the hook, and nobody reads it before HOOKED is set below.
+        unsafe { *self.hook.get() = Some(hook) };
+        // AcqRel: Release publishes the hook to a later claimer; Acquire
+        // pairs with an earlier claim.
+        let prev = self.state.fetch_or(HOOKED, Ordering::AcqRel);
+        if prev & CLAIMED != 0 {
+            // The completer claimed without seeing the hook: it stores the
+            // completion in the cells. Wait for it (the window between
+            // claim and done holds no lock and no wait), then run the hook
+            // ourselves.
+            while !self.is_done() {
+                std::hint::spin_loop();
+            }
+            // SAFETY: `done` (Acquire) makes the cells' contents visible;
+            // this core has no handle, so nobody else takes them.
+            let (hook, buf, status) = unsafe {
+                (
+                    (*self.hook.get()).take(),
+                    (*self.buf.get()).take(),
+                    (*self.status.get()).take(),
+                )
+            };
+            if let (Some(hook), Some(status)) = (hook, status) {
+                let buf = buf.unwrap_or_else(|| Buffer::from(Vec::new()));
                 run_hook(hook, Completion { buf, status });
             }
-            None => slot.hook = Some(hook),
         }
     }
 
@@ -212,11 +290,13 @@ impl RequestCore {
     /// that device's locks: it must not call back into that device, and if
     /// it panics the process aborts (unwinding would leave the device half
     /// way through a completion). A request is relayed at most once; a
-    /// second call only sets the hook of its `below`.
+    /// second call is ignored (its `below` is dropped, and with it only a
+    /// handle).
     pub fn relay(&self, below: Request, hook: CompletionHook) {
         let (core, engine) = below.into_parts();
-        let _ = self.below.set((core.clone(), engine));
-        core.on_complete(hook);
+        if self.below.set((core.clone(), engine)).is_ok() {
+            core.on_complete(hook);
+        }
     }
 
     /// The request this one was relayed to, with the engine that waits for
@@ -225,12 +305,16 @@ impl RequestCore {
         self.below.get()
     }
 
-    /// Takes the completion of a done request. A request whose completion
-    /// went to a hook has none left: it reports an empty buffer and an error.
+    /// Takes the completion of a done request, for its one handle.
     fn take(&self) -> Completion {
         debug_assert!(self.is_done());
-        let mut s = self.lock();
-        let status = s.status.take().unwrap_or_else(|| {
+        // SAFETY: the request is done (Acquire in the caller's is_done), so
+        // the claimer's writes are visible and over; the single handle
+        // (consuming itself) is the only reader.
+        let (buf, status) = unsafe { ((*self.buf.get()).take(), (*self.status.get()).take()) };
+        let status = status.unwrap_or_else(|| {
+            // Only a core whose completion went to a hook has none, and such
+            // a core has no handle; stay total anyway.
             let env = crate::Envelope {
                 source: usize::MAX,
                 tag: -1,
@@ -239,8 +323,28 @@ impl RequestCore {
             Status::failed(env, crate::Error::Closed)
         });
         Completion {
-            buf: s.take_buf(),
+            buf: buf.unwrap_or_else(|| Buffer::from(Vec::new())),
             status,
+        }
+    }
+
+    /// Marks the handle released; waits out a `peek` reading the status.
+    fn release_handle(&self) {
+        loop {
+            match self.handle.load(Ordering::Acquire) {
+                PEEKING => std::hint::spin_loop(),
+                h => {
+                    // Acquire: `peek`'s read of the status happens before our
+                    // take; Release: our take happens before a reuse.
+                    if self
+                        .handle
+                        .compare_exchange(h, RELEASED, Ordering::AcqRel, Ordering::Acquire)
+                        .is_ok()
+                    {
+                        return;
+                    }
+                }
+            }
         }
     }
 }
@@ -337,8 +441,20 @@ pub struct Request {
 }
 
 impl Request {
-    /// Wraps a core created by [`Tracker::start`].
+    /// Wraps a core created by [`Tracker::start`] (or
+    /// [`Tracker::start_relay`]), with the engine that progresses, waits
+    /// for and cancels it.
+    ///
+    /// # Panics
+    /// If the core already has a handle: a request has exactly one.
     pub fn new(core: Arc<RequestCore>, engine: Arc<dyn Progress>) -> Self {
+        // Relaxed: only the uniqueness of the handle is decided here; the
+        // core's contents are published by `done`.
+        let first = core
+            .handle
+            .compare_exchange(NO_HANDLE, LIVE, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok();
+        assert!(first, "a request core has exactly one handle");
         Request { core, engine }
     }
 
@@ -390,19 +506,32 @@ impl Request {
     /// the engine that progresses, waits for and cancels it. The request is
     /// no longer reported by its device's `peek`.
     pub(crate) fn into_parts(self) -> (Arc<RequestCore>, Arc<dyn Progress>) {
-        self.core.peekable.store(false, Ordering::Relaxed);
-        (self.core.clone(), self.engine.clone())
+        let this = std::mem::ManuallyDrop::new(self);
+        this.core.release_handle();
+        // SAFETY: `this` is never used or dropped again; each field is read
+        // out exactly once.
+        unsafe { (std::ptr::read(&this.core), std::ptr::read(&this.engine)) }
     }
 
     fn consume(self) -> Completion {
-        self.core.peekable.store(false, Ordering::Relaxed);
-        self.core.take()
+        let this = std::mem::ManuallyDrop::new(self);
+        // Released first: after that, `peek` no longer reads the status we
+        // take, and the pool cannot reuse the core while we hold it.
+        this.core.release_handle();
+        let completion = this.core.take();
+        // SAFETY: `this` is never used or dropped again; each field is read
+        // out and dropped exactly once.
+        unsafe {
+            drop(std::ptr::read(&this.core));
+            drop(std::ptr::read(&this.engine));
+        }
+        completion
     }
 }
 
 impl Drop for Request {
     fn drop(&mut self) {
-        self.core.peekable.store(false, Ordering::Relaxed);
+        self.core.release_handle();
     }
 }
 
@@ -421,25 +550,59 @@ pub struct Peeked {
     pub status: Status,
 }
 
-/// Per-device bookkeeping of requests: ids, outstanding counts, and the queue
-/// of completions `peek` reports. Devices create every request core through
+/// Per-device bookkeeping of requests: ids, the pool their cores come
+/// from, and what `peek` and `finish` ask (completions of live handles,
+/// requests still outstanding). Devices create every request core through
 /// it and complete them through it.
 ///
-/// The completion queue holds only requests whose handles are alive and
-/// unconsumed, plus garbage that is compacted away whenever the queue doubles,
-/// so its memory is proportional to the handles user code holds.
+/// The pool holds every core this tracker made: at most as many as were
+/// alive at once (requests in flight plus handles user code holds), about
+/// 200 bytes each, like a `Vec`'s capacity; cores are reused once neither
+/// a handle nor the device holds them. Completing a request takes no lock
+/// and queues nothing; `peek`, `outstanding` and `outstanding_sends` look
+/// through the pool instead (they are not on the per-message path).
 pub struct Tracker {
     /// This tracker's identity, recorded in every core it starts.
     id: u64,
-    next_id: AtomicU64,
-    outstanding: AtomicUsize,
-    outstanding_sends: AtomicUsize,
-    completed: Mutex<CompletedQueue>,
+    pool: Mutex<Pool>,
 }
 
-struct CompletedQueue {
-    queue: VecDeque<Arc<RequestCore>>,
-    compact_at: usize,
+struct Pool {
+    next_id: u64,
+    /// Every core this tracker made.
+    all: Vec<Arc<RequestCore>>,
+    /// Indices into `all` of cores found reusable by the last sweep.
+    free: Vec<usize>,
+}
+
+impl Pool {
+    /// Refills `free` with the cores nobody but the pool holds any more
+    /// (their handles and the device let go of them). Called when `free`
+    /// is empty.
+    fn sweep(&mut self) {
+        let Pool { all, free, .. } = self;
+        free.extend(
+            all.iter()
+                .enumerate()
+                .filter(|(_, c)| Arc::strong_count(c) == 1)
+                .map(|(i, _)| i),
+        );
+    }
+
+    /// Adds half as many spare cores as there are (at least 16) to `free`.
+    fn grow(&mut self, tracker: u64) {
+        let first = self.all.len();
+        let grow = (first / 2).max(16);
+        for _ in 0..grow {
+            let spare = RequestCore::new(tracker, RequestId(0), RequestKind::Send, None);
+            // A spare is done and has no handle: not outstanding, not
+            // reported by peek.
+            spare.done.store(true, Ordering::Relaxed);
+            spare.handle.store(RELEASED, Ordering::Relaxed);
+            self.all.push(Arc::new(spare));
+        }
+        self.free.extend(first..first + grow);
+    }
 }
 
 impl Default for Tracker {
@@ -447,12 +610,10 @@ impl Default for Tracker {
         static TRACKERS: AtomicU64 = AtomicU64::new(1);
         Tracker {
             id: TRACKERS.fetch_add(1, Ordering::Relaxed),
-            next_id: AtomicU64::new(1),
-            outstanding: AtomicUsize::new(0),
-            outstanding_sends: AtomicUsize::new(0),
-            completed: Mutex::new(CompletedQueue {
-                queue: VecDeque::new(),
-                compact_at: 64,
+            pool: Mutex::new(Pool {
+                next_id: 1,
+                all: Vec::new(),
+                free: Vec::new(),
             }),
         }
     }
@@ -462,6 +623,11 @@ impl Tracker {
     /// A new tracker.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    fn pool(&self) -> std::sync::MutexGuard<'_, Pool> {
+        // A poisoned pool only means a panic elsewhere; its data stays sound.
+        self.pool.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Starts a request that owns `buf`; it counts as outstanding until
@@ -480,12 +646,37 @@ impl Tracker {
     }
 
     fn start_core(&self, kind: RequestKind, buf: Option<Buffer>) -> Arc<RequestCore> {
-        let id = RequestId(self.next_id.fetch_add(1, Ordering::Relaxed));
-        self.outstanding.fetch_add(1, Ordering::Relaxed);
-        if kind == RequestKind::Send {
-            self.outstanding_sends.fetch_add(1, Ordering::Relaxed);
+        let mut pool = self.pool();
+        let id = RequestId(pool.next_id);
+        pool.next_id += 1;
+        if pool.free.is_empty() {
+            pool.sweep();
+            if pool.free.len() * 4 < pool.all.len() + 4 {
+                // Few free: grow by half, so that the next sweep comes only
+                // after as many starts (a sweep of n cores is followed by at
+                // least n/4 starts that need none).
+                pool.grow(self.id);
+            }
         }
-        Arc::new(RequestCore::new(self.id, id, kind, buf))
+        loop {
+            let i = match pool.free.pop() {
+                Some(i) => i,
+                None => {
+                    pool.grow(self.id);
+                    continue;
+                }
+            };
+            // `get_mut` proves nobody else holds the core (and orders their
+            // last use before ours); a core still held stays out of `free`
+            // until a later sweep finds it free.
+            if let Some(core) = Arc::get_mut(&mut pool.all[i]) {
+                let leftovers = core.reset(id, kind, buf);
+                let core = pool.all[i].clone();
+                drop(pool);
+                drop(leftovers);
+                return core;
+            }
+        }
     }
 
     /// Whether `core` was started by this tracker.
@@ -497,26 +688,16 @@ impl Tracker {
     /// was started by another tracker (which this one refuses); returns
     /// whether this call completed it. After it returns true the device must
     /// not touch the buffer again.
+    #[inline]
     pub fn complete(&self, core: &Arc<RequestCore>, status: Status) -> bool {
-        if !self.started(core) || !core.claim() {
+        if !self.started(core) {
             return false;
         }
-        self.finish_claimed(core, status);
-        true
-    }
-
-    fn finish_claimed(&self, core: &Arc<RequestCore>, status: Status) {
-        core.finish(status);
-        if core.kind == RequestKind::Send {
-            self.outstanding_sends.fetch_sub(1, Ordering::Release);
-        }
-        self.outstanding.fetch_sub(1, Ordering::Release);
-        if core.peekable.load(Ordering::Relaxed) {
-            let mut q = self.completed.lock().unwrap_or_else(|p| p.into_inner());
-            q.queue.push_back(core.clone());
-            if q.queue.len() >= q.compact_at {
-                q.queue.retain(|c| c.peekable.load(Ordering::Relaxed));
-                q.compact_at = (q.queue.len() * 2).max(64);
+        match core.claim() {
+            None => false,
+            Some(hooked) => {
+                core.finish(hooked, None, status);
+                true
             }
         }
     }
@@ -526,12 +707,16 @@ impl Tracker {
     /// [`complete`](Tracker::complete) otherwise. A request that already
     /// holds a buffer is refused (its buffer may be in use).
     pub fn complete_returning(&self, core: &Arc<RequestCore>, buf: Buffer, status: Status) -> bool {
-        if !self.started(core) || !core.ptr.is_null() || !core.claim() {
+        if !self.started(core) || !core.ptr.is_null() {
             return false;
         }
-        core.lock().buf = Some(buf);
-        self.finish_claimed(core, status);
-        true
+        match core.claim() {
+            None => false,
+            Some(hooked) => {
+                core.finish(hooked, Some(buf), status);
+                true
+            }
+        }
     }
 
     /// Starts and at once completes a request (for operations rejected before
@@ -543,12 +728,34 @@ impl Tracker {
         core
     }
 
-    /// Pops the oldest completion whose handle is still unconsumed.
+    /// Reports the earliest-started completed request whose handle is still
+    /// held and has not consumed it, once.
     pub fn pop_completed(&self) -> Option<Peeked> {
-        let mut q = self.completed.lock().unwrap_or_else(|p| p.into_inner());
-        while let Some(core) = q.queue.pop_front() {
-            if core.peekable.swap(false, Ordering::Relaxed) {
-                let status = core.lock().status.clone()?;
+        let pool = self.pool();
+        let mut candidates: Vec<&Arc<RequestCore>> = pool
+            .all
+            .iter()
+            .filter(|c| c.handle.load(Ordering::Relaxed) == LIVE && c.is_done())
+            .collect();
+        candidates.sort_by_key(|c| c.id);
+        for core in candidates {
+            // Acquire: the handle's state is decided before we read. Only a
+            // LIVE handle moves to PEEKING, and it cannot take the status
+            // while we are there (see `release_handle`).
+            if core
+                .handle
+                .compare_exchange(LIVE, PEEKING, Ordering::Acquire, Ordering::Relaxed)
+                .is_err()
+            {
+                continue;
+            }
+            // SAFETY: the core is done (the cells are written and visible)
+            // and its handle waits while we are PEEKING: nobody writes the
+            // status now.
+            let status = unsafe { (*core.status.get()).clone() };
+            // Release: our read happens before the handle's take.
+            core.handle.store(REPORTED, Ordering::Release);
+            if let Some(status) = status {
                 return Some(Peeked {
                     id: core.id,
                     status,
@@ -560,12 +767,16 @@ impl Tracker {
 
     /// Requests started and not yet completed.
     pub fn outstanding(&self) -> usize {
-        self.outstanding.load(Ordering::Acquire)
+        self.pool().all.iter().filter(|c| !c.is_done()).count()
     }
 
     /// Send requests started and not yet completed.
     pub fn outstanding_sends(&self) -> usize {
-        self.outstanding_sends.load(Ordering::Acquire)
+        self.pool()
+            .all
+            .iter()
+            .filter(|c| c.kind == RequestKind::Send && !c.is_done())
+            .count()
     }
 }
 
@@ -752,14 +963,48 @@ mod tests {
     }
 
     #[test]
-    fn completed_queue_is_compacted() {
+    fn cores_are_reused_and_the_pool_stays_small() {
         let t = Tracker::new();
+        let mut first = None;
         for _ in 0..10_000 {
             let core = t.start(RequestKind::Send, Buffer::zeroed(0));
+            first.get_or_insert(Arc::as_ptr(&core));
             let r = Request::new(core.clone(), Arc::new(Inert));
             t.complete(&core, Status::ok(env(), 0));
+            drop(core);
             drop(r.wait());
         }
-        assert!(t.completed.lock().unwrap().queue.len() <= 64);
+        let pool = t.pool();
+        assert!(pool.all.len() <= 32, "pool grew to {}", pool.all.len());
+        assert!(pool.all.iter().any(|c| Some(Arc::as_ptr(c)) == first));
+    }
+
+    #[test]
+    fn a_core_still_held_by_the_device_is_not_reused() {
+        let t = Tracker::new();
+        let held = t.start(RequestKind::Recv, Buffer::zeroed(4));
+        // The handle is dropped, but the device still holds the core.
+        drop(Request::new(held.clone(), Arc::new(Inert)));
+        for _ in 0..100 {
+            let c = t.start(RequestKind::Recv, Buffer::zeroed(4));
+            assert!(!Arc::ptr_eq(&c, &held));
+            let r = Request::new(c.clone(), Arc::new(Inert));
+            t.complete(&c, Status::ok(env(), 4));
+            drop(c);
+            drop(r.wait());
+        }
+        assert!(!held.is_done());
+        assert_eq!(t.outstanding(), 1);
+        assert!(t.complete(&held, Status::ok(env(), 4)));
+        assert_eq!(t.outstanding(), 0);
+    }
+
+    #[test]
+    #[should_panic(expected = "exactly one handle")]
+    fn a_core_has_one_handle() {
+        let t = Tracker::new();
+        let core = t.start(RequestKind::Recv, Buffer::zeroed(4));
+        let _a = Request::new(core.clone(), Arc::new(Inert));
+        let _b = Request::new(core, Arc::new(Inert));
     }
 }
