@@ -13,7 +13,7 @@ pub mod cma;
 pub mod doorbell;
 pub mod futex;
 pub mod liveness;
-pub mod lock;
+pub use xdev::lock;
 pub mod process;
 pub mod ring;
 pub mod segment;

@@ -16,6 +16,7 @@ pub mod conformance;
 mod device;
 mod error;
 pub mod launch;
+pub mod lock;
 pub mod matching;
 pub mod registry;
 mod request;

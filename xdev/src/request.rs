@@ -25,7 +25,9 @@
 use std::cell::UnsafeCell;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
+
+use crate::lock::{RankGuard, RankLock};
 
 use crate::{Buffer, Status};
 
@@ -564,7 +566,7 @@ pub struct Peeked {
 pub struct Tracker {
     /// This tracker's identity, recorded in every core it starts.
     id: u64,
-    pool: Mutex<Pool>,
+    pool: RankLock<Pool>,
 }
 
 struct Pool {
@@ -610,7 +612,7 @@ impl Default for Tracker {
         static TRACKERS: AtomicU64 = AtomicU64::new(1);
         Tracker {
             id: TRACKERS.fetch_add(1, Ordering::Relaxed),
-            pool: Mutex::new(Pool {
+            pool: RankLock::new(Pool {
                 next_id: 1,
                 all: Vec::new(),
                 free: Vec::new(),
@@ -625,9 +627,8 @@ impl Tracker {
         Self::default()
     }
 
-    fn pool(&self) -> std::sync::MutexGuard<'_, Pool> {
-        // A poisoned pool only means a panic elsewhere; its data stays sound.
-        self.pool.lock().unwrap_or_else(|p| p.into_inner())
+    fn pool(&self) -> RankGuard<'_, Pool> {
+        self.pool.lock()
     }
 
     /// Starts a request that owns `buf`; it counts as outstanding until
@@ -784,6 +785,7 @@ impl Tracker {
 mod tests {
     use super::*;
     use crate::Envelope;
+    use std::sync::Mutex;
 
     struct Inert;
     impl Progress for Inert {

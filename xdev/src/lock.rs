@@ -1,4 +1,5 @@
-//! [`RankLock`]: the lock that protects one rank's protocol state.
+//! [`RankLock`]: the lock that protects one rank's protocol state (and a
+//! tracker's request pool).
 //!
 //! It is contended only by threads of the same rank, its critical sections
 //! never sleep, and the common case is a single thread taking it over and
@@ -34,7 +35,7 @@ unsafe impl<T: Send> Send for RankLock<T> {}
 ///
 /// ```compile_fail,E0277
 /// use std::cell::Cell;
-/// use shm_ipc::lock::RankLock;
+/// use xdev::lock::RankLock;
 ///
 /// let lock = RankLock::new(Cell::new(0u64));
 /// let guard = lock.lock();
