@@ -19,7 +19,8 @@ use xdev::{Device, Rank};
 use xdev_bench::process::{DeviceCoordinator, ProcessFloor};
 use xdev_bench::{
     bandwidth, bandwidth_iterations, bibandwidth, cache_line_floor, latency, latency_iterations,
-    mbw_pairs, multi_bandwidth, osu, parallel_memcpy_floor, sizes, WINDOW,
+    mbw_pairs, message_rate, multi_bandwidth, osu, parallel_memcpy_floor, rate_floor, sizes,
+    WINDOW,
 };
 
 const USAGE: &str = "\
@@ -30,7 +31,7 @@ USAGE: xdev-bench [OPTIONS]
 
 OPTIONS:
   --device NAME      device to measure (repeatable; default: every device in this build)
-  --test TEST        latency | bw | bibw | mbw_mr | all (default: latency and bw) |
+  --test TEST        latency | bw | bibw | rate | mbw_mr | all (default: latency and bw) |
                      crossover (eager vs rendezvous by size; thread devices only);
                      repeatable, or a comma-separated list
   -n, --ranks N      ranks of the mbw_mr test (N/2 pairs; default 4); the other
@@ -58,7 +59,10 @@ the floor and the device are measured alternately, three rounds (one with
 Latency floor: one-way hand-off of a cache line between the two ranks' cores,
 by the ranks themselves (two pinned threads for a thread device, the two rank
 processes through a shared mapping for a process device); lower is better,
-ratio >= 1. Bandwidth floor: single-thread memcpy over the same working set,
+ratio >= 1. Message rate (rate: osu_mbw_mr's loop with one pair, a window of
+64, messages/s): floor = one message per cache-line hand-off (1 / the
+latency floor); higher is better; a stream overlaps hand-offs, so a ratio
+above 1 is possible. Bandwidth floor: single-thread memcpy over the same working set,
 in one process (ratio <= 1 is the fraction of a copy's speed achieved); for
 bibw two such copies at once, for mbw_mr one per pair.
 
@@ -95,7 +99,15 @@ enum Parsed {
 
 /// Tests `--test` takes besides `all`; `floor` (the floors alone) is not
 /// advertised. `crossover` and `floor` run alone.
-const TESTS: [&str; 6] = ["latency", "bw", "bibw", "mbw_mr", "crossover", "floor"];
+const TESTS: [&str; 7] = [
+    "latency",
+    "bw",
+    "bibw",
+    "rate",
+    "mbw_mr",
+    "crossover",
+    "floor",
+];
 
 /// What `all` (and no `--test`) means.
 const ALL: [&str; 2] = ["latency", "bw"];
@@ -414,6 +426,41 @@ fn run_latency(a: &Args, device: &str, rig: &dyn Rig) -> Result<(), String> {
     Ok(())
 }
 
+/// The message rate test: per size, the rate of [`message_rate`] next to
+/// its floor ([`rate_floor`] of the cache-line floor between the rig's
+/// ranks), measured alternately, best of the rounds.
+fn run_rate(a: &Args, device: &str, rig: &dyn Rig) -> Result<(), String> {
+    let iters = floor_iters(a);
+    if !a.json {
+        let floor = (0..3).fold(None, |f, _| best(f, rig.cache_line_floor(iters), f64::min));
+        if rig.reports() {
+            let floor = figure(floor)?;
+            println!("{}", osu::rate_header(device, rig.placement(), floor));
+        }
+    }
+    for size in sizes(a.max_size).into_iter().filter(|&s| s > 0) {
+        let (n, skip) = scaled(a.quick, bandwidth_iterations(size));
+        let (mut rate, mut floor_us) = (None, None);
+        for _ in 0..rounds(a) {
+            floor_us = best(floor_us, rig.cache_line_floor(iters), f64::min);
+            rate = best(
+                rate,
+                rig.run(&|dev| message_rate(dev, size, n, skip))?,
+                f64::max,
+            );
+        }
+        if rig.reports() {
+            let (rate, floor) = (figure(rate)?, rate_floor(figure(floor_us)?));
+            if a.json {
+                println!("{}", osu::json(device, "rate", size, rate, "msg/s", floor));
+            } else {
+                println!("{}", osu::row(size, rate, floor));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// The bandwidth-like tests: what each measures and prints.
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum BwTest {
@@ -539,6 +586,7 @@ fn run_tests(a: &Args, device: &str, rig: &dyn Rig, ranks: usize) -> Result<(), 
             "latency" => run_latency(a, device, rig)?,
             "bw" => run_bandwidth(a, device, rig, BwTest::Uni)?,
             "bibw" => run_bandwidth(a, device, rig, BwTest::Bi)?,
+            "rate" => run_rate(a, device, rig)?,
             "mbw_mr" => run_bandwidth(
                 a,
                 device,
@@ -628,6 +676,32 @@ fn run_psm_peer(a: &Args, psm: &ibvx::PsmDevice, rank: Rank) -> Result<(), Strin
                         "{}",
                         osu::json("psm-vs-raw", test.name(), size, d, "MB/s", r)
                     );
+                } else {
+                    println!("{}", osu::row(size, d, r));
+                }
+            }
+        }
+    }
+    if a.has("rate") {
+        if report && !a.json {
+            println!(
+                "\n# OSU MPI Message Rate Test (xdev-bench)\n# [ pairs: 1 ] [ window size: {WINDOW} ]\n# Device: psm against raw PSM2 MQ calls on the same endpoint (the floor column)\n{:<10}{:>20}{:>20}{:>12}",
+                "# Size", "Messages/s", "Raw PSM2(msg/s)", "Ratio"
+            );
+        }
+        for size in sizes(a.max_size).into_iter().filter(|&s| s > 0) {
+            let (n, skip) = scaled(a.quick, bandwidth_iterations(size));
+            let (mut dev_rate, mut raw_rate) = (None, None);
+            for _ in 0..rounds(a) {
+                let r = psm_raw::rate(&raw, rank, size, n, skip).map_err(e)?;
+                raw_rate = best(raw_rate, r, f64::max);
+                let d = message_rate(psm, size, n, skip).map_err(e)?;
+                dev_rate = best(dev_rate, d, f64::max);
+            }
+            if report {
+                let (d, r) = (figure(dev_rate)?, figure(raw_rate)?);
+                if a.json {
+                    println!("{}", osu::json("psm-vs-raw", "rate", size, d, "msg/s", r));
                 } else {
                     println!("{}", osu::row(size, d, r));
                 }
