@@ -713,6 +713,29 @@ mod tests {
     }
 
     #[test]
+    fn message_rate_runs_on_the_thread_device() {
+        let out = shm_ipc::ThreadWorld::new(2).run(|dev| message_rate(dev, 8, 5, 1).unwrap());
+        let rate = out[0].unwrap();
+        assert!(rate.is_finite() && rate > 0.0, "{rate}");
+        assert!(out[1].is_none());
+        // One pair whatever the world: rank 2 idles but passes the barriers.
+        let out = shm_ipc::ThreadWorld::new(3).run(|dev| message_rate(dev, 1, 3, 1).unwrap());
+        assert!(out[0].unwrap() > 0.0 && out[1].is_none() && out[2].is_none());
+        assert_eq!(rate_floor(0.25), 4e6);
+        assert_eq!(rate_floor(0.0), 0.0);
+        let h = osu::rate_header("thread", "threads", 0.25);
+        assert!(h.starts_with("# OSU MPI Message Rate Test (xdev-bench)\n# [ pairs: 1 ] [ window size: 64 ]\n"), "{h}");
+        assert!(h.contains("1 / 0.250 us (two threads pinned"), "{h}");
+        assert!(
+            h.lines()
+                .last()
+                .unwrap()
+                .starts_with("# Size              Messages/s        Floor(msg/s)"),
+            "{h}"
+        );
+    }
+
+    #[test]
     fn parallel_memcpy_floor_counts_every_copier() {
         assert_eq!(parallel_memcpy_floor(0, 4, 2, 1), 0.0);
         assert!(parallel_memcpy_floor(4096, 4, 2, 1) > 0.0);

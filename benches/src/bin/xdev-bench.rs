@@ -1137,11 +1137,11 @@ xdev-bench report: run the suite and write a comparison report
 
 USAGE: xdev-bench report [OPTIONS]
 
-Runs latency, bw and bibw on every device that works here (with the floors,
-and raw PSM2 on the psm device's endpoint), builds benches/mpi/osu_peer.c with
-the mpicc of Open MPI and of MPICH where installed and runs it on two ranks,
-and writes DIR/report.md, DIR/latency.svg, DIR/bw.svg, DIR/bibw.svg and
-DIR/results.jsonl (every record). Absent devices and peers are listed as not
+Runs latency, bw, bibw and rate on every device that works here (with the
+floors, and raw PSM2 on the psm device's endpoint), builds
+benches/mpi/osu_peer.c with the mpicc of Open MPI and of MPICH where installed
+and runs it on two ranks, and writes DIR/report.md, DIR/latency.svg,
+DIR/bw.svg, DIR/bibw.svg, DIR/rate.svg and DIR/results.jsonl (every record). Absent devices and peers are listed as not
 measured, with the reason. The MPI peers need Debian's packages:
   apt-get install openmpi-bin libopenmpi-dev mpich libmpich-dev
 The ibv device and perftest need an RDMA device: ci/bench-vm.sh measures them
@@ -1837,6 +1837,50 @@ mod tests {
             let rate = r[1] * 1e6 / r[0];
             assert!((r[2] - rate).abs() <= 0.005e6 / r[0] + 1.0, "{r:?}");
         }
+    }
+
+    #[test]
+    fn rate_runs_with_the_two_rank_tests_and_under_the_launcher() {
+        assert_eq!(
+            jobs(&args("--test rate,mbw_mr,latency")),
+            [
+                (2, vec!["rate".to_string(), "latency".to_string()]),
+                (4, vec!["mbw_mr".to_string()])
+            ]
+        );
+        assert_eq!(args("--test all,rate").tests, ["latency", "bw", "rate"]);
+        let Some((out, stdout)) = run_ranks("kv", "--quick --max-size 2 --test rate") else {
+            return;
+        };
+        assert!(out.status.success(), "{out:?}");
+        assert_eq!(
+            stdout.matches("# OSU MPI Message Rate Test").count(),
+            1,
+            "{stdout}"
+        );
+        assert!(
+            stdout.contains("# [ pairs: 1 ] [ window size: 64 ]"),
+            "{stdout}"
+        );
+        assert!(stdout.contains("(two processes pinned"), "{stdout}");
+        let rows = rows(&stdout);
+        assert_eq!(rows.len(), 2, "sizes 1 and 2:\n{stdout}");
+        for r in &rows {
+            // size, messages/s, floor (1 / cache-line floor), ratio
+            assert_eq!(r.len(), 4, "{r:?}");
+            assert!(r[1].is_finite() && r[1] > 0.0, "{r:?}");
+            assert!(r[2].is_finite() && r[2] > 0.0, "{r:?}");
+            assert!((r[3] - r[1] / r[2]).abs() <= 0.01, "{r:?}");
+        }
+        let json = run_ranks("kv", "--quick --max-size 1 --test rate --json")
+            .unwrap()
+            .1;
+        let recs = xdev_bench::report::parse_results(&json).records;
+        assert_eq!(recs.len(), 1, "{json}");
+        let r = &recs[0];
+        assert_eq!((r.device.as_str(), r.test.as_str()), ("kv", "rate"));
+        assert_eq!((r.size, r.unit.as_str()), (1, "msg/s"));
+        assert!(r.value > 0.0 && r.floor > 0.0, "{r:?}");
     }
 
     #[test]
