@@ -724,7 +724,12 @@ mod tests {
         assert_eq!(rate_floor(0.25), 4e6);
         assert_eq!(rate_floor(0.0), 0.0);
         let h = osu::rate_header("thread", "threads", 0.25);
-        assert!(h.starts_with("# OSU MPI Message Rate Test (xdev-bench)\n# [ pairs: 1 ] [ window size: 64 ]\n"), "{h}");
+        assert!(
+            h.starts_with(
+                "# OSU MPI Message Rate Test (xdev-bench)\n# [ pairs: 1 ] [ window size: 64 ]\n"
+            ),
+            "{h}"
+        );
         assert!(h.contains("1 / 0.250 us (two threads pinned"), "{h}");
         assert!(
             h.lines()

@@ -1670,7 +1670,9 @@ test tests::x ... {\"device\":\"thread\",\"test\":\"bw\",\"size\":1024,\"value\"
             "{md}"
         );
         assert!(
-            md.contains("| psm | 1.00 | 12.50 | – | – | – | – | not measured: no rate records in this run"),
+            md.contains(
+                "| psm | 1.00 | 12.50 | – | – | – | – | not measured: no rate records in this run"
+            ),
             "{md}"
         );
         assert!(
