@@ -63,27 +63,67 @@ static ALLOCS: AtomicU64 = AtomicU64::new(0);
 static FREES: AtomicU64 = AtomicU64::new(0);
 static BYTES: AtomicU64 = AtomicU64::new(0);
 
+/// While set, allocations are also counted by size ([`SIZES`]): only while
+/// [`count_allocations`] counts, so criterion's timing pays one relaxed
+/// load per allocation for it.
+static BY_SIZE: AtomicBool = AtomicBool::new(false);
+
+/// Slots of the by-size table.
+const SLOTS: usize = 64;
+
+/// Allocations by requested size: an open-addressing table of (size + 1,
+/// count), filled lock-free (the allocator may not allocate or lock).
+/// Sizes that find no free slot are counted in the last slot's overflow.
+static SIZES: [(AtomicU64, AtomicU64); SLOTS] =
+    [const { (AtomicU64::new(0), AtomicU64::new(0)) }; SLOTS];
+static SIZES_OVERFLOW: AtomicU64 = AtomicU64::new(0);
+
+fn count_size(size: usize) {
+    let key = size as u64 + 1;
+    let start = (size.wrapping_mul(0x9E37_79B9)) % SLOTS;
+    for i in 0..SLOTS {
+        let (k, n) = &SIZES[(start + i) % SLOTS];
+        match k.compare_exchange(0, key, Ordering::Relaxed, Ordering::Relaxed) {
+            Ok(_) => {
+                n.fetch_add(1, Ordering::Relaxed);
+                return;
+            }
+            Err(existing) if existing == key => {
+                n.fetch_add(1, Ordering::Relaxed);
+                return;
+            }
+            Err(_) => {}
+        }
+    }
+    SIZES_OVERFLOW.fetch_add(1, Ordering::Relaxed);
+}
+
+fn count(size: usize) {
+    ALLOCS.fetch_add(1, Ordering::Relaxed);
+    BYTES.fetch_add(size as u64, Ordering::Relaxed);
+    if BY_SIZE.load(Ordering::Relaxed) {
+        count_size(size);
+    }
+}
+
 // SAFETY: every call is forwarded to `System` with the caller's arguments;
 // the counters are only atomics on the side.
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        ALLOCS.fetch_add(1, Ordering::Relaxed);
-        BYTES.fetch_add(layout.size() as u64, Ordering::Relaxed);
+        count(layout.size());
         // SAFETY: forwarded as received (GlobalAlloc::alloc's contract).
         unsafe { System.alloc(layout) }
     }
 
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        ALLOCS.fetch_add(1, Ordering::Relaxed);
-        BYTES.fetch_add(layout.size() as u64, Ordering::Relaxed);
+        count(layout.size());
         // SAFETY: forwarded as received.
         unsafe { System.alloc_zeroed(layout) }
     }
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         // A reallocation is an allocation too (it may move and copy).
-        ALLOCS.fetch_add(1, Ordering::Relaxed);
-        BYTES.fetch_add(new_size as u64, Ordering::Relaxed);
+        count(new_size);
         // SAFETY: forwarded as received.
         unsafe { System.realloc(ptr, layout, new_size) }
     }
@@ -119,6 +159,12 @@ fn count_allocations(name: &str, messages: u64, mut step: impl FnMut()) {
     for _ in 0..WARM_UP {
         step();
     }
+    for (k, n) in &SIZES {
+        k.store(0, Ordering::Relaxed);
+        n.store(0, Ordering::Relaxed);
+    }
+    SIZES_OVERFLOW.store(0, Ordering::Relaxed);
+    BY_SIZE.store(true, Ordering::Relaxed);
     let (a0, f0, b0) = counters();
     let start = Instant::now();
     for _ in 0..COUNTED {
@@ -126,17 +172,38 @@ fn count_allocations(name: &str, messages: u64, mut step: impl FnMut()) {
     }
     let secs = start.elapsed().as_secs_f64();
     let (a1, f1, b1) = counters();
+    BY_SIZE.store(false, Ordering::Relaxed);
     let n = (COUNTED * messages) as f64;
+    // The sizes, most frequent first, per message.
+    let mut sizes: Vec<(u64, u64)> = SIZES
+        .iter()
+        .map(|(k, c)| (k.load(Ordering::Relaxed), c.load(Ordering::Relaxed)))
+        .filter(|&(k, _)| k > 0)
+        .map(|(k, c)| (k - 1, c))
+        .collect();
+    sizes.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+    let mut by_size: Vec<String> = sizes
+        .iter()
+        .map(|&(size, c)| format!("{size} B x {:.3}", c as f64 / n))
+        .collect();
+    let overflow = SIZES_OVERFLOW.load(Ordering::Relaxed);
+    if overflow > 0 {
+        by_size.push(format!("other sizes x {:.3}", overflow as f64 / n));
+    }
+    if by_size.is_empty() {
+        by_size.push("none".into());
+    }
     println!(
         "{name}: allocations/message: {:.3} (frees/message {:.3}, bytes/message {:.1}; \
          {} allocations over {} messages after {WARM_UP} warm-up iterations; \
-         {:.1} ns/message in this run)",
+         {:.1} ns/message in this run)\n{name}: allocations/message by size: {}",
         (a1 - a0) as f64 / n,
         (f1 - f0) as f64 / n,
         (b1 - b0) as f64 / n,
         a1 - a0,
         COUNTED * messages,
         secs * 1e9 / n,
+        by_size.join(", "),
     );
 }
 
