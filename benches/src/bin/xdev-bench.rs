@@ -37,6 +37,9 @@ OPTIONS:
   -n, --ranks N      ranks of the mbw_mr test (N/2 pairs; default 4); the other
                      tests run on 2 ranks
   --max-size BYTES   largest message (default 4194304)
+  --min-size BYTES   smallest message (default 0)
+  --iterations N     timed iterations per size instead of OSU's counts (warm-up
+                     N/10), e.g. to profile one size for long enough
   --option K=V       device option, e.g. eager_limit=4096 (repeatable)
   --quick            a tenth of OSU's iterations (smoke runs)
   --json             one JSON record per size instead of OSU tables
@@ -85,7 +88,12 @@ struct Args {
     tests: Vec<String>,
     /// Ranks of the mbw_mr test.
     ranks: usize,
+    /// Smallest message measured (`--min-size`; default 0).
+    min_size: usize,
     max_size: usize,
+    /// Timed iterations per size instead of OSU's counts (`--iterations`,
+    /// for profiling); warm-up a tenth of them.
+    iterations: Option<usize>,
     options: Vec<(String, String)>,
     quick: bool,
     json: bool,
@@ -120,7 +128,9 @@ fn parse(args: impl IntoIterator<Item = String>) -> Result<Parsed, String> {
         devices: Vec::new(),
         tests: Vec::new(),
         ranks: MBW_RANKS,
+        min_size: 0,
         max_size: 4 << 20,
+        iterations: None,
         options: Vec::new(),
         quick: false,
         json: false,
@@ -155,6 +165,20 @@ fn parse(args: impl IntoIterator<Item = String>) -> Result<Parsed, String> {
                     .parse()
                     .map_err(|_| "--max-size takes a byte count".to_string())?
             }
+            "--min-size" => {
+                a.min_size = value("--min-size")?
+                    .parse()
+                    .map_err(|_| "--min-size takes a byte count".to_string())?
+            }
+            "--iterations" => {
+                a.iterations = Some(
+                    value("--iterations")?
+                        .parse()
+                        .ok()
+                        .filter(|&n: &usize| n > 0)
+                        .ok_or("--iterations takes a positive count")?,
+                )
+            }
             "--option" => {
                 let kv = value("--option")?;
                 let (k, v) = kv.split_once('=').ok_or("--option takes K=V")?;
@@ -188,6 +212,25 @@ impl Args {
         self.tests.iter().any(|x| x == t)
     }
 
+    /// The message sizes of the run: 0 and powers of two up to
+    /// `--max-size`, from `--min-size` on.
+    fn sizes(&self) -> Vec<usize> {
+        sizes(self.max_size)
+            .into_iter()
+            .filter(|&s| s >= self.min_size)
+            .collect()
+    }
+
+    /// (iterations, warm-up) for a test whose OSU counts at this size are
+    /// `osu`: `--iterations` if given (warm-up a tenth), else OSU's, scaled
+    /// down with `--quick`.
+    fn counts(&self, osu: (usize, usize)) -> (usize, usize) {
+        match self.iterations {
+            Some(n) => (n, (n / 10).max(1)),
+            None => scaled(self.quick, osu),
+        }
+    }
+
     /// Whether `t` is the one test of the run.
     fn only(&self, t: &str) -> bool {
         self.tests.len() == 1 && self.tests[0] == t
@@ -202,7 +245,11 @@ impl Args {
         }
         v.extend(["--test".to_string(), tests.join(",")]);
         v.extend(["--ranks".to_string(), self.ranks.to_string()]);
+        v.extend(["--min-size".to_string(), self.min_size.to_string()]);
         v.extend(["--max-size".to_string(), self.max_size.to_string()]);
+        if let Some(n) = self.iterations {
+            v.extend(["--iterations".to_string(), n.to_string()]);
+        }
         for (k, val) in &self.options {
             v.extend(["--option".to_string(), format!("{k}={val}")]);
         }
@@ -407,8 +454,8 @@ fn run_latency(a: &Args, device: &str, rig: &dyn Rig) -> Result<(), String> {
             println!("{}", osu::latency_header(device, rig.placement(), floor));
         }
     }
-    for size in sizes(a.max_size) {
-        let (n, skip) = scaled(a.quick, latency_iterations(size));
+    for size in a.sizes() {
+        let (n, skip) = a.counts(latency_iterations(size));
         let (mut us, mut floor) = (None, None);
         for _ in 0..rounds(a) {
             floor = best(floor, rig.cache_line_floor(iters), f64::min);
@@ -438,8 +485,8 @@ fn run_rate(a: &Args, device: &str, rig: &dyn Rig) -> Result<(), String> {
             println!("{}", osu::rate_header(device, rig.placement(), floor));
         }
     }
-    for size in sizes(a.max_size).into_iter().filter(|&s| s > 0) {
-        let (n, skip) = scaled(a.quick, bandwidth_iterations(size));
+    for size in a.sizes().into_iter().filter(|&s| s > 0) {
+        let (n, skip) = a.counts(bandwidth_iterations(size));
         let (mut rate, mut floor_us) = (None, None);
         for _ in 0..rounds(a) {
             floor_us = best(floor_us, rig.cache_line_floor(iters), f64::min);
@@ -529,8 +576,8 @@ fn run_bandwidth(a: &Args, device: &str, rig: &dyn Rig, test: BwTest) -> Result<
     if !a.json && rig.reports() {
         println!("{}", test.header(device));
     }
-    for size in sizes(a.max_size).into_iter().filter(|&s| s > 0) {
-        let (n, skip) = scaled(a.quick, bandwidth_iterations(size));
+    for size in a.sizes().into_iter().filter(|&s| s > 0) {
+        let (n, skip) = a.counts(bandwidth_iterations(size));
         let (mut mbs, mut floor) = (None, None);
         for _ in 0..rounds(a) {
             floor = best(floor, rig.memcpy_floor(size, test.copiers()), f64::max);
@@ -555,7 +602,7 @@ fn run_floors(a: &Args, rig: &dyn Rig) -> Result<(), String> {
         println!("{}", osu::floor_header(rig.placement()));
     }
     let iters = floor_iters(a);
-    for size in sizes(a.max_size) {
+    for size in a.sizes() {
         let (mut us, mut mbs) = (None, None);
         for _ in 0..rounds(a) {
             us = best(us, rig.cache_line_floor(iters), f64::min);
@@ -622,8 +669,8 @@ fn run_psm_peer(a: &Args, psm: &ibvx::PsmDevice, rank: Rank) -> Result<(), Strin
                 "# Size", "Avg Latency(us)", "Raw PSM2(us)", "Ratio"
             );
         }
-        for size in sizes(a.max_size) {
-            let (n, skip) = scaled(a.quick, latency_iterations(size));
+        for size in a.sizes() {
+            let (n, skip) = a.counts(latency_iterations(size));
             let (mut dev_us, mut raw_us) = (None, None);
             for _ in 0..rounds(a) {
                 raw_us = best(
@@ -657,8 +704,8 @@ fn run_psm_peer(a: &Args, psm: &ibvx::PsmDevice, rank: Rank) -> Result<(), Strin
                 "# Size", "Bandwidth (MB/s)", "Raw PSM2(MB/s)", "Ratio"
             );
         }
-        for size in sizes(a.max_size).into_iter().filter(|&s| s > 0) {
-            let (n, skip) = scaled(a.quick, bandwidth_iterations(size));
+        for size in a.sizes().into_iter().filter(|&s| s > 0) {
+            let (n, skip) = a.counts(bandwidth_iterations(size));
             let (mut dev_mbs, mut raw_mbs) = (None, None);
             for _ in 0..rounds(a) {
                 let r = match test {
@@ -689,8 +736,8 @@ fn run_psm_peer(a: &Args, psm: &ibvx::PsmDevice, rank: Rank) -> Result<(), Strin
                 "# Size", "Messages/s", "Raw PSM2(msg/s)", "Ratio"
             );
         }
-        for size in sizes(a.max_size).into_iter().filter(|&s| s > 0) {
-            let (n, skip) = scaled(a.quick, bandwidth_iterations(size));
+        for size in a.sizes().into_iter().filter(|&s| s > 0) {
+            let (n, skip) = a.counts(bandwidth_iterations(size));
             let (mut dev_rate, mut raw_rate) = (None, None);
             for _ in 0..rounds(a) {
                 let r = psm_raw::rate(&raw, rank, size, n, skip).map_err(e)?;
@@ -728,10 +775,10 @@ fn run_crossover(a: &Args, device: &str) -> Result<(), String> {
                 ("eager_limit", limit.to_string()),
                 ("ring_bytes", (256usize << 10).to_string()),
             ];
-            let (iters, skip) = scaled(a.quick, latency_iterations(size));
+            let (iters, skip) = a.counts(latency_iterations(size));
             let us = rank0(world(a, 2, &extra).run(|dev| latency(dev, size, iters, skip)))?;
             row.push_str(&format!("{us:>20.2}"));
-            let (iters, skip) = scaled(a.quick, bandwidth_iterations(size));
+            let (iters, skip) = a.counts(bandwidth_iterations(size));
             let mbs = rank0(world(a, 2, &extra).run(|dev| bandwidth(dev, size, iters, skip)))?;
             bws.push_str(&format!("{mbs:>20.2}"));
         }
@@ -2066,6 +2113,20 @@ mod tests {
         assert!(parse(["-n".to_string(), "3".to_string()]).is_err());
         assert!(parse(["--test".to_string(), "floor,bw".to_string()]).is_err());
         assert!(parse(["--test".to_string(), "bw,nope".to_string()]).is_err());
+        // One size for long: what a profile needs.
+        let one = args("--min-size 8 --max-size 8 --iterations 50 --test rate");
+        assert_eq!(one.sizes(), [8]);
+        assert_eq!(one.counts((100, 10)), (50, 5));
+        assert_eq!(args("--quick").counts((100, 10)), (10, 1));
+        assert_eq!(args("").counts((100, 10)), (100, 10));
+        assert_eq!(args("--max-size 4").sizes(), [0, 1, 2, 4]);
+        let again = args(&one.rank_args(Some("shm"), &one.tests).join(" "));
+        assert_eq!(
+            (again.min_size, again.max_size, again.iterations),
+            (8, 8, Some(50))
+        );
+        assert!(parse(["--iterations".to_string(), "0".to_string()]).is_err());
+        assert!(parse(["--min-size".to_string(), "x".to_string()]).is_err());
     }
 
     #[test]
