@@ -29,11 +29,18 @@
 //! ranks' threads included. Before criterion measures a benchmark, the
 //! benchmark runs 1000 iterations to reach its steady state, then counts
 //! the allocations of the next [`COUNTED`] iterations, outside criterion's
-//! timing, and prints a line
+//! timing (the counters are switched off while criterion measures), and
+//! prints a line
 //!
 //! ```text
 //! request/thread/pingpong_0B: allocations/message: 2.000 (...)
+//! request/thread/pingpong_0B: allocations/message by size: 232 B x 2.000
 //! ```
+//!
+//! A message is one `isend` request on one side and one `irecv` request on
+//! the other, so a request path with one allocation per request shows 2.
+//! The counts run for every benchmark of this binary, also those a
+//! criterion filter leaves out (they take well under a second each).
 //!
 //! Every loop here reuses its buffers (a completed request hands its buffer
 //! back, and the next operation takes it again) and its request vectors, so
@@ -67,10 +74,11 @@ static ALLOCS: AtomicU64 = AtomicU64::new(0);
 static FREES: AtomicU64 = AtomicU64::new(0);
 static BYTES: AtomicU64 = AtomicU64::new(0);
 
-/// While set, allocations are also counted by size ([`SIZES`]): only while
-/// [`count_allocations`] counts, so criterion's timing pays one relaxed
-/// load per allocation for it.
-static BY_SIZE: AtomicBool = AtomicBool::new(false);
+/// Set only while [`count_allocations`] counts: the counters (and the
+/// by-size table, [`SIZES`]) are updated only then, so criterion's timings
+/// pay one relaxed load per allocation and free for them, not the counting
+/// itself.
+static COUNTING: AtomicBool = AtomicBool::new(false);
 
 /// Slots of the by-size table.
 const SLOTS: usize = 64;
@@ -103,9 +111,9 @@ fn count_size(size: usize) {
 }
 
 fn count(size: usize) {
-    ALLOCS.fetch_add(1, Ordering::Relaxed);
-    BYTES.fetch_add(size as u64, Ordering::Relaxed);
-    if BY_SIZE.load(Ordering::Relaxed) {
+    if COUNTING.load(Ordering::Relaxed) {
+        ALLOCS.fetch_add(1, Ordering::Relaxed);
+        BYTES.fetch_add(size as u64, Ordering::Relaxed);
         count_size(size);
     }
 }
@@ -133,7 +141,9 @@ unsafe impl GlobalAlloc for Counting {
     }
 
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        FREES.fetch_add(1, Ordering::Relaxed);
+        if COUNTING.load(Ordering::Relaxed) {
+            FREES.fetch_add(1, Ordering::Relaxed);
+        }
         // SAFETY: forwarded as received.
         unsafe { System.dealloc(ptr, layout) }
     }
@@ -168,7 +178,7 @@ fn count_allocations(name: &str, messages: u64, mut step: impl FnMut()) {
         n.store(0, Ordering::Relaxed);
     }
     SIZES_OVERFLOW.store(0, Ordering::Relaxed);
-    BY_SIZE.store(true, Ordering::Relaxed);
+    COUNTING.store(true, Ordering::Relaxed);
     let (a0, f0, b0) = counters();
     let start = Instant::now();
     for _ in 0..COUNTED {
@@ -176,7 +186,7 @@ fn count_allocations(name: &str, messages: u64, mut step: impl FnMut()) {
     }
     let secs = start.elapsed().as_secs_f64();
     let (a1, f1, b1) = counters();
-    BY_SIZE.store(false, Ordering::Relaxed);
+    COUNTING.store(false, Ordering::Relaxed);
     let n = (COUNTED * messages) as f64;
     // The sizes, most frequent first, per message.
     let mut sizes: Vec<(u64, u64)> = SIZES
