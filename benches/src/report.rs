@@ -1,11 +1,11 @@
 //! The comparison report (`xdev-bench report`): runs the suite (latency, bw,
 //! bibw and message rate of every device that works here, with the floors),
-//! measures the
-//! installed peers in the same run (raw PSM2 on the psm device's endpoint,
-//! Open MPI and MPICH through `benches/mpi/osu_peer.c` built with their
-//! `mpicc`), takes the `ibv` device and perftest from a soft-RoCE VM results
-//! file when one is given (`ci/bench-vm.sh` writes it: [`parse_vm`]), and
-//! writes a self-contained markdown report with SVG plots ([`crate::plot`]).
+//! measures the installed peers in the same run (raw PSM2 on the psm
+//! device's endpoint, Open MPI and MPICH through `benches/mpi/osu_peer.c`
+//! built with their `mpicc`), takes the `ibv` device and perftest from a
+//! soft-RoCE VM results file when one is given (`ci/bench-vm.sh` writes it:
+//! [`parse_vm`]), and writes a self-contained markdown report with SVG plots
+//! ([`crate::plot`]).
 //!
 //! Nothing is invented: a device or peer that could not be measured is listed
 //! as "not measured" with the reason.
