@@ -1,14 +1,19 @@
 /*
- * osu_peer: the OSU Micro-Benchmarks' latency, bw and bibw loops over MPI,
- * for the comparison report of xdev-bench (`xdev-bench report`), which builds
- * it with each installed MPI's mpicc and runs it on two ranks.
+ * osu_peer: the OSU Micro-Benchmarks' latency, bw, bibw and message rate
+ * loops over MPI, for the comparison report of xdev-bench (`xdev-bench
+ * report`), which builds it with each installed MPI's mpicc and runs it on
+ * two ranks.
  *
  * The loops, iteration counts and window are those of xdev-bench (and of
- * osu_latency, osu_bw, osu_bibw): latency is half the round trip of a
+ * osu_latency, osu_bw, osu_bibw, osu_mbw_mr): latency is half the round trip of a
  * blocking pingpong; bw is a window of 64 MPI_Isend answered by a zero-byte
  * acknowledgement; bibw has both ranks post 64 MPI_Irecv and 64 MPI_Isend
- * and wait for all. Like xdev-bench, each size is measured ROUNDS times and
- * the best round is kept (OSU's average per round, best round).
+ * and wait for all; rate is osu_mbw_mr's loop with one pair (rank 0 posts 64
+ * MPI_Isend, rank 1 64 MPI_Irecv, both wait for all, then a zero-byte
+ * acknowledgement: the bw loop, timed on its own) in messages per second,
+ * 64 * iterations / time, with bw's counts. Like xdev-bench, each size is
+ * measured ROUNDS times and the best round is kept (OSU's average per
+ * round, best round).
  *
  * Usage: mpirun -np 2 osu_peer NAME MAX_SIZE ROUNDS QUICK
  * Prints one JSON record per test and size on rank 0, in xdev-bench's
@@ -129,7 +134,9 @@ int main(int argc, char **argv) {
              name, size, best * 1e6 / (2.0 * iters));
     fflush(stdout);
   }
-  for (int bi = 0; bi < 2; bi++) {
+  /* bw, bibw, then rate (the bw loop, counted in messages). */
+  for (int test = 0; test < 3; test++) {
+    int bi = test == 1;
     for (size_t size = 1; size <= max; size *= 2) {
       int iters, skip;
       iterations(1, size, quick, &iters, &skip);
@@ -140,7 +147,11 @@ int main(int argc, char **argv) {
           best = t;
       }
       double bytes = (double)size * WINDOW * iters * (bi ? 2 : 1);
-      if (me == 0)
+      if (me == 0 && test == 2)
+        printf("{\"device\":\"%s\",\"test\":\"rate\",\"size\":%zu,\"value\":%.4f,"
+               "\"unit\":\"msg/s\",\"floor\":0}\n",
+               name, size, (double)WINDOW * iters / best);
+      else if (me == 0)
         printf("{\"device\":\"%s\",\"test\":\"%s\",\"size\":%zu,\"value\":%.4f,"
                "\"unit\":\"MB/s\",\"floor\":0}\n",
                name, bi ? "bibw" : "bw", size, bytes / 1e6 / best);

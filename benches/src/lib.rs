@@ -210,28 +210,67 @@ pub fn multi_bandwidth(
     iters: usize,
     skip: usize,
 ) -> xdev::Result<Option<f64>> {
-    let (me, n) = (dev.id(), dev.size());
-    let pairs = mbw_pairs(n);
-    let c = BENCH_CONTEXT + 4;
+    let pairs = mbw_pairs(dev.size());
+    let secs = stream(dev, pairs, size, iters, skip, BENCH_CONTEXT + 4)?;
+    let mb = (pairs * size * WINDOW * iters) as f64 / 1e6;
+    Ok(secs.map(|s| mb / s))
+}
+
+/// The message rate test (`xdev-bench --test rate`): osu_mbw_mr's loop with
+/// one pair, rank 0 sending to rank 1 (other ranks idle but pass the
+/// barriers). Per iteration rank 0 posts [`WINDOW`] non-blocking sends of
+/// `size` bytes and rank 1 the matching [`WINDOW`] receives; both wait for
+/// all of them, then rank 1 sends a zero-byte acknowledgement. Messages per
+/// second on rank 0: `WINDOW * iters / time`, the acknowledgements not
+/// counted (OSU's `Messages/s` column).
+///
+/// Each outstanding operation owns its buffer (the xdev rule), so each side
+/// posts `WINDOW` distinct buffers, allocated once and reused, and the
+/// requests go into one vector allocated once: in steady state the loop
+/// itself allocates nothing, so what a profile or an allocation count shows
+/// per message is the device's.
+pub fn message_rate(
+    dev: &dyn Device,
+    size: usize,
+    iters: usize,
+    skip: usize,
+) -> xdev::Result<Option<f64>> {
+    let secs = stream(dev, 1, size, iters, skip, BENCH_CONTEXT + 5)?;
+    Ok(secs.map(|s| (WINDOW * iters) as f64 / s))
+}
+
+/// The loop of [`multi_bandwidth`] and [`message_rate`] with `pairs` pairs
+/// (rank `i < pairs` sends to rank `i + pairs`) on context `c`: seconds of
+/// the timed iterations on rank 0, between two barriers of every rank.
+fn stream(
+    dev: &dyn Device,
+    pairs: usize,
+    size: usize,
+    iters: usize,
+    skip: usize,
+    c: u32,
+) -> xdev::Result<Option<f64>> {
+    let me = dev.id();
     let mut bufs: Vec<Buffer> = (0..WINDOW)
         .map(|_| Buffer::from(vec![0x69u8; size]))
         .collect();
+    let mut reqs: Vec<Request> = Vec::with_capacity(WINDOW);
     let mut step = || -> xdev::Result<()> {
         if me < pairs {
             let to = me + pairs;
-            let reqs: Vec<Request> = bufs.drain(..).map(|b| dev.isend(b, to, 5, c)).collect();
-            for r in reqs {
+            reqs.extend(bufs.drain(..).map(|b| dev.isend(b, to, 5, c)));
+            for r in reqs.drain(..) {
                 let (b, _) = r.wait().into_result()?;
                 bufs.push(b);
             }
             dev.recv(&mut [], Source::Rank(to), TagSel::Tag(6), c)?;
         } else if me < 2 * pairs {
             let from = me - pairs;
-            let reqs: Vec<Request> = bufs
-                .drain(..)
-                .map(|b| dev.irecv(b, Source::Rank(from), TagSel::Tag(5), c))
-                .collect();
-            for r in reqs {
+            reqs.extend(
+                bufs.drain(..)
+                    .map(|b| dev.irecv(b, Source::Rank(from), TagSel::Tag(5), c)),
+            );
+            for r in reqs.drain(..) {
                 let (b, _) = r.wait().into_result()?;
                 bufs.push(b);
             }
@@ -249,8 +288,20 @@ pub fn multi_bandwidth(
     }
     xdev::conformance::barrier(dev)?;
     let secs = start.elapsed().as_secs_f64();
-    let mb = (pairs * size * WINDOW * iters) as f64 / 1e6;
-    Ok((me == 0).then_some(mb / secs))
+    Ok((me == 0).then_some(secs))
+}
+
+/// The floor of the message rate test: messages per second if each message
+/// cost one one-way cache-line hand-off of `cache_line_us` microseconds
+/// (`10^6 / cache_line_us`). A reference, not a bound: a stream of messages
+/// overlaps its hand-offs, so a transport may beat it (ratio above 1), but a
+/// ratio of 0.25 reads "each message costs as much as four hand-offs".
+pub fn rate_floor(cache_line_us: f64) -> f64 {
+    if cache_line_us > 0.0 {
+        1e6 / cache_line_us
+    } else {
+        0.0
+    }
 }
 
 /// How long one cache-line floor run may take at most (about): a loaded
@@ -494,6 +545,18 @@ pub mod osu {
         )
     }
 
+    /// The header lines of a message rate table (`--test rate`: osu_mbw_mr
+    /// with one pair): size, messages per second, the floor
+    /// ([`crate::rate_floor`] of the cache-line floor between the ranks'
+    /// cores, `between` being `"threads"` or `"processes"`) and the ratio.
+    pub fn rate_header(device: &str, between: &str, cache_line_us: f64) -> String {
+        format!(
+            "# OSU MPI Message Rate Test (xdev-bench)\n# [ pairs: 1 ] [ window size: {window} ]\n# Device: {device}; floor = one cache-line hand-off per message: 1 / {cache_line_us:.3} us (two {between} pinned to cores 0 and 1)\n{:<10}{:>20}{:>20}{:>12}",
+            "# Size", "Messages/s", "Floor(msg/s)", "Ratio",
+            window = crate::WINDOW
+        )
+    }
+
     /// One row of a multiple bandwidth / message rate table: size, MB/s,
     /// messages per second, floor, MB/s over the floor.
     pub fn multi_bandwidth_row(size: usize, mbs: f64, floor: f64) -> String {
@@ -647,6 +710,34 @@ mod tests {
         assert!(out[0].unwrap() > 0.0);
         assert!(out[1..].iter().all(Option::is_none));
         assert_eq!((mbw_pairs(4), mbw_pairs(5), mbw_pairs(2)), (2, 2, 1));
+    }
+
+    #[test]
+    fn message_rate_runs_on_the_thread_device() {
+        let out = shm_ipc::ThreadWorld::new(2).run(|dev| message_rate(dev, 8, 5, 1).unwrap());
+        let rate = out[0].unwrap();
+        assert!(rate.is_finite() && rate > 0.0, "{rate}");
+        assert!(out[1].is_none());
+        // One pair whatever the world: rank 2 idles but passes the barriers.
+        let out = shm_ipc::ThreadWorld::new(3).run(|dev| message_rate(dev, 1, 3, 1).unwrap());
+        assert!(out[0].unwrap() > 0.0 && out[1].is_none() && out[2].is_none());
+        assert_eq!(rate_floor(0.25), 4e6);
+        assert_eq!(rate_floor(0.0), 0.0);
+        let h = osu::rate_header("thread", "threads", 0.25);
+        assert!(
+            h.starts_with(
+                "# OSU MPI Message Rate Test (xdev-bench)\n# [ pairs: 1 ] [ window size: 64 ]\n"
+            ),
+            "{h}"
+        );
+        assert!(h.contains("1 / 0.250 us (two threads pinned"), "{h}");
+        assert!(
+            h.lines()
+                .last()
+                .unwrap()
+                .starts_with("# Size              Messages/s        Floor(msg/s)"),
+            "{h}"
+        );
     }
 
     #[test]

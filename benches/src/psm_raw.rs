@@ -1,5 +1,6 @@
-//! The raw PSM2 peer of the `psm` device: the same OSU latency and bandwidth
-//! loops as [`crate::latency`] and [`crate::bandwidth`], written directly
+//! The raw PSM2 peer of the `psm` device: the same OSU latency, bandwidth
+//! and message rate loops as [`crate::latency`], [`crate::bandwidth`],
+//! [`crate::bibandwidth`] and [`crate::message_rate`], written directly
 //! against `psm-sys` on the device's own endpoint and matched queue, so the
 //! device's overhead over PSM2 is measured side by side in one run.
 //!
@@ -150,35 +151,76 @@ pub fn bandwidth(
     iters: usize,
     skip: usize,
 ) -> Result<Option<f64>> {
-    let mut bufs: Vec<Vec<u8>> = (0..WINDOW).map(|_| vec![0x5Au8; size]).collect();
-    let secs = timed(iters, skip, || {
-        match me {
-            0 => {
-                let reqs = bufs
-                    .iter()
-                    .map(|b| post_send(raw, 1, 0, 2, b))
-                    .collect::<Result<Vec<_>>>()?;
-                for r in reqs {
-                    wait(raw, r)?;
-                }
-                recv(raw, 1, 3, &mut [])?;
-            }
-            1 => {
-                let reqs = bufs
-                    .iter_mut()
-                    .map(|b| post_recv(raw, 0, 2, b))
-                    .collect::<Result<Vec<_>>>()?;
-                for r in reqs {
-                    wait(raw, r)?;
-                }
-                send(raw, 0, 1, 3, &[])?;
-            }
-            _ => {}
-        }
-        Ok(())
-    })?;
+    let secs = window(raw, me, size, iters, skip, 2)?;
     let mb = (size * WINDOW * iters) as f64 / 1e6;
-    Ok((me == 0).then_some(mb / secs))
+    Ok(secs.map(|s| mb / s))
+}
+
+/// Raw PSM2 message rate, as [`crate::message_rate`] (osu_mbw_mr's loop
+/// with one pair): rank 0 posts `WINDOW` non-blocking sends, rank 1
+/// `WINDOW` receives, both wait for all, then a zero-byte acknowledgement.
+/// Messages per second on rank 0 (`WINDOW * iters / time`).
+///
+/// The device's loop also passes a barrier before and after the timed
+/// iterations; PSM2 has none of its own, and none is needed here: every
+/// warm-up window ends with the acknowledgement, which leaves the two ranks
+/// in step when the clock starts, and rank 0's clock stops when the last
+/// acknowledgement has arrived.
+pub fn rate(raw: &RawPsm, me: Rank, size: usize, iters: usize, skip: usize) -> Result<Option<f64>> {
+    let secs = window(raw, me, size, iters, skip, 5)?;
+    Ok(secs.map(|s| (WINDOW * iters) as f64 / s))
+}
+
+/// The loop of [`bandwidth`] and [`rate`], data messages tagged `t`, the
+/// acknowledgement `t + 1`: seconds of the timed iterations on rank 0.
+fn window(
+    raw: &RawPsm,
+    me: Rank,
+    size: usize,
+    iters: usize,
+    skip: usize,
+    t: u32,
+) -> Result<Option<f64>> {
+    let peer = match me {
+        0 => 1,
+        1 => 0,
+        _ => return Ok(None),
+    };
+    let mut bufs: Vec<Vec<u8>> = (0..WINDOW).map(|_| vec![0x5Au8; size]).collect();
+    let mut reqs: Vec<psm2_mq_req_t> = Vec::with_capacity(WINDOW);
+    let secs = timed(iters, skip, || {
+        let mut posted = Ok(());
+        for b in bufs.iter_mut() {
+            let r = if me == 0 {
+                post_send(raw, peer, me, t, b)
+            } else {
+                post_recv(raw, peer, t, b)
+            };
+            match r {
+                Ok(r) => reqs.push(r),
+                Err(e) => {
+                    posted = Err(e);
+                    break;
+                }
+            }
+        }
+        // Every posted request is waited for, even after an error, so no
+        // request outlives the buffer it uses.
+        let mut waited = Ok(());
+        for r in reqs.drain(..) {
+            let w = wait(raw, r);
+            if waited.is_ok() {
+                waited = w;
+            }
+        }
+        posted.and(waited)?;
+        if me == 0 {
+            recv(raw, peer, t + 1, &mut [])
+        } else {
+            send(raw, peer, me, t + 1, &[])
+        }
+    })?;
+    Ok((me == 0).then_some(secs))
 }
 
 /// Raw PSM2 osu_bibw, as [`crate::bibandwidth`]: both ranks post `WINDOW`

@@ -1,10 +1,11 @@
-//! The comparison report (`xdev-bench report`): runs the suite (latency, bw
-//! and bibw of every device that works here, with the floors), measures the
-//! installed peers in the same run (raw PSM2 on the psm device's endpoint,
-//! Open MPI and MPICH through `benches/mpi/osu_peer.c` built with their
-//! `mpicc`), takes the `ibv` device and perftest from a soft-RoCE VM results
-//! file when one is given (`ci/bench-vm.sh` writes it: [`parse_vm`]), and
-//! writes a self-contained markdown report with SVG plots ([`crate::plot`]).
+//! The comparison report (`xdev-bench report`): runs the suite (latency, bw,
+//! bibw and message rate of every device that works here, with the floors),
+//! measures the installed peers in the same run (raw PSM2 on the psm
+//! device's endpoint, Open MPI and MPICH through `benches/mpi/osu_peer.c`
+//! built with their `mpicc`), takes the `ibv` device and perftest from a
+//! soft-RoCE VM results file when one is given (`ci/bench-vm.sh` writes it:
+//! [`parse_vm`]), and writes a self-contained markdown report with SVG plots
+//! ([`crate::plot`]).
 //!
 //! Nothing is invented: a device or peer that could not be measured is listed
 //! as "not measured" with the reason.
@@ -25,7 +26,7 @@ pub const MPI_PEER_SOURCE: &str = include_str!("../mpi/osu_peer.c");
 pub const KNOWN_DEVICES: [&str; 5] = ["thread", "shm", "ibv", "psm", "hybrid"];
 
 /// The tests of the report, in order.
-pub const TESTS: [&str; 3] = ["latency", "bw", "bibw"];
+pub const TESTS: [&str; 4] = ["latency", "bw", "bibw", "rate"];
 
 /// Series name of the raw PSM2 peer.
 pub const RAW_PSM2: &str = "raw PSM2";
@@ -61,7 +62,7 @@ pub struct Record {
     pub size: usize,
     /// The figure (`unit`).
     pub value: f64,
-    /// `us` or `MB/s`.
+    /// `us` (latency), `MB/s` (bandwidths) or `msg/s` (rate).
     pub unit: String,
     /// The floor measured alongside (0 when none was).
     pub floor: f64,
@@ -512,6 +513,9 @@ impl Report {
     /// the message size, and the least one measured is the least disturbed
     /// by the neighbours' load).
     fn best_floor(&self, test: &str, place: Option<&str>) -> BTreeMap<usize, f64> {
+        if test == "rate" {
+            return self.rate_floor(place);
+        }
         let latency = test == "latency";
         let mut m: BTreeMap<usize, f64> = BTreeMap::new();
         for r in &self.results.records {
@@ -545,27 +549,59 @@ impl Report {
         m
     }
 
-    /// A line's floor at `size`: [`Self::best_floor`] (for latency, of the
-    /// line's placement: threads for `thread`, processes for the process
-    /// devices and every peer), so every ratio of a table row divides by
-    /// the floor shown in that row.
+    /// The floor of the message rate test at each size of its records, for
+    /// the devices of `placement` (`None`: all): one message per cache-line
+    /// hand-off ([`crate::rate_floor`]) of the least hand-off measured
+    /// anywhere in the run, as [`Self::best_floor`] takes for latency (the
+    /// floors of the latency and rate records, and the floors measured
+    /// alone), so a rate ratio and a latency ratio of one placement divide
+    /// by the same hand-off.
+    fn rate_floor(&self, place: Option<&str>) -> BTreeMap<usize, f64> {
+        let least_us = self
+            .results
+            .records
+            .iter()
+            .filter(|r| r.device != PSM_VS_RAW && r.floor > 0.0)
+            .filter(|r| !place.is_some_and(|p| placement(&r.device) != p))
+            .filter_map(|r| match r.test.as_str() {
+                "latency" => Some(r.floor),
+                "rate" => Some(1e6 / r.floor),
+                _ => None,
+            })
+            .reduce(f64::min);
+        let Some(us) = least_us else {
+            return BTreeMap::new();
+        };
+        self.results
+            .records
+            .iter()
+            .filter(|r| r.test == "rate")
+            .map(|r| (r.size, crate::rate_floor(us)))
+            .collect()
+    }
+
+    /// A line's floor at `size`: [`Self::best_floor`] (for latency and
+    /// rate, of the line's placement: threads for `thread`, processes for
+    /// the process devices and every peer), so every ratio of a table row
+    /// divides by the floor shown in that row.
     fn floor_of(&self, test: &str, line: &Line, size: usize) -> Option<f64> {
-        let place = (test == "latency").then(|| placement(&line.name));
+        let place = matches!(test, "latency" | "rate").then(|| placement(&line.name));
         self.best_floor(test, place).get(&size).copied()
     }
 
     /// The floor lines of `test`'s plot and table: the cache-line floor per
-    /// placement for latency, the memcpy floor for the bandwidths.
+    /// placement for latency (for the message rate, one message per
+    /// hand-off), the memcpy floor for the bandwidths.
     fn floors(&self, test: &str) -> Vec<(String, BTreeMap<usize, f64>)> {
-        if test == "latency" {
+        if matches!(test, "latency" | "rate") {
+            let name = if test == "rate" {
+                "1 / cache-line floor"
+            } else {
+                "cache-line floor"
+            };
             ["threads", "processes"]
                 .iter()
-                .map(|p| {
-                    (
-                        format!("cache-line floor ({p})"),
-                        self.best_floor(test, Some(p)),
-                    )
-                })
+                .map(|p| (format!("{name} ({p})"), self.best_floor(test, Some(p))))
                 .filter(|(_, m)| !m.is_empty())
                 .collect()
         } else {
@@ -590,6 +626,10 @@ impl Report {
             "bw" => (
                 "Bandwidth (window of 64), higher is better",
                 "bandwidth (MB/s)",
+            ),
+            "rate" => (
+                "Message rate (one pair, window of 64), higher is better",
+                "messages/s",
             ),
             _ => (
                 "Bi-directional bandwidth (window of 64 each way), higher is better",
@@ -619,10 +659,18 @@ impl Report {
         }
     }
 
-    /// The headline figures: per device and peer, latency at 8 bytes and
-    /// the bandwidths at 1 MiB, each with value/floor.
+    /// The headline figures: per device and peer, latency at 8 bytes, the
+    /// bandwidths at 1 MiB and the message rate at 8 bytes, each with
+    /// value/floor. A line without a rate at 8 bytes says so ("not
+    /// measured: why") rather than leaving a dash: the rate is the figure
+    /// the headline is read for next to latency.
     fn headline(&self) -> String {
-        let picks = [("latency", 8usize), ("bw", 1 << 20), ("bibw", 1 << 20)];
+        let picks = [
+            ("latency", 8usize),
+            ("bw", 1 << 20),
+            ("bibw", 1 << 20),
+            ("rate", 8),
+        ];
         let mut names: Vec<String> = Vec::new();
         for (test, _) in picks {
             for l in self.lines(test) {
@@ -632,13 +680,19 @@ impl Report {
             }
         }
         let mut s = String::from(
-            "| device or peer | latency 8 B (us) | ratio | bw 1 MiB (MB/s) | ratio | bibw 1 MiB (MB/s) | ratio |\n|---|---:|---:|---:|---:|---:|---:|\n",
+            "| device or peer | latency 8 B (us) | ratio | bw 1 MiB (MB/s) | ratio | bibw 1 MiB (MB/s) | ratio | messages/s at 8 B | ratio |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|\n",
         );
         let mut marked = false;
         for name in names {
             let _ = write!(s, "| {name} ");
             for (test, size) in picks {
-                s.push_str(&self.cells(test, &self.lines(test), &name, size, &mut marked));
+                let lines = self.lines(test);
+                let cells = self.cells(test, &lines, &name, size, &mut marked);
+                if test == "rate" && cells.starts_with("| – ") {
+                    let _ = write!(s, "| not measured: {} | – ", self.no_rate(&name));
+                } else {
+                    s.push_str(&cells);
+                }
             }
             s.push_str("|\n");
         }
@@ -647,6 +701,27 @@ impl Report {
             s.push_str(&Self::disturbed_note());
         }
         s
+    }
+
+    /// Why the line `name` has no message rate at 8 bytes in this run.
+    fn no_rate(&self, name: &str) -> String {
+        let rate = |n: &str| {
+            self.results
+                .records
+                .iter()
+                .any(|r| r.test == "rate" && r.device == n)
+        };
+        if name == RAW_PSM2 {
+            if rate(PSM_VS_RAW) {
+                "no 8 B figure in this run".into()
+            } else {
+                "the psm device's run gave no rate records".into()
+            }
+        } else if rate(name) {
+            "no 8 B figure in this run".into()
+        } else {
+            "no rate records in this run (older results, or the rate test failed: see the run's stderr)".into()
+        }
     }
 
     /// [`DISTURBED_MARK`] when `line`'s latency at `size` was measured next
@@ -1011,7 +1086,13 @@ impl Report {
              such copies running at once on the two cores. A one-copy transport approaches \
              1 at best; a two-copy one about 0.5; higher is better. Ratios above 1 can occur \
              where the floor's copy is less cache-friendly than the transport's (small \
-             working sets), or when the neighbours' load hits one side more than the other.\n\n",
+             working sets), or when the neighbours' load hits one side more than the other.\n\
+             - **Message rate** (`ratio` = messages/s / (1 / cache-line floor)): the floor is \
+             one message per one-way cache-line hand-off between the two ranks' cores, so the \
+             ratio is the hand-off time over the time per message: 0.25 means each message \
+             costs as much as four hand-offs; higher is better. It is a reference, not a \
+             bound: a window of messages overlaps its hand-offs, so a ratio above 1 is \
+             possible.\n\n",
         );
         s.push_str("## Devices and peers\n\n| name | kind | status |\n|---|---|---|\n");
         for d in KNOWN_DEVICES {
@@ -1050,6 +1131,15 @@ impl Report {
                     "MB/s",
                     "osu_bw: a window of 64 non-blocking sends, then a zero-byte acknowledgement",
                 ),
+                "rate" => (
+                    "Message rate",
+                    "messages/s",
+                    "osu_mbw_mr's loop with one pair: rank 0 posts 64 non-blocking sends, rank 1 \
+                     64 non-blocking receives, both wait for all, then a zero-byte \
+                     acknowledgement; messages per second (64 per window, the \
+                     acknowledgements not counted). The floor is one message per cache-line \
+                     hand-off (1 / the latency floor of the placement)",
+                ),
                 _ => (
                     "Bi-directional bandwidth",
                     "MB/s",
@@ -1070,7 +1160,8 @@ impl Report {
         s.push_str(
             "Message sizes are 0 (latency only) and powers of two up to the largest shown, with \
              OSU's iteration counts (latency: 10000 iterations and 100 warm-up up to 8 KiB, 1000 \
-             and 10 above; bandwidth: 100 and 10, 20 and 2 above 8 KiB) and window (64). Each \
+             and 10 above; bandwidth and message rate: 100 and 10, 20 and 2 above 8 KiB) and \
+             window (64). Each \
              size is measured in rounds, the floor and the device alternately, and the best \
              round of each is kept (OSU's average per round, best round). Ranks are pinned to \
              cores 0 and 1. The floors are measured once more, alone (`xdev-bench --test floor`), \
@@ -1339,7 +1430,12 @@ mod tests {
             test: test.into(),
             size,
             value,
-            unit: if test == "latency" { "us" } else { "MB/s" }.into(),
+            unit: match test {
+                "latency" => "us",
+                "rate" => "msg/s",
+                _ => "MB/s",
+            }
+            .into(),
             floor,
         }
     }
@@ -1523,6 +1619,113 @@ test tests::x ... {\"device\":\"thread\",\"test\":\"bw\",\"size\":1024,\"value\"
         let bibw = r.plot("bibw");
         assert_eq!(bibw.series.len(), 2, "shm and its floor");
         assert_eq!(bibw.series[1].name, "memcpy floor (2 concurrent)");
+    }
+
+    #[test]
+    fn the_headline_has_the_message_rate_at_8_bytes_for_every_line() {
+        // Without rate records every line says why it has no rate.
+        let md = report().markdown();
+        assert!(
+            md.contains(
+                "| device or peer | latency 8 B (us) | ratio | bw 1 MiB (MB/s) | ratio | \
+                 bibw 1 MiB (MB/s) | ratio | messages/s at 8 B | ratio |\n\
+                 |---|---:|---:|---:|---:|---:|---:|---:|---:|\n"
+            ),
+            "{md}"
+        );
+        assert!(
+            md.contains("| thread | 0.250 | 6.25 | 4000 | 0.40 | – | – | not measured: no rate records in this run"),
+            "{md}"
+        );
+        assert!(
+            md.contains("| raw PSM2 | 0.800 | 10.00 | – | – | – | – | not measured: the psm device's run gave no rate records | – |"),
+            "{md}"
+        );
+        assert!(md.contains("## Message rate (messages/s)\n"), "{md}");
+        assert!(md.contains("![Message rate](rate.svg)\n\nNothing measured."));
+
+        let mut r = report();
+        r.results.records.extend([
+            rec("thread", "rate", 8, 2e6, 2e7),
+            // A hand-off of 0.02 us measured next to the rate at 16 B: the
+            // least of the threads' run, so every thread row divides by
+            // 1 / 0.02 us = 5e7 messages/s.
+            rec("thread", "rate", 16, 1e6, 5e7),
+            rec("shm", "rate", 8, 3e6, 1e7),
+            rec("psm-vs-raw", "rate", 8, 4e6, 1.6e7),
+            rec("Open MPI", "rate", 8, 2.5e7, 0.0),
+            rec("Open MPI", "rate", 16, 2e7, 0.0),
+        ]);
+        let md = r.markdown();
+        // thread: 2e6 / 5e7; the processes' least hand-off is psm's 0.08 us
+        // (latency records), so their floor is 1.25e7 messages/s: shm 3e6
+        // / 1.25e7, raw PSM2 (the floor field of psm-vs-raw) 1.6e7 /
+        // 1.25e7, Open MPI 2.5e7 / 1.25e7.
+        assert!(
+            md.contains("| thread | 0.250 | 6.25 | 4000 | 0.40 | – | – | 2000000 | 0.04 |"),
+            "{md}"
+        );
+        assert!(
+            md.contains("| shm | 0.500 | 6.25 | 5000 | 0.50 | 6000 | 0.50 | 3000000 | 0.24 |"),
+            "{md}"
+        );
+        assert!(
+            md.contains(
+                "| psm | 1.00 | 12.50 | – | – | – | – | not measured: no rate records in this run"
+            ),
+            "{md}"
+        );
+        assert!(
+            md.contains("| raw PSM2 | 0.800 | 10.00 | – | – | – | – | 16000000 | 1.28 |"),
+            "{md}"
+        );
+        assert!(
+            md.contains("| Open MPI | 0.400 | 5.00 | – | – | – | – | 25000000 | 2.00 |"),
+            "{md}"
+        );
+        let t = r.table("rate");
+        assert!(
+            t.starts_with(
+                "| size | 1 / cache-line floor (threads) | 1 / cache-line floor (processes) \
+                 | thread | ratio | shm | ratio | raw PSM2 | ratio | Open MPI | ratio |\n"
+            ),
+            "{t}"
+        );
+        assert!(
+            t.contains("\n| 8 | 50000000 | 12500000 | 2000000 | 0.04 | 3000000 | 0.24 | 16000000 | 1.28 | 25000000 | 2.00 |\n"),
+            "{t}"
+        );
+        assert!(
+            t.contains("\n| 16 | 50000000 | 12500000 | 1000000 | 0.02 | – | – | – | – | 20000000 | 1.60 |\n"),
+            "{t}"
+        );
+        assert!(!t.contains(DISTURBED_MARK), "latency alone is marked");
+        assert!(md.contains("- **Message rate** (`ratio`"), "{md}");
+        let p = r.plot("rate");
+        assert!(p.title.starts_with("Message rate"), "{}", p.title);
+        assert_eq!(p.y_label, "messages/s");
+        let names: Vec<&str> = p.series.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "thread",
+                "shm",
+                "raw PSM2",
+                "Open MPI",
+                "1 / cache-line floor (threads)",
+                "1 / cache-line floor (processes)"
+            ]
+        );
+        // A psm run with rates but none at 8 B says so.
+        r.results
+            .records
+            .push(rec("psm-vs-raw", "rate", 16, 4e6, 1.6e7));
+        r.results
+            .records
+            .retain(|x| !(x.device == "psm-vs-raw" && x.test == "rate" && x.size == 8));
+        assert!(r
+            .markdown()
+            .contains("| raw PSM2 | 0.800 | 10.00 | – | – | – | – | not measured: no 8 B figure in this run | – |"));
     }
 
     /// A VM results file of two rounds, as `ci/bench-vm.sh` writes it.

@@ -19,7 +19,8 @@ use xdev::{Device, Rank};
 use xdev_bench::process::{DeviceCoordinator, ProcessFloor};
 use xdev_bench::{
     bandwidth, bandwidth_iterations, bibandwidth, cache_line_floor, latency, latency_iterations,
-    mbw_pairs, multi_bandwidth, osu, parallel_memcpy_floor, sizes, WINDOW,
+    mbw_pairs, message_rate, multi_bandwidth, osu, parallel_memcpy_floor, rate_floor, sizes,
+    WINDOW,
 };
 
 const USAGE: &str = "\
@@ -30,12 +31,15 @@ USAGE: xdev-bench [OPTIONS]
 
 OPTIONS:
   --device NAME      device to measure (repeatable; default: every device in this build)
-  --test TEST        latency | bw | bibw | mbw_mr | all (default: latency and bw) |
+  --test TEST        latency | bw | bibw | rate | mbw_mr | all (default: latency and bw) |
                      crossover (eager vs rendezvous by size; thread devices only);
                      repeatable, or a comma-separated list
   -n, --ranks N      ranks of the mbw_mr test (N/2 pairs; default 4); the other
                      tests run on 2 ranks
   --max-size BYTES   largest message (default 4194304)
+  --min-size BYTES   smallest message (default 0)
+  --iterations N     timed iterations per size instead of OSU's counts (warm-up
+                     N/10), e.g. to profile one size for long enough
   --option K=V       device option, e.g. eager_limit=4096 (repeatable)
   --quick            a tenth of OSU's iterations (smoke runs)
   --json             one JSON record per size instead of OSU tables
@@ -58,7 +62,10 @@ the floor and the device are measured alternately, three rounds (one with
 Latency floor: one-way hand-off of a cache line between the two ranks' cores,
 by the ranks themselves (two pinned threads for a thread device, the two rank
 processes through a shared mapping for a process device); lower is better,
-ratio >= 1. Bandwidth floor: single-thread memcpy over the same working set,
+ratio >= 1. Message rate (rate: osu_mbw_mr's loop with one pair, a window of
+64, messages/s): floor = one message per cache-line hand-off (1 / the
+latency floor); higher is better; a stream overlaps hand-offs, so a ratio
+above 1 is possible. Bandwidth floor: single-thread memcpy over the same working set,
 in one process (ratio <= 1 is the fraction of a copy's speed achieved); for
 bibw two such copies at once, for mbw_mr one per pair.
 
@@ -81,7 +88,12 @@ struct Args {
     tests: Vec<String>,
     /// Ranks of the mbw_mr test.
     ranks: usize,
+    /// Smallest message measured (`--min-size`; default 0).
+    min_size: usize,
     max_size: usize,
+    /// Timed iterations per size instead of OSU's counts (`--iterations`,
+    /// for profiling); warm-up a tenth of them.
+    iterations: Option<usize>,
     options: Vec<(String, String)>,
     quick: bool,
     json: bool,
@@ -95,7 +107,15 @@ enum Parsed {
 
 /// Tests `--test` takes besides `all`; `floor` (the floors alone) is not
 /// advertised. `crossover` and `floor` run alone.
-const TESTS: [&str; 6] = ["latency", "bw", "bibw", "mbw_mr", "crossover", "floor"];
+const TESTS: [&str; 7] = [
+    "latency",
+    "bw",
+    "bibw",
+    "rate",
+    "mbw_mr",
+    "crossover",
+    "floor",
+];
 
 /// What `all` (and no `--test`) means.
 const ALL: [&str; 2] = ["latency", "bw"];
@@ -108,7 +128,9 @@ fn parse(args: impl IntoIterator<Item = String>) -> Result<Parsed, String> {
         devices: Vec::new(),
         tests: Vec::new(),
         ranks: MBW_RANKS,
+        min_size: 0,
         max_size: 4 << 20,
+        iterations: None,
         options: Vec::new(),
         quick: false,
         json: false,
@@ -143,6 +165,20 @@ fn parse(args: impl IntoIterator<Item = String>) -> Result<Parsed, String> {
                     .parse()
                     .map_err(|_| "--max-size takes a byte count".to_string())?
             }
+            "--min-size" => {
+                a.min_size = value("--min-size")?
+                    .parse()
+                    .map_err(|_| "--min-size takes a byte count".to_string())?
+            }
+            "--iterations" => {
+                a.iterations = Some(
+                    value("--iterations")?
+                        .parse()
+                        .ok()
+                        .filter(|&n: &usize| n > 0)
+                        .ok_or("--iterations takes a positive count")?,
+                )
+            }
             "--option" => {
                 let kv = value("--option")?;
                 let (k, v) = kv.split_once('=').ok_or("--option takes K=V")?;
@@ -176,6 +212,25 @@ impl Args {
         self.tests.iter().any(|x| x == t)
     }
 
+    /// The message sizes of the run: 0 and powers of two up to
+    /// `--max-size`, from `--min-size` on.
+    fn sizes(&self) -> Vec<usize> {
+        sizes(self.max_size)
+            .into_iter()
+            .filter(|&s| s >= self.min_size)
+            .collect()
+    }
+
+    /// (iterations, warm-up) for a test whose OSU counts at this size are
+    /// `osu`: `--iterations` if given (warm-up a tenth), else OSU's, scaled
+    /// down with `--quick`.
+    fn counts(&self, osu: (usize, usize)) -> (usize, usize) {
+        match self.iterations {
+            Some(n) => (n, (n / 10).max(1)),
+            None => scaled(self.quick, osu),
+        }
+    }
+
     /// Whether `t` is the one test of the run.
     fn only(&self, t: &str) -> bool {
         self.tests.len() == 1 && self.tests[0] == t
@@ -190,7 +245,11 @@ impl Args {
         }
         v.extend(["--test".to_string(), tests.join(",")]);
         v.extend(["--ranks".to_string(), self.ranks.to_string()]);
+        v.extend(["--min-size".to_string(), self.min_size.to_string()]);
         v.extend(["--max-size".to_string(), self.max_size.to_string()]);
+        if let Some(n) = self.iterations {
+            v.extend(["--iterations".to_string(), n.to_string()]);
+        }
         for (k, val) in &self.options {
             v.extend(["--option".to_string(), format!("{k}={val}")]);
         }
@@ -395,8 +454,8 @@ fn run_latency(a: &Args, device: &str, rig: &dyn Rig) -> Result<(), String> {
             println!("{}", osu::latency_header(device, rig.placement(), floor));
         }
     }
-    for size in sizes(a.max_size) {
-        let (n, skip) = scaled(a.quick, latency_iterations(size));
+    for size in a.sizes() {
+        let (n, skip) = a.counts(latency_iterations(size));
         let (mut us, mut floor) = (None, None);
         for _ in 0..rounds(a) {
             floor = best(floor, rig.cache_line_floor(iters), f64::min);
@@ -408,6 +467,41 @@ fn run_latency(a: &Args, device: &str, rig: &dyn Rig) -> Result<(), String> {
                 println!("{}", osu::json(device, "latency", size, us, "us", floor));
             } else {
                 println!("{}", osu::row(size, us, floor));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The message rate test: per size, the rate of [`message_rate`] next to
+/// its floor ([`rate_floor`] of the cache-line floor between the rig's
+/// ranks), measured alternately, best of the rounds.
+fn run_rate(a: &Args, device: &str, rig: &dyn Rig) -> Result<(), String> {
+    let iters = floor_iters(a);
+    if !a.json {
+        let floor = (0..3).fold(None, |f, _| best(f, rig.cache_line_floor(iters), f64::min));
+        if rig.reports() {
+            let floor = figure(floor)?;
+            println!("{}", osu::rate_header(device, rig.placement(), floor));
+        }
+    }
+    for size in a.sizes().into_iter().filter(|&s| s > 0) {
+        let (n, skip) = a.counts(bandwidth_iterations(size));
+        let (mut rate, mut floor_us) = (None, None);
+        for _ in 0..rounds(a) {
+            floor_us = best(floor_us, rig.cache_line_floor(iters), f64::min);
+            rate = best(
+                rate,
+                rig.run(&|dev| message_rate(dev, size, n, skip))?,
+                f64::max,
+            );
+        }
+        if rig.reports() {
+            let (rate, floor) = (figure(rate)?, rate_floor(figure(floor_us)?));
+            if a.json {
+                println!("{}", osu::json(device, "rate", size, rate, "msg/s", floor));
+            } else {
+                println!("{}", osu::row(size, rate, floor));
             }
         }
     }
@@ -482,8 +576,8 @@ fn run_bandwidth(a: &Args, device: &str, rig: &dyn Rig, test: BwTest) -> Result<
     if !a.json && rig.reports() {
         println!("{}", test.header(device));
     }
-    for size in sizes(a.max_size).into_iter().filter(|&s| s > 0) {
-        let (n, skip) = scaled(a.quick, bandwidth_iterations(size));
+    for size in a.sizes().into_iter().filter(|&s| s > 0) {
+        let (n, skip) = a.counts(bandwidth_iterations(size));
         let (mut mbs, mut floor) = (None, None);
         for _ in 0..rounds(a) {
             floor = best(floor, rig.memcpy_floor(size, test.copiers()), f64::max);
@@ -508,7 +602,7 @@ fn run_floors(a: &Args, rig: &dyn Rig) -> Result<(), String> {
         println!("{}", osu::floor_header(rig.placement()));
     }
     let iters = floor_iters(a);
-    for size in sizes(a.max_size) {
+    for size in a.sizes() {
         let (mut us, mut mbs) = (None, None);
         for _ in 0..rounds(a) {
             us = best(us, rig.cache_line_floor(iters), f64::min);
@@ -539,6 +633,7 @@ fn run_tests(a: &Args, device: &str, rig: &dyn Rig, ranks: usize) -> Result<(), 
             "latency" => run_latency(a, device, rig)?,
             "bw" => run_bandwidth(a, device, rig, BwTest::Uni)?,
             "bibw" => run_bandwidth(a, device, rig, BwTest::Bi)?,
+            "rate" => run_rate(a, device, rig)?,
             "mbw_mr" => run_bandwidth(
                 a,
                 device,
@@ -574,8 +669,8 @@ fn run_psm_peer(a: &Args, psm: &ibvx::PsmDevice, rank: Rank) -> Result<(), Strin
                 "# Size", "Avg Latency(us)", "Raw PSM2(us)", "Ratio"
             );
         }
-        for size in sizes(a.max_size) {
-            let (n, skip) = scaled(a.quick, latency_iterations(size));
+        for size in a.sizes() {
+            let (n, skip) = a.counts(latency_iterations(size));
             let (mut dev_us, mut raw_us) = (None, None);
             for _ in 0..rounds(a) {
                 raw_us = best(
@@ -609,8 +704,8 @@ fn run_psm_peer(a: &Args, psm: &ibvx::PsmDevice, rank: Rank) -> Result<(), Strin
                 "# Size", "Bandwidth (MB/s)", "Raw PSM2(MB/s)", "Ratio"
             );
         }
-        for size in sizes(a.max_size).into_iter().filter(|&s| s > 0) {
-            let (n, skip) = scaled(a.quick, bandwidth_iterations(size));
+        for size in a.sizes().into_iter().filter(|&s| s > 0) {
+            let (n, skip) = a.counts(bandwidth_iterations(size));
             let (mut dev_mbs, mut raw_mbs) = (None, None);
             for _ in 0..rounds(a) {
                 let r = match test {
@@ -628,6 +723,32 @@ fn run_psm_peer(a: &Args, psm: &ibvx::PsmDevice, rank: Rank) -> Result<(), Strin
                         "{}",
                         osu::json("psm-vs-raw", test.name(), size, d, "MB/s", r)
                     );
+                } else {
+                    println!("{}", osu::row(size, d, r));
+                }
+            }
+        }
+    }
+    if a.has("rate") {
+        if report && !a.json {
+            println!(
+                "\n# OSU MPI Message Rate Test (xdev-bench)\n# [ pairs: 1 ] [ window size: {WINDOW} ]\n# Device: psm against raw PSM2 MQ calls on the same endpoint (the floor column)\n{:<10}{:>20}{:>20}{:>12}",
+                "# Size", "Messages/s", "Raw PSM2(msg/s)", "Ratio"
+            );
+        }
+        for size in a.sizes().into_iter().filter(|&s| s > 0) {
+            let (n, skip) = a.counts(bandwidth_iterations(size));
+            let (mut dev_rate, mut raw_rate) = (None, None);
+            for _ in 0..rounds(a) {
+                let r = psm_raw::rate(&raw, rank, size, n, skip).map_err(e)?;
+                raw_rate = best(raw_rate, r, f64::max);
+                let d = message_rate(psm, size, n, skip).map_err(e)?;
+                dev_rate = best(dev_rate, d, f64::max);
+            }
+            if report {
+                let (d, r) = (figure(dev_rate)?, figure(raw_rate)?);
+                if a.json {
+                    println!("{}", osu::json("psm-vs-raw", "rate", size, d, "msg/s", r));
                 } else {
                     println!("{}", osu::row(size, d, r));
                 }
@@ -654,10 +775,10 @@ fn run_crossover(a: &Args, device: &str) -> Result<(), String> {
                 ("eager_limit", limit.to_string()),
                 ("ring_bytes", (256usize << 10).to_string()),
             ];
-            let (iters, skip) = scaled(a.quick, latency_iterations(size));
+            let (iters, skip) = a.counts(latency_iterations(size));
             let us = rank0(world(a, 2, &extra).run(|dev| latency(dev, size, iters, skip)))?;
             row.push_str(&format!("{us:>20.2}"));
-            let (iters, skip) = scaled(a.quick, bandwidth_iterations(size));
+            let (iters, skip) = a.counts(bandwidth_iterations(size));
             let mbs = rank0(world(a, 2, &extra).run(|dev| bandwidth(dev, size, iters, skip)))?;
             bws.push_str(&format!("{mbs:>20.2}"));
         }
@@ -1063,11 +1184,11 @@ xdev-bench report: run the suite and write a comparison report
 
 USAGE: xdev-bench report [OPTIONS]
 
-Runs latency, bw and bibw on every device that works here (with the floors,
-and raw PSM2 on the psm device's endpoint), builds benches/mpi/osu_peer.c with
-the mpicc of Open MPI and of MPICH where installed and runs it on two ranks,
-and writes DIR/report.md, DIR/latency.svg, DIR/bw.svg, DIR/bibw.svg and
-DIR/results.jsonl (every record). Absent devices and peers are listed as not
+Runs latency, bw, bibw and rate on every device that works here (with the
+floors, and raw PSM2 on the psm device's endpoint), builds
+benches/mpi/osu_peer.c with the mpicc of Open MPI and of MPICH where installed
+and runs it on two ranks, and writes DIR/report.md, DIR/latency.svg,
+DIR/bw.svg, DIR/bibw.svg, DIR/rate.svg and DIR/results.jsonl (every record). Absent devices and peers are listed as not
 measured, with the reason. The MPI peers need Debian's packages:
   apt-get install openmpi-bin libopenmpi-dev mpich libmpich-dev
 The ibv device and perftest need an RDMA device: ci/bench-vm.sh measures them
@@ -1766,6 +1887,50 @@ mod tests {
     }
 
     #[test]
+    fn rate_runs_with_the_two_rank_tests_and_under_the_launcher() {
+        assert_eq!(
+            jobs(&args("--test rate,mbw_mr,latency")),
+            [
+                (2, vec!["rate".to_string(), "latency".to_string()]),
+                (4, vec!["mbw_mr".to_string()])
+            ]
+        );
+        assert_eq!(args("--test all,rate").tests, ["latency", "bw", "rate"]);
+        let Some((out, stdout)) = run_ranks("kv", "--quick --max-size 2 --test rate") else {
+            return;
+        };
+        assert!(out.status.success(), "{out:?}");
+        assert_eq!(
+            stdout.matches("# OSU MPI Message Rate Test").count(),
+            1,
+            "{stdout}"
+        );
+        assert!(
+            stdout.contains("# [ pairs: 1 ] [ window size: 64 ]"),
+            "{stdout}"
+        );
+        assert!(stdout.contains("(two processes pinned"), "{stdout}");
+        let rows = rows(&stdout);
+        assert_eq!(rows.len(), 2, "sizes 1 and 2:\n{stdout}");
+        for r in &rows {
+            // size, messages/s, floor (1 / cache-line floor), ratio
+            assert_eq!(r.len(), 4, "{r:?}");
+            assert!(r[1].is_finite() && r[1] > 0.0, "{r:?}");
+            assert!(r[2].is_finite() && r[2] > 0.0, "{r:?}");
+            assert!((r[3] - r[1] / r[2]).abs() <= 0.01, "{r:?}");
+        }
+        let json = run_ranks("kv", "--quick --max-size 1 --test rate --json")
+            .unwrap()
+            .1;
+        let recs = xdev_bench::report::parse_results(&json).records;
+        assert_eq!(recs.len(), 1, "{json}");
+        let r = &recs[0];
+        assert_eq!((r.device.as_str(), r.test.as_str()), ("kv", "rate"));
+        assert_eq!((r.size, r.unit.as_str()), (1, "msg/s"));
+        assert!(r.value > 0.0 && r.floor > 0.0, "{r:?}");
+    }
+
+    #[test]
     fn a_device_that_cannot_open_is_not_measured_and_the_run_goes_on() {
         if launcher_for_tests().is_none() {
             println!("{NO_LAUNCHER}");
@@ -1948,6 +2113,20 @@ mod tests {
         assert!(parse(["-n".to_string(), "3".to_string()]).is_err());
         assert!(parse(["--test".to_string(), "floor,bw".to_string()]).is_err());
         assert!(parse(["--test".to_string(), "bw,nope".to_string()]).is_err());
+        // One size for long: what a profile needs.
+        let one = args("--min-size 8 --max-size 8 --iterations 50 --test rate");
+        assert_eq!(one.sizes(), [8]);
+        assert_eq!(one.counts((100, 10)), (50, 5));
+        assert_eq!(args("--quick").counts((100, 10)), (10, 1));
+        assert_eq!(args("").counts((100, 10)), (100, 10));
+        assert_eq!(args("--max-size 4").sizes(), [0, 1, 2, 4]);
+        let again = args(&one.rank_args(Some("shm"), &one.tests).join(" "));
+        assert_eq!(
+            (again.min_size, again.max_size, again.iterations),
+            (8, 8, Some(50))
+        );
+        assert!(parse(["--iterations".to_string(), "0".to_string()]).is_err());
+        assert!(parse(["--min-size".to_string(), "x".to_string()]).is_err());
     }
 
     #[test]
