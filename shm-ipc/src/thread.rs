@@ -381,6 +381,8 @@ struct Outgoing<'a> {
     context: Context,
     data: &'a [u8],
     sync: bool,
+    /// Push it only if it goes eagerly (else report `Full`, pushing nothing).
+    eager_only: bool,
 }
 
 enum Sent {
@@ -670,6 +672,7 @@ impl Engine {
             context,
             data,
             sync,
+            eager_only,
         } = *out;
         let opts = &self.world.opts;
         let charge = data.len() as u64 + ENTRY_CHARGE;
@@ -680,6 +683,9 @@ impl Engine {
                 .0
                 .load(Ordering::Acquire);
             eager = l.eager_sent[dest] + charge - l.freed_seen[dest] <= opts.credit_bytes as u64;
+        }
+        if eager_only && (sync || !eager) {
+            return Sent::Full;
         }
         let status_env = Envelope {
             source: dest,
@@ -751,6 +757,7 @@ impl Engine {
             context: p.context,
             data,
             sync: p.sync,
+            eager_only: false,
         };
         match self.push(l, &out, Some(&p.core)) {
             Sent::Full => false,
@@ -979,6 +986,7 @@ impl Engine {
                     context,
                     data: buf,
                     sync,
+                    eager_only: false,
                 };
                 let sent = eng.push(l, &out, None);
                 full_at.set(None);
@@ -1042,6 +1050,29 @@ impl Engine {
                 .rejected(RequestKind::Send, buf, Status::failed(env, e));
             return Request::new(core, self.clone());
         }
+        let mut l = self.lock();
+        if !sync && !l.closed && l.backlog[dest].is_empty() && buf.len() <= self.world.eager_max {
+            // The common small send: into the ring first, then a request
+            // born complete (no locked instruction after the ring push, so
+            // a window of sends overlaps its publications).
+            let out = Outgoing {
+                dest,
+                tag,
+                context,
+                data: &buf,
+                sync,
+                eager_only: true,
+            };
+            if let Sent::Complete = self.push(&mut l, &out, None) {
+                drop(l);
+                let len = buf.len();
+                let core = self
+                    .tracker
+                    .finished(RequestKind::Send, buf, Status::ok(env, len));
+                return Request::new(core, self.clone());
+            }
+        }
+        drop(l);
         let core = self.tracker.start(RequestKind::Send, buf);
         let p = Pending {
             core: core.clone(),

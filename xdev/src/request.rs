@@ -135,25 +135,34 @@ impl RequestCore {
             hook: UnsafeCell::new(None),
             below: OnceLock::new(),
         };
-        drop(core.reset(id, kind, buf));
+        drop(core.reset(id, kind, buf, None));
         core
     }
 
-    /// Makes an unshared core new again. Returns what the previous request
-    /// left (a buffer or status nobody took, a relayed request), for the
-    /// caller to drop outside its locks.
-    fn reset(&mut self, id: RequestId, kind: RequestKind, mut buf: Option<Buffer>) -> Leftovers {
+    /// Makes an unshared core new again, complete with `status` if given.
+    /// Returns what the previous request left (a buffer or status nobody
+    /// took, a relayed request), for the caller to drop outside its locks.
+    fn reset(
+        &mut self,
+        id: RequestId,
+        kind: RequestKind,
+        mut buf: Option<Buffer>,
+        status: Option<Status>,
+    ) -> Leftovers {
         (self.ptr, self.len) = match &mut buf {
             Some(b) => (b.as_mut_ptr(), b.len()),
             None => (std::ptr::null_mut(), 0),
         };
         self.id = id;
         self.kind = kind;
-        *self.state.get_mut() = 0;
-        *self.done.get_mut() = false;
+        // Unshared (`&mut self`): plain writes, published to other threads
+        // by whatever hands them the core (the pool lock, an Arc clone sent
+        // through a synchronized channel).
+        *self.state.get_mut() = if status.is_some() { CLAIMED } else { 0 };
+        *self.done.get_mut() = status.is_some();
         *self.handle.get_mut() = NO_HANDLE;
         *self.token.get_mut() = u64::MAX;
-        *self.status.get_mut() = None;
+        *self.status.get_mut() = status;
         (
             std::mem::replace(self.buf.get_mut(), buf),
             self.hook.get_mut().take(),
@@ -634,7 +643,15 @@ impl Tracker {
     /// Starts a request that owns `buf`; it counts as outstanding until
     /// completed.
     pub fn start(&self, kind: RequestKind, buf: Buffer) -> Arc<RequestCore> {
-        self.start_core(kind, Some(buf))
+        self.start_core(kind, Some(buf), None)
+    }
+
+    /// A request born complete with `status`, owning `buf`: for an
+    /// operation that ended before a request was needed (a send copied out
+    /// at once, one rejected before it started). Costs no locked
+    /// instruction beyond the pool's lock.
+    pub fn finished(&self, kind: RequestKind, buf: Buffer, status: Status) -> Arc<RequestCore> {
+        self.start_core(kind, Some(buf), Some(status))
     }
 
     /// Starts a request that holds no buffer yet, for a device layered over
@@ -643,10 +660,15 @@ impl Tracker {
     /// [`RequestCore::relay`]). Its [`buffer_ptr`](RequestCore::buffer_ptr)
     /// is null and its length 0.
     pub fn start_relay(&self, kind: RequestKind) -> Arc<RequestCore> {
-        self.start_core(kind, None)
+        self.start_core(kind, None, None)
     }
 
-    fn start_core(&self, kind: RequestKind, buf: Option<Buffer>) -> Arc<RequestCore> {
+    fn start_core(
+        &self,
+        kind: RequestKind,
+        buf: Option<Buffer>,
+        status: Option<Status>,
+    ) -> Arc<RequestCore> {
         let mut pool = self.pool();
         let id = RequestId(pool.next_id);
         pool.next_id += 1;
@@ -671,7 +693,7 @@ impl Tracker {
             // last use before ours); a core still held stays out of `free`
             // until a later sweep finds it free.
             if let Some(core) = Arc::get_mut(&mut pool.all[i]) {
-                let leftovers = core.reset(id, kind, buf);
+                let leftovers = core.reset(id, kind, buf, status);
                 let core = pool.all[i].clone();
                 drop(pool);
                 drop(leftovers);
@@ -724,9 +746,7 @@ impl Tracker {
     /// they start, such as an invalid rank): the buffer comes back through the
     /// handle as usual.
     pub fn rejected(&self, kind: RequestKind, buf: Buffer, status: Status) -> Arc<RequestCore> {
-        let core = self.start(kind, buf);
-        self.complete(&core, status);
-        core
+        self.finished(kind, buf, status)
     }
 
     /// Reports the earliest-started completed request whose handle is still
