@@ -52,6 +52,10 @@ const FLAG_SYNC: u8 = 1;
 /// cost of an unexpected-queue entry).
 const ENTRY_CHARGE: u64 = 64;
 
+/// Payload buffers a rank keeps for unexpected eager messages (at most
+/// `eager_limit` bytes each: 256 KiB at the default).
+const SPARE_PAYLOADS: usize = 64;
+
 /// Messages one drain of one ring processes at most, so that a sender that
 /// keeps its ring full cannot hold this rank in one call.
 const DRAIN_BUDGET: usize = 256;
@@ -356,6 +360,9 @@ struct Local {
     unexpected_rndv: Vec<usize>,
     /// Whether a ring may be stalled (see `Engine::stalled`).
     stalled_any: bool,
+    /// Payload buffers of delivered unexpected eager messages, reused for
+    /// the next ones (at most [`SPARE_PAYLOADS`], each at most `eager_limit`).
+    spare_payloads: Vec<Vec<u8>>,
 }
 
 /// The engine of one rank: shared by the device handle and its requests.
@@ -534,7 +541,11 @@ impl Engine {
                 if let Some(h) = sync {
                     Self::acknowledge(&h);
                 }
-                Status::received(env, data.len(), cap)
+                let st = Status::received(env, data.len(), cap);
+                if l.spare_payloads.len() < SPARE_PAYLOADS {
+                    l.spare_payloads.push(data);
+                }
+                st
             }
             Unexpected::Rndv(h) => {
                 self.unexpected_rndv_taken(l, env.source);
@@ -646,7 +657,11 @@ impl Engine {
         let h = msg.header;
         match h.kind {
             KIND_EAGER => {
-                let mut data = vec![0u8; h.len as usize];
+                // A buffer kept from an earlier unexpected message: no
+                // allocation in steady state.
+                let mut data = l.spare_payloads.pop().unwrap_or_default();
+                data.clear();
+                data.resize(h.len as usize, 0);
                 l.consumers[s]
                     .as_ref()
                     .expect("consumer")
@@ -1349,6 +1364,7 @@ impl ThreadDevice {
                 closed: false,
                 unexpected_rndv: vec![0; n],
                 stalled_any: false,
+                spare_payloads: Vec::new(),
             }),
             stalled: (0..n).map(|_| AtomicBool::new(false)).collect(),
             world,
