@@ -45,7 +45,7 @@ use std::ptr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use shm_ipc::doorbell::{Backoff, SPIN_POLLS, YIELD_POLLS};
+use shm_ipc::doorbell::Backoff;
 use shm_ipc::lock::{RankGuard, RankLock};
 use std::time::{Duration, Instant};
 
@@ -464,6 +464,8 @@ impl Engine {
     ) -> Result<()> {
         let mut backoff = Backoff::new();
         let mut idle: u32 = 0;
+        // Sleeps since the last progress: each one longer, up to 1 ms.
+        let mut sleeps: u32 = 0;
         let mut last_departure_check: Option<Instant> = None;
         loop {
             {
@@ -485,14 +487,14 @@ impl Engine {
                 }
                 if any {
                     idle = 0;
+                    sleeps = 0;
                     backoff.reset();
                     continue;
                 }
             }
             idle = idle.saturating_add(1);
             if !backoff.snooze() {
-                // `idle` counts the backoff's polls: these are the sleeps.
-                let sleeps = idle - (SPIN_POLLS + YIELD_POLLS);
+                sleeps = sleeps.saturating_add(1);
                 let step = u64::from(sleeps.min(20)) * 50;
                 std::thread::sleep(Duration::from_micros(step.max(20)));
             }
