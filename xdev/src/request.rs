@@ -79,11 +79,11 @@ type Leftovers = (
 ///
 /// Who touches what (the `UnsafeCell`s):
 /// - `buf` and `status` are written by whoever claimed the completion
-///   (`state` has [`CLAIMED`]), before `done` is set with `Release`; after
+///   (`state` has `CLAIMED`), before `done` is set with `Release`; after
 ///   that they are read by the one handle (after an `Acquire` load of
 ///   `done`), or by the hook that received the completion;
 /// - `hook` is written once by [`relay`](RequestCore::relay) before it sets
-///   [`HOOKED`] with `Release`, and read by the one party that sees both
+///   `HOOKED` with `Release`, and read by the one party that sees both
 ///   bits (see `finish` and `on_complete`);
 /// - a reused core is reset through `Arc::get_mut`, when nobody else holds it.
 pub struct RequestCore {
