@@ -585,9 +585,19 @@ impl Engine {
     /// [`DRAIN_BUDGET`] of them. With `direct`, stops as soon as that receive
     /// completes. Leaves the ring alone at a rendezvous header that nothing
     /// matches once `max_unexpected_rndv` of `s`'s are held (unless `s` is
-    /// gone: what a departed peer sent is finite). Returns whether anything
-    /// was processed.
-    fn drain(&self, l: &mut Local, s: Rank, mut direct: Option<&mut Direct<'_>>) -> bool {
+    /// gone: what a departed peer sent is finite). With `leave_unmatched`,
+    /// stops at the first message no posted receive takes: a receive just
+    /// posted then takes its message straight from the ring (one copy) and
+    /// leaves later ones there for later receives, instead of copying them
+    /// into the unexpected queue and out again. Returns whether anything was
+    /// processed.
+    fn drain(
+        &self,
+        l: &mut Local,
+        s: Rank,
+        mut direct: Option<&mut Direct<'_>>,
+        leave_unmatched: bool,
+    ) -> bool {
         let mut any = false;
         for _ in 0..DRAIN_BUDGET {
             if direct.as_ref().is_some_and(|d| d.status.is_some()) {
@@ -622,6 +632,9 @@ impl Engine {
                 let st = self.deliver_from_ring(l, s, &msg, p, n);
                 self.complete_target(target, st);
             } else {
+                if leave_unmatched {
+                    return any;
+                }
                 if h.kind == KIND_RNDV {
                     if l.unexpected_rndv[s] >= self.world.opts.max_unexpected_rndv && !l.gone[s] {
                         // Relaxed: a hint for `worth_a_step`.
@@ -823,7 +836,7 @@ impl Engine {
         };
         let n = self.world.size();
         for k in 0..n {
-            any |= self.drain(l, (first + k) % n, direct.as_deref_mut());
+            any |= self.drain(l, (first + k) % n, direct.as_deref_mut(), false);
         }
         if l.backlog_total > 0 {
             any |= self.flush_backlogs(l);
@@ -845,7 +858,7 @@ impl Engine {
             l.gone[d] = true;
             any = true;
             // What it sent before leaving is still deliverable.
-            while self.drain(l, d, None) {}
+            while self.drain(l, d, None, false) {}
             let reason = "peer finished or died";
             for t in l
                 .matching
@@ -1081,10 +1094,9 @@ impl Engine {
             if let Sent::Complete = self.push(&mut l, &out, None) {
                 drop(l);
                 let len = buf.len();
-                let core = self
+                return self
                     .tracker
-                    .finished(RequestKind::Send, buf, Status::ok(env, len));
-                return Request::new(core, self.clone());
+                    .completed(RequestKind::Send, buf, Status::ok(env, len));
             }
         }
         drop(l);
@@ -1442,8 +1454,34 @@ impl Device for ThreadDevice {
                 .rejected(RequestKind::Recv, buf, Status::failed(env, e));
             return Request::new(core, eng.clone());
         }
-        let core = eng.tracker.start(RequestKind::Recv, buf);
         let mut l = eng.lock();
+        // The common case first: nothing else is posted (so this receive
+        // may take the first match) and the message is already here, in
+        // the unexpected queue or at the head of its sender's ring. It is
+        // copied straight into `buf` and the request is born complete: no
+        // core in the matching engine, no completion to publish.
+        let mut buf = buf;
+        if !l.closed && l.matching.posted_len() == 0 {
+            let mut direct = Direct {
+                pattern,
+                buf: &mut buf,
+                status: None,
+            };
+            if !eng.direct_from_unexpected(&mut l, &mut direct) {
+                if let Source::Rank(s) = source {
+                    if s != eng.rank && !l.gone[s] {
+                        eng.unstall(&mut l);
+                        eng.drain(&mut l, s, Some(&mut direct), true);
+                    }
+                }
+            }
+            if let Some(status) = direct.status {
+                drop(l);
+                return eng.tracker.completed(RequestKind::Recv, buf, status);
+            }
+        }
+        // (The pool's lock is a leaf: taking it under ours is fine.)
+        let core = eng.tracker.start(RequestKind::Recv, buf);
         if l.closed {
             // `finish` emptied the queues after our first check.
             drop(l);
@@ -1468,7 +1506,8 @@ impl Device for ThreadDevice {
                 // A receive naming a peer that already left fails at once
                 // (after what it sent has been drained).
                 if let Source::Rank(s) = source {
-                    eng.drain(&mut l, s, None);
+                    let leave_unmatched = !l.gone[s];
+                    eng.drain(&mut l, s, None, leave_unmatched);
                     if l.gone[s] && s != eng.rank && !core.is_done() {
                         if let Some(t) = l.matching.cancel(id) {
                             let env = Envelope {

@@ -56,17 +56,16 @@ const HOOKED: u8 = 2;
 const NO_HANDLE: u8 = 0;
 /// A handle holds the request and has not consumed it (peek may report it).
 const LIVE: u8 = 1;
-/// `peek` is reading the status.
-const PEEKING: u8 = 2;
 /// `peek` reported the completion; the handle still consumes it.
-const REPORTED: u8 = 3;
+const REPORTED: u8 = 2;
 /// The handle consumed the completion, was dropped, or was taken apart.
-const RELEASED: u8 = 4;
+const RELEASED: u8 = 3;
 
 /// What a reused core's previous request left behind (see
 /// `RequestCore::reset`).
 type Leftovers = (
     Option<Buffer>,
+    Option<Status>,
     Option<CompletionHook>,
     OnceLock<(Arc<RequestCore>, Arc<dyn Progress>)>,
 );
@@ -97,8 +96,8 @@ pub struct RequestCore {
     /// [`CLAIMED`] and [`HOOKED`] bits.
     state: AtomicU8,
     done: AtomicBool,
-    /// Where the handle is ([`NO_HANDLE`], [`LIVE`], [`PEEKING`],
-    /// [`REPORTED`], [`RELEASED`]).
+    /// Where the handle is ([`NO_HANDLE`], [`LIVE`], [`REPORTED`],
+    /// [`RELEASED`]).
     handle: AtomicU8,
     /// A device-private cookie (for example a posted-receive id for cancel).
     token: AtomicU64,
@@ -162,9 +161,9 @@ impl RequestCore {
         *self.done.get_mut() = status.is_some();
         *self.handle.get_mut() = NO_HANDLE;
         *self.token.get_mut() = u64::MAX;
-        *self.status.get_mut() = status;
         (
             std::mem::replace(self.buf.get_mut(), buf),
+            std::mem::replace(self.status.get_mut(), status),
             self.hook.get_mut().take(),
             std::mem::take(&mut self.below),
         )
@@ -316,13 +315,18 @@ impl RequestCore {
         self.below.get()
     }
 
-    /// Takes the completion of a done request, for its one handle.
+    /// Takes the completion of a done request, for its one handle: the
+    /// buffer is moved out, the status copied (`peek` may be reading it at
+    /// the same time, under the pool's lock; it stays until the core is
+    /// reused).
     fn take(&self) -> Completion {
         debug_assert!(self.is_done());
         // SAFETY: the request is done (Acquire in the caller's is_done), so
-        // the claimer's writes are visible and over; the single handle
-        // (consuming itself) is the only reader.
-        let (buf, status) = unsafe { ((*self.buf.get()).take(), (*self.status.get()).take()) };
+        // the claimer's writes are visible and over. The single handle
+        // (consuming itself) is the only one to touch `buf`; `status` is
+        // only read from now on (by us and by `peek`) until the core is
+        // reset, which needs the handle's reference gone.
+        let (buf, status) = unsafe { ((*self.buf.get()).take(), (*self.status.get()).clone()) };
         let status = status.unwrap_or_else(|| {
             // Only a core whose completion went to a hook has none, and such
             // a core has no handle; stay total anyway.
@@ -339,24 +343,16 @@ impl RequestCore {
         }
     }
 
-    /// Marks the handle released; waits out a `peek` reading the status.
+    /// Marks the handle released, so `peek` no longer reports the request.
+    #[inline]
     fn release_handle(&self) {
-        loop {
-            match self.handle.load(Ordering::Acquire) {
-                PEEKING => std::hint::spin_loop(),
-                h => {
-                    // Acquire: `peek`'s read of the status happens before our
-                    // take; Release: our take happens before a reuse.
-                    if self
-                        .handle
-                        .compare_exchange(h, RELEASED, Ordering::AcqRel, Ordering::Acquire)
-                        .is_ok()
-                    {
-                        return;
-                    }
-                }
-            }
-        }
+        // A plain store, no read-modify-write: `peek` only moves LIVE to
+        // REPORTED (a compare-exchange that fails once we stored), and both
+        // of us only read the status. Relaxed: what the handle did with the
+        // core is ordered before a reuse by the release of its reference
+        // (the `Arc`'s own Release decrement, which the pool's `get_mut`
+        // acquires).
+        self.handle.store(RELEASED, Ordering::Relaxed);
     }
 }
 
@@ -448,7 +444,9 @@ pub trait Progress: Send + Sync {
 #[must_use = "a request must be waited or tested to get its buffer back"]
 pub struct Request {
     core: Arc<RequestCore>,
-    engine: Arc<dyn Progress>,
+    /// `None` for a request born complete ([`Tracker::completed`]): it never
+    /// needs progress, a wait or a cancel.
+    engine: Option<Arc<dyn Progress>>,
 }
 
 impl Request {
@@ -466,7 +464,10 @@ impl Request {
             .compare_exchange(NO_HANDLE, LIVE, Ordering::Relaxed, Ordering::Relaxed)
             .is_ok();
         assert!(first, "a request core has exactly one handle");
-        Request { core, engine }
+        Request {
+            core,
+            engine: Some(engine),
+        }
     }
 
     /// The request id (as reported by `peek`).
@@ -477,7 +478,9 @@ impl Request {
     /// Drives progress once and says whether the operation has completed.
     pub fn is_complete(&self) -> bool {
         if !self.core.is_done() {
-            self.engine.progress();
+            if let Some(engine) = &self.engine {
+                engine.progress();
+            }
         }
         self.core.is_done()
     }
@@ -495,12 +498,16 @@ impl Request {
     /// buffer and status.
     pub fn wait(self) -> Completion {
         if !self.core.is_done() {
-            self.engine.wait(&self.core);
+            if let Some(engine) = &self.engine {
+                engine.wait(&self.core);
+            }
         }
         // The buffer comes back only once the request is done, even if the
         // engine's wait returned early.
         while !self.core.is_done() {
-            self.engine.progress();
+            if let Some(engine) = &self.engine {
+                engine.progress();
+            }
             std::thread::yield_now();
         }
         self.consume()
@@ -510,7 +517,7 @@ impl Request {
     /// request then completes at once with `status.cancelled` set. Sends and
     /// matched receives are not cancelled.
     pub fn cancel(&self) -> bool {
-        !self.core.is_done() && self.engine.cancel(&self.core)
+        !self.core.is_done() && self.engine.as_ref().is_some_and(|e| e.cancel(&self.core))
     }
 
     /// Takes the request apart (for [`RequestCore::relay`]): the core and
@@ -521,7 +528,11 @@ impl Request {
         this.core.release_handle();
         // SAFETY: `this` is never used or dropped again; each field is read
         // out exactly once.
-        unsafe { (std::ptr::read(&this.core), std::ptr::read(&this.engine)) }
+        let (core, engine) = unsafe { (std::ptr::read(&this.core), std::ptr::read(&this.engine)) };
+        // A request born complete has no engine; it needs none (it is
+        // done), so any inert one serves.
+        let engine = engine.unwrap_or_else(|| Arc::new(Inert));
+        (core, engine)
     }
 
     fn consume(self) -> Completion {
@@ -537,6 +548,17 @@ impl Request {
             drop(std::ptr::read(&this.engine));
         }
         completion
+    }
+}
+
+/// The engine of a request born complete, when one is asked for.
+struct Inert;
+
+impl Progress for Inert {
+    fn progress(&self) {}
+    fn wait(&self, _: &RequestCore) {}
+    fn cancel(&self, _: &Arc<RequestCore>) -> bool {
+        false
     }
 }
 
@@ -654,6 +676,19 @@ impl Tracker {
         self.start_core(kind, Some(buf), Some(status))
     }
 
+    /// The handle of a request born complete with `status`, owning `buf`
+    /// (see [`finished`](Tracker::finished)). It needs no engine, and its
+    /// handle is made here, so the whole request costs the pool's lock and
+    /// one reference count: the cheapest way to answer an `isend` whose data
+    /// already left, or an `irecv` whose message was already there.
+    pub fn completed(&self, kind: RequestKind, buf: Buffer, status: Status) -> Request {
+        let core = self.start_core(kind, Some(buf), Some(status));
+        // Relaxed: `core` is fresh from the pool and nobody else has seen
+        // it; the pool's lock published its reset.
+        core.handle.store(LIVE, Ordering::Relaxed);
+        Request { core, engine: None }
+    }
+
     /// Starts a request that holds no buffer yet, for a device layered over
     /// others: the buffer goes to a request on the device below, and comes
     /// back with [`complete_returning`](Tracker::complete_returning) (see
@@ -760,22 +795,20 @@ impl Tracker {
             .collect();
         candidates.sort_by_key(|c| c.id);
         for core in candidates {
-            // Acquire: the handle's state is decided before we read. Only a
-            // LIVE handle moves to PEEKING, and it cannot take the status
-            // while we are there (see `release_handle`).
+            // Each completion is reported once: only the one LIVE -> REPORTED
+            // exchange reports it. Relaxed: `is_done` above (Acquire) made the
+            // status visible.
             if core
                 .handle
-                .compare_exchange(LIVE, PEEKING, Ordering::Acquire, Ordering::Relaxed)
+                .compare_exchange(LIVE, REPORTED, Ordering::Relaxed, Ordering::Relaxed)
                 .is_err()
             {
                 continue;
             }
-            // SAFETY: the core is done (the cells are written and visible)
-            // and its handle waits while we are PEEKING: nobody writes the
-            // status now.
+            // SAFETY: the core is done (the cells are written and visible),
+            // and it cannot be reset while we hold the pool's lock: nobody
+            // writes the status now (the handle only reads it).
             let status = unsafe { (*core.status.get()).clone() };
-            // Release: our read happens before the handle's take.
-            core.handle.store(REPORTED, Ordering::Release);
             if let Some(status) = status {
                 return Some(Peeked {
                     id: core.id,
@@ -846,6 +879,32 @@ mod tests {
         assert_eq!(c.status.count, 4);
         // Consumed by wait: peek no longer reports it.
         assert!(t.pop_completed().is_none());
+    }
+
+    #[test]
+    fn a_request_born_complete_is_peeked_once_and_gives_its_buffer_back() {
+        let t = Tracker::new();
+        let early = t.completed(
+            RequestKind::Send,
+            Buffer::from(vec![7u8; 3]),
+            Status::ok(env(), 3),
+        );
+        let dropped = t.completed(RequestKind::Send, Buffer::zeroed(1), Status::ok(env(), 1));
+        drop(dropped);
+        assert_eq!(t.outstanding(), 0, "born complete: never outstanding");
+        let peeked = t.pop_completed().expect("a held, unconsumed completion");
+        assert_eq!((peeked.id, peeked.status.count), (early.id(), 3));
+        assert!(
+            t.pop_completed().is_none(),
+            "reported once, dropped ones never"
+        );
+        assert!(!early.cancel(), "nothing to cancel");
+        let c = early.test().expect("complete at once");
+        assert_eq!((&c.buf[..], c.status.count), (&[7u8, 7, 7][..], 3));
+        // The status stays readable for peek until the core is reused, and
+        // a core whose handle consumed it is reused.
+        let again = t.completed(RequestKind::Recv, Buffer::zeroed(2), Status::ok(env(), 2));
+        assert_eq!(again.wait().buf.len(), 2);
     }
 
     #[test]
