@@ -237,7 +237,7 @@ impl RankMap {
 
 /// A receive not yet given to a device (see the module documentation).
 struct HeldRecv {
-    core: Arc<RequestCore>,
+    core: xdev::CoreRef,
     /// The receive's buffer, until the receive is relayed to a device.
     buf: Buffer,
     source: Source,
@@ -451,7 +451,7 @@ impl Hybrid {
         }
     }
 
-    fn request(self: &Arc<Self>, core: Arc<RequestCore>) -> Request {
+    fn request(self: &Arc<Self>, core: xdev::CoreRef) -> Request {
         Request::new(core, self.clone())
     }
 
@@ -471,7 +471,7 @@ impl Hybrid {
     /// with the buffer (ranks mapped by `map`).
     fn relay(
         &self,
-        outer: &Arc<RequestCore>,
+        outer: &xdev::CoreRef,
         buf: Buffer,
         dev: &dyn Device,
         map: &RankMap,
@@ -498,7 +498,7 @@ impl Hybrid {
     /// (a rank).
     fn post_named(
         &self,
-        core: &Arc<RequestCore>,
+        core: &xdev::CoreRef,
         buf: Buffer,
         source: Rank,
         tag: TagSel,
@@ -729,7 +729,7 @@ impl Progress for Hybrid {
         self.poll_until(|_| core.is_done().then_some(()));
     }
 
-    fn cancel(&self, core: &Arc<RequestCore>) -> bool {
+    fn cancel(&self, core: &xdev::CoreRef) -> bool {
         if core.kind() != RequestKind::Recv || core.is_done() {
             return false;
         }
@@ -740,7 +740,10 @@ impl Progress for Hybrid {
             return engine.cancel(c);
         }
         for (&context, queue) in held.queues.iter_mut() {
-            if let Some(i) = queue.iter().position(|h| Arc::ptr_eq(&h.core, core)) {
+            if let Some(i) = queue
+                .iter()
+                .position(|h| xdev::CoreRef::ptr_eq(&h.core, core))
+            {
                 let h = queue.remove(i).expect("position is in range");
                 let st = Status::cancelled(Pattern::new(h.source, h.tag, context));
                 self.tracker.complete_returning(core, h.buf, st);

@@ -162,7 +162,7 @@ type Key = usize;
 enum Slot {
     /// A non-blocking request; completed through the tracker.
     Request {
-        core: Arc<RequestCore>,
+        core: xdev::CoreRef,
         /// PSM2's handle (for cancel; valid while the slot is live).
         req: psm2_mq_req_t,
         /// For sends, the envelope (source = destination) and length.
@@ -189,7 +189,7 @@ struct Inner {
     gone: Vec<bool>,
     departures_seen: usize,
     /// Send buffers PSM2 may still read (their peer left first): never freed.
-    kept: Vec<Arc<RequestCore>>,
+    kept: Vec<xdev::CoreRef>,
     open: bool,
 }
 
@@ -419,7 +419,7 @@ impl Engine {
     /// Cancels the posted non-blocking receive `key` if PSM2 has not
     /// matched it yet: it is then returned to PSM2, and its slot removed;
     /// returns its request (to complete).
-    fn cancel_recv(&self, l: &mut Inner, key: Key) -> Option<Arc<RequestCore>> {
+    fn cancel_recv(&self, l: &mut Inner, key: Key) -> Option<xdev::CoreRef> {
         let Some(&Slot::Request {
             req, send: None, ..
         }) = l.live.get(&key)
@@ -721,13 +721,13 @@ impl Progress for Engine {
         let _ = self.block_until(true, |_, _| Ok(core.is_done()));
     }
 
-    fn cancel(&self, core: &Arc<RequestCore>) -> bool {
+    fn cancel(&self, core: &xdev::CoreRef) -> bool {
         if core.kind() != RequestKind::Recv || core.is_done() {
             return false;
         }
         let mut l = self.lock();
         let key = core.token() as Key;
-        if !matches!(l.live.get(&key), Some(Slot::Request { core: c, .. }) if Arc::ptr_eq(c, core))
+        if !matches!(l.live.get(&key), Some(Slot::Request { core: c, .. }) if xdev::CoreRef::ptr_eq(c, core))
         {
             return false;
         }

@@ -1525,7 +1525,7 @@ impl Progress for Engine {
         }
     }
 
-    fn cancel(&self, core: &Arc<RequestCore>) -> bool {
+    fn cancel(&self, core: &xdev::CoreRef) -> bool {
         let t = unpost(&mut self.lock().matching, core);
         t.map(|t| self.complete_target(t, cancelled())).is_some()
     }

@@ -225,7 +225,7 @@ struct Handoff {
     dest: Rank,
     /// The user-visible envelope of the send (source = destination rank).
     status_env: Envelope,
-    request: Option<Arc<RequestCore>>,
+    request: Option<xdev::CoreRef>,
     tracker: Arc<Tracker>,
     world: Arc<World>,
     sender: Rank,
@@ -693,7 +693,7 @@ impl Engine {
     // ------------------------------------------------------------ sending
 
     /// Tries to put one message into the destination's ring.
-    fn push(&self, l: &mut Local, out: &Outgoing<'_>, request: Option<&Arc<RequestCore>>) -> Sent {
+    fn push(&self, l: &mut Local, out: &Outgoing<'_>, request: Option<&xdev::CoreRef>) -> Sent {
         let Outgoing {
             dest,
             tag,
@@ -1296,7 +1296,7 @@ impl Progress for Engine {
         }
     }
 
-    fn cancel(&self, core: &Arc<RequestCore>) -> bool {
+    fn cancel(&self, core: &xdev::CoreRef) -> bool {
         let t = unpost(&mut self.lock().matching, core);
         t.map(|t| self.complete_target(t, cancelled())).is_some()
     }

@@ -28,7 +28,7 @@ pub use device::{check_recv, check_send, check_tag, Config, Device};
 pub use error::{Error, Result};
 pub use registry::Registry;
 pub use request::{
-    Completion, Peeked, Progress, Request, RequestCore, RequestId, RequestKind, Tracker,
+    Completion, CoreRef, Peeked, Progress, Request, RequestCore, RequestId, RequestKind, Tracker,
 };
 pub use types::{
     Context, Envelope, Pattern, Rank, Source, Status, Tag, TagSel, ANY_SOURCE, ANY_TAG, TAG_UB,

@@ -27,7 +27,12 @@ use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, OnceLock};
 
-use crate::lock::{RankGuard, RankLock};
+mod pool;
+
+pub use pool::CoreRef;
+use pool::Pool;
+
+use crate::lock::RankLock;
 
 use crate::{Buffer, Status};
 
@@ -67,7 +72,7 @@ type Leftovers = (
     Option<Buffer>,
     Option<Status>,
     Option<CompletionHook>,
-    OnceLock<(Arc<RequestCore>, Arc<dyn Progress>)>,
+    OnceLock<(CoreRef, Arc<dyn Progress>)>,
 );
 
 /// The device-side state of one non-blocking operation: it owns the buffer
@@ -84,15 +89,21 @@ type Leftovers = (
 /// - `hook` is written once by [`relay`](RequestCore::relay) before it sets
 ///   `HOOKED` with `Release`, and read by the one party that sees both
 ///   bits (see `finish` and `on_complete`);
-/// - a reused core is reset through `Arc::get_mut`, when nobody else holds it.
+/// - a reused core is reset only by the one thread that took it from the
+///   pool, when no other reference to it exists but the pool's own (which
+///   reads only the atomics, and the status of a `LIVE` handle under the
+///   pool's lock; see `pool`).
 pub struct RequestCore {
-    id: RequestId,
-    kind: RequestKind,
+    /// Counted references ([`CoreRef`]), the pool's own included.
+    refs: std::sync::atomic::AtomicUsize,
+    id: AtomicU64,
+    /// A [`RequestKind`] as 0 (send) or 1 (receive).
+    kind: AtomicU8,
     /// The [`Tracker`] that started this request: the only one that may
     /// complete it.
     tracker: u64,
-    ptr: *mut u8,
-    len: usize,
+    /// Start and length of the owned buffer (written only by `reset`).
+    span: UnsafeCell<(*mut u8, usize)>,
     /// [`CLAIMED`] and [`HOOKED`] bits.
     state: AtomicU8,
     done: AtomicBool,
@@ -106,77 +117,101 @@ pub struct RequestCore {
     hook: UnsafeCell<Option<CompletionHook>>,
     /// The request of the device below that carries this one, once a
     /// layered device relayed it (see [`RequestCore::relay`]).
-    below: OnceLock<(Arc<RequestCore>, Arc<dyn Progress>)>,
+    below: UnsafeCell<OnceLock<(CoreRef, Arc<dyn Progress>)>>,
 }
 
-// SAFETY: `ptr` points into the Buffer this core owns (an address only; the
-// device writes through it under the contract of `buffer_ptr`). The cells
-// are accessed under the protocol in the type's docs: one writer before
-// `done` (Release), readers after it (Acquire), never both at once.
+// SAFETY: `span` points into the Buffer this core owns (an address only;
+// the device writes through it under the contract of `buffer_ptr`). The
+// cells are accessed under the protocol in the type's docs: one writer
+// before `done` (Release), readers after it (Acquire), never both at once;
+// `reset` only with no other reference but the pool's.
 unsafe impl Send for RequestCore {}
 // SAFETY: as above; all other shared state is atomic or a OnceLock.
 unsafe impl Sync for RequestCore {}
 
 impl RequestCore {
-    fn new(tracker: u64, id: RequestId, kind: RequestKind, buf: Option<Buffer>) -> Self {
-        let mut core = RequestCore {
-            id,
-            kind,
+    /// A spare core for `tracker`'s pool: done, with no handle (so neither
+    /// outstanding nor reported by peek), and no buffer.
+    fn spare(tracker: u64) -> Self {
+        RequestCore {
+            refs: std::sync::atomic::AtomicUsize::new(1),
+            id: AtomicU64::new(0),
+            kind: AtomicU8::new(0),
             tracker,
-            ptr: std::ptr::null_mut(),
-            len: 0,
-            state: AtomicU8::new(0),
-            done: AtomicBool::new(false),
-            handle: AtomicU8::new(NO_HANDLE),
+            span: UnsafeCell::new((std::ptr::null_mut(), 0)),
+            state: AtomicU8::new(CLAIMED),
+            done: AtomicBool::new(true),
+            handle: AtomicU8::new(RELEASED),
             token: AtomicU64::new(u64::MAX),
             buf: UnsafeCell::new(None),
             status: UnsafeCell::new(None),
             hook: UnsafeCell::new(None),
-            below: OnceLock::new(),
-        };
-        drop(core.reset(id, kind, buf, None));
-        core
+            below: UnsafeCell::new(OnceLock::new()),
+        }
     }
 
-    /// Makes an unshared core new again, complete with `status` if given.
-    /// Returns what the previous request left (a buffer or status nobody
-    /// took, a relayed request), for the caller to drop outside its locks.
-    fn reset(
-        &mut self,
+    /// Makes a core new again, complete with `status` if given, with a
+    /// handle already if `handle` (then published as `LIVE`). Returns what
+    /// the previous request left (a buffer or status nobody took, a relayed
+    /// request), for the caller to drop outside its locks.
+    ///
+    /// # Safety
+    /// The caller holds the only reference to the core besides its pool's
+    /// (taken from the pool, see `pool`): nobody else reads or writes the
+    /// cells or `span` meanwhile.
+    unsafe fn reset(
+        &self,
         id: RequestId,
         kind: RequestKind,
         mut buf: Option<Buffer>,
         status: Option<Status>,
+        handle: bool,
     ) -> Leftovers {
-        (self.ptr, self.len) = match &mut buf {
+        let span = match &mut buf {
             Some(b) => (b.as_mut_ptr(), b.len()),
             None => (std::ptr::null_mut(), 0),
         };
-        self.id = id;
-        self.kind = kind;
-        // Unshared (`&mut self`): plain writes, published to other threads
-        // by whatever hands them the core (the pool lock, an Arc clone sent
-        // through a synchronized channel).
-        *self.state.get_mut() = if status.is_some() { CLAIMED } else { 0 };
-        *self.done.get_mut() = status.is_some();
-        *self.handle.get_mut() = NO_HANDLE;
-        *self.token.get_mut() = u64::MAX;
-        (
-            std::mem::replace(self.buf.get_mut(), buf),
-            std::mem::replace(self.status.get_mut(), status),
-            self.hook.get_mut().take(),
-            std::mem::take(&mut self.below),
-        )
+        let done = status.is_some();
+        // Relaxed stores: whoever gets the core from us gets it through a
+        // synchronizing hand-off (a lock, a channel, this thread); the pool
+        // reads these only after an Acquire load of `handle` (below) or of
+        // `done`, or as counts that need no exactness against a concurrent
+        // start (`outstanding`).
+        self.id.store(id.0, Ordering::Relaxed);
+        self.kind.store(kind as u8, Ordering::Relaxed);
+        self.token.store(u64::MAX, Ordering::Relaxed);
+        self.state
+            .store(if done { CLAIMED } else { 0 }, Ordering::Relaxed);
+        // SAFETY: exclusive access to the cells (the caller's contract).
+        let leftovers = unsafe {
+            *self.span.get() = span;
+            (
+                std::mem::replace(&mut *self.buf.get(), buf),
+                std::mem::replace(&mut *self.status.get(), status),
+                (*self.hook.get()).take(),
+                std::mem::take(&mut *self.below.get()),
+            )
+        };
+        // Release: peek, which reads the id and the status of a LIVE core
+        // after an Acquire load of `handle`, sees this request's values.
+        self.done.store(done, Ordering::Release);
+        self.handle
+            .store(if handle { LIVE } else { NO_HANDLE }, Ordering::Release);
+        leftovers
     }
 
     /// The request's id.
     pub fn id(&self) -> RequestId {
-        self.id
+        RequestId(self.id.load(Ordering::Relaxed))
     }
 
     /// Send or receive.
     pub fn kind(&self) -> RequestKind {
-        self.kind
+        if self.kind.load(Ordering::Relaxed) == RequestKind::Send as u8 {
+            RequestKind::Send
+        } else {
+            RequestKind::Recv
+        }
     }
 
     /// Start of the owned buffer. The address stays valid while the core is
@@ -186,12 +221,18 @@ impl RequestCore {
     /// only before completing the request, and only one party may write at a
     /// time; that is the device's protocol to guarantee.
     pub fn buffer_ptr(&self) -> *mut u8 {
-        self.ptr
+        self.span().0
     }
 
     /// Length of the owned buffer.
     pub fn buffer_len(&self) -> usize {
-        self.len
+        self.span().1
+    }
+
+    fn span(&self) -> (*mut u8, usize) {
+        // SAFETY: `span` is written only by `reset`, which no holder of a
+        // reference (we are one) can overlap.
+        unsafe { *self.span.get() }
     }
 
     /// Whether the operation has completed.
@@ -304,15 +345,22 @@ impl RequestCore {
     /// handle).
     pub fn relay(&self, below: Request, hook: CompletionHook) {
         let (core, engine) = below.into_parts();
-        if self.below.set((core.clone(), engine)).is_ok() {
+        if self.below().set((core.clone(), engine)).is_ok() {
             core.on_complete(hook);
         }
     }
 
     /// The request this one was relayed to, with the engine that waits for
     /// and cancels it.
-    pub fn relayed_to(&self) -> Option<&(Arc<RequestCore>, Arc<dyn Progress>)> {
-        self.below.get()
+    pub fn relayed_to(&self) -> Option<&(CoreRef, Arc<dyn Progress>)> {
+        self.below().get()
+    }
+
+    fn below(&self) -> &OnceLock<(CoreRef, Arc<dyn Progress>)> {
+        // SAFETY: the cell is replaced only by `reset`, which no holder of
+        // a reference (we are one) can overlap; otherwise it is used only
+        // through the OnceLock's own synchronized methods.
+        unsafe { &*self.below.get() }
     }
 
     /// Takes the completion of a done request, for its one handle: the
@@ -374,9 +422,9 @@ fn run_hook(hook: CompletionHook, completion: Completion) {
 impl fmt::Debug for RequestCore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RequestCore")
-            .field("id", &self.id)
-            .field("kind", &self.kind)
-            .field("len", &self.len)
+            .field("id", &self.id())
+            .field("kind", &self.kind())
+            .field("len", &self.buffer_len())
             .field("done", &self.is_done())
             .finish()
     }
@@ -411,7 +459,7 @@ pub trait Progress: Send + Sync {
     fn wait(&self, core: &RequestCore);
     /// Cancels `core` if it is a receive that has not matched; true if it was
     /// cancelled (it then completes with `status.cancelled`).
-    fn cancel(&self, core: &Arc<RequestCore>) -> bool;
+    fn cancel(&self, core: &CoreRef) -> bool;
 }
 
 /// The handle of a non-blocking operation.
@@ -428,7 +476,7 @@ pub trait Progress: Send + Sync {
 /// # impl Progress for Inert {
 /// #     fn progress(&self) {}
 /// #     fn wait(&self, _: &RequestCore) {}
-/// #     fn cancel(&self, _: &Arc<RequestCore>) -> bool { false }
+/// #     fn cancel(&self, _: &xdev::CoreRef) -> bool { false }
 /// # }
 /// let t = Tracker::new();
 /// let req = Request::new(t.start(RequestKind::Recv, Buffer::zeroed(64)), Arc::new(Inert));
@@ -443,7 +491,7 @@ pub trait Progress: Send + Sync {
 /// ```
 #[must_use = "a request must be waited or tested to get its buffer back"]
 pub struct Request {
-    core: Arc<RequestCore>,
+    core: CoreRef,
     /// `None` for a request born complete ([`Tracker::completed`]): it never
     /// needs progress, a wait or a cancel.
     engine: Option<Arc<dyn Progress>>,
@@ -456,7 +504,7 @@ impl Request {
     ///
     /// # Panics
     /// If the core already has a handle: a request has exactly one.
-    pub fn new(core: Arc<RequestCore>, engine: Arc<dyn Progress>) -> Self {
+    pub fn new(core: CoreRef, engine: Arc<dyn Progress>) -> Self {
         // Relaxed: only the uniqueness of the handle is decided here; the
         // core's contents are published by `done`.
         let first = core
@@ -472,7 +520,7 @@ impl Request {
 
     /// The request id (as reported by `peek`).
     pub fn id(&self) -> RequestId {
-        self.core.id
+        self.core.id()
     }
 
     /// Drives progress once and says whether the operation has completed.
@@ -523,7 +571,7 @@ impl Request {
     /// Takes the request apart (for [`RequestCore::relay`]): the core and
     /// the engine that progresses, waits for and cancels it. The request is
     /// no longer reported by its device's `peek`.
-    pub(crate) fn into_parts(self) -> (Arc<RequestCore>, Arc<dyn Progress>) {
+    pub(crate) fn into_parts(self) -> (CoreRef, Arc<dyn Progress>) {
         let this = std::mem::ManuallyDrop::new(self);
         this.core.release_handle();
         // SAFETY: `this` is never used or dropped again; each field is read
@@ -557,7 +605,7 @@ struct Inert;
 impl Progress for Inert {
     fn progress(&self) {}
     fn wait(&self, _: &RequestCore) {}
-    fn cancel(&self, _: &Arc<RequestCore>) -> bool {
+    fn cancel(&self, _: &CoreRef) -> bool {
         false
     }
 }
@@ -600,54 +648,12 @@ pub struct Tracker {
     pool: RankLock<Pool>,
 }
 
-struct Pool {
-    next_id: u64,
-    /// Every core this tracker made.
-    all: Vec<Arc<RequestCore>>,
-    /// Indices into `all` of cores found reusable by the last sweep.
-    free: Vec<usize>,
-}
-
-impl Pool {
-    /// Refills `free` with the cores nobody but the pool holds any more
-    /// (their handles and the device let go of them). Called when `free`
-    /// is empty.
-    fn sweep(&mut self) {
-        let Pool { all, free, .. } = self;
-        free.extend(
-            all.iter()
-                .enumerate()
-                .filter(|(_, c)| Arc::strong_count(c) == 1)
-                .map(|(i, _)| i),
-        );
-    }
-
-    /// Adds half as many spare cores as there are (at least 16) to `free`.
-    fn grow(&mut self, tracker: u64) {
-        let first = self.all.len();
-        let grow = (first / 2).max(16);
-        for _ in 0..grow {
-            let spare = RequestCore::new(tracker, RequestId(0), RequestKind::Send, None);
-            // A spare is done and has no handle: not outstanding, not
-            // reported by peek.
-            spare.done.store(true, Ordering::Relaxed);
-            spare.handle.store(RELEASED, Ordering::Relaxed);
-            self.all.push(Arc::new(spare));
-        }
-        self.free.extend(first..first + grow);
-    }
-}
-
 impl Default for Tracker {
     fn default() -> Self {
         static TRACKERS: AtomicU64 = AtomicU64::new(1);
         Tracker {
             id: TRACKERS.fetch_add(1, Ordering::Relaxed),
-            pool: RankLock::new(Pool {
-                next_id: 1,
-                all: Vec::new(),
-                free: Vec::new(),
-            }),
+            pool: RankLock::new(Pool::new()),
         }
     }
 }
@@ -658,34 +664,27 @@ impl Tracker {
         Self::default()
     }
 
-    fn pool(&self) -> RankGuard<'_, Pool> {
-        self.pool.lock()
-    }
-
     /// Starts a request that owns `buf`; it counts as outstanding until
     /// completed.
-    pub fn start(&self, kind: RequestKind, buf: Buffer) -> Arc<RequestCore> {
-        self.start_core(kind, Some(buf), None)
+    pub fn start(&self, kind: RequestKind, buf: Buffer) -> CoreRef {
+        self.start_core(kind, Some(buf), None, false)
     }
 
     /// A request born complete with `status`, owning `buf`: for an
     /// operation that ended before a request was needed (a send copied out
-    /// at once, one rejected before it started). Costs no locked
-    /// instruction beyond the pool's lock.
-    pub fn finished(&self, kind: RequestKind, buf: Buffer, status: Status) -> Arc<RequestCore> {
-        self.start_core(kind, Some(buf), Some(status))
+    /// at once, one rejected before it started).
+    pub fn finished(&self, kind: RequestKind, buf: Buffer, status: Status) -> CoreRef {
+        self.start_core(kind, Some(buf), Some(status), false)
     }
 
     /// The handle of a request born complete with `status`, owning `buf`
     /// (see [`finished`](Tracker::finished)). It needs no engine, and its
-    /// handle is made here, so the whole request costs the pool's lock and
-    /// one reference count: the cheapest way to answer an `isend` whose data
-    /// already left, or an `irecv` whose message was already there.
+    /// handle is made here: the request costs no lock and one locked
+    /// instruction in all (when its handle lets go). The cheapest way to
+    /// answer an `isend` whose data already left, or an `irecv` whose
+    /// message was already there.
     pub fn completed(&self, kind: RequestKind, buf: Buffer, status: Status) -> Request {
-        let core = self.start_core(kind, Some(buf), Some(status));
-        // Relaxed: `core` is fresh from the pool and nobody else has seen
-        // it; the pool's lock published its reset.
-        core.handle.store(LIVE, Ordering::Relaxed);
+        let core = self.start_core(kind, Some(buf), Some(status), true);
         Request { core, engine: None }
     }
 
@@ -694,8 +693,8 @@ impl Tracker {
     /// back with [`complete_returning`](Tracker::complete_returning) (see
     /// [`RequestCore::relay`]). Its [`buffer_ptr`](RequestCore::buffer_ptr)
     /// is null and its length 0.
-    pub fn start_relay(&self, kind: RequestKind) -> Arc<RequestCore> {
-        self.start_core(kind, None, None)
+    pub fn start_relay(&self, kind: RequestKind) -> CoreRef {
+        self.start_core(kind, None, None, false)
     }
 
     fn start_core(
@@ -703,38 +702,14 @@ impl Tracker {
         kind: RequestKind,
         buf: Option<Buffer>,
         status: Option<Status>,
-    ) -> Arc<RequestCore> {
-        let mut pool = self.pool();
-        let id = RequestId(pool.next_id);
-        pool.next_id += 1;
-        if pool.free.is_empty() {
-            pool.sweep();
-            if pool.free.len() * 4 < pool.all.len() + 4 {
-                // Few free: grow by half, so that the next sweep comes only
-                // after as many starts (a sweep of n cores is followed by at
-                // least n/4 starts that need none).
-                pool.grow(self.id);
-            }
-        }
-        loop {
-            let i = match pool.free.pop() {
-                Some(i) => i,
-                None => {
-                    pool.grow(self.id);
-                    continue;
-                }
-            };
-            // `get_mut` proves nobody else holds the core (and orders their
-            // last use before ours); a core still held stays out of `free`
-            // until a later sweep finds it free.
-            if let Some(core) = Arc::get_mut(&mut pool.all[i]) {
-                let leftovers = core.reset(id, kind, buf, status);
-                let core = pool.all[i].clone();
-                drop(pool);
-                drop(leftovers);
-                return core;
-            }
-        }
+        handle: bool,
+    ) -> CoreRef {
+        let (core, id) = pool::take_core(self.id, &self.pool);
+        // SAFETY: `take_core` gives a core whose only other reference is
+        // its pool's.
+        let leftovers = unsafe { core.reset(id, kind, buf, status, handle) };
+        drop(leftovers);
+        core
     }
 
     /// Whether `core` was started by this tracker.
@@ -747,7 +722,7 @@ impl Tracker {
     /// whether this call completed it. After it returns true the device must
     /// not touch the buffer again.
     #[inline]
-    pub fn complete(&self, core: &Arc<RequestCore>, status: Status) -> bool {
+    pub fn complete(&self, core: &CoreRef, status: Status) -> bool {
         if !self.started(core) {
             return false;
         }
@@ -764,8 +739,8 @@ impl Tracker {
     /// [`start_relay`](Tracker::start_relay), with `buf` as its buffer; as
     /// [`complete`](Tracker::complete) otherwise. A request that already
     /// holds a buffer is refused (its buffer may be in use).
-    pub fn complete_returning(&self, core: &Arc<RequestCore>, buf: Buffer, status: Status) -> bool {
-        if !self.started(core) || !core.ptr.is_null() {
+    pub fn complete_returning(&self, core: &CoreRef, buf: Buffer, status: Status) -> bool {
+        if !self.started(core) || !core.buffer_ptr().is_null() {
             return false;
         }
         match core.claim() {
@@ -780,20 +755,22 @@ impl Tracker {
     /// Starts and at once completes a request (for operations rejected before
     /// they start, such as an invalid rank): the buffer comes back through the
     /// handle as usual.
-    pub fn rejected(&self, kind: RequestKind, buf: Buffer, status: Status) -> Arc<RequestCore> {
+    pub fn rejected(&self, kind: RequestKind, buf: Buffer, status: Status) -> CoreRef {
         self.finished(kind, buf, status)
     }
 
     /// Reports the earliest-started completed request whose handle is still
     /// held and has not consumed it, once.
     pub fn pop_completed(&self) -> Option<Peeked> {
-        let pool = self.pool();
-        let mut candidates: Vec<&Arc<RequestCore>> = pool
+        let pool = self.pool.lock();
+        // Acquire on `handle`: a core reset to LIVE without the pool's lock
+        // (`RequestCore::reset`) shows its new id and status.
+        let mut candidates: Vec<&CoreRef> = pool
             .all
             .iter()
-            .filter(|c| c.handle.load(Ordering::Relaxed) == LIVE && c.is_done())
+            .filter(|c| c.handle.load(Ordering::Acquire) == LIVE && c.is_done())
             .collect();
-        candidates.sort_by_key(|c| c.id);
+        candidates.sort_by_key(|c| c.id());
         for core in candidates {
             // Each completion is reported once: only the one LIVE -> REPORTED
             // exchange reports it. Relaxed: `is_done` above (Acquire) made the
@@ -805,13 +782,15 @@ impl Tracker {
             {
                 continue;
             }
-            // SAFETY: the core is done (the cells are written and visible),
-            // and it cannot be reset while we hold the pool's lock: nobody
-            // writes the status now (the handle only reads it).
+            // SAFETY: the core is done (the cells are written and visible).
+            // It cannot be reset while we hold the pool's lock: a core with
+            // a LIVE handle goes back to a stash only through a sweep, under
+            // that lock. So nobody writes the status now (the handle only
+            // reads it).
             let status = unsafe { (*core.status.get()).clone() };
             if let Some(status) = status {
                 return Some(Peeked {
-                    id: core.id,
+                    id: core.id(),
                     status,
                 });
             }
@@ -821,15 +800,16 @@ impl Tracker {
 
     /// Requests started and not yet completed.
     pub fn outstanding(&self) -> usize {
-        self.pool().all.iter().filter(|c| !c.is_done()).count()
+        self.pool.lock().all.iter().filter(|c| !c.is_done()).count()
     }
 
     /// Send requests started and not yet completed.
     pub fn outstanding_sends(&self) -> usize {
-        self.pool()
+        self.pool
+            .lock()
             .all
             .iter()
-            .filter(|c| c.kind == RequestKind::Send && !c.is_done())
+            .filter(|c| c.kind() == RequestKind::Send && !c.is_done())
             .count()
     }
 }
@@ -848,7 +828,7 @@ mod tests {
                 std::thread::yield_now();
             }
         }
-        fn cancel(&self, _: &Arc<RequestCore>) -> bool {
+        fn cancel(&self, _: &CoreRef) -> bool {
             false
         }
     }
@@ -957,7 +937,7 @@ mod tests {
                 t.complete_returning(&o, c.buf, st);
             }),
         );
-        assert!(Arc::ptr_eq(
+        assert!(CoreRef::ptr_eq(
             &outer.relayed_to().expect("relayed").0,
             &inner_core
         ));
@@ -1019,7 +999,7 @@ mod tests {
     impl Progress for Liar {
         fn progress(&self) {}
         fn wait(&self, _: &RequestCore) {}
-        fn cancel(&self, _: &Arc<RequestCore>) -> bool {
+        fn cancel(&self, _: &CoreRef) -> bool {
             false
         }
     }
@@ -1044,20 +1024,85 @@ mod tests {
     }
 
     #[test]
+    fn threads_share_trackers_through_their_stashes() {
+        // Four threads start, complete and wait requests on three trackers
+        // in turn (more than one stash each), born complete or not, while a
+        // fifth peeks: every buffer comes back with its own bytes, ids stay
+        // unique per tracker, nothing stays outstanding, and the pools stay
+        // within what the stashes and the requests in flight explain.
+        let trackers: Vec<Tracker> = (0..3).map(|_| Tracker::new()).collect();
+        let stop = AtomicBool::new(false);
+        let ids = Mutex::new(vec![std::collections::HashSet::new(); 3]);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                while !stop.load(Ordering::Relaxed) {
+                    for t in &trackers {
+                        let _ = t.pop_completed();
+                    }
+                }
+            });
+            let workers: Vec<_> = (0..4u8)
+                .map(|w| {
+                    let (trackers, ids) = (&trackers, &ids);
+                    s.spawn(move || {
+                        let mut mine = vec![Vec::new(); 3];
+                        for i in 0..20_000u32 {
+                            let k = (i % 3) as usize;
+                            let t = &trackers[k];
+                            let bytes = vec![w ^ i as u8; 1 + (i % 5) as usize];
+                            let r = if i % 2 == 0 {
+                                t.completed(
+                                    RequestKind::Send,
+                                    Buffer::from(bytes.clone()),
+                                    Status::ok(env(), bytes.len()),
+                                )
+                            } else {
+                                let core = t.start(RequestKind::Recv, Buffer::from(bytes.clone()));
+                                let r = Request::new(core.clone(), Arc::new(Inert));
+                                assert!(t.complete(&core, Status::ok(env(), bytes.len())));
+                                r
+                            };
+                            mine[k].push(r.id());
+                            let c = r.wait();
+                            assert_eq!(&c.buf[..], &bytes[..]);
+                            assert_eq!(c.status.count, bytes.len());
+                        }
+                        let mut all = ids.lock().unwrap();
+                        for (k, v) in mine.into_iter().enumerate() {
+                            for id in v {
+                                assert!(all[k].insert(id), "id {id:?} given twice");
+                            }
+                        }
+                    })
+                })
+                .collect();
+            for w in workers {
+                w.join().unwrap();
+            }
+            stop.store(true, Ordering::Relaxed);
+        });
+        for t in &trackers {
+            assert_eq!(t.outstanding(), 0);
+            let n = t.pool.lock().all.len();
+            assert!(n <= 5 * pool::STASH_BATCH * 2, "pool grew to {n}");
+        }
+    }
+
+    #[test]
     fn cores_are_reused_and_the_pool_stays_small() {
         let t = Tracker::new();
         let mut first = None;
         for _ in 0..10_000 {
             let core = t.start(RequestKind::Send, Buffer::zeroed(0));
-            first.get_or_insert(Arc::as_ptr(&core));
+            first.get_or_insert(CoreRef::as_ptr(&core));
             let r = Request::new(core.clone(), Arc::new(Inert));
             t.complete(&core, Status::ok(env(), 0));
             drop(core);
             drop(r.wait());
         }
-        let pool = t.pool();
+        let pool = t.pool.lock();
         assert!(pool.all.len() <= 32, "pool grew to {}", pool.all.len());
-        assert!(pool.all.iter().any(|c| Some(Arc::as_ptr(c)) == first));
+        assert!(pool.all.iter().any(|c| Some(CoreRef::as_ptr(c)) == first));
     }
 
     #[test]
@@ -1068,7 +1113,7 @@ mod tests {
         drop(Request::new(held.clone(), Arc::new(Inert)));
         for _ in 0..100 {
             let c = t.start(RequestKind::Recv, Buffer::zeroed(4));
-            assert!(!Arc::ptr_eq(&c, &held));
+            assert!(!CoreRef::ptr_eq(&c, &held));
             let r = Request::new(c.clone(), Arc::new(Inert));
             t.complete(&c, Status::ok(env(), 4));
             drop(c);

@@ -12,7 +12,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
-use crate::{Context, Envelope, Error, Rank, RequestCore, Result, Status, Tag, Tracker};
+use crate::{Context, CoreRef, Envelope, Error, Rank, RequestCore, Result, Status, Tag, Tracker};
 
 /// A blocking receive registered with an engine (queued behind other posted
 /// receives, or waiting for a pipelined rendezvous): its buffer is borrowed
@@ -69,7 +69,7 @@ impl BlockingRecv {
 /// Where a matched message goes.
 pub enum Target {
     /// A non-blocking receive: its request owns the buffer.
-    Request(Arc<RequestCore>),
+    Request(CoreRef),
     /// A blocking receive: the waiting call borrows the buffer.
     Blocking(Arc<BlockingRecv>),
 }
@@ -110,7 +110,7 @@ impl Target {
 /// A non-blocking send waiting for room (ring space, credits) to start.
 pub struct Pending {
     /// The send's request.
-    pub core: Arc<RequestCore>,
+    pub core: CoreRef,
     /// Its tag.
     pub tag: Tag,
     /// Its context.
@@ -152,7 +152,7 @@ impl BlockingSend {
 /// Who waits for a send that is in an engine.
 pub enum SendOwner {
     /// A non-blocking send: its request owns the buffer.
-    Request(Arc<RequestCore>),
+    Request(CoreRef),
     /// A blocking send: the waiting call borrows the buffer.
     Blocking(Arc<BlockingSend>),
 }

@@ -1520,7 +1520,7 @@ mod tests {
     impl Progress for Inert {
         fn progress(&self) {}
         fn wait(&self, _: &RequestCore) {}
-        fn cancel(&self, _: &Arc<RequestCore>) -> bool {
+        fn cancel(&self, _: &xdev::CoreRef) -> bool {
             false
         }
     }

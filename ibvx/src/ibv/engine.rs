@@ -1721,7 +1721,7 @@ impl Progress for Engine {
         }
     }
 
-    fn cancel(&self, core: &Arc<RequestCore>) -> bool {
+    fn cancel(&self, core: &xdev::CoreRef) -> bool {
         let mut l = self.lock();
         let t = unpost(&mut l.matching, core);
         t.map(|t| self.complete_target(&mut l, t, cancelled()))

@@ -1,0 +1,268 @@
+//! Where request cores live: counted references ([`CoreRef`]), each
+//! tracker's pool of cores, and a small per-thread stash of free cores, so
+//! that starting a request takes no lock and no locked instruction.
+//!
+//! A core is freed only when its last reference goes; the pool holds one
+//! reference to every core it made, so a core is *free* (reusable) exactly
+//! when its count is 1. Reuse goes:
+//! 1. a sweep, under the pool's lock, collects the free cores (count 1, an
+//!    `Acquire` load that orders every former holder's last use, made with
+//!    a `Release` decrement, before our reuse);
+//! 2. a thread moves a batch of them into its stash, giving each a second
+//!    reference with a plain store (nobody else can reach a core whose only
+//!    reference is the pool's, so nobody can race the store), and reserves
+//!    as many request ids;
+//! 3. it pops one per request start and resets it without any lock: only
+//!    the pool's scans (`peek`, `outstanding`) can look at it meanwhile,
+//!    and they read its atomics only (see `RequestCore::reset`).
+
+use std::cell::RefCell;
+use std::marker::PhantomData;
+use std::ptr::NonNull;
+use std::sync::atomic::{fence, Ordering};
+
+use super::{RequestCore, RequestId};
+
+/// A counted reference to a [`RequestCore`], like `Arc<RequestCore>`: the
+/// core lives while any reference does. Unlike an `Arc`, its tracker's pool
+/// can hand a free core out again without a locked instruction.
+pub struct CoreRef {
+    ptr: NonNull<RequestCore>,
+    _owns: PhantomData<RequestCore>,
+}
+
+// SAFETY: a CoreRef gives shared access to a RequestCore, which is Send +
+// Sync; the count is atomic.
+unsafe impl Send for CoreRef {}
+// SAFETY: as above.
+unsafe impl Sync for CoreRef {}
+
+impl CoreRef {
+    /// The first reference to a new core (the pool's).
+    pub(super) fn new(core: RequestCore) -> Self {
+        debug_assert_eq!(core.refs.load(Ordering::Relaxed), 1);
+        CoreRef {
+            ptr: NonNull::from(Box::leak(Box::new(core))),
+            _owns: PhantomData,
+        }
+    }
+
+    /// Whether `a` and `b` refer to the same core.
+    pub fn ptr_eq(a: &CoreRef, b: &CoreRef) -> bool {
+        a.ptr == b.ptr
+    }
+
+    /// The address of the core (for identity checks).
+    pub fn as_ptr(this: &CoreRef) -> *const RequestCore {
+        this.ptr.as_ptr()
+    }
+
+    /// How many references exist, this one included. `Acquire`: when this
+    /// says 1, every former holder's use of the core happened before.
+    pub(super) fn count(&self) -> usize {
+        self.refs.load(Ordering::Acquire)
+    }
+
+    /// A second reference to a core whose only reference is `self`, made
+    /// with a plain store.
+    ///
+    /// # Safety
+    /// `self.count()` returned 1 after the last other reference was dropped,
+    /// and no other thread can reach `self` meanwhile to clone it (the pool
+    /// hands free cores out only under its lock).
+    pub(super) unsafe fn share_unique(&self) -> CoreRef {
+        self.refs.store(2, Ordering::Relaxed);
+        CoreRef {
+            ptr: self.ptr,
+            _owns: PhantomData,
+        }
+    }
+}
+
+impl Clone for CoreRef {
+    #[inline]
+    fn clone(&self) -> Self {
+        // Relaxed, as `Arc`: a new reference is made from an existing one,
+        // which keeps the core alive; nothing is published by counting.
+        let old = self.refs.fetch_add(1, Ordering::Relaxed);
+        if old > isize::MAX as usize {
+            // As `Arc`: only leaked references can get here.
+            std::process::abort();
+        }
+        CoreRef {
+            ptr: self.ptr,
+            _owns: PhantomData,
+        }
+    }
+}
+
+impl Drop for CoreRef {
+    #[inline]
+    fn drop(&mut self) {
+        // Release: our uses of the core happen before its reuse (the
+        // sweep's Acquire) or its free (the fence below).
+        if self.refs.fetch_sub(1, Ordering::Release) != 1 {
+            return;
+        }
+        fence(Ordering::Acquire);
+        // SAFETY: the count reached zero: this was the last reference, and
+        // the core was allocated by `CoreRef::new` as a Box.
+        drop(unsafe { Box::from_raw(self.ptr.as_ptr()) });
+    }
+}
+
+impl std::ops::Deref for CoreRef {
+    type Target = RequestCore;
+    #[inline]
+    fn deref(&self) -> &RequestCore {
+        // SAFETY: the core lives while this reference does.
+        unsafe { self.ptr.as_ref() }
+    }
+}
+
+impl std::fmt::Debug for CoreRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        (**self).fmt(f)
+    }
+}
+
+/// Free cores a thread takes from a pool at once (and ids it reserves).
+pub(super) const STASH_BATCH: usize = 32;
+/// Trackers a thread keeps a stash for (the most recently used ones).
+const STASHES: usize = 4;
+
+/// A tracker's cores: every core it made, and those found free.
+pub(super) struct Pool {
+    pub(super) next_id: u64,
+    /// Every core this tracker made (one reference each).
+    pub(super) all: Vec<CoreRef>,
+    /// Indices into `all` of cores found free by the last sweep.
+    free: Vec<usize>,
+}
+
+impl Pool {
+    pub(super) fn new() -> Self {
+        Pool {
+            next_id: 1,
+            all: Vec::new(),
+            free: Vec::new(),
+        }
+    }
+
+    /// Refills `free` with the cores nobody but the pool holds any more.
+    fn sweep(&mut self) {
+        let Pool { all, free, .. } = self;
+        free.extend(
+            all.iter()
+                .enumerate()
+                .filter(|(_, c)| c.count() == 1)
+                .map(|(i, _)| i),
+        );
+    }
+
+    /// Adds half as many spare cores as there are (at least 16) to `free`.
+    fn grow(&mut self, tracker: u64) {
+        let first = self.all.len();
+        let grow = (first / 2).max(16);
+        for _ in 0..grow {
+            self.all.push(CoreRef::new(RequestCore::spare(tracker)));
+        }
+        self.free.extend(first..first + grow);
+    }
+
+    /// Moves up to `n` free cores (at least one) into `out`, each with its
+    /// second reference, and reserves as many ids; returns the first id.
+    pub(super) fn take(&mut self, tracker: u64, n: usize, out: &mut Vec<CoreRef>) -> u64 {
+        if self.free.is_empty() {
+            self.sweep();
+            if self.free.len() * 4 < self.all.len() + 4 {
+                // Few free: grow by half, so that the next sweep comes only
+                // after as many starts (a sweep of n cores is followed by at
+                // least n/4 starts that need none).
+                self.grow(tracker);
+            }
+        }
+        let mut taken = 0;
+        while taken < n {
+            let Some(i) = self.free.pop() else {
+                if taken > 0 {
+                    break;
+                }
+                self.grow(tracker);
+                continue;
+            };
+            // Still free? (Nothing hands out a core in `free` but us, so it
+            // is; checked anyway, it costs a load.)
+            if self.all[i].count() != 1 {
+                continue;
+            }
+            // SAFETY: count 1 (Acquire, just now): only the pool's reference
+            // exists, and we hold the pool's lock, the only way to reach it.
+            out.push(unsafe { self.all[i].share_unique() });
+            taken += 1;
+        }
+        let first = self.next_id;
+        self.next_id += taken as u64;
+        first
+    }
+}
+
+/// A thread's free cores of one tracker, with the ids reserved for them.
+struct Stash {
+    tracker: u64,
+    cores: Vec<CoreRef>,
+    next_id: u64,
+}
+
+thread_local! {
+    /// This thread's stashes, most recently used first.
+    static STASH: RefCell<Vec<Stash>> = const { RefCell::new(Vec::new()) };
+}
+
+/// A free core of `tracker` (its second reference) and a fresh id, from
+/// this thread's stash, refilled from `pool` (under its lock) when empty.
+pub(super) fn take_core(tracker: u64, pool: &crate::lock::RankLock<Pool>) -> (CoreRef, RequestId) {
+    let mut evicted = None;
+    let from_stash = STASH.try_with(|stashes| {
+        let mut stashes = stashes.try_borrow_mut().ok()?;
+        let at = match stashes.iter().position(|s| s.tracker == tracker) {
+            Some(at) => at,
+            None => {
+                if stashes.len() == STASHES {
+                    // Its cores go back to their pool by their count (the
+                    // drop waits until our borrow ends).
+                    evicted = stashes.pop();
+                }
+                stashes.push(Stash {
+                    tracker,
+                    cores: Vec::with_capacity(STASH_BATCH),
+                    next_id: 0,
+                });
+                stashes.len() - 1
+            }
+        };
+        if at != 0 {
+            stashes.swap(0, at);
+        }
+        let stash = &mut stashes[0];
+        if stash.cores.is_empty() {
+            stash.next_id = pool.lock().take(tracker, STASH_BATCH, &mut stash.cores);
+        }
+        let core = stash.cores.pop()?;
+        let id = RequestId(stash.next_id);
+        stash.next_id += 1;
+        Some((core, id))
+    });
+    drop(evicted);
+    match from_stash {
+        Ok(Some(got)) => got,
+        // No stash in this thread now (it is being torn down, or we are
+        // inside a stash operation): straight from the pool.
+        _ => {
+            let mut one = Vec::with_capacity(1);
+            let id = pool.lock().take(tracker, 1, &mut one);
+            let core = one.pop().expect("the pool gives at least one core");
+            (core, RequestId(id))
+        }
+    }
+}
