@@ -393,7 +393,13 @@ struct Local {
     gone_why: Vec<Option<Error>>,
     /// Peers whose ring is no longer read (protocol violation).
     broken: Vec<bool>,
+    /// Payload buffers of unexpected eager messages already delivered, for
+    /// the next ones (at most [`SPARE_PAYLOADS`], each at most `eager_limit`).
+    spare_payloads: Vec<Vec<u8>>,
 }
+
+/// Payload buffers a rank keeps for unexpected eager messages.
+const SPARE_PAYLOADS: usize = 64;
 
 /// The engine of one rank: shared by the device handle and its requests.
 struct Engine {
@@ -416,6 +422,9 @@ struct Outgoing<'a> {
     context: Context,
     data: &'a [u8],
     sync: bool,
+    /// Send only as a plain eager message (else report `Full`): the
+    /// caller has no request yet to own a send that waits for a reply.
+    eager_only: bool,
 }
 
 enum Sent {
@@ -445,12 +454,34 @@ struct Direct<'a> {
     buf: &'a mut [u8],
     status: Option<Status>,
     stream: Option<Arc<BlockingRecv>>,
+    /// For a non-blocking receive: a pipelined transfer that matched is not
+    /// started here but left to the caller (`irecv`), which streams it into
+    /// its request.
+    deferred: Option<(Envelope, u64, usize)>,
+    defer_streams: bool,
 }
 
-impl Direct<'_> {
-    fn resolved(&self) -> bool {
-        self.status.is_some() || self.stream.is_some()
+impl<'a> Direct<'a> {
+    fn new(pattern: Pattern, buf: &'a mut [u8], defer_streams: bool) -> Self {
+        Direct {
+            pattern,
+            buf,
+            status: None,
+            stream: None,
+            deferred: None,
+            defer_streams,
+        }
     }
+
+    fn resolved(&self) -> bool {
+        self.status.is_some() || self.stream.is_some() || self.deferred.is_some()
+    }
+}
+
+/// The owner of a send that `push` never asks for (an `eager_only` send
+/// completes at once or is not sent).
+fn unreachable_owner() -> SendOwner {
+    unreachable!("an eager-only send never waits for a reply")
 }
 
 /// Takes a blocking receive out of the engine when its call ends, even by
@@ -676,7 +707,11 @@ impl Engine {
                 if let Some(id) = sync {
                     self.reply(l, env.source, KIND_ACK, 0, id);
                 }
-                Outcome::Done(Status::received(env, data.len(), cap))
+                let st = Status::received(env, data.len(), cap);
+                if l.spare_payloads.len() < SPARE_PAYLOADS {
+                    l.spare_payloads.push(data);
+                }
+                Outcome::Done(st)
             }
             Unexpected::Rndv { id, addr, len } => self.rendezvous(l, env, id, addr, len, dst, cap),
         }
@@ -706,6 +741,7 @@ impl Engine {
     fn settle_direct(&self, l: &mut Local, env: Envelope, out: Outcome, d: &mut Direct<'_>) {
         match out {
             Outcome::Done(st) => d.status = Some(st),
+            Outcome::Stream { id, len } if d.defer_streams => d.deferred = Some((env, id, len)),
             Outcome::Stream { id, len } => {
                 let b = BlockingRecv::new(d.buf);
                 self.start_stream(l, env, id, len, Target::Blocking(b.clone()));
@@ -803,7 +839,15 @@ impl Engine {
 
     /// Processes the messages waiting in the ring from `s`. With `direct`,
     /// stops as soon as that receive is resolved.
-    fn drain(&self, l: &mut Local, s: Rank, mut direct: Option<&mut Direct<'_>>) -> bool {
+    /// With `leave_unmatched`, stops at the first message that no posted
+    /// receive takes and leaves it in the ring (see `irecv`).
+    fn drain(
+        &self,
+        l: &mut Local,
+        s: Rank,
+        mut direct: Option<&mut Direct<'_>>,
+        leave_unmatched: bool,
+    ) -> bool {
         let mut any = false;
         loop {
             if l.broken[s] || direct.as_ref().is_some_and(|d| d.resolved()) {
@@ -817,6 +861,7 @@ impl Engine {
                     return true;
                 }
             };
+            let processed_before = any;
             any = true;
             let h = msg.header;
             if h.kind == KIND_EAGER || h.kind == KIND_RNDV {
@@ -847,8 +892,20 @@ impl Engine {
                     let out = self.deliver_from_ring(l, s, &msg, p, n);
                     self.settle(l, env, out, target);
                 } else {
+                    if leave_unmatched {
+                        // Not consumed: its credit charge is taken again
+                        // when it is read for real.
+                        if h.kind == KIND_EAGER {
+                            l.eager_recv[s] -= h.len as u64 + ENTRY_CHARGE;
+                        }
+                        return processed_before;
+                    }
                     let u = if h.kind == KIND_EAGER {
-                        let mut data = vec![0u8; h.len as usize];
+                        // A buffer kept from an earlier unexpected message:
+                        // no allocation in steady state.
+                        let mut data = l.spare_payloads.pop().unwrap_or_default();
+                        data.clear();
+                        data.resize(h.len as usize, 0);
                         l.consumers[s].copy_payload(&msg, &mut data);
                         let sync = (h.flags & FLAG_SYNC != 0).then_some(h.cookie);
                         Unexpected::Eager { data, sync }
@@ -886,6 +943,7 @@ impl Engine {
             context,
             data,
             sync,
+            eager_only,
         } = *out;
         let credit = self.sh.opts.credit_bytes as u64;
         let charge = data.len() as u64 + ENTRY_CHARGE;
@@ -903,6 +961,9 @@ impl Engine {
             eager = l.eager_sent[dest] + charge - l.freed_seen[dest] <= credit;
         }
         let waits = sync || !eager;
+        if waits && eager_only {
+            return Sent::Full;
+        }
         if l.gone[dest] {
             return Sent::Refused(gone_error(l, dest));
         }
@@ -966,6 +1027,7 @@ impl Engine {
             context: p.context,
             data,
             sync: p.sync,
+            eager_only: false,
         };
         let env = Envelope {
             source: dest,
@@ -1073,7 +1135,7 @@ impl Engine {
         };
         let n = self.sh.size;
         for k in 0..n {
-            any |= self.drain(l, (first + k) % n, direct.as_deref_mut());
+            any |= self.drain(l, (first + k) % n, direct.as_deref_mut(), false);
         }
         if l.control_total > 0 {
             any |= self.flush_control(l);
@@ -1100,7 +1162,7 @@ impl Engine {
             }
             any = true;
             // What it sent before leaving is still deliverable.
-            self.drain(l, d, None);
+            self.drain(l, d, None, false);
             if !l.gone[d] {
                 self.fail_peer(l, d, lost(d, "peer finished or died"));
             }
@@ -1255,6 +1317,7 @@ impl Engine {
                     context,
                     data: buf,
                     sync,
+                    eager_only: false,
                 };
                 let sent = eng.push(l, &out, || {
                     let w = BlockingSend::new();
@@ -1324,6 +1387,29 @@ impl Engine {
                 .rejected(RequestKind::Send, buf, Status::failed(env, e));
             return Request::new(core, self.clone());
         }
+        if !sync && buf.len() <= self.sh.eager_max {
+            // The common small send: into the ring first, then a request
+            // born complete (no request core to publish, no locked
+            // instruction after the ring push).
+            let mut l = self.lock();
+            if !l.gone[dest] && l.backlog[dest].is_empty() {
+                let out = Outgoing {
+                    dest,
+                    tag,
+                    context,
+                    data: &buf,
+                    sync,
+                    eager_only: true,
+                };
+                if let Sent::Complete = self.push(&mut l, &out, unreachable_owner) {
+                    drop(l);
+                    let len = buf.len();
+                    return self
+                        .tracker
+                        .completed(RequestKind::Send, buf, Status::ok(env, len));
+                }
+            }
+        }
         let core = self.tracker.start(RequestKind::Send, buf);
         let p = Pending {
             core: core.clone(),
@@ -1348,12 +1434,7 @@ impl Engine {
     fn recv_into(&self, buf: &mut [u8], pattern: Pattern) -> Result<Status> {
         check_recv(pattern.source, pattern.tag, self.sh.size)?;
         self.check_open()?;
-        let mut direct = Direct {
-            pattern,
-            buf,
-            status: None,
-            stream: None,
-        };
+        let mut direct = Direct::new(pattern, buf, false);
         let unpost = Unpost {
             engine: self,
             queued: Default::default(),
@@ -1675,6 +1756,7 @@ impl ProcessDevice {
             streams_out: (0..n).map(|_| VecDeque::new()).collect(),
             streams_total: 0,
             streams_in: HashMap::new(),
+            spare_payloads: Vec::new(),
             eager_sent: vec![0; n],
             freed_seen: vec![0; n],
             freed_local: vec![0; n],
@@ -1768,8 +1850,36 @@ impl Device for ProcessDevice {
                 .rejected(RequestKind::Recv, buf, Status::failed(env, e));
             return Request::new(core, eng.clone());
         }
-        let core = eng.tracker.start(RequestKind::Recv, buf);
         let mut l = eng.lock();
+        // The common case first: nothing else is posted (so this receive
+        // may take the first match) and the message is already here, in the
+        // unexpected queue or at the head of its sender's ring. An eager
+        // message is copied straight into `buf` and the request is born
+        // complete; a pipelined one streams into the request made for it.
+        let mut buf = buf;
+        if l.matching.posted_len() == 0 {
+            let mut direct = Direct::new(pattern, &mut buf, true);
+            if !eng.direct_from_unexpected(&mut l, &mut direct) {
+                if let Source::Rank(s) = source {
+                    if s != eng.sh.rank && !l.gone[s] {
+                        eng.drain(&mut l, s, Some(&mut direct), true);
+                    }
+                }
+            }
+            let (status, deferred) = (direct.status, direct.deferred);
+            if let Some(status) = status {
+                drop(l);
+                return eng.tracker.completed(RequestKind::Recv, buf, status);
+            }
+            if let Some((env, id, len)) = deferred {
+                // (The pool's lock is a leaf: taking it under ours is fine.)
+                let core = eng.tracker.start(RequestKind::Recv, buf);
+                eng.start_stream(&mut l, env, id, len, Target::Request(core.clone()));
+                drop(l);
+                return Request::new(core, eng.clone());
+            }
+        }
+        let core = eng.tracker.start(RequestKind::Recv, buf);
         match l.matching.post(pattern, Target::Request(core.clone())) {
             Posted::Matched { env, msg, recv } => {
                 let (p, n) = recv.dst();
@@ -1781,7 +1891,8 @@ impl Device for ProcessDevice {
                 // A receive naming a peer that already left fails at once
                 // (after what it sent has been drained).
                 if let Source::Rank(s) = source {
-                    eng.drain(&mut l, s, None);
+                    let leave_unmatched = !l.gone[s];
+                    eng.drain(&mut l, s, None, leave_unmatched);
                     if l.gone[s] && s != eng.sh.rank && !core.is_done() {
                         if let Some(t) = l.matching.cancel(id) {
                             let env = Envelope {
@@ -1942,6 +2053,62 @@ mod tests {
             r.status.error,
             Some(Error::Protocol { rank: 1, .. })
         ));
+    }
+
+    #[test]
+    fn an_irecv_takes_messages_already_here_and_streams_pipelined_ones() {
+        // cma=off: a large message goes by the pipelined copy. Each kind
+        // arrives before its receive is posted, once still in the ring and
+        // once already moved to the unexpected queue (by a probe).
+        let (d0, d1) = pair(&[("cma", "off"), ("eager_limit", "1024")]);
+        let big: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+        for (round, probe_first) in [(0, false), (1, true)] {
+            let small = d1.isend(Buffer::from(vec![round as u8; 100]), 0, 1, 9);
+            let large = d1.isend(Buffer::from(big.clone()), 0, 2, 9);
+            assert!(small.wait().status.error.is_none());
+            let (small_st, large_buf) = std::thread::scope(|s| {
+                s.spawn(|| {
+                    // Give rank 0 the large message (it streams as rank 0
+                    // asks for fragments).
+                    while !d1.engine.lock().sends.is_empty() || !large_done(&d1) {
+                        d1.progress();
+                    }
+                });
+                if probe_first {
+                    while d0
+                        .iprobe(Source::Rank(1), TagSel::Tag(2), 9)
+                        .unwrap()
+                        .is_none()
+                    {}
+                } else {
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+                let small = d0
+                    .irecv(Buffer::zeroed(100), Source::Rank(1), TagSel::Tag(1), 9)
+                    .wait();
+                let large = d0
+                    .irecv(
+                        Buffer::zeroed(big.len()),
+                        Source::Rank(1),
+                        TagSel::Tag(2),
+                        9,
+                    )
+                    .wait();
+                (small, large)
+            });
+            assert!(small_st.status.error.is_none(), "{:?}", small_st.status);
+            assert_eq!(&small_st.buf[..], &[round as u8; 100][..]);
+            assert!(large_buf.status.error.is_none(), "{:?}", large_buf.status);
+            assert_eq!(large_buf.status.count, big.len());
+            assert!(large_buf.buf[..] == big[..], "round {round}: wrong bytes");
+            drop(large);
+        }
+        d0.finish().unwrap();
+        d1.finish().unwrap();
+    }
+
+    fn large_done(d: &ProcessDevice) -> bool {
+        d.engine.tracker.outstanding_sends() == 0
     }
 
     #[test]
