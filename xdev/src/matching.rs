@@ -534,7 +534,12 @@ impl PostIndex {
 
     /// Position of the live entry for `seq`.
     fn find(&self, seq: u64) -> Option<usize> {
-        let i = self.locs.binary_search_by_key(&seq, |l| l.seq).ok()?;
+        // Receives usually match in posting order: the front first.
+        let i = if self.locs.front().is_some_and(|l| l.seq == seq) {
+            0
+        } else {
+            self.locs.binary_search_by_key(&seq, |l| l.seq).ok()?
+        };
         self.locs.get(i)?.live.then_some(i)
     }
 
