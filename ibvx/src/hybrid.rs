@@ -625,9 +625,9 @@ impl Hybrid {
         if let Err(e) = check_recv(source, tag, self.size).and_then(|_| self.check_open()) {
             return self.rejected(RequestKind::Recv, buf, env, e);
         }
-        let core = self.tracker.start_relay(RequestKind::Recv);
         let mut held = lock(&self.held);
         if self.must_hold(&held, source, context) {
+            let core = self.tracker.start_relay(RequestKind::Recv);
             held.queues.entry(context).or_default().push_back(HeldRecv {
                 core: core.clone(),
                 buf,
@@ -635,19 +635,43 @@ impl Hybrid {
                 tag,
             });
             self.advance(&mut held, context);
-        } else {
-            match source {
-                Source::Rank(s) => self.post_named(&core, buf, s, tag, context),
-                // One host: every source is local.
-                Source::Any => {
-                    self.relay(&core, buf, &*self.local, &self.local_map, |d, b| {
-                        d.irecv(b, Source::Any, tag, context)
-                    });
-                }
+            drop(held);
+            return self.request(core);
+        }
+        // Nothing held: the receive goes straight down (still under the
+        // lock, so that a receive held after it cannot overtake it).
+        let (dev, r, map) = match source {
+            Source::Rank(s) => {
+                let (dev, r, map) = self.reach(s);
+                (dev, Source::Rank(r), map)
+            }
+            // One host: every source is local.
+            Source::Any => (&*self.local, Source::Any, &self.local_map),
+        };
+        let below = dev.irecv(buf, r, tag, context);
+        let request = self.forward(RequestKind::Recv, below, map);
+        drop(held);
+        request
+    }
+
+    /// The request for `below`, just started on a device below: born
+    /// complete if it already is (a small send that went out, a message
+    /// that was already there), else relayed.
+    fn forward(self: &Arc<Self>, kind: RequestKind, below: Request, map: &RankMap) -> Request {
+        match below.take_if_done() {
+            Ok(c) => self.tracker.completed(kind, c.buf, map.status(c.status)),
+            Err(below) => {
+                let core = self.tracker.start_relay(kind);
+                let (tracker, done, map) = (self.tracker.clone(), core.clone(), map.clone());
+                core.relay(
+                    below,
+                    Box::new(move |c: Completion| {
+                        tracker.complete_returning(&done, c.buf, map.status(c.status));
+                    }),
+                );
+                self.request(core)
             }
         }
-        drop(held);
-        self.request(core)
     }
 
     fn isend(
@@ -667,16 +691,13 @@ impl Hybrid {
         if let Err(e) = check_send(dest, tag, self.size).and_then(|_| self.check_open()) {
             return self.rejected(RequestKind::Send, buf, env, e);
         }
-        let core = self.tracker.start_relay(RequestKind::Send);
         let (dev, d, map) = self.reach(dest);
-        self.relay(&core, buf, dev, map, |dev, b| {
-            if sync {
-                dev.issend(b, d, tag, context)
-            } else {
-                dev.isend(b, d, tag, context)
-            }
-        });
-        self.request(core)
+        let below = if sync {
+            dev.issend(buf, d, tag, context)
+        } else {
+            dev.isend(buf, d, tag, context)
+        };
+        self.forward(RequestKind::Send, below, map)
     }
 
     /// `send`/`ssend`. With two devices, a send blocked inside one of them
