@@ -875,6 +875,12 @@ impl Engine {
                     self.violation(l, s, format!("rendezvous start of {} bytes", h.len));
                     return true;
                 }
+                if h.tag < 0 {
+                    // No send can carry one (`check_send`): a buggy or
+                    // hostile peer, as the ibv device's wire decoding says.
+                    self.violation(l, s, format!("negative tag {}", h.tag));
+                    return true;
+                }
                 let env = Envelope {
                     source: s,
                     tag: h.tag,
@@ -2109,6 +2115,28 @@ mod tests {
 
     fn large_done(d: &ProcessDevice) -> bool {
         d.engine.tracker.outstanding_sends() == 0
+    }
+
+    #[test]
+    fn a_negative_tag_is_a_violation() {
+        let (d0, d1) = pair(&[]);
+        let h = Header {
+            kind: KIND_EAGER,
+            tag: -5,
+            context: 1,
+            len: 4,
+            ..Header::default()
+        };
+        assert!(raw_push(&d1, 0, h, &[1, 2, 3, 4]));
+        let e = recv_from_1(&d0).unwrap_err();
+        assert!(
+            matches!(&e, Error::Protocol { rank: 1, what } if what.contains("negative tag -5")),
+            "{e:?}"
+        );
+        // Sends refuse one at the source, blocking or not.
+        assert!(matches!(d1.send(b"x", 0, -1, 1), Err(Error::InvalidTag(-1))));
+        let r = d1.isend(Buffer::from(vec![0u8; 1]), 0, -1, 1).wait();
+        assert!(matches!(r.status.error, Some(Error::InvalidTag(-1))));
     }
 
     #[test]
