@@ -3,6 +3,7 @@
 #
 # Builds the test binaries and ibvx-pingpong on the host (release), then in
 # ONE boot of the soft-RoCE guest (ci/softroce-vm.sh) runs:
+#   0. the shm test that needs Yama (ptrace_scope 1), absent on the host,
 #   1. the ibvx-sys tests (lib, load, device_loopback --nocapture; regen is a
 #      host-only freshness check and is not run),
 #   2. the ibvx tests (lib, verbs_loopback --nocapture), then the ibv device
@@ -58,7 +59,7 @@ say "building ibvx-pingpong and the test binaries (release)"
 "$CARGO" build --release --quiet -p xdev-bench --bin xdev-bench
 BUILD_JSON=$(mktemp)
 trap 'rm -f "$BUILD_JSON"' EXIT
-"$CARGO" test --release --quiet -p ibvx-sys -p ibvx --no-run --message-format=json >"$BUILD_JSON"
+"$CARGO" test --release --quiet -p ibvx-sys -p ibvx -p shm-ipc --no-run --message-format=json >"$BUILD_JSON"
 
 # "name executable" for every test executable cargo reported.
 executables() {
@@ -81,12 +82,13 @@ IBV_CONF=$(pick test ibv_conformance)
 HYBRID_CONF=$(pick test hybrid_conformance)
 IBV_SCEN=$(pick test device_scenarios)
 REGCACHE=$(pick test regcache_rxe)
+SHM_LIB=$(pick lib shm_ipc)
 TARGET_DIR=$(dirname "$(dirname "$SYS_DEV")")   # .../release/deps -> .../release
 PINGPONG=$TARGET_DIR/ibvx-pingpong
 RANK_BIN=$TARGET_DIR/xdev-rank
 XDEV_RUN=$TARGET_DIR/xdev-run
 XDEV_BENCH=$TARGET_DIR/xdev-bench
-for f in "$SYS_LIB" "$SYS_LOAD" "$SYS_DEV" "$IBVX_LIB" "$IBVX_VERBS" "$IBV_CONF" "$HYBRID_CONF" "$IBV_SCEN" "$REGCACHE" \
+for f in "$SHM_LIB" "$SYS_LIB" "$SYS_LOAD" "$SYS_DEV" "$IBVX_LIB" "$IBVX_VERBS" "$IBV_CONF" "$HYBRID_CONF" "$IBV_SCEN" "$REGCACHE" \
          "$PINGPONG" "$RANK_BIN" "$XDEV_RUN" "$XDEV_BENCH"; do
   [[ -n $f && -x $f ]] || { say "error: test executable not found (${f:-?}); cargo output in $BUILD_JSON"; trap - EXIT; exit 1; }
 done
@@ -107,6 +109,7 @@ IBV_CONF=$(basename "$IBV_CONF")
 HYBRID_CONF=$(basename "$HYBRID_CONF")
 IBV_SCEN=$(basename "$IBV_SCEN")
 REGCACHE=$(basename "$REGCACHE")
+SHM_LIB=$(basename "$SHM_LIB")
 ROUNDS=$ROUNDS
 STRICT=$STRICT
 EOF
@@ -209,6 +212,19 @@ unit "ibvx lib unit tests" ibvx-lib.txt "$IBVX_LIB"
 unit "ibvx verbs_loopback (safe verbs layer)" ibvx-verbs.txt "$IBVX_VERBS" --nocapture --test-threads 1
 if grep -q '^skipped' "$LOG/ibvx-verbs.txt" "$LOG/sys-device.txt"; then
   fail "device tests skipped inside the VM" 0 "$LOG/ibvx-verbs.txt"
+fi
+
+# --------------------------------------------------------------- 2a shm
+section "shm device: what needs Yama (absent on the host kernel)"
+if [ -f /proc/sys/kernel/yama/ptrace_scope ]; then
+  old_scope=$(cat /proc/sys/kernel/yama/ptrace_scope)
+  echo 1 >/proc/sys/kernel/yama/ptrace_scope
+  unit "PR_SET_PTRACER only while CMA is used (ptrace_scope 1)" shm-ptrace.txt \
+    "$SHM_LIB" process::tests::ptrace_is_allowed_only_while_cma_is_used --exact --nocapture
+  echo "$old_scope" >/proc/sys/kernel/yama/ptrace_scope
+  grep -q '^skipped' "$LOG/shm-ptrace.txt" && fail "shm ptrace test skipped inside the VM" 0 "$LOG/shm-ptrace.txt"
+else
+  fail "the guest kernel has no Yama: the ptrace test cannot run" 0
 fi
 
 # --------------------------------------------------------------- 2b IBVX
@@ -444,7 +460,7 @@ status=0
 "$ROOT/ci/softroce-vm.sh" --timeout "$TIMEOUT" --mem 2048 --share "$WORK" \
   --extra-bin "$PINGPONG" \
   --extra-bin "$SYS_LIB" --extra-bin "$SYS_LOAD" --extra-bin "$SYS_DEV" \
-  --extra-bin "$IBVX_LIB" --extra-bin "$IBVX_VERBS" \
+  --extra-bin "$IBVX_LIB" --extra-bin "$IBVX_VERBS" --extra-bin "$SHM_LIB" \
   --extra-bin "$IBV_CONF" --extra-bin "$HYBRID_CONF" --extra-bin "$IBV_SCEN" --extra-bin "$REGCACHE" \
   --extra-bin "$RANK_BIN" --extra-bin "$XDEV_RUN" --extra-bin "$XDEV_BENCH" \
   -- 'bash /share/guest.sh' || status=$?

@@ -15,13 +15,56 @@ use std::io;
 /// under Yama `ptrace_scope` = 1. Without Yama the call fails with `EINVAL`,
 /// which is harmless: the classic same-user rule applies.
 pub fn allow_any_ptracer() -> io::Result<()> {
+    set_ptracer(libc::PR_SET_PTRACER_ANY)
+}
+
+/// Takes back [`allow_any_ptracer`]: only ancestors may attach again
+/// (Yama's default). `EINVAL` without Yama, harmlessly.
+pub fn forbid_ptracers() -> io::Result<()> {
+    set_ptracer(0)
+}
+
+fn set_ptracer(who: libc::c_ulong) -> io::Result<()> {
     // SAFETY: PR_SET_PTRACER takes a pid-or-ANY argument and has no memory
     // effects on this process.
-    let r = unsafe { libc::prctl(libc::PR_SET_PTRACER, libc::PR_SET_PTRACER_ANY, 0, 0, 0) };
+    let r = unsafe { libc::prctl(libc::PR_SET_PTRACER, who, 0, 0, 0) };
     if r == 0 {
         Ok(())
     } else {
         Err(io::Error::last_os_error())
+    }
+}
+
+/// Devices of this process whose peers may read it by CMA now.
+static CMA_GRANTS: std::sync::Mutex<usize> = std::sync::Mutex::new(0);
+
+/// This process stays open to ptrace-attach by any same-user process (so
+/// that sibling ranks can CMA-read it) while at least one grant lives: the
+/// first grant allows it, dropping the last one forbids it again. A device
+/// holds one from start-up until it knows it does not use CMA, or until it
+/// finishes.
+#[derive(Debug)]
+pub struct PtracerGrant(());
+
+impl PtracerGrant {
+    /// Takes a grant (allowing any ptracer if it is the first).
+    pub fn take() -> Self {
+        let mut n = CMA_GRANTS.lock().unwrap_or_else(|p| p.into_inner());
+        if *n == 0 {
+            let _ = allow_any_ptracer();
+        }
+        *n += 1;
+        PtracerGrant(())
+    }
+}
+
+impl Drop for PtracerGrant {
+    fn drop(&mut self) {
+        let mut n = CMA_GRANTS.lock().unwrap_or_else(|p| p.into_inner());
+        *n -= 1;
+        if *n == 0 {
+            let _ = forbid_ptracers();
+        }
     }
 }
 

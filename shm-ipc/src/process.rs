@@ -412,6 +412,11 @@ struct Engine {
     rendezvous: RendezvousPath,
     _boot: Bootstrap,
     _probe: Box<u64>,
+    /// Held while peers may CMA-read this process (see
+    /// [`PtracerGrant`](crate::cma::PtracerGrant)): from start-up until the
+    /// rendezvous path is chosen (kept only if it is CMA), then until
+    /// `finish`.
+    ptracer: Mutex<Option<crate::cma::PtracerGrant>>,
 }
 
 /// One message to send.
@@ -1424,7 +1429,11 @@ impl Engine {
             sync,
         };
         let mut l = self.lock();
-        if l.gone[dest] {
+        if self.closing.load(Ordering::Acquire) {
+            // `finish` may be past its wait for queued sends (see `irecv`).
+            self.tracker
+                .complete(&core, Status::failed(env, Error::Closed));
+        } else if l.gone[dest] {
             let err = gone_error(&l, dest);
             self.tracker.complete(&core, Status::failed(env, err));
         } else if !(l.backlog[dest].is_empty() && self.push_pending(&mut l, dest, &p)) {
@@ -1555,6 +1564,13 @@ impl Engine {
         l.matching.drain_unexpected();
         drop(l);
         self.depart(state::CLOSED);
+        // No more reads of our memory are needed.
+        drop(
+            self.ptracer
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .take(),
+        );
         r
     }
 
@@ -1642,11 +1658,9 @@ impl ProcessDevice {
         crate::doorbell::init_fences();
         let (rank, size) = (config.rank, config.size);
         let cma_wanted = opts.cma != CmaMode::Off;
-        if cma_wanted {
-            // Lets sibling ranks read our buffers under Yama ptrace_scope 1;
-            // fails harmlessly (EINVAL) where Yama is absent.
-            let _ = crate::cma::allow_any_ptracer();
-        }
+        // Lets sibling ranks read our buffers under Yama ptrace_scope 1
+        // (their CMA probe of us comes next); harmless where Yama is absent.
+        let grant = cma_wanted.then(crate::cma::PtracerGrant::take);
         let layout = InboxLayout {
             size,
             nslots: opts.nslots(),
@@ -1739,6 +1753,9 @@ impl ProcessDevice {
             }
         };
         let cma_ok = rendezvous == RendezvousPath::Cma;
+        // Not using CMA: nobody needs to attach to us (peers that chose CMA
+        // get EPERM and fall back to the pipelined copy for us).
+        let grant = if cma_ok { grant } else { None };
         let n = size;
         let local = Local {
             // SAFETY: each ring lives in a mapping held by `sh` (kept alive by
@@ -1785,6 +1802,7 @@ impl ProcessDevice {
                 rendezvous,
                 _boot: boot,
                 _probe: probe,
+                ptracer: Mutex::new(grant),
             }),
         })
     }
@@ -1857,6 +1875,21 @@ impl Device for ProcessDevice {
             return Request::new(core, eng.clone());
         }
         let mut l = eng.lock();
+        if eng.closing.load(Ordering::Acquire) {
+            // `finish` began after our first check; it sets `closing` before
+            // it empties the queues under this lock, so nothing posted now
+            // would be completed.
+            drop(l);
+            let env = Envelope {
+                source: eng.sh.rank,
+                tag: -1,
+                context,
+            };
+            let core =
+                eng.tracker
+                    .rejected(RequestKind::Recv, buf, Status::failed(env, Error::Closed));
+            return Request::new(core, eng.clone());
+        }
         // The common case first: nothing else is posted (so this receive
         // may take the first match) and the message is already here, in the
         // unexpected queue or at the head of its sender's ring. An eager
@@ -2118,6 +2151,118 @@ mod tests {
     }
 
     #[test]
+    fn finish_racing_with_posts_leaves_no_request_behind() {
+        for i in 0..200 {
+            let (d0, d1) = pair(&[]);
+            let go = std::sync::Barrier::new(3);
+            let posted = std::thread::scope(|s| {
+                let poster = |tag: i32| {
+                    let (d0, go) = (&d0, &go);
+                    move || {
+                        let mut reqs = Vec::new();
+                        go.wait();
+                        loop {
+                            let r =
+                                d0.irecv(Buffer::zeroed(8), Source::Rank(1), TagSel::Tag(tag), 0);
+                            match r.test() {
+                                Ok(c) if c.status.error == Some(Error::Closed) => break,
+                                Ok(c) => panic!("unexpected completion {:?}", c.status),
+                                Err(r) => reqs.push(r),
+                            }
+                        }
+                        reqs
+                    }
+                };
+                let a = s.spawn(poster(1));
+                let b = s.spawn(poster(2));
+                go.wait();
+                let _ = d0.finish();
+                let mut all = a.join().unwrap();
+                all.extend(b.join().unwrap());
+                all
+            });
+            for mut r in posted {
+                let t = std::time::Instant::now();
+                loop {
+                    match r.test() {
+                        Ok(_) => break,
+                        Err(back) => r = back,
+                    }
+                    assert!(
+                        t.elapsed() < std::time::Duration::from_secs(5),
+                        "iteration {i}: a request posted during finish never completed"
+                    );
+                    std::thread::yield_now();
+                }
+            }
+            let _ = d1.finish();
+        }
+    }
+
+    #[test]
+    fn ptrace_is_allowed_only_while_cma_is_used() {
+        // Yama (ptrace_scope 1) is what PR_SET_PTRACER talks to: without it
+        // any same-user process may attach whatever we do.
+        match std::fs::read_to_string("/proc/sys/kernel/yama/ptrace_scope") {
+            Err(_) => {
+                println!(
+                    "skipped: no Yama LSM in this kernel, PR_SET_PTRACER has no effect \
+                     (the VM suite runs this with ptrace_scope 1)"
+                );
+                return;
+            }
+            Ok(s) if s.trim() != "1" => {
+                println!("skipped: Yama ptrace_scope is {}, not 1", s.trim());
+                return;
+            }
+            Ok(_) => {}
+        }
+        let secret = Box::new(0x5eed_cafe_u64);
+        let addr = &*secret as *const u64 as u64;
+        // A child (not an ancestor of us) reads 8 bytes of ours by CMA.
+        let child_reads = || -> bool {
+            // SAFETY: the child only makes a system call and `_exit`s, both
+            // async-signal-safe, as required after fork in a threaded process.
+            let pid = unsafe { libc::fork() };
+            assert!(pid >= 0, "fork failed");
+            if pid == 0 {
+                let mut got = 0u64;
+                let local = libc::iovec {
+                    iov_base: (&mut got as *mut u64).cast(),
+                    iov_len: 8,
+                };
+                let remote = libc::iovec {
+                    iov_base: addr as *mut libc::c_void,
+                    iov_len: 8,
+                };
+                // SAFETY: the local iovec points at our own `got`; the remote
+                // one is checked by the kernel.
+                let n =
+                    unsafe { libc::process_vm_readv(libc::getppid(), &local, 1, &remote, 1, 0) };
+                let code = if n == 8 && got == 0x5eed_cafe { 0 } else { 1 };
+                // SAFETY: ends the forked child without running anything else.
+                unsafe { libc::_exit(code) };
+            }
+            let mut status = 0;
+            // SAFETY: waits for our own child.
+            unsafe { libc::waitpid(pid, &mut status, 0) };
+            libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0
+        };
+        assert!(!child_reads(), "no grant yet: a child cannot attach");
+        let (d0, d1) = pair(&[("cma", "on")]);
+        assert_eq!(d0.rendezvous(), &RendezvousPath::Cma);
+        assert!(child_reads(), "CMA in use: siblings may read us");
+        d0.finish().unwrap();
+        assert!(child_reads(), "one device still uses CMA");
+        d1.finish().unwrap();
+        assert!(!child_reads(), "both finished: the grant is gone");
+        let (d0, d1) = pair(&[("cma", "off")]);
+        assert!(!child_reads(), "cma=off never opens us");
+        drop((d0, d1));
+        drop(secret);
+    }
+
+    #[test]
     fn a_negative_tag_is_a_violation() {
         let (d0, d1) = pair(&[]);
         let h = Header {
@@ -2134,7 +2279,10 @@ mod tests {
             "{e:?}"
         );
         // Sends refuse one at the source, blocking or not.
-        assert!(matches!(d1.send(b"x", 0, -1, 1), Err(Error::InvalidTag(-1))));
+        assert!(matches!(
+            d1.send(b"x", 0, -1, 1),
+            Err(Error::InvalidTag(-1))
+        ));
         let r = d1.isend(Buffer::from(vec![0u8; 1]), 0, -1, 1).wait();
         assert!(matches!(r.status.error, Some(Error::InvalidTag(-1))));
     }
