@@ -2,19 +2,30 @@
 //! after a job whose ranks crashed before they unlinked their segments.
 //!
 //! Every multi-process device names its POSIX shared-memory objects
-//! `/xdev-<job>-<anything>` ([`shm_prefix`], the job id sanitized), and
-//! `xdev-run` removes what is left with that prefix when the job ends
-//! ([`remove_job_shm`]).
+//! `/xdev-<job>-<hash>-<anything>` ([`shm_prefix`]), and `xdev-run` removes
+//! what is left with that prefix when the job ends ([`remove_job_shm`]).
+//! The readable part is the job id sanitized and cut short; the hash is
+//! over the whole id, so that two jobs whose ids differ anywhere (past the
+//! cut, or only in characters the sanitizing maps alike) never share a
+//! prefix, and one job's sweep never removes the other's segments.
+
+use sha2::{Digest, Sha256};
+
+/// Characters of the job id kept readable in a name.
+const READABLE: usize = 40;
 
 /// The prefix of every shared-memory object name of `job`:
-/// `/xdev-<job with non-alphanumerics as '_', at most 64 chars>-`.
+/// `/xdev-<job with non-alphanumerics as '_', at most 40 chars>-<16 hex
+/// digits of SHA-256 of the whole job id>-`.
 pub fn shm_prefix(job: &str) -> String {
     let clean: String = job
         .chars()
         .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
-        .take(64)
+        .take(READABLE)
         .collect();
-    format!("/xdev-{clean}-")
+    let digest = Sha256::digest(job.as_bytes());
+    let hash: String = digest[..8].iter().map(|b| format!("{b:02x}")).collect();
+    format!("/xdev-{clean}-{hash}-")
 }
 
 /// Whether `name` is a well-formed xdev shared-memory object name: the
@@ -58,12 +69,50 @@ mod tests {
 
     #[test]
     fn names() {
-        assert_eq!(shm_prefix("a b/c"), "/xdev-a_b_c-");
+        let p = shm_prefix("a b/c");
+        assert!(p.starts_with("/xdev-a_b_c-") && p.ends_with('-'), "{p}");
+        assert!(is_xdev_shm_name(&format!("{p}0-ring")), "{p}");
         assert!(is_xdev_shm_name("/xdev-job-0-00ff"));
         assert!(!is_xdev_shm_name("/xdev-"));
         assert!(!is_xdev_shm_name("/xdev-../../etc"));
         assert!(!is_xdev_shm_name("/other-1"));
         assert!(!is_xdev_shm_name(&format!("/xdev-{}", "a".repeat(300))));
+    }
+
+    #[test]
+    fn jobs_that_differ_anywhere_have_unrelated_prefixes() {
+        let long = "j".repeat(100);
+        let pairs = [
+            (format!("{long}-a"), format!("{long}-b")), // past the cut
+            ("a b".to_string(), "a_b".to_string()),     // sanitized alike
+            ("job".to_string(), "job1".to_string()),    // one a prefix of the other
+        ];
+        for (a, b) in pairs {
+            let (pa, pb) = (shm_prefix(&a), shm_prefix(&b));
+            assert!(
+                !pa.starts_with(&pb) && !pb.starts_with(&pa),
+                "{a:?} and {b:?}: {pa} / {pb}"
+            );
+        }
+        // The same job always gets the same prefix (ranks and the launcher
+        // compute it apart).
+        assert_eq!(shm_prefix("same"), shm_prefix("same"));
+    }
+
+    #[test]
+    fn a_sweep_of_one_long_job_leaves_its_twin_alone() {
+        let long = format!("rm-{}", "x".repeat(80));
+        let (a, b) = (format!("{long}-a"), format!("{long}-b"));
+        let path = |job: &str| format!("/dev/shm{}0-ring", shm_prefix(job));
+        std::fs::write(path(&a), b"x").unwrap();
+        std::fs::write(path(&b), b"x").unwrap();
+        assert_eq!(remove_job_shm(&a), 1);
+        assert!(!std::path::Path::new(&path(&a)).exists());
+        assert!(
+            std::path::Path::new(&path(&b)).exists(),
+            "the twin's segment survived"
+        );
+        assert_eq!(remove_job_shm(&b), 1);
     }
 
     #[test]
