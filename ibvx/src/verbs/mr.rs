@@ -145,15 +145,36 @@ impl MemoryRegion<'static> {
 impl<'buf> MemoryRegion<'buf> {
     /// Registers the caller's `buf` with `access` on `pd`. The buffer stays
     /// mutably borrowed until the region is dropped (deregistered).
-    pub fn register(
+    ///
+    /// The borrow alone cannot keep the promise, because it ends when the
+    /// region is leaked: after `mem::forget(region)` the pages would stay
+    /// registered (with `REMOTE_WRITE`, writable by any peer holding the
+    /// rkey) while the buffer is freed and reused. Hence `unsafe`; use
+    /// [`MemoryRegion::alloc`] for memory the region owns.
+    ///
+    /// ```compile_fail,E0133
+    /// # use ibvx::verbs::{Access, MemoryRegion, ProtectionDomain};
+    /// # fn f(pd: &ProtectionDomain) {
+    /// let mut buf = vec![0u8; 4096];
+    /// let mr = MemoryRegion::register(pd, &mut buf, Access::LOCAL_WRITE); // needs `unsafe`
+    /// std::mem::forget(mr);
+    /// drop(buf); // freed while registered
+    /// # }
+    /// ```
+    ///
+    /// # Safety
+    /// The region must be dropped or deregistered before `buf`'s memory is
+    /// freed or reused: never leak it (`mem::forget`, a reference cycle).
+    pub unsafe fn register(
         pd: &ProtectionDomain,
         buf: &'buf mut [u8],
         access: Access,
     ) -> Result<MemoryRegion<'buf>> {
         let len = buf.len();
         let ptr = NonNull::from(buf).cast::<u8>();
-        // SAFETY: `buf` is borrowed exclusively for 'buf, which the region
-        // cannot outlive, so it stays mapped until deregistration.
+        // SAFETY: `buf` is borrowed exclusively for 'buf, and the caller
+        // drops the region before the memory goes (this fn's contract), so
+        // it stays mapped until deregistration.
         unsafe { Self::from_parts(pd, ptr, len, access, Storage::Borrowed) }
     }
 
