@@ -25,9 +25,11 @@
 //! * **Shm-only mode.** Without an Omni-Path hfi unit (no `/dev/hfi1_*`),
 //!   `psm2_init` fails with `PSM2_INTERNAL_ERR` yet leaves a library that
 //!   runs PSM2's `self` and `shm` devices (see `psm_sys`'s docs). The device
-//!   then sets `PSM2_DEVICES=self,shm` (unless the user set it), says so on
-//!   stderr once and in [`PsmDevice::mode`], and refuses a job whose ranks
-//!   are not all on this host. With hardware, nothing is overridden.
+//!   needs `PSM2_DEVICES=self,shm`: a program linking this crate sets it
+//!   before `main` (from the ELF initializers, while no thread exists that
+//!   could read the environment; a user's value is kept). The device says
+//!   so on stderr once and in [`PsmDevice::mode`], and refuses a job whose
+//!   ranks are not all on this host. With hardware, nothing is overridden.
 //! * **Never crash at finish**: `psm2_finalize` is never called (after the
 //!   failed init it crashes; with hardware, process exit releases the
 //!   library), endpoints are closed with `psm2_ep_close`, and only one
@@ -107,6 +109,26 @@ fn hfi_present() -> bool {
         .unwrap_or(false)
 }
 
+/// Sets `PSM2_DEVICES=self,shm` when the user did not set it and this host
+/// has no hfi unit: PSM2 reads it in `psm2_ep_open`, and without it probes
+/// the missing unit and crashes (psm_sys docs). It runs from the ELF
+/// initializers, before `main`, when no other thread exists that could read
+/// the environment concurrently (which makes `setenv` unsound later).
+extern "C" fn psm2_devices_at_start() {
+    if hfi_present() {
+        return;
+    }
+    // SAFETY: called only by the dynamic loader / C runtime while running
+    // the initializers, before main: the process has one thread. Both
+    // strings are NUL-terminated; overwrite = 0 keeps a user's value.
+    unsafe { libc::setenv(c"PSM2_DEVICES".as_ptr(), c"self,shm".as_ptr(), 0) };
+}
+
+/// Runs [`psm2_devices_at_start`] before `main`.
+#[used]
+#[link_section = ".init_array"]
+static PSM2_DEVICES_AT_START: extern "C" fn() = psm2_devices_at_start;
+
 /// Loads libpsm2 and runs `psm2_init` once per process.
 fn library() -> Result<&'static Library> {
     static LIB: std::sync::OnceLock<std::result::Result<Library, Error>> =
@@ -115,10 +137,14 @@ fn library() -> Result<&'static Library> {
         let psm = Psm2::load().map_err(|e| Error::Config(e.to_string()))?;
         let hfi = hfi_present();
         if !hfi && std::env::var_os("PSM2_DEVICES").is_none() {
-            // PSM2 reads this in psm2_ep_open; without it, ep_open probes the
-            // missing hfi and crashes (psm_sys docs). Set once, before any
-            // endpoint exists, by the first device to open.
-            std::env::set_var("PSM2_DEVICES", "self,shm");
+            // `psm2_devices_at_start` sets it before main; only a program
+            // that cleared it since gets here. Setting it now could race
+            // other threads' reads of the environment: refuse instead.
+            return Err(Error::Config(
+                "PSM2_DEVICES is not set and this host has no Omni-Path hfi unit: \
+                 set PSM2_DEVICES=self,shm (PSM2 crashes probing the missing unit)"
+                    .into(),
+            ));
         }
         // SAFETY: a global (NULL endpoint) handler may be registered before
         // psm2_init; the sentinel makes PSM2 return errors instead of exiting.
