@@ -83,6 +83,7 @@
 
 mod auth;
 mod client;
+pub mod keepalive;
 mod server;
 mod shm_names;
 pub mod wire;

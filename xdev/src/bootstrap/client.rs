@@ -113,6 +113,12 @@ fn timed_out(what: String) -> Error {
 }
 
 impl Bootstrap {
+    /// Runs `f` on the connection to the service (tests of its options).
+    #[cfg(test)]
+    pub(crate) fn with_stream_for_tests<R>(&self, f: impl FnOnce(&TcpStream) -> R) -> R {
+        f(&self.writer.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
     /// Connects to the service at `addr` as `rank` of the `size`-rank job
     /// `job`, proving knowledge of `secret`.
     ///
@@ -160,6 +166,7 @@ impl Bootstrap {
             )
         };
         stream.set_nodelay(true).map_err(setup)?;
+        super::keepalive::watch_peer(&stream).map_err(setup)?;
         stream.set_read_timeout(Some(left)).map_err(setup)?;
         stream.set_write_timeout(Some(left)).map_err(setup)?;
 

@@ -449,6 +449,21 @@ impl Read for DeadlineReader<'_> {
 }
 
 impl BootstrapServer {
+    /// Runs `f` on the accepted socket whose peer is `peer` (tests).
+    #[cfg(test)]
+    pub(crate) fn with_socket_for_tests<R>(
+        &self,
+        peer: SocketAddr,
+        f: impl FnOnce(&TcpStream) -> R,
+    ) -> Option<R> {
+        let conns = lock(&self.shared.conns);
+        let s = conns
+            .sockets
+            .values()
+            .find(|s| s.peer_addr().ok() == Some(peer))?;
+        Some(f(s))
+    }
+
     /// Starts a service for `size` ranks of job `job`, listening on `bind`
     /// (port 0 picks a free port, see [`addr`](Self::addr)), with the default
     /// [`ServerOptions`].
@@ -655,6 +670,7 @@ fn accept_loop(shared: &Arc<Shared>, listener: &TcpListener) {
         };
         let Ok(registered) = stream
             .set_nonblocking(false)
+            .and_then(|()| super::keepalive::watch_peer(&stream))
             .and_then(|()| stream.try_clone())
         else {
             continue;
