@@ -129,6 +129,11 @@ extern "C" fn psm2_devices_at_start() {
 #[link_section = ".init_array"]
 static PSM2_DEVICES_AT_START: extern "C" fn() = psm2_devices_at_start;
 
+/// Bootstrap key prefix (then the rank) under which each rank stores its
+/// PSM2 epid (8 bytes, little-endian), so that `xdev-run` can remove the
+/// `/dev/shm/psm2_shm.*` segments of ranks that crashed.
+pub const PSM2_EPID_KEY: &str = xdev::bootstrap::PSM2_EPID_KEY;
+
 /// Loads libpsm2 and runs `psm2_init` once per process.
 fn library() -> Result<&'static Library> {
     static LIB: std::sync::OnceLock<std::result::Result<Library, Error>> =
@@ -878,6 +883,13 @@ impl PsmDevice {
         let host = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
         let mut record = epid.to_le_bytes().to_vec();
         record.extend_from_slice(host.trim().as_bytes());
+        // For the launcher: PSM2 names its shared-memory segments after the
+        // epid, and a crashed rank leaves them (see `PSM2_EPID_KEY`).
+        boot.put(
+            &format!("{PSM2_EPID_KEY}{}", boot.rank()),
+            &epid.to_le_bytes(),
+        )
+        .map_err(fail)?;
         let all = boot.allgather(&record).map_err(fail)?;
         let mut epids = Vec::with_capacity(size);
         for (r, b) in all.iter().enumerate() {

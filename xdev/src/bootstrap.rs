@@ -90,7 +90,7 @@ pub mod wire;
 
 pub use client::{Bootstrap, Departure, CONNECT_TIMEOUT};
 pub use server::{BootstrapServer, ServerOptions, ServerStatus};
-pub use shm_names::{is_xdev_shm_name, remove_job_shm, shm_prefix};
+pub use shm_names::{is_xdev_shm_name, remove_job_shm, remove_psm2_shm, shm_prefix, PSM2_EPID_KEY};
 
 use std::fmt;
 

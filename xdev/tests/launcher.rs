@@ -103,8 +103,100 @@ fn child() {
             println!("death seen after {:?}", t.elapsed());
             assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
         }
+        "psm2-leak" => {
+            // A psm rank that crashes after PSM2 made its segment: what
+            // the psm device stores, and the segment PSM2 would leave.
+            let epid = psm2_test_epid(b.rank());
+            b.put(
+                &format!("{}{}", bootstrap::PSM2_EPID_KEY, b.rank()),
+                &epid.to_le_bytes(),
+            )
+            .unwrap();
+            std::fs::write(psm2_segment(epid), b"x").unwrap();
+            b.barrier().unwrap();
+            std::process::abort();
+        }
         other => panic!("unknown role {other}"),
     }
+}
+
+/// An epid no real PSM2 endpoint of this host has (a high marker, the
+/// launching test's pid, the rank).
+fn psm2_test_epid(rank: usize) -> u64 {
+    let pid = std::env::var("XDEV_TEST_PARENT")
+        .ok()
+        .and_then(|p| p.parse::<u64>().ok())
+        .unwrap_or_else(|| u64::from(std::process::id()));
+    0xfe00_0000_0000_0000 | pid << 8 | rank as u64
+}
+
+fn psm2_segment(epid: u64) -> String {
+    // SAFETY: getuid has no preconditions.
+    let uid = unsafe { libc::getuid() };
+    format!("/dev/shm/psm2_shm.{uid}{epid:016x}0")
+}
+
+#[test]
+fn keep_going_lets_the_others_finish_and_reports_the_first_failure() {
+    let (out, _) = run(&[
+        "-n",
+        "3",
+        "--keep-going",
+        "--",
+        "sh",
+        "-c",
+        "if [ $XDEV_RANK = 1 ]; then exit 7; fi; sleep 1; echo survivor-$XDEV_RANK",
+    ]);
+    let (stdout, err) = (String::from_utf8_lossy(&out.stdout), stderr(&out));
+    assert_eq!(code(&out), 7, "{err}");
+    assert!(
+        stdout.contains("survivor-0") && stdout.contains("survivor-2"),
+        "{stdout}"
+    );
+    assert!(
+        err.contains("rank 1 exited with status 7; the others go on"),
+        "{err}"
+    );
+    assert!(err.contains("the first failure: rank 1"), "{err}");
+    // Without the option the survivors are stopped.
+    let (out, _) = run(&[
+        "-n",
+        "3",
+        "--",
+        "sh",
+        "-c",
+        "if [ $XDEV_RANK = 1 ]; then exit 7; fi; sleep 1; echo survivor-$XDEV_RANK",
+    ]);
+    assert_eq!(code(&out), 7);
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("survivor"));
+}
+
+#[test]
+fn psm2_segments_of_crashed_ranks_are_removed() {
+    let me = std::process::id().to_string();
+    let stranger = psm2_segment(0xfd00_0000_0000_0000 | u64::from(std::process::id()) << 8);
+    std::fs::write(&stranger, b"x").unwrap();
+    let exe = std::env::current_exe().unwrap();
+    let out = Command::new(LAUNCHER)
+        .args(["-n", "2", "--keep-going", "--timeout", "15", "--"])
+        .arg(exe)
+        .args(["child", "--exact", "--nocapture", "--test-threads=1"])
+        .env(ROLE, "psm2-leak")
+        .env("XDEV_TEST_PARENT", &me)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_ne!(code(&out), 0, "the ranks abort");
+    for rank in 0..2 {
+        let seg = psm2_segment(psm2_test_epid(rank));
+        assert!(
+            !std::path::Path::new(&seg).exists(),
+            "{seg} left behind: {}",
+            stderr(&out)
+        );
+    }
+    assert!(std::path::Path::new(&stranger).exists(), "not the job's");
+    std::fs::remove_file(stranger).unwrap();
 }
 
 #[test]

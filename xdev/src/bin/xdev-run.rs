@@ -14,18 +14,19 @@ use std::process::{Child, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::mpsc;
 use std::thread;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use xdev::bootstrap::{
-    BootstrapServer, Secret, XDEV_BOOTSTRAP, XDEV_DEVICE, XDEV_JOB, XDEV_RANK, XDEV_SECRET,
-    XDEV_SIZE,
+    BootstrapServer, Secret, PSM2_EPID_KEY, XDEV_BOOTSTRAP, XDEV_DEVICE, XDEV_JOB, XDEV_RANK,
+    XDEV_SECRET, XDEV_SIZE,
 };
 
 const HELP: &str = "\
 xdev-run: start the ranks of an xdev job, or serve the bootstrap of one.
 
 USAGE:
-    xdev-run -n N [--device NAME] [--label] [--bind ADDR] [--timeout SECS] [--] PROGRAM [ARGS...]
+    xdev-run -n N [--device NAME] [--label] [--keep-going] [--bind ADDR] [--timeout SECS]
+             [--] PROGRAM [ARGS...]
     xdev-run --serve -n N [--device NAME] [--bind ADDR] [--timeout SECS]
 
 LAUNCH MODE starts the bootstrap service, then N processes of PROGRAM on this
@@ -43,9 +44,14 @@ xdev::bootstrap::config_from_env().
 
 When a rank exits with a non-zero status or is killed by a signal, the other
 ranks get SIGTERM, then SIGKILL after 2 s, and xdev-run exits with the failing
-rank's status (128+N for signal N), saying which rank failed and how. When all
-ranks exit with 0, xdev-run exits with 0. SIGINT, SIGTERM and SIGHUP sent to
-xdev-run are passed on to the ranks the same way.
+rank's status (128+N for signal N), saying which rank failed and how. With
+--keep-going the others go on instead (the devices report the lost rank to
+them as PeerLost): xdev-run waits for all and then exits with the first
+failing rank's status. When all ranks exit with 0, xdev-run exits with 0.
+SIGINT, SIGTERM and SIGHUP sent to xdev-run are passed on to the ranks the
+same way. At the end xdev-run removes the shared-memory segments the job's
+ranks left: the shm device's (/dev/shm/xdev-<job>-*) and PSM2's for the psm
+device's endpoints (/dev/shm/psm2_shm.*, 4 MiB each).
 
 SERVE MODE (--serve) starts only the bootstrap service and prints the lines
 to export, in sh syntax, on standard output:
@@ -63,6 +69,9 @@ OPTIONS:
     --device NAME     device the ranks should open (sets XDEV_DEVICE)
     --label           prefix each line the ranks print with \"[RANK] \"
                       (otherwise the ranks share xdev-run's stdout and stderr)
+    --keep-going      when a rank fails, let the others run to their end
+                      (for fault-tolerant programs); exit with the first
+                      failure's status
     --bind ADDR       address of the bootstrap service (IP:PORT, or IP for
                       any free port); default 127.0.0.1:0, loopback only
     --timeout SECS    stop everything after SECS seconds and exit with 124
@@ -87,6 +96,7 @@ struct Opts {
     n: usize,
     device: Option<String>,
     label: bool,
+    keep_going: bool,
     bind: SocketAddr,
     timeout: Option<Duration>,
     serve: bool,
@@ -97,6 +107,7 @@ fn parse(args: Vec<OsString>) -> Result<Option<Opts>, String> {
     let mut n = None;
     let mut device = None;
     let mut label = false;
+    let mut keep_going = false;
     let mut bind = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 0);
     let mut timeout = None;
     let mut serve = false;
@@ -144,6 +155,7 @@ fn parse(args: Vec<OsString>) -> Result<Option<Opts>, String> {
                 device = Some(v);
             }
             "--label" => label = true,
+            "--keep-going" => keep_going = true,
             "--serve" => serve = true,
             "--bind" => {
                 let v = value("an address")?;
@@ -176,6 +188,9 @@ fn parse(args: Vec<OsString>) -> Result<Option<Opts>, String> {
         if label {
             return Err("--label has no effect with --serve".into());
         }
+        if keep_going {
+            return Err("--keep-going has no effect with --serve".into());
+        }
     } else if program.is_empty() {
         return Err("no program to run".into());
     }
@@ -183,6 +198,7 @@ fn parse(args: Vec<OsString>) -> Result<Option<Opts>, String> {
         n,
         device,
         label,
+        keep_going,
         bind,
         timeout,
         serve,
@@ -431,6 +447,8 @@ fn stop_all(children: &mut [Child], reaped: &mut [Option<ExitStatus>], first: li
 enum Outcome {
     Success,
     RankFailed(usize, ExitStatus),
+    /// With --keep-going: all ranks ended, this one failed first.
+    KeptGoing(usize, ExitStatus),
     Timeout,
     Signalled(i32),
 }
@@ -500,6 +518,10 @@ fn launch(opts: &Opts) -> i32 {
 
     let deadline = opts.timeout.map(|t| Instant::now() + t);
     let mut reaped: Vec<Option<ExitStatus>> = vec![None; opts.n];
+    // When each rank was seen gone (for the clean-up of its segments).
+    let mut gone_at: Vec<Option<SystemTime>> = vec![None; opts.n];
+    // With --keep-going: the first failure, reported when all have ended.
+    let mut first_failure: Option<(usize, ExitStatus)> = None;
     let outcome = loop {
         let mut failed = None;
         for (rank, (c, st)) in children.iter_mut().zip(reaped.iter_mut()).enumerate() {
@@ -509,6 +531,7 @@ fn launch(opts: &Opts) -> i32 {
             match c.try_wait() {
                 Ok(Some(s)) => {
                     *st = Some(s);
+                    gone_at[rank] = Some(SystemTime::now());
                     if !s.success() && failed.is_none() {
                         failed = Some((rank, s));
                     }
@@ -518,15 +541,24 @@ fn launch(opts: &Opts) -> i32 {
                     eprintln!("xdev-run: cannot wait for rank {rank}: {e}");
                     let s = ExitStatus::from_raw(1 << 8);
                     *st = Some(s);
+                    gone_at[rank] = Some(SystemTime::now());
                     failed = failed.or(Some((rank, s)));
                 }
             }
         }
         if let Some((rank, s)) = failed {
-            break Outcome::RankFailed(rank, s);
+            if !opts.keep_going {
+                break Outcome::RankFailed(rank, s);
+            }
+            let (_, how) = describe(s);
+            eprintln!("xdev-run: rank {rank} {how}; the others go on (--keep-going)");
+            first_failure = first_failure.or(Some((rank, s)));
         }
         if reaped.iter().all(Option::is_some) {
-            break Outcome::Success;
+            break match first_failure {
+                Some((rank, s)) => Outcome::KeptGoing(rank, s),
+                None => Outcome::Success,
+            };
         }
         let sig = SIGNALLED.load(Ordering::SeqCst);
         if sig != 0 {
@@ -545,6 +577,11 @@ fn launch(opts: &Opts) -> i32 {
     };
     let code = match outcome {
         Outcome::Success => 0,
+        Outcome::KeptGoing(rank, s) => {
+            let (code, how) = describe(s);
+            eprintln!("xdev-run: all ranks ended; the first failure: rank {rank} {how}");
+            code
+        }
         Outcome::RankFailed(rank, s) => {
             let (code, how) = describe(s);
             eprintln!("xdev-run: rank {rank} {how}{stopping}");
@@ -584,6 +621,20 @@ fn launch(opts: &Opts) -> i32 {
                 break;
             }
         }
+    }
+    // PSM2 names its segments after each endpoint's epid, which psm ranks
+    // stored in the bootstrap: remove what a crashed one left.
+    for (key, value) in server.stored(PSM2_EPID_KEY) {
+        let rank = key[PSM2_EPID_KEY.len()..].parse::<usize>().ok();
+        let (Some(rank), Ok(epid)) = (rank, <[u8; 8]>::try_from(&value[..])) else {
+            continue;
+        };
+        let gone = gone_at
+            .get(rank)
+            .copied()
+            .flatten()
+            .unwrap_or_else(SystemTime::now);
+        xdev::bootstrap::remove_psm2_shm(u64::from_le_bytes(epid), gone);
     }
     drop(server);
     // Ranks unlink their shared-memory segments once all have attached; a

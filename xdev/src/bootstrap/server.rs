@@ -556,6 +556,17 @@ impl BootstrapServer {
         &self.shared.job
     }
 
+    /// The store's entries whose key starts with `prefix` (what ranks
+    /// `put`), for the launcher's clean-up after the job.
+    pub fn stored(&self, prefix: &str) -> Vec<(String, Vec<u8>)> {
+        let st = lock(&self.shared.state);
+        st.store
+            .iter()
+            .filter(|(k, _)| k.starts_with(prefix))
+            .map(|(k, v)| (k.clone(), v.to_vec()))
+            .collect()
+    }
+
     /// What the service knows about the ranks now.
     pub fn status(&self) -> ServerStatus {
         status_of(&self.shared, &lock(&self.shared.state))

@@ -63,6 +63,43 @@ pub fn remove_job_shm(job: &str) -> usize {
     n
 }
 
+/// Bootstrap key prefix (then the rank) under which the psm device stores
+/// each rank's PSM2 epid (8 bytes, little-endian).
+pub const PSM2_EPID_KEY: &str = "xdev.psm2.epid.";
+
+/// Removes the shared-memory segments PSM2 made for the endpoint `epid` of
+/// this user (`/dev/shm/psm2_shm.<uid><epid as 16 hex digits><n>`), which a
+/// rank that crashed leaves behind, 4 MiB each. Only segments last changed
+/// no later than `died` (when the rank was seen gone) go: a segment of a
+/// later process that happens to get the same epid is left alone. Returns
+/// how many were removed.
+pub fn remove_psm2_shm(epid: u64, died: std::time::SystemTime) -> usize {
+    // SAFETY: getuid has no preconditions.
+    let uid = unsafe { libc::getuid() };
+    let prefix = format!("psm2_shm.{uid}{epid:016x}");
+    let Ok(dir) = std::fs::read_dir("/dev/shm") else {
+        return 0;
+    };
+    let mut n = 0;
+    for e in dir.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some(rest) = name.strip_prefix(&prefix) else {
+            continue;
+        };
+        if rest.is_empty() || !rest.bytes().all(|b| b.is_ascii_digit()) {
+            continue;
+        }
+        let old_enough = e
+            .metadata()
+            .and_then(|m| m.modified())
+            .is_ok_and(|t| t <= died);
+        if old_enough && std::fs::remove_file(e.path()).is_ok() {
+            n += 1;
+        }
+    }
+    n
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -113,6 +150,29 @@ mod tests {
             "the twin's segment survived"
         );
         assert_eq!(remove_job_shm(&b), 1);
+    }
+
+    #[test]
+    fn psm2_segments_of_a_dead_endpoint_go_and_nothing_else() {
+        // SAFETY: getuid has no preconditions.
+        let uid = unsafe { libc::getuid() };
+        let epid = 0x0000_7e57_0000_00a0_u64 ^ u64::from(std::process::id());
+        let path = |tail: &str| format!("/dev/shm/psm2_shm.{uid}{epid:016x}{tail}");
+        let other = format!("/dev/shm/psm2_shm.{uid}{:016x}0", epid ^ 1);
+        for p in [path("0"), path("1"), path("x"), other.clone()] {
+            std::fs::write(&p, b"x").unwrap();
+        }
+        // Seen dead before the segments were made: nothing goes.
+        let before = std::time::SystemTime::now() - std::time::Duration::from_secs(3600);
+        assert_eq!(remove_psm2_shm(epid, before), 0);
+        let now = std::time::SystemTime::now();
+        assert_eq!(remove_psm2_shm(epid, now), 2);
+        assert!(!std::path::Path::new(&path("0")).exists());
+        assert!(!std::path::Path::new(&path("1")).exists());
+        assert!(std::path::Path::new(&path("x")).exists(), "not a PSM2 name");
+        assert!(std::path::Path::new(&other).exists(), "another endpoint's");
+        std::fs::remove_file(path("x")).unwrap();
+        std::fs::remove_file(other).unwrap();
     }
 
     #[test]
