@@ -459,6 +459,11 @@ struct Direct<'a> {
     buf: &'a mut [u8],
     status: Option<Status>,
     stream: Option<Arc<BlockingRecv>>,
+    /// For a blocking receive: its `Unpost` guard's slot, which a stream
+    /// into `buf` is recorded in the moment it is registered (so that an
+    /// unwind between then and the caller's own bookkeeping still takes it
+    /// out of the engine).
+    guard: Option<&'a Queued>,
     /// For a non-blocking receive: a pipelined transfer that matched is not
     /// started here but left to the caller (`irecv`), which streams it into
     /// its request.
@@ -473,6 +478,7 @@ impl<'a> Direct<'a> {
             buf,
             status: None,
             stream: None,
+            guard: None,
             deferred: None,
             defer_streams,
         }
@@ -494,8 +500,12 @@ fn unreachable_owner() -> SendOwner {
 /// borrow ended.
 struct Unpost<'e> {
     engine: &'e Engine,
-    queued: std::cell::RefCell<Option<(Arc<BlockingRecv>, Option<PostedId>)>>,
+    queued: Queued,
 }
+
+/// A blocking receive queued in the engine (as a posted receive, or as a
+/// stream when `None`), for its `Unpost` guard.
+type Queued = std::cell::RefCell<Option<(Arc<BlockingRecv>, Option<PostedId>)>>;
 
 impl Drop for Unpost<'_> {
     fn drop(&mut self) {
@@ -508,6 +518,37 @@ impl Drop for Unpost<'_> {
                 l.streams_in.retain(|_, s| !s.target.is(&b));
             }
         }
+    }
+}
+
+/// Settles a blocking send on every exit, an unwind included: from the
+/// moment the send is published until its reply, the receiver may read the
+/// caller's buffer (by CMA, or through our pipelined copy), so the call
+/// must not return before then. Dropped while the send is unsettled, it
+/// waits for the reply or the receiver's departure.
+struct SettleSend<'e> {
+    engine: &'e Engine,
+    waiter: std::cell::RefCell<Option<Arc<BlockingSend>>>,
+}
+
+impl Drop for SettleSend<'_> {
+    fn drop(&mut self) {
+        let Some(w) = self.waiter.get_mut().take() else {
+            return;
+        };
+        if w.is_done() {
+            return;
+        }
+        let _ = self.engine.block_until(
+            false,
+            |eng, l| {
+                if !w.is_done() {
+                    eng.progress_locked(l, None);
+                }
+                Ok(w.is_done())
+            },
+            || w.is_done(),
+        );
     }
 }
 
@@ -750,7 +791,14 @@ impl Engine {
             Outcome::Stream { id, len } => {
                 let b = BlockingRecv::new(d.buf);
                 self.start_stream(l, env, id, len, Target::Blocking(b.clone()));
+                if let Some(g) = d.guard {
+                    *g.borrow_mut() = Some((b.clone(), None));
+                }
                 d.stream = Some(b);
+                #[cfg(test)]
+                if tests::PANIC_AFTER_STREAM.with(|p| p.replace(false)) {
+                    panic!("injected: unwinding out of a blocking receive being streamed");
+                }
             }
         }
     }
@@ -1305,8 +1353,12 @@ impl Engine {
         if dest != self.sh.rank && self.sh.gone(dest) {
             return Err(lost(dest, "peer finished or died"));
         }
-        // Allocated only when the send must wait for a reply.
-        let mut waiter: Option<Arc<BlockingSend>> = None;
+        // Holds the reply's waiter from the moment the send is published
+        // (allocated only when it must wait for one).
+        let settle = SettleSend {
+            engine: self,
+            waiter: Default::default(),
+        };
         // While the ring is full: the consumer position it was full against.
         let full_at = Cell::new(None);
         let ring = self.sh.inbox(dest).ring(self.sh.rank);
@@ -1332,7 +1384,7 @@ impl Engine {
                 };
                 let sent = eng.push(l, &out, || {
                     let w = BlockingSend::new();
-                    waiter = Some(w.clone());
+                    *settle.waiter.borrow_mut() = Some(w.clone());
                     SendOwner::Blocking(w)
                 });
                 full_at.set(None);
@@ -1352,9 +1404,13 @@ impl Engine {
             },
             || full_at.get().is_some_and(|t| ring.consumer_position() != t),
         )?;
-        let Some(waiter) = waiter else {
+        let Some(waiter) = settle.waiter.borrow().clone() else {
             return Ok(()); // eager: the buffer may be reused
         };
+        #[cfg(test)]
+        if tests::PANIC_AFTER_PUBLISH.with(|p| p.replace(false)) {
+            panic!("injected: unwinding out of a published blocking send");
+        }
         // The receiver may read `buf` until the reply comes or it is gone:
         // this wait ignores our own closing (finish() waits for it instead).
         let _ = self.block_until(
@@ -1449,12 +1505,15 @@ impl Engine {
     fn recv_into(&self, buf: &mut [u8], pattern: Pattern) -> Result<Status> {
         check_recv(pattern.source, pattern.tag, self.sh.size)?;
         self.check_open()?;
-        let mut direct = Direct::new(pattern, buf, false);
+        // The guard first: everything that can lend `buf` to the engine
+        // records itself in it the moment it does.
         let unpost = Unpost {
             engine: self,
             queued: Default::default(),
         };
         let queued = &unpost.queued;
+        let mut direct = Direct::new(pattern, buf, false);
+        direct.guard = Some(queued);
         let r = self.block_until(
             true,
             |eng, l| {
@@ -1509,6 +1568,7 @@ impl Engine {
         // Never read a queued entry's outcome while it can still be written:
         // dropping `unpost` takes it out of the engine first.
         let queued_recv = queued.borrow().as_ref().map(|(b, _)| b.clone());
+        let direct_status = direct.status.take();
         drop(unpost);
         if let Some(b) = queued_recv {
             if b.is_done() {
@@ -1518,8 +1578,7 @@ impl Engine {
             return Err(Error::Closed);
         }
         r?;
-        direct
-            .status
+        direct_status
             .map(|s| s.into_result())
             .unwrap_or(Err(Error::Closed))
     }
@@ -2260,6 +2319,79 @@ mod tests {
         assert!(!child_reads(), "cma=off never opens us");
         drop((d0, d1));
         drop(secret);
+    }
+
+    thread_local! {
+        /// Makes the next blocking send of this thread panic right after
+        /// it is published (fault injection for the unwind test).
+        pub(super) static PANIC_AFTER_PUBLISH: std::cell::Cell<bool> =
+            const { std::cell::Cell::new(false) };
+        /// Makes the next pipelined transfer into a blocking receive of
+        /// this thread panic right after it is registered.
+        pub(super) static PANIC_AFTER_STREAM: std::cell::Cell<bool> =
+            const { std::cell::Cell::new(false) };
+    }
+
+    #[test]
+    fn a_blocking_recv_that_unwinds_is_written_no_more() {
+        let (d0, d1) = pair(&[("cma", "off"), ("eager_limit", "1024")]);
+        let data = vec![0x5au8; 200_000];
+        let send = d1.isend(Buffer::from(data), 0, 4, 0);
+        let mut block = vec![0u8; 200_000];
+        let unwound = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            PANIC_AFTER_STREAM.with(|p| p.set(true));
+            d0.recv(&mut block, Source::Rank(1), TagSel::Tag(4), 0)
+        }));
+        assert!(unwound.is_err(), "the injected panic unwound the receive");
+        // The caller owns its block again: nothing may write it now, even
+        // as both engines go on (the sender streams to an abandoned id).
+        block.fill(0xaa);
+        let t = std::time::Instant::now();
+        while t.elapsed() < std::time::Duration::from_millis(300) {
+            d0.progress();
+            d1.progress();
+        }
+        assert!(
+            block.iter().all(|&b| b == 0xaa),
+            "written after the receive unwound"
+        );
+        drop(send);
+        drop((d0, d1));
+    }
+
+    #[test]
+    fn a_blocking_send_that_unwinds_still_waits_for_its_receiver() {
+        // cma=off: the pipelined copy reads the sender's buffer as the
+        // receiver asks for fragments, long after the send was published.
+        let (d0, d1) = pair(&[("cma", "off"), ("eager_limit", "1024")]);
+        let want: Vec<u8> = (0..65_536u32).map(|i| (i * 7 % 251) as u8).collect();
+        let got = std::thread::scope(|s| {
+            let receiver = s.spawn(|| {
+                std::thread::sleep(std::time::Duration::from_millis(50));
+                let mut buf = vec![0u8; 65_536];
+                let st = d0.recv(&mut buf, Source::Rank(1), TagSel::Tag(3), 0);
+                (st, buf)
+            });
+            let mut block = want.clone();
+            let unwound = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                PANIC_AFTER_PUBLISH.with(|p| p.set(true));
+                d1.send(&block, 0, 3, 0)
+            }));
+            assert!(unwound.is_err(), "the injected panic unwound the send");
+            // The caller reuses its block at once: had the send returned
+            // before the receiver was done, the engine (driven below) would
+            // stream these bytes.
+            block.fill(0xee);
+            while !receiver.is_finished() {
+                d1.progress();
+            }
+            receiver.join().unwrap()
+        });
+        let (st, buf) = got;
+        assert_eq!(st.unwrap().count, 65_536);
+        assert!(buf == want, "the receiver got the reused block's bytes");
+        d0.finish().unwrap();
+        d1.finish().unwrap();
     }
 
     #[test]
