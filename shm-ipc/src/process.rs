@@ -157,6 +157,15 @@ pub struct ProcessOptions {
     /// Fragment size of the pipelined rendezvous (default a quarter of the
     /// ring, so that several fragments are in flight).
     pub fragment_bytes: usize,
+    /// Rendezvous sends a rank has started towards one destination and not
+    /// yet seen finished (default 65,536; a held header costs the receiver
+    /// about 100 bytes). More wait in the sender's queue to that
+    /// destination, in order, and later sends to it (of any context) wait
+    /// behind them. A receiver so holds at most this many of one sender's
+    /// rendezvous headers, matched or not; a sender that exceeds it breaks
+    /// the protocol (`Error::Protocol`), which bounds what a hostile peer
+    /// can make a receiver keep.
+    pub rndv_window: usize,
 }
 
 impl ProcessOptions {
@@ -169,6 +178,7 @@ impl ProcessOptions {
             credit_bytes: t.credit_bytes,
             cma: CmaMode::Auto,
             fragment_bytes: t.ring_bytes / 4,
+            rndv_window: 65_536,
         }
     }
 
@@ -191,7 +201,11 @@ impl ProcessOptions {
             credit_bytes: config.option("credit_bytes", 4 * ring_bytes)?,
             cma,
             fragment_bytes: config.option("fragment_bytes", ring_bytes / 4)?,
+            rndv_window: config.option("rndv_window", d.rndv_window)?,
         };
+        if o.rndv_window == 0 {
+            return Err(Error::Config("rndv_window must be at least 1".into()));
+        }
         if o.fragment_bytes < INLINE {
             return Err(Error::Config(format!(
                 "fragment_bytes must be at least {INLINE}"
@@ -339,6 +353,9 @@ struct OutSend {
     owner: SendOwner,
     /// Bytes already streamed (pipelined rendezvous), once `PULL`ed.
     streamed: Option<usize>,
+    /// A rendezvous (counted in `Local::rndv_out`), not a synchronous eager
+    /// send.
+    rndv: bool,
 }
 
 // SAFETY: `data` is only read (by this rank, under its lock, or by the
@@ -396,10 +413,20 @@ struct Local {
     /// Payload buffers of unexpected eager messages already delivered, for
     /// the next ones (at most [`SPARE_PAYLOADS`], each at most `eager_limit`).
     spare_payloads: Vec<Vec<u8>>,
+    /// Our unfinished rendezvous sends per destination (at most
+    /// `rndv_window`).
+    rndv_out: Vec<usize>,
+    /// Each sender's rendezvous headers we read and have not finished
+    /// (answered with `FIN`, or streamed to the end): at most `rndv_window`.
+    rndv_in: Vec<usize>,
 }
 
 /// Payload buffers a rank keeps for unexpected eager messages.
 const SPARE_PAYLOADS: usize = 64;
+
+/// Messages one `drain` of a ring handles at most, so that a peer that keeps
+/// its ring full cannot keep this rank from its other rings and its caller.
+const DRAIN_BUDGET: usize = 256;
 
 /// The engine of one rank: shared by the device handle and its requests.
 struct Engine {
@@ -515,7 +542,16 @@ impl Drop for Unpost<'_> {
                 l.matching.cancel(id);
             }
             if !b.is_done() {
-                l.streams_in.retain(|_, s| !s.target.is(&b));
+                let abandoned: Vec<(Rank, u64)> = l
+                    .streams_in
+                    .iter()
+                    .filter(|(_, s)| s.target.is(&b))
+                    .map(|(k, _)| *k)
+                    .collect();
+                for k in abandoned {
+                    l.streams_in.remove(&k);
+                    Engine::stream_ended(&mut l, k.0);
+                }
             }
         }
     }
@@ -651,6 +687,33 @@ impl Engine {
     /// `FIN`, or a `PULL` for the pipelined path.
     #[allow(clippy::too_many_arguments)]
     fn rendezvous(
+        &self,
+        l: &mut Local,
+        env: Envelope,
+        id: u64,
+        addr: u64,
+        len: usize,
+        dst: *mut u8,
+        cap: usize,
+    ) -> Outcome {
+        let out = self.rendezvous_transfer(l, env, id, addr, len, dst, cap);
+        if let Outcome::Done(_) = out {
+            // Finished here (FIN sent, or failed): out of the sender's
+            // window. A stream leaves it when it ends (`stream_ended`).
+            let s = env.source;
+            l.rndv_in[s] = l.rndv_in[s].saturating_sub(1);
+        }
+        out
+    }
+
+    /// A pipelined transfer into a receive ended (complete, abandoned by
+    /// its receive, or failed).
+    fn stream_ended(l: &mut Local, s: Rank) {
+        l.rndv_in[s] = l.rndv_in[s].saturating_sub(1);
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn rendezvous_transfer(
         &self,
         l: &mut Local,
         env: Envelope,
@@ -820,7 +883,10 @@ impl Engine {
         t.complete(&self.tracker, st);
     }
 
-    fn complete_send(&self, e: OutSend, result: Result<()>) {
+    fn complete_send(&self, l: &mut Local, e: OutSend, result: Result<()>) {
+        if e.rndv {
+            l.rndv_out[e.dest] -= 1;
+        }
         e.owner.complete(&self.tracker, e.env, e.len, result);
     }
 
@@ -845,7 +911,7 @@ impl Engine {
                 } else {
                     Ok(())
                 };
-                self.complete_send(e, r);
+                self.complete_send(l, e, r);
             }
             KIND_PULL => {
                 match l.sends.get_mut(&h.cookie) {
@@ -881,6 +947,7 @@ impl Engine {
                 st.got += n;
                 if st.got == st.len {
                     let st = l.streams_in.remove(&key).expect("present");
+                    Self::stream_ended(l, s);
                     let status = Status::received(st.env, st.len, cap);
                     self.complete_target(st.target, status);
                 }
@@ -902,7 +969,7 @@ impl Engine {
         leave_unmatched: bool,
     ) -> bool {
         let mut any = false;
-        loop {
+        for _ in 0..DRAIN_BUDGET {
             if l.broken[s] || direct.as_ref().is_some_and(|d| d.resolved()) {
                 return any;
             }
@@ -927,6 +994,16 @@ impl Engine {
                 } else if h.len != 8 {
                     self.violation(l, s, format!("rendezvous start of {} bytes", h.len));
                     return true;
+                } else {
+                    l.rndv_in[s] += 1;
+                    if l.rndv_in[s] > self.sh.opts.rndv_window {
+                        let what = format!(
+                            "more than {} unfinished rendezvous sends",
+                            self.sh.opts.rndv_window
+                        );
+                        self.violation(l, s, what);
+                        return true;
+                    }
                 }
                 if h.tag < 0 {
                     // No send can carry one (`check_send`): a buggy or
@@ -956,6 +1033,8 @@ impl Engine {
                         // when it is read for real.
                         if h.kind == KIND_EAGER {
                             l.eager_recv[s] -= h.len as u64 + ENTRY_CHARGE;
+                        } else {
+                            l.rndv_in[s] -= 1;
                         }
                         return processed_before;
                     }
@@ -982,6 +1061,7 @@ impl Engine {
                 self.sh.wake(s);
             }
         }
+        any
     }
 
     /// A peer broke the protocol: stop reading its ring, fail what involves it.
@@ -1023,6 +1103,11 @@ impl Engine {
         if waits && eager_only {
             return Sent::Full;
         }
+        if !eager && l.rndv_out[dest] >= self.sh.opts.rndv_window {
+            // The receiver holds a window's worth of ours: wait (in order,
+            // like a full ring) until one finishes.
+            return Sent::Full;
+        }
         if l.gone[dest] {
             return Sent::Refused(gone_error(l, dest));
         }
@@ -1052,6 +1137,8 @@ impl Engine {
         }
         if eager {
             l.eager_sent[dest] += charge;
+        } else {
+            l.rndv_out[dest] += 1;
         }
         self.sh.wake(dest);
         if !waits {
@@ -1071,6 +1158,7 @@ impl Engine {
                 len: data.len(),
                 owner: owner(),
                 streamed: None,
+                rndv: !eager,
             },
         );
         Sent::Waiting
@@ -1165,7 +1253,7 @@ impl Engine {
                     off += n;
                 }
                 let e = l.sends.remove(&id).expect("present");
-                self.complete_send(e, Ok(()));
+                self.complete_send(l, e, Ok(()));
                 l.streams_out[d].pop_front();
                 l.streams_total -= 1;
             }
@@ -1220,8 +1308,9 @@ impl Engine {
                 continue;
             }
             any = true;
-            // What it sent before leaving is still deliverable.
-            self.drain(l, d, None, false);
+            // What it sent before leaving is still deliverable (all of it:
+            // it is finite, whatever the per-call budget).
+            while self.drain(l, d, None, false) {}
             if !l.gone[d] {
                 self.fail_peer(l, d, lost(d, "peer finished or died"));
             }
@@ -1233,6 +1322,7 @@ impl Engine {
     fn fail_peer(&self, l: &mut Local, d: Rank, err: Error) {
         l.gone[d] = true;
         l.gone_why[d] = Some(err.clone());
+        l.rndv_in[d] = 0;
         for t in l
             .matching
             .remove_posted_where(|p, _| p.source == Source::Rank(d))
@@ -1262,7 +1352,7 @@ impl Engine {
             .collect();
         for id in ids {
             let e = l.sends.remove(&id).expect("present");
-            self.complete_send(e, Err(err.clone()));
+            self.complete_send(l, e, Err(err.clone()));
         }
         l.streams_total -= l.streams_out[d].len();
         l.streams_out[d].clear();
@@ -1839,6 +1929,8 @@ impl ProcessDevice {
             streams_total: 0,
             streams_in: HashMap::new(),
             spare_payloads: Vec::new(),
+            rndv_out: vec![0; n],
+            rndv_in: vec![0; n],
             eager_sent: vec![0; n],
             freed_seen: vec![0; n],
             freed_local: vec![0; n],
@@ -2392,6 +2484,122 @@ mod tests {
         assert!(buf == want, "the receiver got the reused block's bytes");
         d0.finish().unwrap();
         d1.finish().unwrap();
+    }
+
+    fn rss() -> usize {
+        let s = std::fs::read_to_string("/proc/self/statm").unwrap();
+        let pages: usize = s.split_whitespace().nth(1).unwrap().parse().unwrap();
+        pages * 4096
+    }
+
+    #[test]
+    fn a_flood_of_rendezvous_headers_is_bounded_at_the_receiver() {
+        // A hostile sender writes rendezvous starts straight into its ring,
+        // far beyond the window, keeping it full; the receiver keeps at most
+        // the window's worth, then fails that sender, and its memory stays
+        // flat.
+        let (d0, d1) = pair(&[("rndv_window", "256")]);
+        let rss_before = rss();
+        let mut pushed = 0u64;
+        let t = std::time::Instant::now();
+        while t.elapsed() < std::time::Duration::from_secs(2) && pushed < 200_000 {
+            let h = Header {
+                kind: KIND_RNDV,
+                tag: 1,
+                context: 3,
+                len: 8,
+                cookie: pushed,
+                aux: 1 << 20,
+                ..Header::default()
+            };
+            if raw_push(&d1, 0, h, &0x1000u64.to_le_bytes()) {
+                pushed += 1;
+            } else {
+                d0.progress();
+            }
+            let l = d0.engine.lock();
+            assert!(
+                l.matching.unexpected_len() <= 256,
+                "held {}",
+                l.matching.unexpected_len()
+            );
+            if l.broken[1] {
+                break;
+            }
+        }
+        d0.progress();
+        {
+            let l = d0.engine.lock();
+            assert!(
+                l.broken[1],
+                "the flooding sender was failed after {pushed} headers"
+            );
+            assert!(l.matching.unexpected_len() <= 256);
+        }
+        let e = recv_from_1(&d0).unwrap_err();
+        assert!(
+            matches!(&e, Error::Protocol { rank: 1, what } if what.contains("unfinished rendezvous")),
+            "{e:?}"
+        );
+        let grown = rss().saturating_sub(rss_before);
+        assert!(grown < 8 << 20, "receiver grew by {grown} bytes");
+    }
+
+    #[test]
+    fn a_sender_beyond_its_rendezvous_window_waits_and_loses_nothing() {
+        let (d0, d1) = pair(&[("rndv_window", "16"), ("eager_limit", "1024")]);
+        let n = 200u32;
+        let sends: Vec<Request> = (0..n)
+            .map(|i| d1.isend(Buffer::from(vec![i as u8; 4096]), 0, 5, 2))
+            .collect();
+        assert!(d1.engine.lock().rndv_out[0] <= 16, "the window holds");
+        for i in 0..n {
+            let mut buf = vec![0u8; 4096];
+            let st = std::thread::scope(|s| {
+                let h = s.spawn(|| d0.recv(&mut buf, Source::Rank(1), TagSel::Tag(5), 2));
+                while !h.is_finished() {
+                    d1.progress();
+                }
+                h.join().unwrap()
+            });
+            assert_eq!(st.unwrap().count, 4096);
+            assert!(
+                buf.iter().all(|&b| b == i as u8),
+                "message {i} out of order or wrong"
+            );
+            assert!(d0.engine.lock().rndv_in[1] <= 16);
+        }
+        for r in sends {
+            assert!(r.wait().status.error.is_none());
+        }
+        assert_eq!(d1.engine.lock().rndv_out[0], 0);
+        assert_eq!(d0.engine.lock().rndv_in[1], 0);
+    }
+
+    #[test]
+    fn one_drain_takes_at_most_its_budget() {
+        let (d0, d1) = pair(&[]);
+        for i in 0..600u32 {
+            let h = Header {
+                kind: KIND_EAGER,
+                tag: 1,
+                context: 3,
+                len: 4,
+                ..Header::default()
+            };
+            assert!(raw_push(&d1, 0, h, &i.to_le_bytes()), "ring full at {i}");
+        }
+        {
+            let mut l = d0.engine.lock();
+            d0.engine.drain(&mut l, 1, None, false);
+            assert_eq!(l.matching.unexpected_len(), DRAIN_BUDGET);
+        }
+        // The rest comes with later rounds, in order.
+        for i in 0..600u32 {
+            let mut b = [0u8; 4];
+            d0.recv(&mut b, Source::Rank(1), TagSel::Tag(1), 3).unwrap();
+            assert_eq!(u32::from_le_bytes(b), i);
+        }
     }
 
     #[test]
