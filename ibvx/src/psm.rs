@@ -175,6 +175,47 @@ fn library() -> Result<&'static Library> {
     .map_err(Clone::clone)
 }
 
+/// Settles a blocking call's PSM2 request when the call ends before its
+/// own wait did (an unwind): a receive is cancelled, and either way the
+/// request is waited for, since PSM2 reads a send's buffer and writes a
+/// receive's until it completes. A send to a peer that left is handed to
+/// `live` as abandoned, as the call's own wait does.
+struct Settle<'e> {
+    engine: &'e Engine,
+    key: Key,
+    req: psm2_mq_req_t,
+    recv: bool,
+    dest: Option<Rank>,
+    settled: std::cell::Cell<bool>,
+}
+
+impl Drop for Settle<'_> {
+    fn drop(&mut self) {
+        if self.settled.get() {
+            return;
+        }
+        let (key, req, dest) = (self.key, self.req, self.dest);
+        if self.recv {
+            self.engine.cancel_req(req);
+        }
+        let _ = self.engine.block_until(false, |eng, l| {
+            if !l.open {
+                return Ok(true); // closed: PSM2 let go
+            }
+            if eng.take_completion(l, key, req).is_some() {
+                return Ok(true);
+            }
+            if let Some(d) = dest {
+                if l.gone[d] {
+                    l.live.insert(key, Slot::Abandoned);
+                    return Ok(true);
+                }
+            }
+            Ok(false)
+        });
+    }
+}
+
 /// Marks the keys of requests a blocking call waits for: they are not in
 /// `live` (the call holds the handle), and a collecting
 /// progress round that completes one leaves its status in `done`.
@@ -576,6 +617,10 @@ impl Engine {
         sync: bool,
         blocking: bool,
     ) -> Result<(Key, psm2_mq_req_t)> {
+        if !l.open {
+            // `finish` closed the endpoint after the caller's first check.
+            return Err(Error::Closed);
+        }
         let len = psm_len(data.len())?;
         let mut stag = tag(t, context, len);
         let mut req: psm2_mq_req_t = ptr::null_mut();
@@ -610,6 +655,10 @@ impl Engine {
         p: &Pattern,
         blocking: bool,
     ) -> Result<(Key, psm2_mq_req_t)> {
+        if !l.open {
+            // `finish` closed the endpoint after the caller's first check.
+            return Err(Error::Closed);
+        }
         let len = psm_len(cap)?;
         let (src, mut rtag, mut sel) = selector(&l.addrs, p);
         let mut req: psm2_mq_req_t = ptr::null_mut();
@@ -647,6 +696,9 @@ impl Engine {
         self.check_open()?;
         let key = {
             let mut l = self.lock();
+            if !l.open {
+                return Err(Error::Closed);
+            }
             if l.gone[dest] {
                 return Err(lost(dest));
             }
@@ -682,8 +734,22 @@ impl Engine {
             self.post_send(&mut l, data, (dest, t, ctx), sync, true)?
         };
         let (key, req) = key;
+        // From here PSM2 may read `data` until the request completes: on any
+        // exit, an unwind included, the guard settles it first.
+        let settle = Settle {
+            engine: self,
+            key,
+            req,
+            recv: false,
+            dest: Some(dest),
+            settled: std::cell::Cell::new(false),
+        };
+        #[cfg(test)]
+        if tests::PANIC_AFTER_PUBLISH.with(|p| p.replace(false)) {
+            panic!("injected: unwinding out of a published blocking send");
+        }
         let mut result = Ok(());
-        self.block_until(false, |eng, l| {
+        let waited = self.block_until(false, |eng, l| {
             if !l.open {
                 return Err(Error::Closed); // closed under us: PSM2 let go
             }
@@ -701,7 +767,11 @@ impl Engine {
                 return Err(lost(dest));
             }
             Ok(false)
-        })?;
+        });
+        // Every end of that wait settled the request (completed, handed to
+        // `live` as abandoned, or let go by a closed endpoint).
+        settle.settled.set(true);
+        waited?;
         result
     }
 
@@ -719,10 +789,24 @@ impl Engine {
             self.post_recv(&mut l, buf.as_mut_ptr(), cap, &p, true)?
         };
         let (key, req) = key;
+        // From here PSM2 may write `buf` until the request completes or is
+        // cancelled: on any exit, an unwind included, the guard settles it.
+        let settle = Settle {
+            engine: self,
+            key,
+            req,
+            recv: true,
+            dest: None,
+            settled: std::cell::Cell::new(false),
+        };
+        #[cfg(test)]
+        if tests::PANIC_AFTER_PUBLISH.with(|p| p.replace(false)) {
+            panic!("injected: unwinding out of a posted blocking receive");
+        }
         let mut status = None;
         // Whatever ends this wait, the receive is complete or cancelled (or
         // the endpoint closed) before `buf`'s borrow ends.
-        self.block_until(false, |eng, l| {
+        let waited = self.block_until(false, |eng, l| {
             if !l.open {
                 return Err(Error::Closed); // closed under us: PSM2 let go
             }
@@ -736,7 +820,9 @@ impl Engine {
                 }
             }
             Ok(false)
-        })?;
+        });
+        settle.settled.set(true);
+        waited?;
         status.expect("set when done").into_result()
     }
 }
@@ -1220,6 +1306,9 @@ impl Device for PsmDevice {
 
 impl Engine {
     fn iprobe_locked(&self, l: &mut Inner, p: &Pattern) -> Option<Status> {
+        if !l.open {
+            return None; // closed by `finish` after the caller's check
+        }
         let (src, mut rtag, mut sel) = selector(&l.addrs, p);
         let mut st = std::mem::MaybeUninit::<psm2_mq_status2_t>::zeroed();
         // SAFETY: mq is open; tags and status are valid for the call.
@@ -1304,4 +1393,131 @@ pub fn register(registry: &mut Registry) {
         placement: Placement::Processes,
         open: |cfg| Ok(Arc::new(PsmDevice::open(cfg)?) as Arc<dyn Device>),
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use xdev::bootstrap::{BootstrapServer, Secret};
+    use xdev::{Buffer, Device};
+
+    thread_local! {
+        /// Makes the next blocking call of this thread panic right after
+        /// its PSM2 request is posted (fault injection for the unwind test).
+        pub(super) static PANIC_AFTER_PUBLISH: std::cell::Cell<bool> =
+            const { std::cell::Cell::new(false) };
+    }
+
+    /// A one-rank psm job in this process (PSM2 allows one endpoint per
+    /// process: every psm test of this binary is in this one function).
+    fn solo() -> Option<PsmDevice> {
+        let job = format!("psm-unit-{}", std::process::id());
+        let secret = Secret::generate().unwrap();
+        let server =
+            BootstrapServer::start("127.0.0.1:0".parse().unwrap(), 1, &job, secret.clone())
+                .unwrap();
+        let boot = Bootstrap::connect(server.addr(), 0, 1, &job, &secret).unwrap();
+        std::mem::forget(server);
+        match PsmDevice::with_bootstrap(&Config::new(0, 1, job), boot) {
+            Ok(d) => Some(d),
+            Err(e) => {
+                println!("skipped: no PSM2 endpoint here: {e}");
+                None
+            }
+        }
+    }
+
+    #[test]
+    fn blocking_calls_that_unwind_leave_psm2_nothing_of_the_callers_memory() {
+        let Some(dev) = solo() else {
+            return;
+        };
+        // A synchronous self-send goes through PSM2 (its self device) and
+        // completes only once a receive matched it: it unwinds right after
+        // it is posted; the caller reuses its block at once.
+        let want: Vec<u8> = (0..(1u32 << 20)).map(|i| (i % 253) as u8).collect();
+        let got = std::thread::scope(|s| {
+            let receiver = s.spawn(|| {
+                std::thread::sleep(Duration::from_millis(100));
+                let mut buf = vec![0u8; want.len()];
+                let st = dev.recv(&mut buf, Source::Rank(0), TagSel::Tag(3), 0);
+                (st, buf)
+            });
+            let mut block = want.clone();
+            let unwound = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                PANIC_AFTER_PUBLISH.with(|p| p.set(true));
+                dev.ssend(&block, 0, 3, 0)
+            }));
+            assert!(unwound.is_err(), "the injected panic unwound the send");
+            block.fill(0xee);
+            receiver.join().unwrap()
+        });
+        let (st, buf) = got;
+        assert_eq!(st.unwrap().count, want.len());
+        assert!(buf == want, "the receiver got the reused block's bytes");
+
+        // A blocking receive that unwinds once posted is cancelled: a later
+        // message goes elsewhere, not into the caller's old block.
+        let mut block = vec![0u8; 64];
+        let unwound = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            PANIC_AFTER_PUBLISH.with(|p| p.set(true));
+            dev.recv(&mut block, Source::Rank(0), TagSel::Tag(4), 0)
+        }));
+        assert!(unwound.is_err(), "the injected panic unwound the receive");
+        block.fill(0xaa);
+        let r = dev.irecv(Buffer::zeroed(64), Source::Rank(0), TagSel::Tag(4), 0);
+        dev.ssend(&[0x55; 64], 0, 4, 0).unwrap();
+        let c = r.wait();
+        assert!(c.status.error.is_none(), "{:?}", c.status);
+        assert!(c.buf.iter().all(|&x| x == 0x55));
+        assert!(
+            block.iter().all(|&x| x == 0xaa),
+            "the cancelled receive was written"
+        );
+
+        // `finish` racing with receives posted from other threads: each
+        // completes (Closed at the latest), and none reaches the closed
+        // endpoint.
+        let go = std::sync::Barrier::new(3);
+        let posted = std::thread::scope(|s| {
+            let poster = |tag: i32| {
+                let (dev, go) = (&dev, &go);
+                move || {
+                    let mut reqs = Vec::new();
+                    go.wait();
+                    loop {
+                        let r = dev.irecv(Buffer::zeroed(8), Source::Rank(0), TagSel::Tag(tag), 0);
+                        match r.test() {
+                            Ok(c) if c.status.error == Some(Error::Closed) => break,
+                            Ok(c) => panic!("unexpected completion {:?}", c.status),
+                            Err(r) => reqs.push(r),
+                        }
+                    }
+                    reqs
+                }
+            };
+            let a = s.spawn(poster(10));
+            let b = s.spawn(poster(11));
+            go.wait();
+            std::thread::sleep(Duration::from_millis(5));
+            dev.finish().unwrap();
+            let mut all = a.join().unwrap();
+            all.extend(b.join().unwrap());
+            all
+        });
+        for mut r in posted {
+            let t = Instant::now();
+            loop {
+                match r.test() {
+                    Ok(_) => break,
+                    Err(back) => r = back,
+                }
+                assert!(
+                    t.elapsed() < Duration::from_secs(10),
+                    "a receive posted during finish never completed"
+                );
+                std::thread::yield_now();
+            }
+        }
+    }
 }

@@ -420,3 +420,240 @@ fn hostile_frames_fail_their_sender_with_protocol_errors() {
         }
     }
 }
+
+/// After a rendezvous into `buf` (a user's heap buffer, or memory leased
+/// from the device), a peer that kept the rkey of the grant writes nothing:
+/// the raw write fails, and the receiver's memory keeps its bytes.
+fn old_rkey_writes_nothing(leased: bool) {
+    if unavailable().is_some() {
+        return;
+    }
+    let j = job(2, &[("eager_limit", "1024")]);
+    let (a, b) = (&j.devs[0], &j.devs[1]);
+    let len = 64 << 10;
+    let data = vec![0x42u8; len];
+    let target = if leased {
+        a.alloc_buffer(len).unwrap()
+    } else {
+        Buffer::zeroed(len)
+    };
+    let got = std::thread::scope(|s| {
+        s.spawn(|| b.send(&data, 0, 1, 0).unwrap());
+        a.irecv(target, Source::Rank(1), TagSel::Tag(1), 0).wait()
+    });
+    assert!(got.status.error.is_none(), "{:?}", got.status);
+    assert!(got.buf[..] == data[..]);
+    let grant = a.engine.last_grant().expect("the receiver granted a write");
+    // The receive is over (its grant deregistered); its memory is still
+    // ours and mapped (we hold `got.buf`).
+    let r = b.engine.write_raw(0, grant, &[0xee; 4096]);
+    assert!(
+        r.is_err(),
+        "a write with the rendezvous's old rkey succeeded"
+    );
+    println!("write with the old rkey: {}", r.unwrap_err());
+    assert!(
+        got.buf.iter().all(|&x| x == 0x42),
+        "the receiver's memory changed"
+    );
+}
+
+#[test]
+fn an_old_rkey_writes_nothing_after_a_rendezvous_into_a_heap_buffer() {
+    old_rkey_writes_nothing(false);
+}
+
+#[test]
+fn an_old_rkey_writes_nothing_after_a_rendezvous_into_leased_memory() {
+    old_rkey_writes_nothing(true);
+}
+
+/// Memory leased from the device (its registration cache) is registered for
+/// local access only: its rkey lets a peer write nothing.
+#[test]
+fn leased_memory_grants_no_remote_write() {
+    if unavailable().is_some() {
+        return;
+    }
+    let j = job(2, &[]);
+    let (a, b) = (&j.devs[0], &j.devs[1]);
+    let mut lease = a.cache().lease(8192).unwrap();
+    // SAFETY: the lease's chunk is ours, 8192 bytes.
+    unsafe { std::ptr::write_bytes(lease.as_mut_ptr(), 0x17, 8192) };
+    let own = lease.registration().remote(lease.as_ptr());
+    let r = b.engine.write_raw(0, own, &[0xee; 4096]);
+    assert!(r.is_err(), "a write with a cached chunk's rkey succeeded");
+    // SAFETY: as above; nothing writes the chunk now.
+    let bytes = unsafe { std::slice::from_raw_parts(lease.as_ptr(), 8192) };
+    assert!(bytes.iter().all(|&x| x == 0x17), "the chunk changed");
+}
+
+/// A blocking send that unwinds after it was published still waits until
+/// the NIC has read its buffer: the caller reusing its block at once
+/// changes nothing the receiver gets.
+#[test]
+fn a_blocking_send_that_unwinds_still_waits_for_the_nic() {
+    if unavailable().is_some() {
+        return;
+    }
+    let j = job(2, &[("eager_limit", "1024")]);
+    let (a, b) = (&j.devs[0], &j.devs[1]);
+    let want: Vec<u8> = (0..65_536u32).map(|i| (i * 7 % 251) as u8).collect();
+    let (st, got) = std::thread::scope(|s| {
+        let receiver = s.spawn(|| {
+            std::thread::sleep(Duration::from_millis(50));
+            let mut buf = vec![0u8; want.len()];
+            let st = a.recv(&mut buf, Source::Rank(1), TagSel::Tag(3), 0);
+            (st, buf)
+        });
+        let mut block = want.clone();
+        let unwound = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            super::engine::PANIC_AFTER_PUBLISH.with(|p| p.set(true));
+            b.send(&block, 0, 3, 0)
+        }));
+        assert!(unwound.is_err(), "the injected panic unwound the send");
+        block.fill(0xee);
+        while !receiver.is_finished() {
+            b.progress();
+        }
+        receiver.join().unwrap()
+    });
+    assert_eq!(st.unwrap().count, want.len());
+    assert!(got == want, "the receiver got the reused block's bytes");
+    for d in &j.devs {
+        d.finish().unwrap();
+    }
+}
+
+/// `finish` racing with receives posted from other threads: every request
+/// completes (with `Closed`), none is left behind in a queue `finish`
+/// already emptied.
+#[test]
+fn finish_racing_with_posts_leaves_no_request_behind() {
+    if unavailable().is_some() {
+        return;
+    }
+    for i in 0..40 {
+        let j = job(2, &[]);
+        let a = &j.devs[0];
+        let go = std::sync::Barrier::new(3);
+        let posted = std::thread::scope(|s| {
+            let poster = |tag: i32| {
+                let (a, go) = (a, &go);
+                move || {
+                    let mut reqs = Vec::new();
+                    go.wait();
+                    loop {
+                        let r = a.irecv(Buffer::zeroed(8), Source::Rank(1), TagSel::Tag(tag), 0);
+                        match r.test() {
+                            Ok(c) if c.status.error == Some(Error::Closed) => break,
+                            Ok(c) => panic!("unexpected completion {:?}", c.status),
+                            Err(r) => reqs.push(r),
+                        }
+                    }
+                    reqs
+                }
+            };
+            let x = s.spawn(poster(1));
+            let y = s.spawn(poster(2));
+            go.wait();
+            let _ = a.finish();
+            let mut all = x.join().unwrap();
+            all.extend(y.join().unwrap());
+            all
+        });
+        for mut r in posted {
+            let t = Instant::now();
+            loop {
+                match r.test() {
+                    Ok(_) => break,
+                    Err(back) => r = back,
+                }
+                assert!(
+                    t.elapsed() < Duration::from_secs(10),
+                    "iteration {i}: a request posted during finish never completed"
+                );
+                std::thread::yield_now();
+            }
+        }
+        let _ = j.devs[1].finish();
+    }
+}
+
+/// Rendezvous starts are bounded per sender: a flood of raw `RNDZ_START`s
+/// that nothing receives fails its sender once past the window, with the
+/// receiver holding no more than the window; an honest sender beyond the
+/// window waits instead, and everything arrives in order.
+#[test]
+fn rendezvous_starts_are_bounded_per_sender() {
+    use super::wire::{encode, Body, Header, MAX_CONTROL_LEN};
+    if unavailable().is_some() {
+        return;
+    }
+    super::engine::RNDV_WINDOW_FOR_TESTS.store(16, std::sync::atomic::Ordering::Relaxed);
+    struct Restore;
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            super::engine::RNDV_WINDOW_FOR_TESTS.store(0, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+    let _restore = Restore;
+    // The hostile flood.
+    let j = job(2, &[]);
+    let (a, b) = (&j.devs[0], &j.devs[1]);
+    let r = a.irecv(Buffer::zeroed(16), Source::Rank(1), TagSel::Tag(9), 0);
+    for i in 0..17u64 {
+        let mut f = vec![0u8; MAX_CONTROL_LEN];
+        let head = Header {
+            id: 1000 + i,
+            tag: 5,
+            ..Header::default()
+        };
+        let n = encode(&head, &Body::RndzStart { len: 1 << 20 }, &mut f);
+        f.truncate(n);
+        let t = Instant::now();
+        while !b.engine.has_credit(0) {
+            a.progress();
+            b.progress();
+            assert!(t.elapsed() < Duration::from_secs(30), "no credit");
+        }
+        b.engine.post_raw(0, &f);
+        a.progress();
+        assert!(
+            a.engine.rendezvous_counts(1).0 <= 16,
+            "held beyond the window"
+        );
+    }
+    let c = within(r, 30, "flood");
+    match c.status.error {
+        Some(Error::Protocol { rank: 1, what }) => {
+            assert!(what.contains("unfinished rendezvous"), "{what}")
+        }
+        other => panic!("the flooding sender was not failed: {other:?}"),
+    }
+    drop(j);
+    // An honest sender past the window.
+    let j = job(2, &[("eager_limit", "1024")]);
+    let (a, b) = (&j.devs[0], &j.devs[1]);
+    let sends: Vec<_> = (0..40u8)
+        .map(|i| b.isend(Buffer::from(vec![i; 4096]), 0, 2, 0))
+        .collect();
+    assert!(b.engine.rendezvous_counts(0).1 <= 16, "the window holds");
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            for r in sends {
+                assert!(r.wait().status.error.is_none());
+            }
+        });
+        for i in 0..40u8 {
+            let mut buf = vec![0u8; 4096];
+            a.recv(&mut buf, Source::Rank(1), TagSel::Tag(2), 0)
+                .unwrap();
+            assert!(buf.iter().all(|&x| x == i), "message {i} out of order");
+        }
+    });
+    assert_eq!(a.engine.rendezvous_counts(1).0, 0);
+    for d in &j.devs {
+        d.finish().unwrap();
+    }
+}

@@ -57,9 +57,45 @@ use crate::verbs::{
 /// Work request ids on the send queue: kind in the top byte.
 const WR_SLOT: u64 = 1 << 56;
 const WR_WRITE: u64 = 2 << 56;
+/// A raw RDMA write posted by a test (`write_raw`).
+#[cfg(test)]
+const WR_RAW: u64 = 3 << 56;
+
+#[cfg(test)]
+thread_local! {
+    /// Makes the next blocking send of this thread panic right after it is
+    /// published (fault injection for the unwind test).
+    pub(crate) static PANIC_AFTER_PUBLISH: std::cell::Cell<bool> =
+        const { std::cell::Cell::new(false) };
+}
 const WR_KIND: u64 = 0xff << 56;
 /// Largest single RDMA write (longer messages are split).
 const MAX_WRITE: usize = 1 << 30;
+/// Rendezvous sends a rank has started (`RNDZ_START` posted) towards one
+/// peer and not yet seen finished. More wait in that peer's backlog, in
+/// order, and sends behind them too. A receiver so holds at most this many
+/// of one sender's rendezvous starts, matched or not, and fails a sender
+/// that exceeds it (`Error::Protocol`): a start is re-posted at once, so
+/// without this bound a hostile or careless sender could make a receiver
+/// keep any number of them. A held start costs about 100 bytes.
+const RNDV_WINDOW: usize = 65_536;
+
+/// [`RNDV_WINDOW`], or a smaller one a test set.
+fn rndv_window() -> usize {
+    #[cfg(test)]
+    {
+        let w = RNDV_WINDOW_FOR_TESTS.load(Ordering::Relaxed);
+        if w > 0 {
+            return w;
+        }
+    }
+    RNDV_WINDOW
+}
+
+/// A smaller rendezvous window for tests (0: the real one).
+#[cfg(test)]
+pub(crate) static RNDV_WINDOW_FOR_TESTS: std::sync::atomic::AtomicUsize =
+    std::sync::atomic::AtomicUsize::new(0);
 /// Completions taken per poll.
 const POLL_BATCH: usize = 32;
 /// Polls of an idle wait before it sleeps.
@@ -169,7 +205,8 @@ struct Outgoing<'a> {
 }
 
 /// A rendezvous receive waiting for `RNDZ_END`: the peer may write `target`
-/// through `reg` until then.
+/// through `reg` until then; dropping the entry deregisters `reg`, which
+/// ends the grant.
 struct Incoming {
     src: Rank,
     env: Envelope,
@@ -228,6 +265,12 @@ struct Peer {
     control: VecDeque<Control>,
     /// Why operations involving it fail, once it is gone.
     gone: Option<Error>,
+    /// Our rendezvous sends to it that started and have not finished (at
+    /// most [`RNDV_WINDOW`]).
+    rndv_out: usize,
+    /// Its rendezvous starts we read and have not finished (answered with
+    /// a zero-length or failed grant, or ended by its `RNDZ_END`).
+    rndv_in: usize,
 }
 
 /// One rank's protocol state, behind the engine lock.
@@ -251,6 +294,12 @@ struct Local {
     /// Threads waiting on the condition variable (only then is it
     /// signalled: `notify_all` is a system call even with no waiter).
     cond_waiters: usize,
+    /// The last remote-write grant this rank sent (tests).
+    #[cfg(test)]
+    last_grant: Option<RemoteAddr>,
+    /// The outcome of the last `write_raw` (tests).
+    #[cfg(test)]
+    raw_write: Option<std::result::Result<(), String>>,
 }
 
 /// The engine of one rank, shared by the device handle and its requests.
@@ -312,6 +361,8 @@ impl Engine {
                 backlog: VecDeque::new(),
                 control: VecDeque::new(),
                 gone: None,
+                rndv_out: 0,
+                rndv_in: 0,
             })
             .collect();
         let slots = fab.opts.send_slots as u32;
@@ -339,6 +390,10 @@ impl Engine {
                 departures_seen: 0,
                 wcs: vec![WorkCompletion::default(); POLL_BATCH],
                 cond_waiters: 0,
+                #[cfg(test)]
+                last_grant: None,
+                #[cfg(test)]
+                raw_write: None,
             }),
             fab,
             cond: Condvar::new(),
@@ -369,6 +424,73 @@ impl Engine {
         );
         self.post_frame(&mut l, peer, frame, &[], None)
             .expect("post a raw frame");
+    }
+
+    /// Whether a raw frame to `peer` may be posted now (a credit).
+    #[cfg(test)]
+    pub(crate) fn has_credit(&self, peer: Rank) -> bool {
+        let l = self.lock();
+        self.can_post(&l, peer, 1, true)
+    }
+
+    /// `peer`'s unfinished rendezvous starts we hold, and ours to it.
+    #[cfg(test)]
+    pub(crate) fn rendezvous_counts(&self, peer: Rank) -> (usize, usize) {
+        let l = self.lock();
+        (l.peers[peer].rndv_in, l.peers[peer].rndv_out)
+    }
+
+    /// The last remote-write grant this rank sent in an `RNDZ_REPLY`.
+    #[cfg(test)]
+    pub(crate) fn last_grant(&self) -> Option<RemoteAddr> {
+        self.lock().last_grant
+    }
+
+    /// RDMA-writes `data` to `dst` at `peer` behind the protocol's back, as
+    /// a peer that kept an old key would, and waits for the completion: its
+    /// status, or the work completion's error.
+    #[cfg(test)]
+    pub(crate) fn write_raw(
+        &self,
+        peer: Rank,
+        dst: RemoteAddr,
+        data: &[u8],
+    ) -> std::result::Result<(), String> {
+        let mut src = self
+            .fab
+            .cache
+            .lease(data.len())
+            .map_err(|e| e.to_string())?;
+        // SAFETY: the lease's chunk is ours, at least data.len() bytes.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), src.as_mut_ptr(), data.len()) };
+        let reg = src.registration();
+        {
+            let mut l = self.lock();
+            l.raw_write = None;
+            let qp = self.fab.qps[peer].as_ref().expect("a peer");
+            qp.post_send(&SendRequest {
+                wr_id: WR_RAW | peer as u64,
+                op: SendOp::RdmaWrite(dst),
+                sges: &[reg.sge(src.as_ptr(), data.len())],
+                flags: SendFlags::SIGNALED,
+            })
+            .map_err(|e| e.to_string())?;
+            l.peers[peer].sq_free -= 1;
+        }
+        let t = Instant::now();
+        loop {
+            {
+                let mut l = self.lock();
+                self.progress_locked(&mut l);
+                if let Some(r) = l.raw_write.take() {
+                    return r;
+                }
+            }
+            if t.elapsed() > Duration::from_secs(30) {
+                return Err("no completion for the raw write".into());
+            }
+            std::thread::yield_now();
+        }
     }
 
     /// Moves the queue pair to `peer` to the error state behind the
@@ -503,6 +625,9 @@ impl Engine {
             return false;
         }
         let eager = self.goes_eager(l, dest, s.len);
+        if !eager && l.peers[dest].rndv_out >= rndv_window() {
+            return false; // waits for one of ours to finish
+        }
         let head = Header {
             tag: s.tag,
             context: s.context,
@@ -529,6 +654,7 @@ impl Engine {
             }
         } else {
             l.sends.get_mut(&id).expect("present").stage = Stage::AwaitReply;
+            l.peers[dest].rndv_out += 1;
         }
         true
     }
@@ -672,6 +798,10 @@ impl Engine {
         let Some(s) = l.sends.remove(&id) else {
             return;
         };
+        if matches!(s.stage, Stage::AwaitReply | Stage::Writing { .. }) {
+            let p = &mut l.peers[s.dest];
+            p.rndv_out = p.rndv_out.saturating_sub(1);
+        }
         l.events += 1;
         let env = Envelope {
             source: s.dest,
@@ -838,6 +968,12 @@ impl Engine {
         }
     }
 
+    /// One of `src`'s rendezvous starts is finished on our side.
+    fn rendezvous_in_ended(l: &mut Local, src: Rank) {
+        let p = &mut l.peers[src];
+        p.rndv_in = p.rndv_in.saturating_sub(1);
+    }
+
     /// Answers a matched rendezvous start: registers the receive buffer and
     /// sends its address and key (or a zero-length grant).
     fn reply(&self, l: &mut Local, env: Envelope, id: u64, len: usize, t: Target) {
@@ -854,18 +990,28 @@ impl Engine {
                 failed: false,
             };
             self.push_control(l, src, c);
+            Self::rendezvous_in_ended(l, src);
             self.complete_target(l, t, Status::received(env, len, cap));
             return;
         }
+        // A registration of exactly the granted range, for this receive
+        // only: dropped with the `Incoming` entry (at RNDZ_END, or when the
+        // receive fails or the peer goes), which deregisters it, so the
+        // rkey the peer got writes nothing afterwards (the cache's own
+        // chunks grant no remote access at all).
         // SAFETY: the receive's buffer stays alive and in place until the
         // `Incoming` entry (which holds the registration) is removed: it is
         // owned by the request held in the entry, or borrowed by a blocking
         // call that removes the entry before it returns.
-        match unsafe { self.fab.cache.register(dst, grant) } {
+        match unsafe { self.fab.cache.grant_remote_write(dst, grant) } {
             Ok(reg) => {
                 let rid = l.next_id;
                 l.next_id += 1;
                 let remote = reg.remote(dst);
+                #[cfg(test)]
+                {
+                    l.last_grant = Some(remote);
+                }
                 l.incoming.insert(
                     rid,
                     Incoming {
@@ -895,6 +1041,7 @@ impl Engine {
                     failed: true,
                 };
                 self.push_control(l, src, c);
+                Self::rendezvous_in_ended(l, src);
                 self.complete_target(l, t, Status::failed(env, registration_error(e)));
             }
         }
@@ -954,6 +1101,13 @@ impl Engine {
                     .ok()
                     .filter(|&n| n <= isize::MAX as usize)
                     .ok_or_else(|| format!("rendezvous length {len} too large"))?;
+                l.peers[src].rndv_in += 1;
+                if l.peers[src].rndv_in > rndv_window() {
+                    return Err(format!(
+                        "more than {} unfinished rendezvous sends",
+                        rndv_window()
+                    ));
+                }
                 if let Some((_, t)) = l.matching.take_posted(&env) {
                     self.reply(l, env, head.id, len, t);
                 } else {
@@ -1011,6 +1165,7 @@ impl Engine {
                     return Err(format!("RNDZ_END for unknown receive {rid}"));
                 }
                 let inc = l.incoming.remove(&rid).expect("present");
+                Self::rendezvous_in_ended(l, src);
                 let st = if head.flags & FLAG_FAILED != 0 {
                     let e = Error::transport(
                         format!("rendezvous receive from rank {src}"),
@@ -1190,6 +1345,20 @@ impl Engine {
                 };
                 (s.dest, (!wc.is_success()).then_some(send))
             }
+            #[cfg(test)]
+            WR_RAW => {
+                let dest = (id & !WR_KIND) as Rank;
+                l.raw_write = Some(if wc.is_success() {
+                    Ok(())
+                } else {
+                    Err(wr_error(wc, dest, "raw RDMA write").to_string())
+                });
+                l.peers[dest].sq_free += 1;
+                if !wc.is_success() && l.peers[dest].gone.is_none() {
+                    self.fail_peer(l, dest, wr_error(wc, dest, "raw RDMA write"));
+                }
+                return;
+            }
             _ => return,
         };
         l.peers[dest].sq_free += 1;
@@ -1218,6 +1387,7 @@ impl Engine {
         }
         l.events += 1;
         l.peers[d].gone = Some(err.clone());
+        l.peers[d].rndv_in = 0;
         if let Some(qp) = &self.fab.qps[d] {
             if let Err(e) = qp.modify_to_error() {
                 eprintln!("ibvx: cannot move the queue pair of rank {d} to the error state: {e}");
@@ -1438,8 +1608,17 @@ impl Engine {
     ) -> Result<()> {
         check_send(dest, tag, self.fab.size)?;
         self.check_open()?;
+        // Made before the send is published: on any exit, an unwind
+        // included, it waits until the NIC and the peer are done with `buf`.
+        let settle = SettleSend {
+            engine: self,
+            waiter: Default::default(),
+        };
         let mut l = self.lock();
-        let mut waiter = None;
+        if self.closing.load(Ordering::Acquire) {
+            // `finish` may be past its wait for our sends.
+            return Err(Error::Closed);
+        }
         let out = Outgoing {
             dest,
             tag,
@@ -1449,14 +1628,22 @@ impl Engine {
         };
         let started = self.start(&mut l, out, || {
             let w = BlockingSend::new();
-            waiter = Some(w.clone());
+            *settle.waiter.borrow_mut() = Some(w.clone());
             SendOwner::Blocking(w)
         })?;
         if !started {
             return Ok(());
         }
         drop(l);
-        let w = waiter.expect("a send in the engine has its waiter");
+        let w = settle
+            .waiter
+            .borrow()
+            .clone()
+            .expect("a send in the engine has its waiter");
+        #[cfg(test)]
+        if PANIC_AFTER_PUBLISH.with(|p| p.replace(false)) {
+            panic!("injected: unwinding out of a published blocking send");
+        }
         // The NIC or the peer may read `buf` until the send is out of the
         // engine: this wait ignores our own closing (finish waits for it).
         let _ = self.block_until(false, |_, _| Ok(w.is_done()));
@@ -1488,6 +1675,14 @@ impl Engine {
         // holds the pointer.
         let data = unsafe { std::slice::from_raw_parts(core.buffer_ptr(), core.buffer_len()) };
         let mut l = self.lock();
+        if self.closing.load(Ordering::Acquire) {
+            // `finish` began after our first check (it sets `closing`
+            // before it waits and empties the queues under this lock).
+            drop(l);
+            self.tracker
+                .complete(&core, Status::failed(env, Error::Closed));
+            return Request::new(core, self.clone());
+        }
         let out = Outgoing {
             dest,
             tag,
@@ -1524,6 +1719,14 @@ impl Engine {
         }
         let core = self.tracker.start(RequestKind::Recv, buf);
         let mut l = self.lock();
+        if self.closing.load(Ordering::Acquire) {
+            // `finish` began after our first check: it empties the posted
+            // queue under this lock, so nothing posted now would complete.
+            drop(l);
+            self.tracker
+                .complete(&core, Status::failed(env, Error::Closed));
+            return Request::new(core, self.clone());
+        }
         self.post(&mut l, pattern, Target::Request(core.clone()), |id| {
             core.set_token(id.as_u64())
         });
@@ -1561,18 +1764,23 @@ impl Engine {
         check_recv(pattern.source, pattern.tag, self.fab.size)?;
         self.check_open()?;
         let b = BlockingRecv::new(buf);
-        let mut id = None;
-        {
-            let mut l = self.lock();
-            self.post(&mut l, pattern, Target::Blocking(b.clone()), |p| {
-                id = Some(p)
-            });
-        }
-        let guard = Unpost {
+        // Made before the receive is posted: on any exit, an unwind
+        // included, it takes the receive back out of the engine (and stops
+        // a peer writing into `buf`).
+        let mut guard = Unpost {
             engine: self,
             recv: &b,
-            id,
+            id: None,
         };
+        {
+            let mut l = self.lock();
+            if self.closing.load(Ordering::Acquire) {
+                return Err(Error::Closed);
+            }
+            self.post(&mut l, pattern, Target::Blocking(b.clone()), |p| {
+                guard.id = Some(p)
+            });
+        }
         let r = if b.is_done() {
             Ok(())
         } else {
@@ -1651,6 +1859,25 @@ impl Engine {
         self.closed.store(true, Ordering::Release);
         self.notify(&l);
         r
+    }
+}
+
+/// Settles a blocking send on every exit, an unwind included: once the send
+/// is published the NIC may read the caller's buffer (an eager send from
+/// it, an RDMA write) until its completion, so a call that unwinds waits
+/// for that here.
+struct SettleSend<'e> {
+    engine: &'e Engine,
+    waiter: std::cell::RefCell<Option<Arc<BlockingSend>>>,
+}
+
+impl Drop for SettleSend<'_> {
+    fn drop(&mut self) {
+        if let Some(w) = self.waiter.get_mut().take() {
+            if !w.is_done() {
+                let _ = self.engine.block_until(false, |_, _| Ok(w.is_done()));
+            }
+        }
     }
 }
 

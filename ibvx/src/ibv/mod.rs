@@ -333,7 +333,7 @@ impl IbvDevice {
             .map_err(verbs_error("register the send slots"))?;
         let cache = RegistrationCache::new(
             &pd,
-            Access::LOCAL_WRITE | Access::REMOTE_WRITE,
+            Access::LOCAL_WRITE,
             CacheLimits {
                 max_idle_chunks: 64,
                 max_idle_bytes: opts.reg_cache_idle_bytes,

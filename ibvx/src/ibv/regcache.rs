@@ -137,16 +137,34 @@ struct Keys {
     rkey: u32,
 }
 
+/// What a registration lets the NIC do with the memory.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+enum Exposure {
+    /// Local access only (the cache's chunks, send sources): its rkey
+    /// grants a peer nothing.
+    Local,
+    /// Local access, and RDMA writes by whoever holds the rkey: only ever a
+    /// transient registration of one rendezvous receive, deregistered (so
+    /// the rkey dies) when that receive ends.
+    RemoteWrite,
+}
+
 /// Registers and deregisters memory; the pool's only contact with verbs.
 trait Registrar: Send + Sync + 'static {
     /// The handle of one registration.
     type Region: Send + Sync + 'static;
 
-    /// Registers `len` bytes at `ptr`.
+    /// Registers `len` bytes at `ptr`, for local access only or granting
+    /// remote write as well.
     ///
     /// # Safety
     /// The range must stay mapped until the region is deregistered.
-    unsafe fn register(&self, ptr: NonNull<u8>, len: usize) -> verbs::Result<(Self::Region, Keys)>;
+    unsafe fn register(
+        &self,
+        ptr: NonNull<u8>,
+        len: usize,
+        exposure: Exposure,
+    ) -> verbs::Result<(Self::Region, Keys)>;
 
     /// Deregisters; on failure the device may still reach the memory.
     fn deregister(&self, region: Self::Region) -> verbs::Result<()>;
@@ -165,10 +183,15 @@ impl Registrar for VerbsRegistrar {
         &self,
         ptr: NonNull<u8>,
         len: usize,
+        exposure: Exposure,
     ) -> verbs::Result<(MemoryRegion<'static>, Keys)> {
+        let access = match exposure {
+            Exposure::Local => self.access,
+            Exposure::RemoteWrite => self.access | Access::LOCAL_WRITE | Access::REMOTE_WRITE,
+        };
         // SAFETY: forwarded contract: the range stays mapped until the
         // region is deregistered (`deregister` below, or its drop).
-        let mr = unsafe { MemoryRegion::register_raw_parts(&self.pd, ptr, len, self.access)? };
+        let mr = unsafe { MemoryRegion::register_raw_parts(&self.pd, ptr, len, access)? };
         let keys = Keys {
             lkey: mr.lkey(),
             rkey: mr.rkey(),
@@ -551,15 +574,16 @@ impl<R: Registrar> Pool<R> {
         // SAFETY: the mapping is unmapped only by `Chunk::drop`, after the
         // region is deregistered (or on the error path below, when it is
         // not registered).
-        let (region, keys) = match unsafe { self.shared.registrar.register(ptr, class) } {
-            Ok(r) => r,
-            Err(e) => {
-                // SAFETY: mapped above, registration failed, not shared.
-                unsafe { unmap(ptr, class) };
-                self.shared.release(class);
-                return Err(e);
-            }
-        };
+        let (region, keys) =
+            match unsafe { self.shared.registrar.register(ptr, class, Exposure::Local) } {
+                Ok(r) => r,
+                Err(e) => {
+                    // SAFETY: mapped above, registration failed, not shared.
+                    unsafe { unmap(ptr, class) };
+                    self.shared.release(class);
+                    return Err(e);
+                }
+            };
         let chunk = Arc::new(Chunk {
             ptr,
             len: class,
@@ -635,9 +659,17 @@ impl<R: Registrar> Pool<R> {
     /// # Safety
     /// The range must stay mapped until the returned registration (every
     /// clone) is dropped.
-    unsafe fn register(&self, ptr: *mut u8, len: usize) -> verbs::Result<Reg<R>> {
-        if let Some(r) = self.find(ptr, len) {
-            return Ok(r);
+    unsafe fn register(
+        &self,
+        ptr: *mut u8,
+        len: usize,
+        exposure: Exposure,
+    ) -> verbs::Result<Reg<R>> {
+        // A chunk serves local access; a remote grant is always its own.
+        if exposure == Exposure::Local {
+            if let Some(r) = self.find(ptr, len) {
+                return Ok(r);
+            }
         }
         let Some(nn) = NonNull::new(ptr) else {
             return Err(verbs::Error::InvalidArgument(
@@ -655,7 +687,7 @@ impl<R: Registrar> Pool<R> {
         self.reserve(pinned, "transient registration")?;
         // SAFETY: the caller keeps the range mapped until the Registration
         // is dropped, and `Transient::drop` deregisters it.
-        let (region, keys) = match unsafe { self.shared.registrar.register(nn, len) } {
+        let (region, keys) = match unsafe { self.shared.registrar.register(nn, len, exposure) } {
             Ok(r) => r,
             Err(e) => {
                 self.shared.release(pinned);
@@ -791,7 +823,26 @@ impl RegistrationCache {
     /// `Registration` and all its clones are dropped.
     pub unsafe fn register(&self, ptr: *mut u8, len: usize) -> Result<Registration, verbs::Error> {
         // SAFETY: forwarded contract.
-        unsafe { self.inner.register(ptr, len) }.map(|inner| Registration { inner })
+        unsafe { self.inner.register(ptr, len, Exposure::Local) }
+            .map(|inner| Registration { inner })
+    }
+
+    /// Registers `len` bytes at `ptr` for one rendezvous receive: local
+    /// access and remote write, always a registration of its own (never a
+    /// chunk's, whose keys grant no remote access), counted in the pinned
+    /// budget. Dropping the last clone deregisters it, after which its rkey
+    /// lets nobody write anything.
+    ///
+    /// # Safety
+    /// As [`register`](Self::register).
+    pub unsafe fn grant_remote_write(
+        &self,
+        ptr: *mut u8,
+        len: usize,
+    ) -> Result<Registration, verbs::Error> {
+        // SAFETY: forwarded contract.
+        unsafe { self.inner.register(ptr, len, Exposure::RemoteWrite) }
+            .map(|inner| Registration { inner })
     }
 
     /// Counters and occupancy.

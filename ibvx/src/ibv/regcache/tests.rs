@@ -28,7 +28,12 @@ struct FakeRegion {
 impl Registrar for Fake {
     type Region = FakeRegion;
 
-    unsafe fn register(&self, ptr: NonNull<u8>, len: usize) -> verbs::Result<(FakeRegion, Keys)> {
+    unsafe fn register(
+        &self,
+        ptr: NonNull<u8>,
+        len: usize,
+        _exposure: Exposure,
+    ) -> verbs::Result<(FakeRegion, Keys)> {
         if self.fail_register.load(Ordering::SeqCst) {
             return Err(verbs::Error::Registration {
                 len,
@@ -283,7 +288,7 @@ fn a_zero_budget_refuses_everything() {
     assert!(matches!(p.lease(0), Err(verbs::Error::Budget { .. })));
     let mut v = vec![1u8; 100];
     // SAFETY: `v` outlives every registration (none is made).
-    let r = unsafe { p.register(v.as_mut_ptr(), v.len()) };
+    let r = unsafe { p.register(v.as_mut_ptr(), v.len(), Exposure::Local) };
     assert!(matches!(r, Err(verbs::Error::Budget { .. })));
     assert_eq!(live(&p), 0);
 }
@@ -296,7 +301,7 @@ fn leased_chunks_are_never_evicted() {
     assert!(matches!(p.lease(0), Err(verbs::Error::Budget { .. })));
     let mut v = vec![0u8; 10];
     // SAFETY: `v` outlives the attempt.
-    assert!(unsafe { p.register(v.as_mut_ptr(), 10) }.is_err());
+    assert!(unsafe { p.register(v.as_mut_ptr(), 10, Exposure::Local) }.is_err());
     for l in [&a, &b] {
         let r = p.find(l.chunk.ptr.as_ptr(), 4 * K).unwrap();
         assert_eq!(r.keys(), l.chunk.keys);
@@ -313,7 +318,7 @@ fn a_failed_registration_releases_its_reservation() {
     assert!(matches!(e, verbs::Error::Registration { .. }), "{e}");
     let mut v = vec![0u8; 100];
     // SAFETY: `v` outlives the attempt.
-    let e = unsafe { p.register(v.as_mut_ptr(), 100) }.unwrap_err();
+    let e = unsafe { p.register(v.as_mut_ptr(), 100, Exposure::Local) }.unwrap_err();
     assert!(matches!(e, verbs::Error::Registration { .. }), "{e}");
     let s = p.stats();
     assert_eq!(
@@ -364,7 +369,7 @@ fn foreign_memory_gets_a_transient_registration_that_is_never_cached() {
     let mut v = vec![7u8; 10_000];
     let va = v.as_mut_ptr();
     // SAFETY: `v` outlives `r` (dropped below, before `v`).
-    let r = unsafe { p.register(va, v.len()) }.unwrap();
+    let r = unsafe { p.register(va, v.len(), Exposure::Local) }.unwrap();
     assert!(matches!(r, Reg::Transient(_)));
     assert_eq!((r.addr(), r.len()), (va as usize, 10_000));
     let pages = pages_spanned(va as usize, 10_000).unwrap();
@@ -386,7 +391,7 @@ fn foreign_memory_gets_a_transient_registration_that_is_never_cached() {
     let s = p.stats();
     assert_eq!((s.transient_bytes, s.pinned_bytes), (0, 0));
     // SAFETY: `v` outlives the registration.
-    let again = unsafe { p.register(va, 100) }.unwrap();
+    let again = unsafe { p.register(va, 100, Exposure::Local) }.unwrap();
     assert_ne!(
         again.keys(),
         Keys {
@@ -402,7 +407,7 @@ fn foreign_memory_gets_a_transient_registration_that_is_never_cached() {
     let l = p.lease(100).unwrap();
     let n = fake(&p).registers.load(Ordering::SeqCst);
     // SAFETY: the chunk stays mapped while `l` lives.
-    let r = unsafe { p.register(l.chunk.ptr.as_ptr().add(10), 50) }.unwrap();
+    let r = unsafe { p.register(l.chunk.ptr.as_ptr().add(10), 50, Exposure::Local) }.unwrap();
     assert!(matches!(r, Reg::Cached(_)));
     assert_eq!(r.keys(), l.chunk.keys);
     assert_eq!(fake(&p).registers.load(Ordering::SeqCst), n);
@@ -411,15 +416,15 @@ fn foreign_memory_gets_a_transient_registration_that_is_never_cached() {
     // SAFETY: nothing is registered for these.
     unsafe {
         assert!(matches!(
-            p.register(ptr::null_mut(), 10),
+            p.register(ptr::null_mut(), 10, Exposure::Local),
             Err(verbs::Error::InvalidArgument(_))
         ));
         assert!(matches!(
-            p.register(va, 0),
+            p.register(va, 0, Exposure::Local),
             Err(verbs::Error::InvalidArgument(_))
         ));
         assert!(matches!(
-            p.register(usize::MAX as *mut u8, 10),
+            p.register(usize::MAX as *mut u8, 10, Exposure::Local),
             Err(verbs::Error::InvalidArgument(_))
         ));
     }
@@ -435,14 +440,14 @@ fn transient_registrations_evict_idle_chunks_for_room() {
     let keep = p.lease(0).unwrap(); // the 4 KiB hit; 8 KiB idle, 4 KiB leased
     let mut v = vec![0u8; 2 * 4096]; // spans 2 or 3 pages
                                      // SAFETY: `v` outlives `r`.
-    let r = unsafe { p.register(v.as_mut_ptr(), v.len()) }.unwrap();
+    let r = unsafe { p.register(v.as_mut_ptr(), v.len(), Exposure::Local) }.unwrap();
     let s = p.stats();
     assert_eq!(s.evictions, 1);
     assert!(s.pinned_bytes <= 16 * K, "{s:?}");
     // Now nothing is idle and the budget is full: refused.
     let mut w = vec![0u8; 8 * K];
     // SAFETY: `w` outlives the attempt.
-    let e = unsafe { p.register(w.as_mut_ptr(), w.len()) }.unwrap_err();
+    let e = unsafe { p.register(w.as_mut_ptr(), w.len(), Exposure::Local) }.unwrap_err();
     assert!(matches!(e, verbs::Error::Budget { .. }), "{e}");
     drop(r);
     drop(keep);
@@ -666,7 +671,7 @@ proptest! {
                     let pages = pages_spanned(v.as_ptr() as usize, len).unwrap();
                     // A Vec is never inside a chunk (chunks are our own mappings).
                     // SAFETY: `v` outlives the registration, dropped at the end of this arm.
-                    let got = unsafe { p.register(v.as_mut_ptr(), len) };
+                    let got = unsafe { p.register(v.as_mut_ptr(), len, Exposure::Local) };
                     if m.reserve(pages, leased_bytes, &limits) {
                         let r = got.unwrap();
                         prop_assert!(matches!(r, Reg::Transient(_)));
