@@ -11,6 +11,7 @@
 
 pub mod cma;
 pub mod doorbell;
+mod fd_pass;
 pub mod futex;
 pub mod liveness;
 pub use xdev::lock;

@@ -223,7 +223,7 @@ impl ProcessOptions {
 ///
 /// Encoded as `XSP1`, then little-endian pid (u32), slots per ring (u32),
 /// credit bytes (u64), probe address (u64), probe value (u64), name length
-/// (u16) and the segment name. [`PeerInfo::decode`] accepts exactly that and
+/// (u16) and the inbox reference. [`PeerInfo::decode`] accepts exactly that and
 /// nothing else.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PeerInfo {
@@ -237,7 +237,8 @@ pub struct PeerInfo {
     pub probe_addr: u64,
     /// The probe value.
     pub probe_value: u64,
-    /// The inbox segment's name.
+    /// Where to fetch the inbox's descriptor: an abstract Unix socket name
+    /// (see [`crate::segment::valid_ref`]).
     pub segment: String,
 }
 
@@ -260,7 +261,7 @@ impl PeerInfo {
     }
 
     /// Parses the wire form; rejects anything malformed (wrong magic or
-    /// length, a segment name that is not a valid segment name).
+    /// length, an inbox reference that is not well formed).
     pub fn decode(b: &[u8]) -> std::result::Result<PeerInfo, String> {
         if b.len() < INFO_FIXED || &b[..4] != INFO_MAGIC {
             return Err(format!("bad peer record ({} bytes)", b.len()));
@@ -276,10 +277,10 @@ impl PeerInfo {
             ));
         }
         let segment = std::str::from_utf8(&b[INFO_FIXED..])
-            .map_err(|_| "segment name is not UTF-8".to_string())?
+            .map_err(|_| "inbox reference is not UTF-8".to_string())?
             .to_string();
-        if !segment::valid_name(&segment) {
-            return Err(format!("invalid segment name {segment:?}"));
+        if !segment::valid_ref(&segment) {
+            return Err(format!("invalid inbox reference {segment:?}"));
         }
         let nslots = u32_at(8);
         if !nslots.is_power_of_two() || nslots < 4 {
@@ -1814,7 +1815,11 @@ impl ProcessDevice {
             size,
             nslots: opts.nslots(),
         };
-        let mut mine = Inbox::create(&segment::name_prefix(&config.job), rank, layout)?;
+        let mut mine = Inbox::create(rank, layout)?;
+        // Our inbox's descriptor goes to the job's other ranks over a Unix
+        // socket named in our bootstrap record (see segment.rs).
+        let offer = crate::fd_pass::FdOffer::listen()
+            .map_err(|e| Error::transport("listening to hand out the inbox", e))?;
         let mut rnd = [0u8; 8];
         let _ = getrandom::fill(&mut rnd);
         let probe = Box::new(u64::from_le_bytes(rnd) | 1);
@@ -1824,7 +1829,7 @@ impl ProcessDevice {
             credit_bytes: opts.credit_bytes as u64,
             probe_addr: &*probe as *const u64 as u64,
             probe_value: *probe,
-            segment: mine.name().to_string(),
+            segment: offer.name().to_string(),
         };
         let all = boot.allgather(&info.encode())?;
         let mut infos = Vec::with_capacity(size);
@@ -1837,17 +1842,34 @@ impl ProcessDevice {
             }
             infos.push(i);
         }
+        let others: Vec<u32> = (infos.iter().enumerate())
+            .filter(|&(r, _)| r != rank)
+            .map(|(_, i)| i.pid)
+            .collect();
+        let ours = mine
+            .share()
+            .expect("our own inbox")
+            .map_err(|e| Error::transport("duplicating the inbox descriptor", e))?;
+        let server = offer.serve(ours, others);
         let mut peers = Vec::with_capacity(size);
         for (r, i) in infos.iter().enumerate() {
             peers.push(if r == rank {
                 None
             } else {
-                Some(Inbox::attach(&i.segment, r, i.pid, layout)?)
+                let fd = crate::fd_pass::take(&i.segment)
+                    .map_err(|e| Error::transport(format!("receiving rank {r}'s inbox"), e))?;
+                Some(Inbox::attach(fd, r, i.pid, layout)?)
             });
         }
-        // Everyone has attached every inbox: the names can go.
+        // Everyone has attached every inbox: our descriptor can go.
         boot.barrier()?;
-        mine.unlink();
+        server
+            .join()
+            .map_err(|_| {
+                Error::transport("handing out the inbox", std::io::Error::other("panicked"))
+            })?
+            .map_err(|e| Error::transport("handing out the inbox", e))?;
+        mine.close_descriptor();
         let pids: Vec<u32> = infos.iter().map(|i| i.pid).collect();
         let sh = Arc::new(Shared {
             rank,
@@ -2820,14 +2842,14 @@ mod tests {
             credit_bytes: 1 << 18,
             probe_addr: 0xdead_beef,
             probe_value: 7,
-            segment: "/xdev-job-0-abcdef".into(),
+            segment: "xdev-fd-0123456789abcdef0123456789abcdef".into(),
         };
         assert_eq!(PeerInfo::decode(&i.encode()).unwrap(), i);
         let mut b = i.encode();
         b.push(0);
         assert!(PeerInfo::decode(&b).is_err());
         let bad = PeerInfo {
-            segment: "/xdev-../x".into(),
+            segment: "xdev-fd-../x".into(),
             ..i.clone()
         };
         assert!(PeerInfo::decode(&bad.encode()).is_err());

@@ -5,13 +5,16 @@
 //! sender. Peers map it read-write (they produce into their ring and ring the
 //! doorbell).
 //!
-//! Privacy: a segment is a POSIX shared-memory object created with `O_EXCL`
-//! and mode 0600 under an unguessable name (128 random bits); whoever attaches
-//! checks that the object belongs to this user, has mode 0600 and exactly
-//! the size the layout computes. The creator unlinks it as soon as every rank
-//! has attached (and on any error before that), so a crash afterwards leaves
-//! nothing in `/dev/shm`; `xdev-run` also sweeps its job's prefix when the job
-//! ends, which covers a crash during start-up.
+//! An inbox is a **sealed memfd**: an anonymous shared-memory file made with
+//! `memfd_create`, sized, then sealed with `F_SEAL_SHRINK | F_SEAL_GROW |
+//! F_SEAL_SEAL`, so nobody (a buggy or hostile peer included) can change its
+//! size: no rank that mapped it can die of `SIGBUS` because a peer truncated
+//! it. It has no name in any file system: the creator hands its descriptor
+//! to the job's other processes over a Unix socket (`SCM_RIGHTS`, to the job's processes only), and
+//! a peer refuses it unless its seals, owner, size and header are the ones
+//! expected. The creator closes its descriptor once every rank has attached,
+//! after which only the mappings remain; nothing is ever left in `/dev/shm`,
+//! even after a crash.
 //!
 //! Nothing read from a peer's segment sizes or locates anything: the layout
 //! is computed locally from the world size and the ring size (agreed through
@@ -19,6 +22,7 @@
 
 use std::ffi::CString;
 use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, AtomicU64};
 
@@ -47,7 +51,15 @@ pub mod state {
     pub const DEAD: u32 = 2;
 }
 
-pub use xdev::bootstrap::{is_xdev_shm_name as valid_name, shm_prefix as name_prefix};
+/// Whether `r` is a well-formed inbox reference as peers publish it: the
+/// abstract socket name their descriptor is handed out under
+/// (`xdev-fd-` and 32 hex digits).
+pub fn valid_ref(r: &str) -> bool {
+    crate::fd_pass::valid_offer_name(r)
+}
+
+/// Seals every inbox carries.
+const SEALS: libc::c_int = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
 
 /// Where everything sits in an inbox segment. Computed locally; never read
 /// from shared memory.
@@ -84,13 +96,12 @@ impl InboxLayout {
 pub struct Inbox {
     base: NonNull<u8>,
     layout: InboxLayout,
-    name: String,
-    /// Our own segment, not yet unlinked.
-    owned_name: Option<CString>,
+    /// Our own segment's descriptor, until every peer has attached.
+    owned_fd: Option<OwnedFd>,
 }
 
 // SAFETY: the mapping is shared memory accessed only through atomics and the
-// ring protocol; the struct itself is an address, a layout and a name.
+// ring protocol; the struct itself is an address, a layout and a descriptor.
 unsafe impl Send for Inbox {}
 // SAFETY: as above.
 unsafe impl Sync for Inbox {}
@@ -99,50 +110,31 @@ fn os(context: impl Into<String>, e: io::Error) -> Error {
     Error::transport(context, e)
 }
 
-fn shm_name(name: &str) -> Result<CString> {
-    CString::new(name).map_err(|_| Error::Config(format!("segment name {name:?} contains NUL")))
-}
-
 impl Inbox {
-    /// Creates this rank's inbox under a fresh random name with `prefix`
-    /// (see [`name_prefix`]), mode 0600, zero-filled, and writes its header.
-    pub fn create(prefix: &str, rank: Rank, layout: InboxLayout) -> Result<Inbox> {
-        let mut rnd = [0u8; 16];
-        getrandom::fill(&mut rnd)
-            .map_err(|e| os("segment name", io::Error::other(e.to_string())))?;
-        let hex: String = rnd.iter().map(|b| format!("{b:02x}")).collect();
-        let name = format!("{prefix}{rank}-{hex}");
-        let c = shm_name(&name)?;
-        // SAFETY: `c` is a valid NUL-terminated string; the call has no memory
-        // effects on our side besides returning a new descriptor.
+    /// Creates this rank's inbox: a sealed memfd of the layout's size,
+    /// zero-filled, mapped, with its header written.
+    pub fn create(rank: Rank, layout: InboxLayout) -> Result<Inbox> {
+        let label = CString::new(format!("xdev-inbox-{rank}")).expect("no NUL");
+        // SAFETY: `label` is NUL-terminated; the call only returns a new
+        // descriptor.
         let fd = unsafe {
-            libc::shm_open(
-                c.as_ptr(),
-                libc::O_CREAT | libc::O_EXCL | libc::O_RDWR | libc::O_CLOEXEC,
-                0o600,
-            )
+            libc::memfd_create(label.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING)
         };
         if fd < 0 {
-            return Err(os(
-                format!("shm_open({name}) to create the inbox"),
-                io::Error::last_os_error(),
-            ));
+            return Err(os("memfd_create for the inbox", io::Error::last_os_error()));
         }
-        let fd = Fd(fd);
-        let mut inbox = Inbox {
-            base: NonNull::dangling(),
-            layout,
-            name,
-            owned_name: Some(c),
-        };
-        // Until mapped, a failure still unlinks through Drop (base dangling is
-        // never unmapped: see Drop).
-        // SAFETY: fd is our open descriptor; ftruncate only resizes the object.
-        if unsafe { libc::ftruncate(fd.0, layout.len() as libc::off_t) } != 0 {
+        // SAFETY: memfd_create returned a fresh descriptor nobody else owns.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        // SAFETY: fd is our open descriptor; ftruncate only sizes the file.
+        if unsafe { libc::ftruncate(fd.as_raw_fd(), layout.len() as libc::off_t) } != 0 {
             return Err(os("ftruncate of the inbox", io::Error::last_os_error()));
         }
-        inbox.base = map(&fd, layout.len())?;
-        let h = inbox.base.as_ptr();
+        // SAFETY: F_ADD_SEALS on our own memfd; no memory effects.
+        if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, SEALS) } != 0 {
+            return Err(os("sealing the inbox", io::Error::last_os_error()));
+        }
+        let base = map(&fd, layout.len())?;
+        let h = base.as_ptr();
         // SAFETY: the mapping is at least one page long, fresh (zeroed) and
         // not yet shared with anyone; these are plain writes of the header.
         unsafe {
@@ -154,45 +146,52 @@ impl Inbox {
             (h.add(24) as *mut u32).write(std::process::id());
             (h.add(32) as *mut u64).write(layout.len() as u64);
         }
-        Ok(inbox)
+        Ok(Inbox {
+            base,
+            layout,
+            owned_fd: Some(fd),
+        })
     }
 
-    /// Maps a peer's inbox `name` after checking the object: owned by this
-    /// user, mode 0600, the size `layout` implies, and a header naming
-    /// `rank`, `pid` and the same layout.
-    pub fn attach(name: &str, rank: Rank, pid: u32, layout: InboxLayout) -> Result<Inbox> {
+    /// A descriptor of our own inbox to hand to a peer (a duplicate; `None`
+    /// once [`Inbox::close_descriptor`] ran or for a peer's inbox).
+    pub fn share(&self) -> Option<io::Result<OwnedFd>> {
+        self.owned_fd.as_ref().map(|fd| fd.try_clone())
+    }
+
+    /// Maps rank `rank`'s inbox, received as `fd` from process `pid`, after
+    /// checking the file: sealed against resizing, owned by this user, the
+    /// size `layout` implies, and a header naming `rank`, `pid` and the same
+    /// layout.
+    pub fn attach(fd: OwnedFd, rank: Rank, pid: u32, layout: InboxLayout) -> Result<Inbox> {
         let bad = |what: String| Error::Protocol { rank, what };
-        if !valid_name(name) {
-            return Err(bad(format!("malformed segment name {name:?}")));
+        // SAFETY: F_GET_SEALS on an open descriptor; no memory effects.
+        let seals = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) };
+        if seals < 0
+            || seals & (libc::F_SEAL_SHRINK | libc::F_SEAL_GROW)
+                != (libc::F_SEAL_SHRINK | libc::F_SEAL_GROW)
+        {
+            return Err(bad(format!(
+                "its inbox is not sealed against resizing (seals {seals:#x})"
+            )));
         }
-        let c = shm_name(name)?;
-        // SAFETY: `c` is NUL-terminated; no memory effects on our side.
-        let fd = unsafe { libc::shm_open(c.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC, 0) };
-        if fd < 0 {
-            return Err(os(
-                format!("shm_open({name}) of rank {rank}'s inbox"),
-                io::Error::last_os_error(),
-            ));
-        }
-        let fd = Fd(fd);
         // SAFETY: an all-zero stat is a valid value to be overwritten.
         let mut st: libc::stat = unsafe { std::mem::zeroed() };
         // SAFETY: fd is open and `st` is a valid out-pointer.
-        if unsafe { libc::fstat(fd.0, &mut st) } != 0 {
+        if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
             return Err(os("fstat of a peer inbox", io::Error::last_os_error()));
         }
         // SAFETY: geteuid has no preconditions.
         let me = unsafe { libc::geteuid() };
-        if st.st_uid != me || st.st_mode & 0o777 != 0o600 {
+        if st.st_uid != me {
             return Err(bad(format!(
-                "segment {name} has owner {} and mode {:o}, expected {me} and 600",
-                st.st_uid,
-                st.st_mode & 0o777
+                "its inbox has owner {}, expected {me}",
+                st.st_uid
             )));
         }
         if st.st_size as u64 != layout.len() as u64 {
             return Err(bad(format!(
-                "segment {name} is {} bytes, expected {}",
+                "its inbox is {} bytes, expected {}",
                 st.st_size,
                 layout.len()
             )));
@@ -200,8 +199,7 @@ impl Inbox {
         let inbox = Inbox {
             base: map(&fd, layout.len())?,
             layout,
-            name: name.to_string(),
-            owned_name: None,
+            owned_fd: None,
         };
         let h = inbox.base.as_ptr();
         // SAFETY: the mapping is layout.len() >= one page long; the reads are
@@ -224,24 +222,17 @@ impl Inbox {
             || p != pid
         {
             return Err(bad(format!(
-                "segment {name} header does not match (rank {r}, size {size}, \
+                "its inbox header does not match (rank {r}, size {size}, \
                  {nslots} slots, pid {p}, version {version})"
             )));
         }
         Ok(inbox)
     }
 
-    /// The segment's name.
-    pub fn name(&self) -> &str {
-        &self.name
-    }
-
-    /// Removes our own segment's name (peers keep their mappings).
-    pub fn unlink(&mut self) {
-        if let Some(c) = self.owned_name.take() {
-            // SAFETY: c is NUL-terminated; unlinking only removes the name.
-            unsafe { libc::shm_unlink(c.as_ptr()) };
-        }
+    /// Closes our own segment's descriptor once every peer has attached
+    /// (peers keep their mappings; nobody can open it any more).
+    pub fn close_descriptor(&mut self) {
+        self.owned_fd = None;
     }
 
     fn word<T>(&self, off: usize) -> &T {
@@ -288,7 +279,7 @@ impl Inbox {
 
 impl Drop for Inbox {
     fn drop(&mut self) {
-        self.unlink();
+        self.close_descriptor();
         if self.base != NonNull::dangling() {
             // SAFETY: base/len is a mapping we created and nothing borrows it
             // any more (rings and words borrow self).
@@ -297,16 +288,8 @@ impl Drop for Inbox {
     }
 }
 
-struct Fd(libc::c_int);
-
-impl Drop for Fd {
-    fn drop(&mut self) {
-        // SAFETY: we own the descriptor.
-        unsafe { libc::close(self.0) };
-    }
-}
-
-fn map(fd: &Fd, len: usize) -> Result<NonNull<u8>> {
+/// An owned file descriptor.
+fn map(fd: &OwnedFd, len: usize) -> Result<NonNull<u8>> {
     // SAFETY: a fresh shared mapping of an open descriptor; the kernel picks
     // the address. The result is checked below.
     let p = unsafe {
@@ -315,7 +298,7 @@ fn map(fd: &Fd, len: usize) -> Result<NonNull<u8>> {
             len,
             libc::PROT_READ | libc::PROT_WRITE,
             libc::MAP_SHARED,
-            fd.0,
+            fd.as_raw_fd(),
             0,
         )
     };
@@ -329,58 +312,116 @@ fn map(fd: &Fd, len: usize) -> Result<NonNull<u8>> {
 mod tests {
     use super::*;
 
-    #[test]
-    fn create_attach_unlink() {
-        let layout = InboxLayout {
+    fn layout() -> InboxLayout {
+        InboxLayout {
             size: 3,
             nslots: 64,
-        };
-        let prefix = name_prefix("unit test/segments");
-        let mut mine = Inbox::create(&prefix, 1, layout).unwrap();
-        assert!(mine.name().starts_with(&format!("{prefix}1-")));
-        let path = format!("/dev/shm{}", mine.name());
-        let meta = std::fs::metadata(&path).unwrap();
-        use std::os::unix::fs::PermissionsExt;
-        assert_eq!(meta.permissions().mode() & 0o777, 0o600);
-        let peer = Inbox::attach(mine.name(), 1, std::process::id(), layout).unwrap();
+        }
+    }
+
+    #[test]
+    fn create_attach_close() {
+        let layout = layout();
+        let mut mine = Inbox::create(1, layout).unwrap();
+        let me = std::process::id();
+        let share = || mine.share().expect("ours").unwrap();
+        let peer = Inbox::attach(share(), 1, me, layout).unwrap();
         // Wrong expectations are refused.
         assert!(matches!(
-            Inbox::attach(mine.name(), 2, std::process::id(), layout),
+            Inbox::attach(share(), 2, me, layout),
             Err(Error::Protocol { rank: 2, .. })
         ));
         assert!(Inbox::attach(
-            mine.name(),
+            share(),
             1,
-            std::process::id(),
+            me,
             InboxLayout {
                 size: 4,
                 nslots: 64
             }
         )
         .is_err());
-        assert!(Inbox::attach("/etc/passwd", 1, 1, layout).is_err());
+        assert!(
+            Inbox::attach(share(), 1, me + 1, layout).is_err(),
+            "another pid"
+        );
+        let passwd = OwnedFd::from(std::fs::File::open("/etc/passwd").unwrap());
+        assert!(
+            Inbox::attach(passwd, 1, me, layout).is_err(),
+            "not an inbox"
+        );
+        assert!(
+            peer.share().is_none(),
+            "a peer's inbox is not ours to share"
+        );
         // Both mappings see the same memory.
         peer.state().store(7, std::sync::atomic::Ordering::SeqCst);
         assert_eq!(mine.state().load(std::sync::atomic::Ordering::SeqCst), 7);
-        mine.unlink();
-        assert!(!std::path::Path::new(&path).exists());
+        mine.close_descriptor();
+        assert!(mine.share().is_none(), "closed: nothing more to hand out");
         assert_eq!(peer.state().load(std::sync::atomic::Ordering::SeqCst), 7);
+        // Nothing in /dev/shm, ever.
+        let here = std::fs::read_dir("/dev/shm")
+            .unwrap()
+            .flatten()
+            .any(|e| e.file_name().to_string_lossy().contains("xdev-inbox"));
+        assert!(!here);
     }
 
     #[test]
-    fn sweep_removes_only_the_job() {
-        let layout = InboxLayout { size: 1, nslots: 4 };
-        let a = Inbox::create(&name_prefix("sweep-a"), 0, layout).unwrap();
-        let b = Inbox::create(&name_prefix("sweep-b"), 0, layout).unwrap();
-        let (pa, pb) = (
-            format!("/dev/shm{}", a.name()),
-            format!("/dev/shm{}", b.name()),
+    fn a_peer_cannot_resize_an_inbox() {
+        let layout = layout();
+        let mine = Inbox::create(0, layout).unwrap();
+        // What a hostile peer holds after the hand-over: the descriptor.
+        // It tries to shrink (SIGBUS for every mapper) or grow it.
+        let f = std::fs::File::from(mine.share().unwrap().unwrap());
+        let e = f.set_len(4096).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EPERM), "{e}");
+        let e = f.set_len(layout.len() as u64 * 2).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EPERM), "{e}");
+        // Nor remove the seals.
+        // SAFETY: F_ADD_SEALS on an open descriptor; no memory effects.
+        let r = unsafe { libc::fcntl(f.as_raw_fd(), libc::F_ADD_SEALS, libc::F_SEAL_WRITE) };
+        assert_eq!(r, -1, "F_SEAL_SEAL forbids more seals");
+        // The mapping is intact.
+        mine.state().store(3, std::sync::atomic::Ordering::SeqCst);
+        assert_eq!(mine.ring(2).nslots(), 64);
+    }
+
+    #[test]
+    fn an_unsealed_inbox_is_refused() {
+        let layout = layout();
+        // A peer offering an ordinary memfd with a perfect header.
+        let label = CString::new("fake").unwrap();
+        // SAFETY: NUL-terminated label; returns a new descriptor.
+        let raw = unsafe { libc::memfd_create(label.as_ptr(), libc::MFD_CLOEXEC) };
+        assert!(raw >= 0);
+        // SAFETY: a fresh descriptor nobody else owns.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        assert_eq!(
+            // SAFETY: our own descriptor.
+            unsafe { libc::ftruncate(fd.as_raw_fd(), layout.len() as libc::off_t) },
+            0
         );
-        std::mem::forget(a); // a crash: never unlinked
-        assert_eq!(xdev::bootstrap::remove_job_shm("sweep-a"), 1);
-        assert!(!std::path::Path::new(&pa).exists());
-        assert!(std::path::Path::new(&pb).exists());
-        drop(b);
-        assert!(!std::path::Path::new(&pb).exists());
+        let base = map(&fd, layout.len()).unwrap();
+        let h = base.as_ptr();
+        // SAFETY: fresh mapping of at least one page.
+        unsafe {
+            (h as *mut u64).write(MAGIC);
+            (h.add(8) as *mut u32).write(VERSION);
+            (h.add(12) as *mut u32).write(1);
+            (h.add(16) as *mut u32).write(layout.size as u32);
+            (h.add(20) as *mut u32).write(layout.nslots as u32);
+            (h.add(24) as *mut u32).write(std::process::id());
+        }
+        let e = Inbox::attach(fd, 1, std::process::id(), layout)
+            .err()
+            .expect("refused");
+        assert!(
+            matches!(&e, Error::Protocol { rank: 1, what } if what.contains("not sealed")),
+            "{e:?}"
+        );
+        // SAFETY: our mapping, unused now.
+        unsafe { libc::munmap(base.as_ptr().cast(), layout.len()) };
     }
 }

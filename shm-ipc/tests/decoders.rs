@@ -4,7 +4,7 @@
 
 use proptest::prelude::*;
 use shm_ipc::process::PeerInfo;
-use shm_ipc::segment::valid_name;
+use shm_ipc::segment::valid_ref;
 
 fn info() -> impl Strategy<Value = PeerInfo> {
     (
@@ -13,7 +13,7 @@ fn info() -> impl Strategy<Value = PeerInfo> {
         any::<u64>(),
         any::<u64>(),
         any::<u64>(),
-        "[a-zA-Z0-9_-]{1,150}",
+        any::<u128>(),
     )
         .prop_map(|(pid, shift, credit, addr, value, name)| PeerInfo {
             pid,
@@ -21,7 +21,7 @@ fn info() -> impl Strategy<Value = PeerInfo> {
             credit_bytes: credit,
             probe_addr: addr,
             probe_value: value,
-            segment: format!("/xdev-{name}"),
+            segment: format!("xdev-fd-{name:032x}"),
         })
 }
 
@@ -29,7 +29,7 @@ proptest! {
     #[test]
     fn arbitrary_bytes_never_panic(b in proptest::collection::vec(any::<u8>(), 0..300)) {
         if let Ok(i) = PeerInfo::decode(&b) {
-            prop_assert!(valid_name(&i.segment));
+            prop_assert!(valid_ref(&i.segment));
             prop_assert_eq!(i.encode(), b);
         }
     }
@@ -53,15 +53,16 @@ proptest! {
         let n = b.len();
         b.truncate(n - cut % 3);
         if let Ok(d) = PeerInfo::decode(&b) {
-            prop_assert!(valid_name(&d.segment));
+            prop_assert!(valid_ref(&d.segment));
             prop_assert!(d.nslots.is_power_of_two() && d.nslots >= 4 && d.pid != 0);
         }
     }
 
     #[test]
-    fn names_with_anything_but_the_alphabet_are_refused(s in "\\PC{0,80}") {
-        let name = format!("/xdev-{s}");
-        let ok = !s.is_empty() && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
-        prop_assert_eq!(valid_name(&name), ok);
+    fn references_other_than_an_offer_name_are_refused(s in "\\PC{0,80}") {
+        let r = format!("xdev-fd-{s}");
+        let ok = s.len() == 32 && s.bytes().all(|b| b.is_ascii_hexdigit());
+        prop_assert_eq!(valid_ref(&r), ok);
+        prop_assert!(!valid_ref(&s) || s.starts_with("xdev-fd-"));
     }
 }

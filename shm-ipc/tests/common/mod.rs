@@ -29,7 +29,9 @@ pub fn start(n: usize, args: &[&str]) -> Running {
     }
 }
 
-/// Leftover inbox segments of `job` in /dev/shm.
+/// Leftover shared-memory objects of `job` in /dev/shm (inboxes are
+/// memfds, which have no name there; the launcher's sweep would remove
+/// anything else the job made under its prefix).
 pub fn leftovers(job: &str) -> Vec<String> {
     let prefix = xdev::bootstrap::shm_prefix(job);
     std::fs::read_dir("/dev/shm")
