@@ -48,22 +48,25 @@ impl FdOffer {
         &self.name
     }
 
-    /// Hands `fd` once to each process in `pids` (checked by the kernel's
-    /// account of the connecting process, and of this user), in a thread;
-    /// its result says whether all were served within the bootstrap's
-    /// connect timeout. Connections from anyone else get nothing.
-    pub(crate) fn serve(self, fd: OwnedFd, mut pids: Vec<u32>) -> JoinHandle<io::Result<()>> {
+    /// Hands each process in `handouts` its descriptors, once (the process
+    /// is checked by the kernel's account of the connecting end, and must be
+    /// this user's), in a thread; its result says whether all were served
+    /// within the bootstrap's connect timeout. Anyone else gets nothing.
+    pub(crate) fn serve(
+        self,
+        mut handouts: Vec<(u32, Vec<OwnedFd>)>,
+    ) -> JoinHandle<io::Result<()>> {
         std::thread::spawn(move || {
             let deadline = Instant::now() + WAIT;
             // SAFETY: geteuid has no preconditions.
             let me = unsafe { libc::geteuid() };
-            while !pids.is_empty() {
+            while !handouts.is_empty() {
                 match self.listener.accept() {
                     Ok((s, _)) => {
                         let Ok((pid, uid)) = peer_cred(&s) else {
                             continue;
                         };
-                        let Some(at) = pids.iter().position(|&p| p == pid) else {
+                        let Some(at) = handouts.iter().position(|(p, _)| *p == pid) else {
                             continue; // not one of the job's ranks (or served)
                         };
                         if uid != me || s.set_nonblocking(false).is_err() {
@@ -71,12 +74,13 @@ impl FdOffer {
                         }
                         // A rank that connected and went away is its own
                         // problem; the others are still served.
-                        if send_fd(&s, fd.as_raw_fd()).is_ok() {
-                            pids.swap_remove(at);
+                        if send_fds(&s, &handouts[at].1).is_ok() {
+                            handouts.swap_remove(at);
                         }
                     }
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                         if Instant::now() > deadline {
+                            let pids: Vec<u32> = handouts.iter().map(|(p, _)| *p).collect();
                             return Err(io::Error::new(
                                 io::ErrorKind::TimedOut,
                                 format!("processes {pids:?} did not come for the inbox"),
@@ -93,14 +97,23 @@ impl FdOffer {
     }
 }
 
-/// Connects to the offer `name` and receives its descriptor.
-pub(crate) fn take(name: &str) -> io::Result<OwnedFd> {
+/// At most this many descriptors go in one hand-over.
+pub(crate) const MAX_FDS: usize = 4;
+
+/// Connects to the offer `name` and receives exactly `count` descriptors.
+pub(crate) fn take(name: &str, count: usize) -> io::Result<Vec<OwnedFd>> {
     let addr = SocketAddr::from_abstract_name(name.as_bytes())?;
     let s = UnixStream::connect_addr(&addr)?;
     s.set_read_timeout(Some(WAIT))?;
-    recv_fd(&s)
+    let got = recv_fds(&s)?;
+    if got.len() != count {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("{} descriptors came, expected {count}", got.len()),
+        ));
+    }
+    Ok(got)
 }
-
 /// The pid and uid of the process at the other end of `s`.
 fn peer_cred(s: &UnixStream) -> io::Result<(u32, u32)> {
     let mut cred = libc::ucred {
@@ -125,31 +138,37 @@ fn peer_cred(s: &UnixStream) -> io::Result<(u32, u32)> {
     Ok((cred.pid as u32, cred.uid))
 }
 
-/// Room for one descriptor's control message.
+/// Room for the control message of [`MAX_FDS`] descriptors.
 const CMSG_ROOM: usize = 64;
 
-fn send_fd(s: &UnixStream, fd: RawFd) -> io::Result<()> {
+fn send_fds(s: &UnixStream, fds: &[OwnedFd]) -> io::Result<()> {
+    assert!((1..=MAX_FDS).contains(&fds.len()));
     let mut byte = [1u8];
     let mut iov = libc::iovec {
         iov_base: byte.as_mut_ptr().cast(),
         iov_len: 1,
     };
-    let mut control = [0u8; CMSG_ROOM];
+    let mut control = [0u64; CMSG_ROOM / 8]; // aligned for cmsghdr
+    let data_len = (fds.len() * std::mem::size_of::<RawFd>()) as u32;
     // SAFETY: an all-zero msghdr is valid; the fields are set below.
     let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
     msg.msg_iov = &mut iov;
     msg.msg_iovlen = 1;
     msg.msg_control = control.as_mut_ptr().cast();
     // SAFETY: CMSG_SPACE computes a size; no memory is touched.
-    msg.msg_controllen = unsafe { libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as u32) } as _;
+    msg.msg_controllen = unsafe { libc::CMSG_SPACE(data_len) } as _;
     // SAFETY: msg_control points at `control`, which is larger than
-    // CMSG_SPACE(one fd); the header and data are written inside it.
+    // CMSG_SPACE(MAX_FDS descriptors); the header and data are written
+    // inside it.
     unsafe {
         let c = libc::CMSG_FIRSTHDR(&msg);
         (*c).cmsg_level = libc::SOL_SOCKET;
         (*c).cmsg_type = libc::SCM_RIGHTS;
-        (*c).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<RawFd>() as u32) as _;
-        std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<RawFd>(), fd);
+        (*c).cmsg_len = libc::CMSG_LEN(data_len) as _;
+        let data = libc::CMSG_DATA(c).cast::<RawFd>();
+        for (k, fd) in fds.iter().enumerate() {
+            std::ptr::write_unaligned(data.add(k), fd.as_raw_fd());
+        }
     }
     // SAFETY: msg describes valid buffers for the call.
     let n = unsafe { libc::sendmsg(s.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) };
@@ -160,21 +179,21 @@ fn send_fd(s: &UnixStream, fd: RawFd) -> io::Result<()> {
     }
 }
 
-fn recv_fd(s: &UnixStream) -> io::Result<OwnedFd> {
+fn recv_fds(s: &UnixStream) -> io::Result<Vec<OwnedFd>> {
     let mut byte = [0u8];
     let mut iov = libc::iovec {
         iov_base: byte.as_mut_ptr().cast(),
         iov_len: 1,
     };
-    let mut control = [0u8; CMSG_ROOM];
+    let mut control = [0u64; CMSG_ROOM / 8];
     // SAFETY: an all-zero msghdr is valid; the fields are set below.
     let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
     msg.msg_iov = &mut iov;
     msg.msg_iovlen = 1;
     msg.msg_control = control.as_mut_ptr().cast();
-    msg.msg_controllen = control.len() as _;
+    msg.msg_controllen = CMSG_ROOM as _;
     // SAFETY: msg describes valid buffers; MSG_CMSG_CLOEXEC marks the
-    // received descriptor close-on-exec.
+    // received descriptors close-on-exec.
     let n = unsafe { libc::recvmsg(s.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
     if n != 1 {
         return Err(if n < 0 {
@@ -183,23 +202,32 @@ fn recv_fd(s: &UnixStream) -> io::Result<OwnedFd> {
             io::Error::new(io::ErrorKind::UnexpectedEof, "no descriptor came")
         });
     }
-    // SAFETY: the kernel filled msg_control (up to msg_controllen); the
-    // header pointers stay inside `control`.
+    let mut got = Vec::new();
+    // SAFETY: the kernel filled msg_control up to msg_controllen; CMSG_FIRSTHDR
+    // and CMSG_NXTHDR stay inside it, and each SCM_RIGHTS payload holds
+    // descriptors the kernel installed for us (we own them from here on).
     unsafe {
-        let c = libc::CMSG_FIRSTHDR(&msg);
-        if c.is_null()
-            || (*c).cmsg_level != libc::SOL_SOCKET
-            || (*c).cmsg_type != libc::SCM_RIGHTS
-            || (*c).cmsg_len < libc::CMSG_LEN(std::mem::size_of::<RawFd>() as u32) as _
-        {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                "no descriptor in the message",
-            ));
+        let mut c = libc::CMSG_FIRSTHDR(&msg);
+        while !c.is_null() {
+            if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
+                let header = libc::CMSG_LEN(0) as usize;
+                let count =
+                    ((*c).cmsg_len as usize).saturating_sub(header) / std::mem::size_of::<RawFd>();
+                let data = libc::CMSG_DATA(c).cast::<RawFd>();
+                for k in 0..count {
+                    got.push(OwnedFd::from_raw_fd(std::ptr::read_unaligned(data.add(k))));
+                }
+            }
+            c = libc::CMSG_NXTHDR(&msg, c);
         }
-        let fd = std::ptr::read_unaligned(libc::CMSG_DATA(c).cast::<RawFd>());
-        Ok(OwnedFd::from_raw_fd(fd))
     }
+    if msg.msg_flags & libc::MSG_CTRUNC != 0 {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "more descriptors came than were expected",
+        ));
+    }
+    Ok(got)
 }
 
 #[cfg(test)]
@@ -213,8 +241,14 @@ mod tests {
         let name = offer.name().to_string();
         let file = std::fs::File::open("/proc/self/status").unwrap();
         let copy = || OwnedFd::from(file.try_clone().unwrap());
-        let server = offer.serve(copy(), vec![std::process::id()]);
-        let got = take(&name).unwrap();
+        let server = offer.serve(vec![(std::process::id(), vec![copy(), copy()])]);
+        assert!(
+            take("xdev-fd-00000000000000000000000000000000", 2).is_err(),
+            "no such offer"
+        );
+        let got = take(&name, 2).unwrap();
+        assert_eq!(got.len(), 2);
+        let got = got.into_iter().next().unwrap();
         server.join().unwrap().unwrap();
         // The same open file: its inode matches.
         let a = std::fs::metadata(format!("/proc/self/fd/{}", got.as_raw_fd())).unwrap();
@@ -225,8 +259,8 @@ mod tests {
         // A process outside the job's pids gets nothing.
         let offer = FdOffer::listen().unwrap();
         let name = offer.name().to_string();
-        let server = offer.serve(copy(), vec![1]);
-        let e = take(&name).unwrap_err();
+        let server = offer.serve(vec![(1, vec![copy()])]);
+        let e = take(&name, 1).unwrap_err();
         assert!(
             matches!(
                 e.kind(),
@@ -235,7 +269,5 @@ mod tests {
             "{e}"
         );
         assert!(!server.is_finished(), "still waiting for pid 1");
-        // Nobody else is listening under an offer name that was not made.
-        assert!(take("xdev-fd-00000000000000000000000000000000").is_err());
     }
 }

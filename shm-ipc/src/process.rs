@@ -322,7 +322,7 @@ impl Shared {
 
     fn gone(&self, r: Rank) -> bool {
         self.exited[r].load(Ordering::Acquire)
-            || self.inbox(r).state().load(Ordering::Acquire) != state::OPEN
+            || self.inbox(r).state(Ordering::Acquire) != state::OPEN
     }
 
     fn wake(&self, r: Rank) {
@@ -680,8 +680,7 @@ impl Engine {
         // is published by it.
         self.sh
             .mine
-            .freed(s)
-            .store(l.freed_local[s], Ordering::Release);
+            .set_freed(s, l.freed_local[s], Ordering::Release);
     }
 
     /// The receiver side of a rendezvous once matched: one CMA copy and
@@ -1092,11 +1091,7 @@ impl Engine {
             // Acquire pairs with the receiver's Release store of its credit.
             // The counter is the receiver's to write: never trust it beyond
             // what we sent, nor let it go backwards.
-            let seen = self
-                .sh
-                .inbox(dest)
-                .freed(self.sh.rank)
-                .load(Ordering::Acquire);
+            let seen = self.sh.inbox(dest).freed(self.sh.rank, Ordering::Acquire);
             l.freed_seen[dest] = seen.clamp(l.freed_seen[dest], l.eager_sent[dest]);
             eager = l.eager_sent[dest] + charge - l.freed_seen[dest] <= credit;
         }
@@ -1726,7 +1721,7 @@ impl Engine {
 
     fn depart(&self, st: u32) {
         self.closed.store(true, Ordering::Release);
-        self.sh.mine.state().store(st, Ordering::Release);
+        self.sh.mine.set_state(st, Ordering::Release);
         for r in 0..self.sh.size {
             let inbox = self.sh.inbox(r);
             inbox.departures().fetch_add(1, Ordering::AcqRel);
@@ -1842,26 +1837,27 @@ impl ProcessDevice {
             }
             infos.push(i);
         }
-        let others: Vec<u32> = (infos.iter().enumerate())
-            .filter(|&(r, _)| r != rank)
-            .map(|(_, i)| i.pid)
-            .collect();
-        let ours = mine
-            .share()
-            .expect("our own inbox")
-            .map_err(|e| Error::transport("duplicating the inbox descriptor", e))?;
-        let server = offer.serve(ours, others);
+        // Each sender gets our control and notice pages and its own ring.
+        let mut handouts = Vec::with_capacity(size - 1);
+        for (r, i) in infos.iter().enumerate().filter(|&(r, _)| r != rank) {
+            let fds = mine
+                .share_with(r)
+                .expect("our own inbox")
+                .map_err(|e| Error::transport("duplicating the inbox descriptors", e))?;
+            handouts.push((i.pid, fds));
+        }
+        let server = offer.serve(handouts);
         let mut peers = Vec::with_capacity(size);
         for (r, i) in infos.iter().enumerate() {
             peers.push(if r == rank {
                 None
             } else {
-                let fd = crate::fd_pass::take(&i.segment)
+                let fds = crate::fd_pass::take(&i.segment, segment::SHARED_FDS)
                     .map_err(|e| Error::transport(format!("receiving rank {r}'s inbox"), e))?;
-                Some(Inbox::attach(fd, r, i.pid, layout)?)
+                Some(Inbox::attach(fds, r, rank, i.pid, layout)?)
             });
         }
-        // Everyone has attached every inbox: our descriptor can go.
+        // Everyone has attached every inbox: our descriptors can go.
         boot.barrier()?;
         server
             .join()
@@ -1869,7 +1865,7 @@ impl ProcessDevice {
                 Error::transport("handing out the inbox", std::io::Error::other("panicked"))
             })?
             .map_err(|e| Error::transport("handing out the inbox", e))?;
-        mine.close_descriptor();
+        mine.close_descriptors();
         let pids: Vec<u32> = infos.iter().map(|i| i.pid).collect();
         let sh = Arc::new(Shared {
             rank,

@@ -1,22 +1,32 @@
-//! Job-private shared-memory segments for the process device.
+//! Job-private shared memory of the process device.
 //!
-//! Every rank creates one segment, its *inbox*: a header, its doorbell, its
-//! state word, the eager credit it returns to each sender, and one ring per
-//! sender. Peers map it read-write (they produce into their ring and ring the
-//! doorbell).
+//! Every rank owns an *inbox*, made of three kinds of shared-memory files:
 //!
-//! An inbox is a **sealed memfd**: an anonymous shared-memory file made with
-//! `memfd_create`, sized, then sealed with `F_SEAL_SHRINK | F_SEAL_GROW |
-//! F_SEAL_SEAL`, so nobody (a buggy or hostile peer included) can change its
-//! size: no rank that mapped it can die of `SIGBUS` because a peer truncated
-//! it. It has no name in any file system: the creator hands its descriptor
-//! to the job's other processes over a Unix socket (`SCM_RIGHTS`, to the job's processes only), and
-//! a peer refuses it unless its seals, owner, size and header are the ones
-//! expected. The creator closes its descriptor once every rank has attached,
-//! after which only the mappings remain; nothing is ever left in `/dev/shm`,
-//! even after a crash.
+//! * its **control page**: a header, its state word and the eager credit it
+//!   returns to each sender. Only the owner writes it; peers map it
+//!   read-only, and the file is sealed with `F_SEAL_FUTURE_WRITE`, so no
+//!   peer can map it writable or write it by any other way.
+//! * its **notice page**: its doorbell and its departures counter, which
+//!   every peer writes (to wake it, and to tell it that someone left). A
+//!   peer that writes nonsense here causes a spurious wake-up or an extra
+//!   look at the state words, nothing else.
+//! * one **ring per sender**, shared by the owner (the consumer) and that
+//!   sender (the producer) only: no third rank ever holds it, so no rank can
+//!   forge messages in another pair's ring.
 //!
-//! Nothing read from a peer's segment sizes or locates anything: the layout
+//! Each file is a **sealed memfd**: an anonymous file made with
+//! `memfd_create`, sized, then sealed with `F_SEAL_SHRINK | F_SEAL_GROW`
+//! (and `F_SEAL_SEAL`), so nobody (a buggy or hostile peer included) can
+//! change its size: no rank that mapped it can die of `SIGBUS` because a
+//! peer truncated it. None has a name in any file system: the owner hands
+//! sender `s` the control page, the notice page and ring `s` over a Unix
+//! socket (`SCM_RIGHTS`, to the job's processes only), and a peer refuses
+//! them unless their seals, owner, sizes and header are the ones expected.
+//! The owner closes its descriptors once every rank has attached, and peers
+//! close theirs once mapped, after which only the mappings remain; nothing
+//! is ever left in `/dev/shm`, even after a crash.
+//!
+//! Nothing read from a peer's memory sizes or locates anything: the layout
 //! is computed locally from the world size and the ring size (agreed through
 //! the bootstrap), and the header is only compared against it.
 
@@ -24,21 +34,23 @@ use std::ffi::CString;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU32, AtomicU64};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use xdev::{Error, Rank, Result};
 
 use crate::doorbell::Doorbell;
 use crate::ring::{self, RingRef};
 
-const MAGIC: u64 = u64::from_le_bytes(*b"XDEVSHM1");
-const VERSION: u32 = 1;
+const MAGIC: u64 = u64::from_le_bytes(*b"XDEVSHM2");
+const VERSION: u32 = 2;
 const PAGE: usize = 4096;
 
-const OFF_DOORBELL: usize = 64;
-const OFF_STATE: usize = 128;
-const OFF_DEPARTURES: usize = 192;
-const OFF_FREED: usize = 256;
+// Control page.
+const OFF_STATE: usize = 64;
+const OFF_FREED: usize = 128;
+// Notice page.
+const OFF_DOORBELL: usize = 0;
+const OFF_DEPARTURES: usize = 64;
 
 /// The state word of a rank: open, closed by `finish`, or dead (its device
 /// was dropped without `finish`).
@@ -52,17 +64,20 @@ pub mod state {
 }
 
 /// Whether `r` is a well-formed inbox reference as peers publish it: the
-/// abstract socket name their descriptor is handed out under
+/// abstract socket name their descriptors are handed out under
 /// (`xdev-fd-` and 32 hex digits).
 pub fn valid_ref(r: &str) -> bool {
     crate::fd_pass::valid_offer_name(r)
 }
 
-/// Seals every inbox carries.
-const SEALS: libc::c_int = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
+/// Seals every file of an inbox carries.
+const SEALS: libc::c_int = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW;
 
-/// Where everything sits in an inbox segment. Computed locally; never read
-/// from shared memory.
+/// How many descriptors a peer receives: control page, notice page, its ring.
+pub const SHARED_FDS: usize = 3;
+
+/// Where everything sits in an inbox. Computed locally; never read from
+/// shared memory.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub struct InboxLayout {
     /// Ranks in the world (one ring per sender).
@@ -72,36 +87,90 @@ pub struct InboxLayout {
 }
 
 impl InboxLayout {
-    fn rings_offset(&self) -> usize {
+    /// Bytes of the control page(s).
+    pub fn control_len(&self) -> usize {
         (OFF_FREED + 64 * self.size).next_multiple_of(PAGE)
     }
 
-    fn ring_stride(&self) -> usize {
+    /// Bytes of one ring's file.
+    pub fn ring_len(&self) -> usize {
         ring::bytes_for(self.nslots).next_multiple_of(PAGE)
     }
-
-    /// Total bytes of the segment.
-    pub fn len(&self) -> usize {
-        self.rings_offset() + self.size * self.ring_stride()
-    }
-
-    /// Always false: a segment has at least its header (for clippy's
-    /// `len_without_is_empty`).
-    pub fn is_empty(&self) -> bool {
-        false
-    }
 }
 
-/// A mapped inbox segment (our own, or a peer's).
-pub struct Inbox {
+/// One shared mapping, unmapped on drop.
+struct Mapping {
     base: NonNull<u8>,
-    layout: InboxLayout,
-    /// Our own segment's descriptor, until every peer has attached.
-    owned_fd: Option<OwnedFd>,
+    len: usize,
 }
 
-// SAFETY: the mapping is shared memory accessed only through atomics and the
-// ring protocol; the struct itself is an address, a layout and a descriptor.
+impl Mapping {
+    fn new(fd: &OwnedFd, len: usize, writable: bool) -> Result<Mapping> {
+        let prot = if writable {
+            libc::PROT_READ | libc::PROT_WRITE
+        } else {
+            libc::PROT_READ
+        };
+        // SAFETY: a fresh shared mapping of an open descriptor; the kernel
+        // picks the address. The result is checked below.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                prot,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(os("mmap of an inbox", io::Error::last_os_error()));
+        }
+        Ok(Mapping {
+            base: NonNull::new(p.cast()).expect("mmap returned null"),
+            len,
+        })
+    }
+
+    fn word<T>(&self, off: usize) -> &T {
+        assert!(off + std::mem::size_of::<T>() <= self.len);
+        // SAFETY: in bounds (checked above); callers pass offsets aligned for
+        // T (an atomic or a doorbell), and the mapping lives as long as self.
+        unsafe { &*(self.base.as_ptr().add(off) as *const T) }
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: base/len is a mapping we created, and nothing borrows it
+        // any more (rings and words borrow the Inbox that owns self).
+        unsafe { libc::munmap(self.base.as_ptr().cast(), self.len) };
+    }
+}
+
+/// The descriptors of our own inbox, until every peer has attached.
+struct OwnFds {
+    control: OwnedFd,
+    notice: OwnedFd,
+    rings: Vec<OwnedFd>,
+}
+
+/// A mapped inbox: our own (everything, writable), or a peer's as one of
+/// its senders sees it (its control page read-only, its notice page, and
+/// the one ring we produce into).
+pub struct Inbox {
+    layout: InboxLayout,
+    control: Mapping,
+    notice: Mapping,
+    /// Indexed by sender; a peer's inbox maps only ours.
+    rings: Vec<Option<Mapping>>,
+    own: Option<OwnFds>,
+    is_own: bool,
+}
+
+// SAFETY: the mappings are shared memory accessed only through atomics and
+// the ring protocol; the struct itself is addresses, a layout and
+// descriptors.
 unsafe impl Send for Inbox {}
 // SAFETY: as above.
 unsafe impl Sync for Inbox {}
@@ -110,31 +179,84 @@ fn os(context: impl Into<String>, e: io::Error) -> Error {
     Error::transport(context, e)
 }
 
+/// A new sealed memfd of `len` zero bytes.
+fn sealed_memfd(label: &str, len: usize, extra_seals: libc::c_int) -> Result<OwnedFd> {
+    let label = CString::new(label).expect("no NUL");
+    // SAFETY: `label` is NUL-terminated; the call only returns a new
+    // descriptor.
+    let fd =
+        unsafe { libc::memfd_create(label.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
+    if fd < 0 {
+        return Err(os("memfd_create for the inbox", io::Error::last_os_error()));
+    }
+    // SAFETY: memfd_create returned a fresh descriptor nobody else owns.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: fd is our open descriptor; ftruncate only sizes the file.
+    if unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) } != 0 {
+        return Err(os("ftruncate of the inbox", io::Error::last_os_error()));
+    }
+    seal(&fd, SEALS | extra_seals)?;
+    Ok(fd)
+}
+
+fn seal(fd: &OwnedFd, seals: libc::c_int) -> Result<()> {
+    // SAFETY: F_ADD_SEALS on our own memfd; no memory effects.
+    if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, seals) } != 0 {
+        return Err(os("sealing the inbox", io::Error::last_os_error()));
+    }
+    Ok(())
+}
+
+/// Checks a received file: `seals` present, this user's, `len` bytes.
+fn check_file(
+    fd: &OwnedFd,
+    what: &str,
+    seals: libc::c_int,
+    len: usize,
+    bad: &dyn Fn(String) -> Error,
+) -> Result<()> {
+    // SAFETY: F_GET_SEALS on an open descriptor; no memory effects.
+    let got = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) };
+    if got < 0 || got & seals != seals {
+        return Err(bad(format!(
+            "its {what} is not sealed as an inbox is (seals {got:#x}, needs {seals:#x})"
+        )));
+    }
+    // SAFETY: an all-zero stat is a valid value to be overwritten.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: fd is open and `st` is a valid out-pointer.
+    if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
+        return Err(os("fstat of a peer inbox", io::Error::last_os_error()));
+    }
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    if st.st_uid != me {
+        return Err(bad(format!(
+            "its {what} has owner {}, expected {me}",
+            st.st_uid
+        )));
+    }
+    if st.st_size as u64 != len as u64 {
+        return Err(bad(format!(
+            "its {what} is {} bytes, expected {len}",
+            st.st_size
+        )));
+    }
+    Ok(())
+}
+
 impl Inbox {
-    /// Creates this rank's inbox: a sealed memfd of the layout's size,
-    /// zero-filled, mapped, with its header written.
+    /// Creates this rank's inbox: its sealed memfds, zero-filled, mapped,
+    /// with the header written and the control page then sealed against
+    /// any further writable mapping.
     pub fn create(rank: Rank, layout: InboxLayout) -> Result<Inbox> {
-        let label = CString::new(format!("xdev-inbox-{rank}")).expect("no NUL");
-        // SAFETY: `label` is NUL-terminated; the call only returns a new
-        // descriptor.
-        let fd = unsafe {
-            libc::memfd_create(label.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING)
-        };
-        if fd < 0 {
-            return Err(os("memfd_create for the inbox", io::Error::last_os_error()));
-        }
-        // SAFETY: memfd_create returned a fresh descriptor nobody else owns.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-        // SAFETY: fd is our open descriptor; ftruncate only sizes the file.
-        if unsafe { libc::ftruncate(fd.as_raw_fd(), layout.len() as libc::off_t) } != 0 {
-            return Err(os("ftruncate of the inbox", io::Error::last_os_error()));
-        }
-        // SAFETY: F_ADD_SEALS on our own memfd; no memory effects.
-        if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, SEALS) } != 0 {
-            return Err(os("sealing the inbox", io::Error::last_os_error()));
-        }
-        let base = map(&fd, layout.len())?;
-        let h = base.as_ptr();
+        let control_fd = sealed_memfd(
+            &format!("xdev-inbox-{rank}-control"),
+            layout.control_len(),
+            0,
+        )?;
+        let control = Mapping::new(&control_fd, layout.control_len(), true)?;
+        let h = control.base.as_ptr();
         // SAFETY: the mapping is at least one page long, fresh (zeroed) and
         // not yet shared with anyone; these are plain writes of the header.
         unsafe {
@@ -144,66 +266,92 @@ impl Inbox {
             (h.add(16) as *mut u32).write(layout.size as u32);
             (h.add(20) as *mut u32).write(layout.nslots as u32);
             (h.add(24) as *mut u32).write(std::process::id());
-            (h.add(32) as *mut u64).write(layout.len() as u64);
+        }
+        // Our writable mapping exists; from now on nobody can make another
+        // (nor write(2) it): peers get a read-only view.
+        seal(&control_fd, libc::F_SEAL_FUTURE_WRITE | libc::F_SEAL_SEAL)?;
+        let notice_fd = sealed_memfd(
+            &format!("xdev-inbox-{rank}-notice"),
+            PAGE,
+            libc::F_SEAL_SEAL,
+        )?;
+        let notice = Mapping::new(&notice_fd, PAGE, true)?;
+        let mut ring_fds = Vec::with_capacity(layout.size);
+        let mut rings = Vec::with_capacity(layout.size);
+        for s in 0..layout.size {
+            let fd = sealed_memfd(
+                &format!("xdev-ring-{s}-to-{rank}"),
+                layout.ring_len(),
+                libc::F_SEAL_SEAL,
+            )?;
+            rings.push(Some(Mapping::new(&fd, layout.ring_len(), true)?));
+            ring_fds.push(fd);
         }
         Ok(Inbox {
-            base,
             layout,
-            owned_fd: Some(fd),
+            control,
+            notice,
+            rings,
+            own: Some(OwnFds {
+                control: control_fd,
+                notice: notice_fd,
+                rings: ring_fds,
+            }),
+            is_own: true,
         })
     }
 
-    /// A descriptor of our own inbox to hand to a peer (a duplicate; `None`
-    /// once [`Inbox::close_descriptor`] ran or for a peer's inbox).
-    pub fn share(&self) -> Option<io::Result<OwnedFd>> {
-        self.owned_fd.as_ref().map(|fd| fd.try_clone())
+    /// What sender `sender` receives of our own inbox (duplicates of the
+    /// control page, the notice page and ring `sender`, in that order);
+    /// `None` once [`Inbox::close_descriptors`] ran, for a peer's inbox, or
+    /// for a sender outside the world.
+    pub fn share_with(&self, sender: Rank) -> Option<io::Result<Vec<OwnedFd>>> {
+        let own = self.own.as_ref()?;
+        let ring = own.rings.get(sender)?;
+        Some(
+            [&own.control, &own.notice, ring]
+                .into_iter()
+                .map(|fd| fd.try_clone())
+                .collect(),
+        )
     }
 
-    /// Maps rank `rank`'s inbox, received as `fd` from process `pid`, after
-    /// checking the file: sealed against resizing, owned by this user, the
-    /// size `layout` implies, and a header naming `rank`, `pid` and the same
-    /// layout.
-    pub fn attach(fd: OwnedFd, rank: Rank, pid: u32, layout: InboxLayout) -> Result<Inbox> {
+    /// Maps rank `rank`'s inbox as its sender `me` sees it, from the
+    /// [`SHARED_FDS`] descriptors received from process `pid` (control page,
+    /// notice page, our ring), after checking each file: sealed against
+    /// resizing (the control page also against writing), owned by this
+    /// user, of the size `layout` implies, and a header naming `rank`, `pid`
+    /// and the same layout.
+    pub fn attach(
+        fds: Vec<OwnedFd>,
+        rank: Rank,
+        me: Rank,
+        pid: u32,
+        layout: InboxLayout,
+    ) -> Result<Inbox> {
         let bad = |what: String| Error::Protocol { rank, what };
-        // SAFETY: F_GET_SEALS on an open descriptor; no memory effects.
-        let seals = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) };
-        if seals < 0
-            || seals & (libc::F_SEAL_SHRINK | libc::F_SEAL_GROW)
-                != (libc::F_SEAL_SHRINK | libc::F_SEAL_GROW)
-        {
-            return Err(bad(format!(
-                "its inbox is not sealed against resizing (seals {seals:#x})"
-            )));
-        }
-        // SAFETY: an all-zero stat is a valid value to be overwritten.
-        let mut st: libc::stat = unsafe { std::mem::zeroed() };
-        // SAFETY: fd is open and `st` is a valid out-pointer.
-        if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
-            return Err(os("fstat of a peer inbox", io::Error::last_os_error()));
-        }
-        // SAFETY: geteuid has no preconditions.
-        let me = unsafe { libc::geteuid() };
-        if st.st_uid != me {
-            return Err(bad(format!(
-                "its inbox has owner {}, expected {me}",
-                st.st_uid
-            )));
-        }
-        if st.st_size as u64 != layout.len() as u64 {
-            return Err(bad(format!(
-                "its inbox is {} bytes, expected {}",
-                st.st_size,
-                layout.len()
-            )));
-        }
-        let inbox = Inbox {
-            base: map(&fd, layout.len())?,
-            layout,
-            owned_fd: None,
+        let Ok([control_fd, notice_fd, ring_fd]) = <[OwnedFd; SHARED_FDS]>::try_from(fds) else {
+            return Err(bad(format!("it sent other than {SHARED_FDS} descriptors")));
         };
-        let h = inbox.base.as_ptr();
-        // SAFETY: the mapping is layout.len() >= one page long; the reads are
-        // plain data (a hostile peer may change them, we only compare).
+        if me >= layout.size {
+            return Err(Error::InvalidRank {
+                rank: me,
+                size: layout.size,
+            });
+        }
+        check_file(
+            &control_fd,
+            "control page",
+            SEALS | libc::F_SEAL_FUTURE_WRITE,
+            layout.control_len(),
+            &bad,
+        )?;
+        check_file(&notice_fd, "notice page", SEALS, PAGE, &bad)?;
+        check_file(&ring_fd, "ring", SEALS, layout.ring_len(), &bad)?;
+        let control = Mapping::new(&control_fd, layout.control_len(), false)?;
+        let h = control.base.as_ptr();
+        // SAFETY: the mapping is at least one page long; the reads are plain
+        // data (the owner may change them, we only compare).
         let (magic, version, r, size, nslots, p) = unsafe {
             (
                 (h as *const u64).read_volatile(),
@@ -226,91 +374,94 @@ impl Inbox {
                  {nslots} slots, pid {p}, version {version})"
             )));
         }
-        Ok(inbox)
+        let mut rings: Vec<Option<Mapping>> = (0..layout.size).map(|_| None).collect();
+        rings[me] = Some(Mapping::new(&ring_fd, layout.ring_len(), true)?);
+        Ok(Inbox {
+            layout,
+            control,
+            notice: Mapping::new(&notice_fd, PAGE, true)?,
+            rings,
+            own: None,
+            is_own: false,
+        })
+        // The descriptors close here; the mappings stay.
     }
 
-    /// Closes our own segment's descriptor once every peer has attached
-    /// (peers keep their mappings; nobody can open it any more).
-    pub fn close_descriptor(&mut self) {
-        self.owned_fd = None;
-    }
-
-    fn word<T>(&self, off: usize) -> &T {
-        // SAFETY: callers pass fixed offsets inside the first page, aligned
-        // for T (an atomic), and the mapping lives as long as self.
-        unsafe { &*(self.base.as_ptr().add(off) as *const T) }
+    /// Closes our own inbox's descriptors once every peer has attached
+    /// (peers keep their mappings; nobody can be handed it any more).
+    pub fn close_descriptors(&mut self) {
+        self.own = None;
     }
 
     /// The owner's doorbell.
     pub fn doorbell(&self) -> &Doorbell {
-        self.word(OFF_DOORBELL)
-    }
-
-    /// The owner's state word (see [`state`]).
-    pub fn state(&self) -> &AtomicU32 {
-        self.word(OFF_STATE)
+        self.notice.word(OFF_DOORBELL)
     }
 
     /// Bumped by anyone who tells the owner that a rank departed.
     pub fn departures(&self) -> &AtomicU64 {
-        self.word(OFF_DEPARTURES)
+        self.notice.word(OFF_DEPARTURES)
+    }
+
+    /// The owner's state (see [`state`]).
+    pub fn state(&self, order: Ordering) -> u32 {
+        // An atomic load of read-only memory (a peer's view) is allowed.
+        self.control.word::<AtomicU32>(OFF_STATE).load(order)
+    }
+
+    /// Publishes our own state (see [`state`]).
+    ///
+    /// # Panics
+    /// On a peer's inbox, which is not ours to write (and mapped read-only).
+    pub fn set_state(&self, st: u32, order: Ordering) {
+        assert!(self.is_own, "a peer's state is not ours to write");
+        self.control.word::<AtomicU32>(OFF_STATE).store(st, order);
+    }
+
+    fn freed_word(&self, sender: Rank) -> &AtomicU64 {
+        assert!(sender < self.layout.size);
+        self.control.word(OFF_FREED + 64 * sender)
     }
 
     /// Eager credit the owner returned to `sender` (bytes consumed, growing).
-    pub fn freed(&self, sender: Rank) -> &AtomicU64 {
-        assert!(sender < self.layout.size);
-        self.word(OFF_FREED + 64 * sender)
+    pub fn freed(&self, sender: Rank, order: Ordering) -> u64 {
+        self.freed_word(sender).load(order)
+    }
+
+    /// Publishes the eager credit we returned to `sender`.
+    ///
+    /// # Panics
+    /// On a peer's inbox, which is not ours to write (and mapped read-only).
+    pub fn set_freed(&self, sender: Rank, bytes: u64, order: Ordering) {
+        assert!(self.is_own, "a peer's credit is not ours to write");
+        self.freed_word(sender).store(bytes, order);
+    }
+
+    /// Whether the ring from `sender` is mapped here (always in our own
+    /// inbox; only our own ring in a peer's).
+    pub fn has_ring(&self, sender: Rank) -> bool {
+        self.rings.get(sender).is_some_and(Option::is_some)
     }
 
     /// The ring from `sender` into this inbox.
+    ///
+    /// # Panics
+    /// If it is not mapped here (see [`Inbox::has_ring`]).
     pub fn ring(&self, sender: Rank) -> RingRef<'_> {
-        assert!(sender < self.layout.size);
-        let off = self.layout.rings_offset() + sender * self.layout.ring_stride();
-        // SAFETY: off + bytes_for(nslots) <= len (see InboxLayout), page
-        // aligned; the segment was zero-filled by ftruncate before use.
-        unsafe {
-            RingRef::from_raw(
-                NonNull::new_unchecked(self.base.as_ptr().add(off)),
-                self.layout.nslots,
-            )
-        }
+        let m = self.rings[sender]
+            .as_ref()
+            .expect("only the rings a rank takes part in are mapped");
+        // SAFETY: the mapping is ring_len() >= bytes_for(nslots) bytes, page
+        // aligned, zero-filled by ftruncate before use, and lives as long
+        // as self.
+        unsafe { RingRef::from_raw(m.base, self.layout.nslots) }
     }
-}
-
-impl Drop for Inbox {
-    fn drop(&mut self) {
-        self.close_descriptor();
-        if self.base != NonNull::dangling() {
-            // SAFETY: base/len is a mapping we created and nothing borrows it
-            // any more (rings and words borrow self).
-            unsafe { libc::munmap(self.base.as_ptr().cast(), self.layout.len()) };
-        }
-    }
-}
-
-/// An owned file descriptor.
-fn map(fd: &OwnedFd, len: usize) -> Result<NonNull<u8>> {
-    // SAFETY: a fresh shared mapping of an open descriptor; the kernel picks
-    // the address. The result is checked below.
-    let p = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED,
-            fd.as_raw_fd(),
-            0,
-        )
-    };
-    if p == libc::MAP_FAILED {
-        return Err(os("mmap of an inbox", io::Error::last_os_error()));
-    }
-    Ok(NonNull::new(p.cast()).expect("mmap returned null"))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::{FileExt, MetadataExt};
 
     fn layout() -> InboxLayout {
         InboxLayout {
@@ -319,47 +470,65 @@ mod tests {
         }
     }
 
+    fn inode(fd: &OwnedFd) -> (u64, u64) {
+        let m = std::fs::metadata(format!("/proc/self/fd/{}", fd.as_raw_fd())).unwrap();
+        (m.dev(), m.ino())
+    }
+
     #[test]
     fn create_attach_close() {
         let layout = layout();
         let mut mine = Inbox::create(1, layout).unwrap();
         let me = std::process::id();
-        let share = || mine.share().expect("ours").unwrap();
-        let peer = Inbox::attach(share(), 1, me, layout).unwrap();
+        let share = |s| mine.share_with(s).expect("ours").unwrap();
+        let peer = Inbox::attach(share(2), 1, 2, me, layout).unwrap();
         // Wrong expectations are refused.
         assert!(matches!(
-            Inbox::attach(share(), 2, me, layout),
+            Inbox::attach(share(2), 2, 2, me, layout),
             Err(Error::Protocol { rank: 2, .. })
         ));
-        assert!(Inbox::attach(
-            share(),
-            1,
-            me,
-            InboxLayout {
-                size: 4,
-                nslots: 64
-            }
-        )
-        .is_err());
+        let bigger = InboxLayout {
+            size: 4,
+            nslots: 64,
+        };
+        assert!(Inbox::attach(share(2), 1, 2, me, bigger).is_err());
         assert!(
-            Inbox::attach(share(), 1, me + 1, layout).is_err(),
+            Inbox::attach(share(2), 1, 2, me + 1, layout).is_err(),
             "another pid"
         );
-        let passwd = OwnedFd::from(std::fs::File::open("/etc/passwd").unwrap());
+        let mut short = share(2);
+        short.pop();
         assert!(
-            Inbox::attach(passwd, 1, me, layout).is_err(),
-            "not an inbox"
+            Inbox::attach(short, 1, 2, me, layout).is_err(),
+            "two descriptors"
         );
+        let mut swapped = share(2);
+        swapped.swap(0, 2);
         assert!(
-            peer.share().is_none(),
+            Inbox::attach(swapped, 1, 2, me, layout).is_err(),
+            "ring as control"
+        );
+        let passwd = || OwnedFd::from(std::fs::File::open("/etc/passwd").unwrap());
+        assert!(Inbox::attach(vec![passwd(), passwd(), passwd()], 1, 2, me, layout).is_err());
+        assert!(
+            peer.share_with(0).is_none(),
             "a peer's inbox is not ours to share"
         );
+        assert!(mine.share_with(3).is_none(), "no sender 3 in a world of 3");
         // Both mappings see the same memory.
-        peer.state().store(7, std::sync::atomic::Ordering::SeqCst);
-        assert_eq!(mine.state().load(std::sync::atomic::Ordering::SeqCst), 7);
-        mine.close_descriptor();
-        assert!(mine.share().is_none(), "closed: nothing more to hand out");
-        assert_eq!(peer.state().load(std::sync::atomic::Ordering::SeqCst), 7);
+        mine.set_state(7, Ordering::SeqCst);
+        assert_eq!(peer.state(Ordering::SeqCst), 7);
+        mine.set_freed(2, 99, Ordering::SeqCst);
+        assert_eq!(peer.freed(2, Ordering::SeqCst), 99);
+        peer.departures().fetch_add(1, Ordering::SeqCst);
+        assert_eq!(mine.departures().load(Ordering::SeqCst), 1);
+        assert!(!peer.ring(2).has_message());
+        mine.close_descriptors();
+        assert!(
+            mine.share_with(2).is_none(),
+            "closed: nothing more to hand out"
+        );
+        assert_eq!(peer.state(Ordering::SeqCst), 7);
         // Nothing in /dev/shm, ever.
         let here = std::fs::read_dir("/dev/shm")
             .unwrap()
@@ -369,59 +538,128 @@ mod tests {
     }
 
     #[test]
-    fn a_peer_cannot_resize_an_inbox() {
+    fn a_peer_cannot_resize_any_file_of_an_inbox() {
         let layout = layout();
         let mine = Inbox::create(0, layout).unwrap();
-        // What a hostile peer holds after the hand-over: the descriptor.
-        // It tries to shrink (SIGBUS for every mapper) or grow it.
-        let f = std::fs::File::from(mine.share().unwrap().unwrap());
-        let e = f.set_len(4096).unwrap_err();
-        assert_eq!(e.raw_os_error(), Some(libc::EPERM), "{e}");
-        let e = f.set_len(layout.len() as u64 * 2).unwrap_err();
-        assert_eq!(e.raw_os_error(), Some(libc::EPERM), "{e}");
-        // Nor remove the seals.
-        // SAFETY: F_ADD_SEALS on an open descriptor; no memory effects.
-        let r = unsafe { libc::fcntl(f.as_raw_fd(), libc::F_ADD_SEALS, libc::F_SEAL_WRITE) };
-        assert_eq!(r, -1, "F_SEAL_SEAL forbids more seals");
-        // The mapping is intact.
-        mine.state().store(3, std::sync::atomic::Ordering::SeqCst);
+        // What a hostile peer holds after the hand-over: the descriptors.
+        // It tries to shrink (SIGBUS for every mapper) or grow each file.
+        for fd in mine.share_with(1).unwrap().unwrap() {
+            let f = std::fs::File::from(fd);
+            let e = f.set_len(0).unwrap_err();
+            assert_eq!(e.raw_os_error(), Some(libc::EPERM), "{e}");
+            let e = f.set_len(1 << 20).unwrap_err();
+            assert_eq!(e.raw_os_error(), Some(libc::EPERM), "{e}");
+            // Nor remove the seals or add new ones.
+            // SAFETY: F_ADD_SEALS on an open descriptor; no memory effects.
+            let r = unsafe { libc::fcntl(f.as_raw_fd(), libc::F_ADD_SEALS, libc::F_SEAL_WRITE) };
+            assert_eq!(r, -1, "F_SEAL_SEAL forbids more seals");
+        }
+        // The mappings are intact.
+        mine.set_state(3, Ordering::SeqCst);
         assert_eq!(mine.ring(2).nslots(), 64);
+    }
+
+    #[test]
+    fn a_peer_cannot_write_the_owners_control_page() {
+        let layout = layout();
+        let mine = Inbox::create(0, layout).unwrap();
+        mine.set_state(state::OPEN, Ordering::SeqCst);
+        let [control, notice, ring] =
+            <[OwnedFd; 3]>::try_from(mine.share_with(2).unwrap().unwrap())
+                .ok()
+                .unwrap();
+        // A writable mapping of the control page is refused...
+        // SAFETY: a new mapping of an open descriptor; checked, never used.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                layout.control_len(),
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                control.as_raw_fd(),
+                0,
+            )
+        };
+        assert_eq!(p, libc::MAP_FAILED);
+        assert_eq!(io::Error::last_os_error().raw_os_error(), Some(libc::EPERM));
+        // ... and so is write(2) of the owner's state word.
+        let f = std::fs::File::from(control);
+        let e = f
+            .write_at(&state::DEAD.to_le_bytes(), OFF_STATE as u64)
+            .unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EPERM), "{e}");
+        assert_eq!(mine.state(Ordering::SeqCst), state::OPEN);
+        // A read-only mapping made writable later is refused too.
+        let ro = Mapping::new(&OwnedFd::from(f), layout.control_len(), false).unwrap();
+        // SAFETY: mprotect of our own mapping; refused, nothing changes.
+        let r = unsafe {
+            libc::mprotect(
+                ro.base.as_ptr().cast(),
+                ro.len,
+                libc::PROT_READ | libc::PROT_WRITE,
+            )
+        };
+        assert_eq!(r, -1, "F_SEAL_FUTURE_WRITE keeps it read-only");
+        // The notice page and the sender's own ring are writable.
+        assert!(Mapping::new(&notice, PAGE, true).is_ok());
+        assert!(Mapping::new(&ring, layout.ring_len(), true).is_ok());
+    }
+
+    #[test]
+    fn each_sender_gets_only_its_own_ring() {
+        let layout = layout();
+        let mine = Inbox::create(0, layout).unwrap();
+        let one = mine.share_with(1).unwrap().unwrap();
+        let two = mine.share_with(2).unwrap().unwrap();
+        // Same control and notice pages, different rings.
+        assert_eq!(inode(&one[0]), inode(&two[0]));
+        assert_eq!(inode(&one[1]), inode(&two[1]));
+        assert_ne!(inode(&one[2]), inode(&two[2]));
+        let me = std::process::id();
+        let as_two = Inbox::attach(two, 0, 2, me, layout).unwrap();
+        assert!(as_two.has_ring(2));
+        assert!(!as_two.has_ring(1), "rank 1's ring into rank 0 is not ours");
+        assert!(mine.has_ring(1) && mine.has_ring(2) && mine.has_ring(0));
     }
 
     #[test]
     fn an_unsealed_inbox_is_refused() {
         let layout = layout();
-        // A peer offering an ordinary memfd with a perfect header.
-        let label = CString::new("fake").unwrap();
-        // SAFETY: NUL-terminated label; returns a new descriptor.
-        let raw = unsafe { libc::memfd_create(label.as_ptr(), libc::MFD_CLOEXEC) };
-        assert!(raw >= 0);
-        // SAFETY: a fresh descriptor nobody else owns.
-        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-        assert_eq!(
-            // SAFETY: our own descriptor.
-            unsafe { libc::ftruncate(fd.as_raw_fd(), layout.len() as libc::off_t) },
-            0
-        );
-        let base = map(&fd, layout.len()).unwrap();
-        let h = base.as_ptr();
-        // SAFETY: fresh mapping of at least one page.
-        unsafe {
-            (h as *mut u64).write(MAGIC);
-            (h.add(8) as *mut u32).write(VERSION);
-            (h.add(12) as *mut u32).write(1);
-            (h.add(16) as *mut u32).write(layout.size as u32);
-            (h.add(20) as *mut u32).write(layout.nslots as u32);
-            (h.add(24) as *mut u32).write(std::process::id());
+        // A peer offering ordinary memfds of the right sizes, with a
+        // perfect header.
+        let plain = |len: usize| {
+            let label = CString::new("fake").unwrap();
+            // SAFETY: NUL-terminated label; returns a new descriptor.
+            let raw = unsafe { libc::memfd_create(label.as_ptr(), libc::MFD_CLOEXEC) };
+            assert!(raw >= 0);
+            // SAFETY: a fresh descriptor nobody else owns.
+            let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+            std::fs::File::from(fd.try_clone().unwrap())
+                .set_len(len as u64)
+                .unwrap();
+            fd
+        };
+        let control = plain(layout.control_len());
+        {
+            let m = Mapping::new(&control, layout.control_len(), true).unwrap();
+            let h = m.base.as_ptr();
+            // SAFETY: fresh mapping of at least one page.
+            unsafe {
+                (h as *mut u64).write(MAGIC);
+                (h.add(8) as *mut u32).write(VERSION);
+                (h.add(12) as *mut u32).write(1);
+                (h.add(16) as *mut u32).write(layout.size as u32);
+                (h.add(20) as *mut u32).write(layout.nslots as u32);
+                (h.add(24) as *mut u32).write(std::process::id());
+            }
         }
-        let e = Inbox::attach(fd, 1, std::process::id(), layout)
+        let fds = vec![control, plain(PAGE), plain(layout.ring_len())];
+        let e = Inbox::attach(fds, 1, 0, std::process::id(), layout)
             .err()
             .expect("refused");
         assert!(
             matches!(&e, Error::Protocol { rank: 1, what } if what.contains("not sealed")),
             "{e:?}"
         );
-        // SAFETY: our mapping, unused now.
-        unsafe { libc::munmap(base.as_ptr().cast(), layout.len()) };
     }
 }
