@@ -363,6 +363,24 @@ struct Local {
     /// Payload buffers of delivered unexpected eager messages, reused for
     /// the next ones (at most [`SPARE_PAYLOADS`], each at most `eager_limit`).
     spare_payloads: Vec<Vec<u8>>,
+    /// Rendezvous matched by posting calls, pulled by the next progress
+    /// (see [`PendingPull`]).
+    pulls: VecDeque<PendingPull>,
+    /// Set while `irecv` works under the lock: a rendezvous it matches to
+    /// a request is left to the next progress instead of copied.
+    defer_pulls: bool,
+}
+
+/// A rendezvous matched to a request inside `irecv`, whose copy is left to
+/// the next progress: a posting call that copied would keep its caller from
+/// posting the sends its peer is waiting for, so that the two ranks of a
+/// bidirectional exchange copy in turn instead of together. The request's
+/// core owns the buffer until it completes; the sender keeps its data until
+/// the handoff is finished or revoked.
+struct PendingPull {
+    env: Envelope,
+    hand: Arc<Handoff>,
+    target: Target,
 }
 
 /// The engine of one rank: shared by the device handle and its requests.
@@ -569,6 +587,9 @@ impl Engine {
         if l.matching.unexpected_len() == 0 {
             return false;
         }
+        if l.defer_pulls && matches!(l.matching.probe(&d.pattern), Some((_, Unexpected::Rndv(_)))) {
+            return false; // for the request `irecv` makes (see PendingPull)
+        }
         let Some((env, u)) = l.matching.take(&d.pattern) else {
             return false;
         };
@@ -620,17 +641,29 @@ impl Engine {
                 tag: h.tag,
                 context: h.context,
             };
+            let deferring = l.defer_pulls && h.kind == KIND_RNDV;
             let direct_hit = match direct.as_deref_mut() {
-                Some(d) if l.matching.posted_len() == 0 && d.pattern.matches(&env) => Some(d),
+                Some(d)
+                    if !deferring && l.matching.posted_len() == 0 && d.pattern.matches(&env) =>
+                {
+                    Some(d)
+                }
                 _ => None,
             };
             if let Some(d) = direct_hit {
                 let (p, n) = (d.buf.as_mut_ptr(), d.buf.len());
                 d.status = Some(self.deliver_from_ring(l, s, &msg, p, n));
             } else if let Some((_, target)) = l.matching.take_posted(&env) {
-                let (p, n) = target.dst();
-                let st = self.deliver_from_ring(l, s, &msg, p, n);
-                self.complete_target(target, st);
+                if deferring && matches!(target, Target::Request(_)) {
+                    // SAFETY: rendezvous cookie from into_cookie, taken once
+                    // (the message is popped below).
+                    let hand = unsafe { Handoff::from_cookie(h.cookie) };
+                    l.pulls.push_back(PendingPull { env, hand, target });
+                } else {
+                    let (p, n) = target.dst();
+                    let st = self.deliver_from_ring(l, s, &msg, p, n);
+                    self.complete_target(target, st);
+                }
             } else {
                 if leave_unmatched {
                     return any;
@@ -838,6 +871,9 @@ impl Engine {
         for k in 0..n {
             any |= self.drain(l, (first + k) % n, direct.as_deref_mut(), false);
         }
+        if !l.pulls.is_empty() {
+            any |= self.flush_pulls(l);
+        }
         if l.backlog_total > 0 {
             any |= self.flush_backlogs(l);
         }
@@ -845,6 +881,18 @@ impl Engine {
             l.events += 1;
             // Other threads of this rank may sleep on requests we completed.
             self.me().doorbell.ring(Scope::Private);
+        }
+        any
+    }
+
+    /// Does the rendezvous copies `irecv` left (see [`PendingPull`]).
+    fn flush_pulls(&self, l: &mut Local) -> bool {
+        let mut any = false;
+        while let Some(p) = l.pulls.pop_front() {
+            let (dst, cap) = p.target.dst();
+            let st = self.pull(p.env, &p.hand, dst, cap);
+            self.complete_target(p.target, st);
+            any = true;
         }
         any
     }
@@ -1222,6 +1270,7 @@ impl Engine {
             || false,
         );
         let mut l = self.lock();
+        self.flush_pulls(&mut l);
         l.closed = true;
         for t in l.matching.remove_posted_where(|_, _| true) {
             let env = Envelope {
@@ -1268,6 +1317,9 @@ impl Drop for Engine {
             if let Unexpected::Rndv(h) | Unexpected::Eager { sync: Some(h), .. } = u {
                 h.revoke();
             }
+        }
+        for p in std::mem::take(&mut l.pulls) {
+            p.hand.revoke();
         }
     }
 }
@@ -1377,6 +1429,8 @@ impl ThreadDevice {
                 unexpected_rndv: vec![0; n],
                 stalled_any: false,
                 spare_payloads: Vec::new(),
+                pulls: VecDeque::new(),
+                defer_pulls: false,
             }),
             stalled: (0..n).map(|_| AtomicBool::new(false)).collect(),
             world,
@@ -1455,6 +1509,8 @@ impl Device for ThreadDevice {
             return Request::new(core, eng.clone());
         }
         let mut l = eng.lock();
+        // Every exit below clears it (see `PendingPull`).
+        l.defer_pulls = true;
         // The common case first: nothing else is posted (so this receive
         // may take the first match) and the message is already here, in
         // the unexpected queue or at the head of its sender's ring. It is
@@ -1476,6 +1532,7 @@ impl Device for ThreadDevice {
                 }
             }
             if let Some(status) = direct.status {
+                l.defer_pulls = false;
                 drop(l);
                 return eng.tracker.completed(RequestKind::Recv, buf, status);
             }
@@ -1484,6 +1541,7 @@ impl Device for ThreadDevice {
         let core = eng.tracker.start(RequestKind::Recv, buf);
         if l.closed {
             // `finish` emptied the queues after our first check.
+            l.defer_pulls = false;
             drop(l);
             let env = Envelope {
                 source: eng.rank,
@@ -1495,6 +1553,18 @@ impl Device for ThreadDevice {
             return Request::new(core, eng.clone());
         }
         match l.matching.post(pattern, Target::Request(core.clone())) {
+            Posted::Matched {
+                env,
+                msg: Unexpected::Rndv(hand),
+                recv,
+            } => {
+                eng.unexpected_rndv_taken(&mut l, env.source);
+                l.pulls.push_back(PendingPull {
+                    env,
+                    hand,
+                    target: recv,
+                });
+            }
             Posted::Matched { env, msg, recv } => {
                 let (p, n) = recv.dst();
                 let st = eng.deliver_unexpected(&mut l, env, msg, p, n);
@@ -1524,6 +1594,7 @@ impl Device for ThreadDevice {
                 }
             }
         }
+        l.defer_pulls = false;
         drop(l);
         Request::new(core, eng.clone())
     }
@@ -1684,4 +1755,55 @@ pub fn register(registry: &mut Registry) {
         placement: Placement::Threads,
         open: |cfg| Ok(Arc::new(ThreadDevice::open(cfg)?) as Arc<dyn Device>),
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_irecv_leaves_its_rendezvous_copy_to_the_next_progress() {
+        // Measured: osu_bibw at 256 KiB went from 5.4 to 12.9-25.9 GB/s
+        // once irecv stopped copying what it matched.
+        let big: Vec<u8> = (0..1_000_000u32).map(|i| (i % 251) as u8).collect();
+        ThreadWorld::new(2).run(|dev| {
+            for (round, probe_first) in [(0, false), (1, true), (2, false)] {
+                if dev.id() == 1 {
+                    let r = dev.isend(Buffer::from(big.clone()), 0, 5, 3);
+                    assert!(r.wait().status.error.is_none(), "round {round}");
+                    if round == 2 {
+                        dev.send(&[9; 8], 0, 6, 3).unwrap();
+                    }
+                    continue;
+                }
+                if probe_first {
+                    // In the unexpected queue rather than the ring.
+                    dev.probe(Source::Rank(1), TagSel::Tag(5), 3).unwrap();
+                } else {
+                    while !dev.engine.world.ring(1, 0).has_message() {
+                        std::hint::spin_loop();
+                    }
+                }
+                // Round 2: another receive is posted first (the queued path).
+                let other = (round == 2)
+                    .then(|| dev.irecv(Buffer::zeroed(8), Source::Rank(1), TagSel::Tag(6), 3));
+                let r = dev.irecv(
+                    Buffer::zeroed(big.len()),
+                    Source::Rank(1),
+                    TagSel::Tag(5),
+                    3,
+                );
+                assert_eq!(dev.engine.lock().pulls.len(), 1, "round {round}");
+                let Err(r) = r.take_if_done() else {
+                    panic!("round {round}: copied inside irecv");
+                };
+                let got = r.wait();
+                assert!(got.status.error.is_none(), "{:?}", got.status);
+                assert!(got.buf[..] == big[..], "round {round}: wrong bytes");
+                if let Some(o) = other {
+                    assert_eq!(&o.wait().buf[..], &[9; 8]);
+                }
+            }
+        });
+    }
 }
