@@ -39,6 +39,30 @@ fn killed_peer_fails_its_requests_and_nobody_hangs() {
     println!("survivors done {} ms after SIGKILL", elapsed.as_millis());
 }
 
+/// A peer dies in the middle of a pipelined transfer (64 MiB through 4 KiB
+/// rings, so thousands of fragments), once as the sender and once as the
+/// receiver: the survivor's side fails with PeerLost within about a second
+/// of the SIGKILL, never with success or a hang, and the survivor finishes.
+#[test]
+fn a_peer_that_dies_in_the_middle_of_a_pipelined_transfer_fails_it() {
+    for role in ["sender", "receiver"] {
+        let mut running = start(2, &["stream-victim", role, "cma=off", "ring_bytes=4096"]);
+        let _stdout = wait_for_line(&mut running.job.children[1], "ready");
+        let killed = Instant::now();
+        running.job.children[1].kill().expect("SIGKILL rank 1");
+        let results = finish(running);
+        let elapsed = killed.elapsed();
+        let e = &results[0];
+        assert!(e.success, "{role}: rank 0 failed: {}{}", e.stdout, e.stderr);
+        assert!(e.stdout.contains("noticed"), "{role}: {}", e.stdout);
+        assert!(!results[1].success, "{role}: rank 1 was killed");
+        assert!(
+            elapsed < Duration::from_secs(3),
+            "{role}: rank 0 took {elapsed:?} after the kill"
+        );
+    }
+}
+
 /// The path is chosen at run time and reported: `cma=on` uses CMA (this
 /// machine has no Yama restriction), `cma=off` never does, the default uses
 /// CMA only if it is fast enough here (it says which and why), and a job

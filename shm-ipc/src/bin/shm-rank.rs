@@ -7,6 +7,8 @@
 //! shm-rank no-ptrace CASE [KEY=VALUE...]     the same in a process that others
 //!                                            may not ptrace (so CMA is refused)
 //! shm-rank victim [KEY=VALUE...]             dead-peer test (see tests/process_faults.rs)
+//! shm-rank stream-victim sender|receiver [KEY=VALUE...]
+//!                                             a peer dies in the middle of a pipelined transfer
 //! ```
 //! Exits 0 on success, 1 with a message on failure.
 
@@ -31,7 +33,12 @@ fn main() -> ExitCode {
             forbid_ptrace().and_then(|()| conformance(&args[1], &args[2..]))
         }
         Some("victim") => victim(&args[1..]),
-        _ => Err("usage: shm-rank conformance CASE [K=V...] | victim [K=V...]".into()),
+        Some("stream-victim") if args.len() >= 2 => stream_victim(&args[1], &args[2..]),
+        _ => Err(
+            "usage: shm-rank conformance CASE [K=V...] | victim [K=V...] \
+             | stream-victim sender|receiver [K=V...]"
+                .into(),
+        ),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,
@@ -146,5 +153,66 @@ fn victim(options: &[String]) -> Result<(), String> {
     }
     dev.finish().map_err(|e| format!("finish: {e}"))?;
     println!("noticed after {} ms", noticed.as_millis());
+    Ok(())
+}
+
+/// Two ranks, a 64 MiB message by the pipelined copy (`cma=off`, small
+/// rings). Rank 1 is the victim, as the `sender` or the `receiver`: it
+/// takes part in the transfer until some fragments have moved, prints
+/// `ready` and stops (the test kills it). Rank 0's side of the transfer must
+/// fail with PeerLost, not hang and not report success, and rank 0 must then
+/// finish.
+fn stream_victim(role: &str, options: &[String]) -> Result<(), String> {
+    const LEN: usize = 64 << 20;
+    let dev = open(options)?;
+    if dev.rendezvous() == &shm_ipc::RendezvousPath::Cma {
+        return Err("stream-victim needs the pipelined path (cma=off)".into());
+    }
+    let ctx = 0x5152;
+    barrier(&dev).map_err(|e| format!("barrier: {e}"))?;
+    let victim_sends = match role {
+        "sender" => true,
+        "receiver" => false,
+        other => return Err(format!("stream-victim: unknown role {other:?}")),
+    };
+    if dev.id() == 1 {
+        let req = if victim_sends {
+            dev.isend(Buffer::from(vec![3u8; LEN]), 0, 1, ctx)
+        } else {
+            dev.irecv(Buffer::zeroed(LEN), Source::Rank(0), TagSel::Tag(1), ctx)
+        };
+        // Drive the transfer for a while: it cannot end in this time
+        // (a fragment per ring quarter), so it is in the middle of it.
+        let t = Instant::now();
+        let mut req = Some(req);
+        while t.elapsed() < Duration::from_millis(20) {
+            match req.take().expect("pending").test() {
+                Ok(_) => return Err("the transfer ended before the kill".into()),
+                Err(r) => req = Some(r),
+            }
+        }
+        println!("ready");
+        loop {
+            std::thread::sleep(Duration::from_secs(1));
+        }
+    }
+    let req = if victim_sends {
+        dev.irecv(Buffer::zeroed(LEN), Source::Rank(1), TagSel::Tag(1), ctx)
+    } else {
+        dev.isend(Buffer::from(vec![4u8; LEN]), 1, 1, ctx)
+    };
+    let done = req.wait();
+    let start = Instant::now();
+    match done.status.error {
+        Some(Error::PeerLost { rank: 1, .. }) => {}
+        other => {
+            return Err(format!(
+                "the {} side: expected PeerLost from rank 1, got {other:?}",
+                if victim_sends { "receiving" } else { "sending" }
+            ))
+        }
+    }
+    dev.finish().map_err(|e| format!("finish: {e}"))?;
+    println!("noticed; finished {} ms later", start.elapsed().as_millis());
     Ok(())
 }
