@@ -83,12 +83,18 @@
 
 mod auth;
 mod client;
+mod front;
 pub mod keepalive;
+mod pmi;
+mod pmix;
 mod server;
 mod shm_names;
 pub mod wire;
 
-pub use client::{Bootstrap, Departure, CONNECT_TIMEOUT};
+pub use client::{Departure, CONNECT_TIMEOUT};
+pub use front::Bootstrap;
+pub use pmi::{PMI_FD, PMI_JOBID, PMI_RANK, PMI_SIZE, XDEV_PMI};
+pub use pmix::{PMIX_NAMESPACE, PMIX_RANK, XDEV_PMIX_LIBRARY};
 pub use server::{BootstrapServer, ServerOptions, ServerStatus};
 pub use shm_names::{is_xdev_shm_name, remove_job_shm, remove_psm2_shm, shm_prefix, PSM2_EPID_KEY};
 
@@ -236,11 +242,81 @@ impl JobEnv {
     }
 }
 
-/// Rank, size and job identity from [`XDEV_RANK`], [`XDEV_SIZE`] and
-/// [`XDEV_JOB`], as a [`Config`] with no options. Fails with
-/// [`Error::Config`] naming the missing or malformed variable.
+/// The launcher that started this process, as its environment says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Launcher {
+    /// `xdev-run` (or `xdev-run --serve`): [`XDEV_BOOTSTRAP`] or
+    /// [`XDEV_RANK`] is set; xdev's TCP service.
+    XdevRun,
+    /// A PMIx launcher (`srun --mpi=pmix`, Open MPI's `mpirun`):
+    /// [`PMIX_RANK`] and [`PMIX_NAMESPACE`] are set.
+    Pmix,
+    /// A PMI-1 launcher (MPICH's Hydra `mpirun.mpich`): [`PMI_FD`] is set.
+    Pmi1,
+    /// A PMI-2 launcher (`srun --mpi=pmi2`): [`PMI_FD`] and [`PMI_JOBID`]
+    /// are set.
+    Pmi2,
+}
+
+/// The error of a process that no known launcher started.
+pub const NO_LAUNCHER: &str = "this process was not started by a launcher xdev knows \
+(none of XDEV_BOOTSTRAP, PMIX_RANK and PMIX_NAMESPACE, or PMI_FD is set). Start the job \
+with xdev-run (`xdev-run -n N --device NAME -- PROGRAM`), with a PMIx launcher \
+(`srun --mpi=pmix -n N PROGRAM`, or `mpirun.openmpi -np N PROGRAM`), or with a PMI \
+launcher (`mpirun.mpich -np N PROGRAM`, or `srun --mpi=pmi2 -n N PROGRAM`)";
+
+impl Launcher {
+    /// The launcher the variables read through `lookup` name, in this
+    /// order: xdev-run ([`XDEV_BOOTSTRAP`] or [`XDEV_RANK`]), PMIx
+    /// ([`PMIX_RANK`] and [`PMIX_NAMESPACE`]), PMI ([`PMI_FD`]; PMI-2 when
+    /// [`PMI_JOBID`] is set too, as Slurm's pmi2 plugin does, or as
+    /// [`XDEV_PMI`] says). Otherwise [`Error::Config`] with [`NO_LAUNCHER`].
+    pub fn detect(lookup: impl Fn(&str) -> Option<String>) -> Result<Launcher> {
+        let set = |n: &str| lookup(n).is_some_and(|v| !v.is_empty());
+        if set(XDEV_BOOTSTRAP) || set(XDEV_RANK) {
+            return Ok(Launcher::XdevRun);
+        }
+        if set(PMIX_RANK) && set(PMIX_NAMESPACE) {
+            return Ok(Launcher::Pmix);
+        }
+        if set(PMI_FD) {
+            return match lookup(XDEV_PMI).as_deref().map(str::trim) {
+                Some("1") => Ok(Launcher::Pmi1),
+                Some("2") => Ok(Launcher::Pmi2),
+                Some(v) if !v.is_empty() => Err(Error::Config(format!(
+                    "{XDEV_PMI}={v:?}: it must be 1 or 2"
+                ))),
+                _ if set(PMI_JOBID) => Ok(Launcher::Pmi2),
+                _ => Ok(Launcher::Pmi1),
+            };
+        }
+        if set(PMI_RANK) || set(PMI_SIZE) {
+            return Err(Error::Config(format!(
+                "{PMI_RANK}/{PMI_SIZE} are set but {PMI_FD} is not: xdev speaks PMI over the \
+                 socket a launcher passes in {PMI_FD} only. {NO_LAUNCHER}"
+            )));
+        }
+        Err(Error::Config(NO_LAUNCHER.into()))
+    }
+
+    /// [`detect`](Self::detect) on the process environment.
+    pub fn from_env() -> Result<Launcher> {
+        Self::detect(|n| std::env::var_os(n).map(|v| v.to_string_lossy().into_owned()))
+    }
+}
+
+/// Rank, size and job identity of this process as a [`Config`] with no
+/// options, from the launcher that started it ([`Launcher::from_env`]):
+/// [`XDEV_RANK`], [`XDEV_SIZE`] and [`XDEV_JOB`] under xdev-run; PMIx's
+/// rank, job size and namespace; PMI's rank, size and job (kvs) name. Fails
+/// with [`Error::Config`] naming the missing or malformed variable, or
+/// [`NO_LAUNCHER`]. Under PMIx and PMI this opens the process's connection
+/// to the launcher (kept for the bootstrap that follows).
 pub fn config_from_env() -> Result<Config> {
-    JobEnv::from_env().map(|e| e.config)
+    match Launcher::from_env()? {
+        Launcher::XdevRun => JobEnv::from_env().map(|e| e.config),
+        _ => Bootstrap::from_env().map(|b| b.config()),
+    }
 }
 
 /// The device name from [`XDEV_DEVICE`], if set and not empty.

@@ -3,6 +3,7 @@
 //!
 //! ```text
 //! xdev-rank conformance CASE [KEY=VALUE...]   run one xdev conformance case
+//!                                             (`all`: every case, in order)
 //! xdev-rank peer-exit [KEY=VALUE...]          rank 1 leaves; rank 0's operations
 //!                                             involving it fail with PeerLost
 //! xdev-rank inflight-send [KEY=VALUE...]      rank 1 leaves with a rendezvous send
@@ -17,7 +18,7 @@
 
 use std::process::ExitCode;
 
-use xdev::conformance::{barrier, run_case};
+use xdev::conformance::{barrier, run_all, run_case};
 use xdev::{Config, Device};
 
 fn config(options: &[String]) -> Result<Config, String> {
@@ -66,7 +67,11 @@ fn main() -> ExitCode {
 
 fn conformance(case: &str, options: &[String]) -> Result<(), String> {
     let dev = open(options)?;
-    run_case(&*dev, case).map_err(|f| f.to_string())?;
+    if case == "all" {
+        run_all(&*dev).map_err(|f| f.to_string())?;
+    } else {
+        run_case(&*dev, case).map_err(|f| f.to_string())?;
+    }
     // Everyone is done with the case before anyone closes its endpoint.
     barrier(&*dev).map_err(|e| format!("final barrier: {e}"))?;
     dev.finish().map_err(|e| format!("finish: {e}"))
