@@ -6,6 +6,10 @@
 //!                                             (`all`: every case, in order)
 //! xdev-rank peer-exit [KEY=VALUE...]          rank 1 leaves; rank 0's operations
 //!                                             involving it fail with PeerLost
+//! xdev-rank peer-killed [KEY=VALUE...]       rank 1 writes its pid to the file named
+//!                                             by XDEV_RANK_PIDFILE and waits to be
+//!                                             killed; the others' receives from it
+//!                                             fail with PeerLost
 //! xdev-rank inflight-send [KEY=VALUE...]      rank 1 leaves with a rendezvous send
 //!                                             to it in flight: the send fails
 //! xdev-rank finish-posted [KEY=VALUE...]      receives still posted at finish, and
@@ -49,10 +53,11 @@ fn main() -> ExitCode {
         Some("posted-truncation") => posted_truncation(&args[1..]),
         Some("peer-exit") => peer_exit(&args[1..]),
         Some("inflight-send") => inflight_send(&args[1..]),
+        Some("peer-killed") => peer_killed(&args[1..]),
         Some("finish-posted") => finish_posted(&args[1..]),
         _ => Err(
             "usage: xdev-rank conformance CASE [K=V...] | posted-truncation [K=V...] \
-                  | peer-exit [K=V...] | inflight-send [K=V...] | finish-posted [K=V...] | cases"
+                  | peer-exit [K=V...] | peer-killed [K=V...] | inflight-send [K=V...] | finish-posted [K=V...] | cases"
                 .into(),
         ),
     };
@@ -157,6 +162,40 @@ fn peer_exit(options: &[String]) -> Result<(), String> {
             .err()
             .as_ref(),
     )?;
+    dev.finish().map_err(|e| format!("finish: {e}"))
+}
+
+/// Rank 1 writes its pid to the file `XDEV_RANK_PIDFILE` names and sleeps
+/// until it is killed (by the test that runs this, with SIGKILL); every
+/// other rank waits for a message from it, which must fail with PeerLost
+/// (not hang), says so on stdout and finishes.
+fn peer_killed(options: &[String]) -> Result<(), String> {
+    let dev = open(options)?;
+    let ctx = 0x4b49_4c4c;
+    barrier(&*dev).map_err(|e| format!("barrier: {e}"))?;
+    if dev.id() == 1 {
+        let path = std::env::var("XDEV_RANK_PIDFILE")
+            .map_err(|_| "XDEV_RANK_PIDFILE is not set".to_string())?;
+        std::fs::write(&path, format!("{}\n", std::process::id()))
+            .map_err(|e| format!("writing {path}: {e}"))?;
+        loop {
+            std::thread::sleep(std::time::Duration::from_secs(1));
+        }
+    }
+    let done = dev
+        .irecv(
+            xdev::Buffer::zeroed(8),
+            xdev::Source::Rank(1),
+            xdev::TagSel::Any,
+            ctx,
+        )
+        .wait();
+    match done.status.error {
+        Some(xdev::Error::PeerLost { rank: 1, .. }) => {
+            println!("rank {}: PeerLost from rank 1", dev.id());
+        }
+        other => return Err(format!("expected PeerLost from rank 1, got {other:?}")),
+    }
     dev.finish().map_err(|e| format!("finish: {e}"))
 }
 
