@@ -76,3 +76,91 @@ CONF
 fi
 srun --mpi=list 2>&1 | grep -q pmix || fail "srun --mpi=list has no pmix"
 srun --mpi=list 2>&1 | grep -q pmi2 || fail "srun --mpi=list has no pmi2"
+
+# --- the rank program ------------------------------------------------------
+step "building xdev-rank and xdev-run (release)"
+cargo build --release --quiet -p ibvx --bin xdev-rank -p xdev --bin xdev-run
+rank=$PWD/target/release/xdev-rank
+
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+# Two cores, three ranks: each launcher is told it may place more ranks than cores.
+run_under() { # NAME DEVICE -- command...
+  local name=$1 dev=$2 t0=$SECONDS
+  shift 3
+  if ! XDEV_DEVICE=$dev timeout 300 "$@" >"$log" 2>&1; then
+    cat "$log" >&2
+    fail "conformance on $dev under $name"
+  fi
+  echo "ok: conformance all, 3 ranks, $dev under $name ($((SECONDS - t0)) s)"
+}
+step "the bootstrap alone under each launcher: 3 ranks of one job, allgather, 20 KB values"
+check_bootstrap() { # NAME WANT -- command...
+  local name=$1 want=$2
+  shift 3
+  timeout 120 "$@" "$rank" bootstrap >"$log" 2>&1 || { cat "$log" >&2; fail "bootstrap under $name"; }
+  for r in 0 1 2; do
+    grep -q "^rank $r of 3 in job .* via $want\$" "$log" || { cat "$log" >&2; fail "rank $r of 3 via $want missing under $name"; }
+  done
+  [ "$(grep -c ' of 3 in job ' "$log")" = 3 ] || { cat "$log" >&2; fail "not 3 ranks of one job under $name"; }
+  [ "$(sed -n 's/.* in job \(.*\) via .*/\1/p' "$log" | sort -u | wc -l)" = 1 ] ||
+    { cat "$log" >&2; fail "the ranks disagree on the job under $name"; }
+  echo "ok: 3 ranks of one job via $want under $name"
+}
+check_bootstrap mpirun.openmpi Pmix -- mpirun.openmpi --oversubscribe -np 3
+check_bootstrap mpirun.mpich Pmi1 -- mpirun.mpich -np 3
+check_bootstrap "srun --mpi=pmix" Pmix -- srun --overcommit --mpi=pmix -n 3
+check_bootstrap "srun --mpi=pmi2" Pmi2 -- srun --overcommit --mpi=pmi2 -n 3
+check_bootstrap "srun --mpi=pmi2 with XDEV_PMI=1" Pmi1 -- env XDEV_PMI=1 srun --overcommit --mpi=pmi2 -n 3
+check_bootstrap xdev-run XdevRun -- target/release/xdev-run -n 3 --
+
+for dev in shm psm; do
+  step "conformance suite on $dev, 3 ranks, under each launcher"
+  run_under "mpirun.openmpi (PMIx)" "$dev" -- \
+    mpirun.openmpi --oversubscribe -np 3 -x XDEV_DEVICE "$rank" conformance all
+  run_under "mpirun.mpich (Hydra, PMI-1)" "$dev" -- \
+    mpirun.mpich -np 3 -genv XDEV_DEVICE "$dev" "$rank" conformance all
+  run_under "srun --mpi=pmix" "$dev" -- srun --overcommit --mpi=pmix -n 3 "$rank" conformance all
+  run_under "srun --mpi=pmi2" "$dev" -- srun --overcommit --mpi=pmi2 -n 3 "$rank" conformance all
+done
+step "hybrid (one host: its shm group) under mpirun.mpich and srun --mpi=pmi2"
+run_under "mpirun.mpich (Hydra, PMI-1)" hybrid -- \
+  mpirun.mpich -np 3 -genv XDEV_DEVICE hybrid "$rank" conformance all
+run_under "srun --mpi=pmi2" hybrid -- srun --overcommit --mpi=pmi2 -n 3 "$rank" conformance all
+
+# --- a rank killed under srun ----------------------------------------------
+for mpi in pmix pmi2; do
+  step "srun --mpi=$mpi: rank 1 killed with SIGKILL"
+  pidfile=$(mktemp -u /tmp/xdev-killed.XXXXXX)
+  XDEV_DEVICE=shm XDEV_RANK_PIDFILE=$pidfile timeout 60 \
+    srun --overcommit --mpi=$mpi -n 3 "$rank" peer-killed >"$log" 2>&1 &
+  job=$!
+  for _ in $(seq 300); do [ -s "$pidfile" ] && break; sleep 0.1; done
+  [ -s "$pidfile" ] || { kill "$job" 2>/dev/null; cat "$log" >&2; fail "rank 1 never wrote its pid"; }
+  kill -9 "$(cat "$pidfile")"
+  rm -f "$pidfile"
+  rc=0
+  wait "$job" || rc=$?
+  cat "$log"
+  ((rc != 124)) || fail "srun --mpi=$mpi hung after a rank was killed"
+  ((rc != 0)) || fail "srun --mpi=$mpi reported success although rank 1 was killed"
+  for r in 0 2; do
+    grep -q "^rank $r: PeerLost from rank 1" "$log" || fail "rank $r did not report PeerLost (srun --mpi=$mpi)"
+  done
+  echo "ok: ranks 0 and 2 got PeerLost, srun --mpi=$mpi failed with status $rc"
+done
+
+# --- no launcher at all ----------------------------------------------------
+step "a rank started with no launcher"
+rc=0
+env -u XDEV_BOOTSTRAP -u XDEV_RANK -u PMIX_RANK -u PMIX_NAMESPACE -u PMI_FD -u PMI_RANK -u PMI_SIZE \
+  XDEV_DEVICE=shm timeout 20 "$rank" conformance all >"$log" 2>&1 || rc=$?
+cat "$log"
+((rc != 124)) || fail "a rank with no launcher hung"
+((rc != 0)) || fail "a rank with no launcher succeeded"
+for way in xdev-run "srun --mpi=pmix" mpirun.openmpi mpirun.mpich "srun --mpi=pmi2"; do
+  grep -qF "$way" "$log" || fail "the no-launcher error does not name $way"
+done
+echo "ok: the no-launcher error names xdev-run, the PMIx and the PMI launchers"
+step "launchers: all passed"

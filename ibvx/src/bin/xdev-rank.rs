@@ -16,6 +16,10 @@
 //!                                             operations after it, fail with Closed
 //! xdev-rank posted-truncation [KEY=VALUE...]  a large message into a smaller
 //!                                             receive posted before it was sent
+//! xdev-rank bootstrap                         the launcher's bootstrap alone: prints
+//!                                             `rank R of N in job J via LAUNCHER`,
+//!                                             checks an allgather and a 20 KB value
+//!                                             put by the previous rank
 //! xdev-rank cases                             list the conformance cases (no job)
 //! ```
 //! Exits 0 on success, 1 with a message on failure.
@@ -54,10 +58,11 @@ fn main() -> ExitCode {
         Some("peer-exit") => peer_exit(&args[1..]),
         Some("inflight-send") => inflight_send(&args[1..]),
         Some("peer-killed") => peer_killed(&args[1..]),
+        Some("bootstrap") => bootstrap_check(),
         Some("finish-posted") => finish_posted(&args[1..]),
         _ => Err(
             "usage: xdev-rank conformance CASE [K=V...] | posted-truncation [K=V...] \
-                  | peer-exit [K=V...] | peer-killed [K=V...] | inflight-send [K=V...] | finish-posted [K=V...] | cases"
+                  | peer-exit [K=V...] | peer-killed [K=V...] | bootstrap | inflight-send [K=V...] | finish-posted [K=V...] | cases"
                 .into(),
         ),
     };
@@ -163,6 +168,38 @@ fn peer_exit(options: &[String]) -> Result<(), String> {
             .as_ref(),
     )?;
     dev.finish().map_err(|e| format!("finish: {e}"))
+}
+
+/// The bootstrap of whichever launcher started this process: identity,
+/// an allgather of the ranks, and a value larger than a PMI value (split
+/// over several keys) put by each rank and read by the next after a barrier.
+fn bootstrap_check() -> Result<(), String> {
+    let boot = xdev::bootstrap::Bootstrap::from_env().map_err(|e| e.to_string())?;
+    let (rank, size) = (boot.rank(), boot.size());
+    println!(
+        "rank {rank} of {size} in job {} via {:?}",
+        boot.job(),
+        boot.launcher()
+    );
+    let all = boot
+        .allgather(&(rank as u32).to_le_bytes())
+        .map_err(|e| format!("allgather: {e}"))?;
+    let want: Vec<Vec<u8>> = (0..size as u32).map(|r| r.to_le_bytes().to_vec()).collect();
+    if all != want {
+        return Err(format!("allgather returned {all:?}"));
+    }
+    let value = |r: usize| -> Vec<u8> { (0..20_000).map(|i| (i * 13 + r * 7) as u8).collect() };
+    boot.put(&format!("check.{rank}"), &value(rank))
+        .map_err(|e| format!("put: {e}"))?;
+    boot.barrier().map_err(|e| format!("barrier: {e}"))?;
+    let prev = (rank + size - 1) % size;
+    let got = boot
+        .get(&format!("check.{prev}"), std::time::Duration::from_secs(30))
+        .map_err(|e| format!("get: {e}"))?;
+    if got != value(prev) {
+        return Err(format!("rank {prev}'s value came back different"));
+    }
+    boot.barrier().map_err(|e| format!("barrier: {e}"))
 }
 
 /// Rank 1 writes its pid to the file `XDEV_RANK_PIDFILE` names and sleeps
