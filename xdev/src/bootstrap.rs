@@ -3,10 +3,29 @@
 //! names, queue-pair numbers, GIDs, rkeys, PSM2 endpoint ids) before any
 //! device traffic flows, and how they learn that a peer's process has gone.
 //!
-//! It is a small authenticated TCP service with a key-value store, a barrier
-//! and an allgather, run by the launcher (`xdev-run`, or `xdev-run --serve`
-//! for ranks started by hand or by a batch scheduler), plus the client every
-//! multi-process device opens from the environment. It is not a data path
+//! [`Bootstrap`] is one handle over three backends, chosen from the
+//! environment by [`Launcher::from_env`] in this order:
+//!
+//! | launcher | backend | recognised by |
+//! |---|---|---|
+//! | `xdev-run` (or `xdev-run --serve`) | xdev's TCP service (below) | [`XDEV_BOOTSTRAP`] or [`XDEV_RANK`] |
+//! | `srun --mpi=pmix`, Open MPI's `mpirun` | PMIx (`libpmix.so.2`, loaded at run time) | [`PMIX_RANK`] and [`PMIX_NAMESPACE`] |
+//! | MPICH's `mpirun.mpich` (Hydra) | PMI-1 over the socket in [`PMI_FD`] | [`PMI_FD`] |
+//! | `srun --mpi=pmi2` | PMI-2 over the socket in [`PMI_FD`] | [`PMI_FD`] and [`PMI_JOBID`] |
+//!
+//! With none of them, [`config_from_env`] and [`Bootstrap::from_env`] fail at
+//! once with [`Error::Config`] and [`NO_LAUNCHER`], which names the three ways
+//! to start a job. Under PMIx and PMI, rank, size and job identity (the PMIx
+//! namespace, the PMI job name) come from the launcher, a `put` is published
+//! by the next collective (a PMI fence), departures come from PMIx events
+//! only (PMI has none), and the process keeps one connection to the
+//! launcher, closed at exit.
+//!
+//! xdev's own service is a small authenticated TCP service with a key-value
+//! store, a barrier and an allgather, run by the launcher (`xdev-run`, or
+//! `xdev-run --serve` for ranks started by hand or by a batch scheduler),
+//! plus the client every multi-process device opens from the environment. It
+//! is not a data path
 //! (values are small and go through one central server), not a process
 //! manager (the launcher starts and kills processes) and not a secure channel:
 //! the handshake proves knowledge of the job secret, but the traffic after it
@@ -26,10 +45,11 @@
 //! | [`XDEV_SECRET`] | the per-job secret: 32 random bytes as 64 hex digits |
 //! | [`XDEV_DEVICE`] | device name chosen with `xdev-run --device` (optional) |
 //!
-//! [`config_from_env`] turns the first three into a [`Config`];
-//! [`device_from_env`] reads the device name; [`Bootstrap::from_env`] connects
-//! with all five. Missing or malformed variables are [`Error::Config`] errors
-//! that name the variable.
+//! [`config_from_env`] turns the first three into a [`Config`] (under
+//! xdev-run; the launcher's own variables otherwise); [`device_from_env`]
+//! reads the device name (`XDEV_DEVICE` under every launcher);
+//! [`Bootstrap::from_env`] connects with all five. Missing or malformed
+//! variables are [`Error::Config`] errors that name the variable.
 //!
 //! # Service
 //!
