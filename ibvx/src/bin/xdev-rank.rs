@@ -18,8 +18,9 @@
 //!                                             receive posted before it was sent
 //! xdev-rank bootstrap                         the launcher's bootstrap alone: prints
 //!                                             `rank R of N in job J via LAUNCHER`,
-//!                                             checks an allgather and a 20 KB value
-//!                                             put by the previous rank
+//!                                             checks an allgather, a 20 KB value
+//!                                             put by the previous rank and the
+//!                                             timeout of a get nobody answers
 //! xdev-rank cases                             list the conformance cases (no job)
 //! ```
 //! Exits 0 on success, 1 with a message on failure.
@@ -198,6 +199,18 @@ fn bootstrap_check() -> Result<(), String> {
         .map_err(|e| format!("get: {e}"))?;
     if got != value(prev) {
         return Err(format!("rank {prev}'s value came back different"));
+    }
+    // A key nobody put: a timeout, neither a hang nor a protocol error.
+    let t = std::time::Instant::now();
+    match boot.get("never.put", std::time::Duration::from_millis(300)) {
+        Err(xdev::Error::Transport { source, .. })
+            if source
+                .downcast_ref::<std::io::Error>()
+                .is_some_and(|e| e.kind() == std::io::ErrorKind::TimedOut) => {}
+        other => return Err(format!("get of a key nobody put: {other:?}")),
+    }
+    if t.elapsed() > std::time::Duration::from_secs(5) {
+        return Err(format!("get of a key nobody put took {:?}", t.elapsed()));
     }
     boot.barrier().map_err(|e| format!("barrier: {e}"))
 }
