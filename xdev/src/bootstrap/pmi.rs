@@ -26,7 +26,7 @@ use std::io::{self, BufRead, BufReader, Read, Write};
 use std::os::fd::{FromRawFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 
@@ -426,9 +426,10 @@ impl Session {
             .trim()
             .parse()
             .map_err(|_| Error::Config(format!("{PMI_FD}={fd_text:?} is not a file descriptor")))?;
-        // SAFETY: fstat on any integer is safe; it fails for a closed fd.
+        // SAFETY: `stat` is plain old data, for which all zeroes is a value.
         let mut st: libc::stat = unsafe { std::mem::zeroed() };
-        // SAFETY: `st` is a valid, writable stat buffer.
+        // SAFETY: `st` is a valid, writable stat buffer; fstat on any
+        // integer is sound (it fails for one that is not an open fd).
         if fd < 0 || unsafe { libc::fstat(fd, &mut st) } != 0 {
             return Err(Error::Config(format!(
                 "{PMI_FD}={fd} is not an open file descriptor (started by a PMI launcher?)"
@@ -464,7 +465,6 @@ impl Session {
             ),
             writer,
         };
-        let started = Instant::now();
         let s = match wire {
             Wire::Pmi1 => {
                 let r = conn.request(
@@ -556,7 +556,6 @@ impl Session {
                 "the launcher's limits (keys {keylen_max}, values {vallen_max} bytes) are too small"
             )));
         }
-        let _ = started;
         // Collectives may legitimately wait for slow peers.
         timeouts(None)?;
         Ok(Session {
