@@ -130,10 +130,11 @@ run_under "mpirun.mpich (Hydra, PMI-1)" hybrid -- \
 run_under "srun --mpi=pmi2" hybrid -- srun --overcommit --mpi=pmi2 -n 3 "$rank" conformance all
 
 # --- a rank killed under srun ----------------------------------------------
-for mpi in pmix pmi2; do
-  step "srun --mpi=$mpi: rank 1 killed with SIGKILL"
+for case in shm:pmix shm:pmi2 psm:pmix psm:pmi2; do
+  dev=${case%:*} mpi=${case#*:}
+  step "srun --mpi=$mpi, $dev: rank 1 killed with SIGKILL"
   pidfile=$(mktemp -u /tmp/xdev-killed.XXXXXX)
-  XDEV_DEVICE=shm XDEV_RANK_PIDFILE=$pidfile timeout 60 \
+  XDEV_DEVICE=$dev XDEV_RANK_PIDFILE=$pidfile timeout 60 \
     srun --overcommit --mpi=$mpi -n 3 "$rank" peer-killed >"$log" 2>&1 &
   job=$!
   for _ in $(seq 300); do [ -s "$pidfile" ] && break; sleep 0.1; done
@@ -146,9 +147,9 @@ for mpi in pmix pmi2; do
   ((rc != 124)) || fail "srun --mpi=$mpi hung after a rank was killed"
   ((rc != 0)) || fail "srun --mpi=$mpi reported success although rank 1 was killed"
   for r in 0 2; do
-    grep -q "^rank $r: PeerLost from rank 1" "$log" || fail "rank $r did not report PeerLost (srun --mpi=$mpi)"
+    grep -q "^rank $r: PeerLost from rank 1" "$log" || fail "rank $r did not report PeerLost ($dev, srun --mpi=$mpi)"
   done
-  echo "ok: ranks 0 and 2 got PeerLost, srun --mpi=$mpi failed with status $rc"
+  echo "ok: $dev: ranks 0 and 2 got PeerLost, srun --mpi=$mpi failed with status $rc"
 done
 
 # --- no launcher at all ----------------------------------------------------

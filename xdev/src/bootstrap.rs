@@ -17,8 +17,10 @@
 //! once with [`Error::Config`] and [`NO_LAUNCHER`], which names the three ways
 //! to start a job. Under PMIx and PMI, rank, size and job identity (the PMIx
 //! namespace, the PMI job name) come from the launcher, a `put` is published
-//! by the next collective (a PMI fence), departures come from PMIx events
-//! only (PMI has none), and the process keeps one connection to the
+//! by the next collective (a PMI fence), departures are the ranks on this
+//! host seen to exit (the ranks watch each other's pids from the first
+//! allgather on) plus, under PMIx, what PMIx events report, and the process
+//! keeps one connection to the
 //! launcher, closed at exit.
 //!
 //! xdev's own service is a small authenticated TCP service with a key-value
@@ -105,6 +107,7 @@ mod auth;
 mod client;
 mod front;
 pub mod keepalive;
+mod pidwatch;
 mod pmi;
 mod pmix;
 mod server;

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use super::client::Tcp;
 use super::pmi::{self, Wire};
-use super::{pmix, Departure, JobEnv, Launcher, Secret};
+use super::{pidwatch, pmix, Departure, JobEnv, Launcher, Secret};
 use crate::{Config, Error, Rank, Result};
 
 /// A rank's handle on the bootstrap of its job: rank, size and job identity,
@@ -26,8 +26,9 @@ use crate::{Config, Error, Rank, Result};
 /// Under `xdev-run`, dropping the handle says goodbye to the service, which
 /// tells the other ranks that this one left cleanly ([`Departure::clean`]); a
 /// process that dies or exits without dropping it is reported as an unclean
-/// departure. Under PMIx, departures are what the server's events report;
-/// under PMI there are none.
+/// departure. Under PMIx and PMI, departures are the ranks on this host
+/// whose processes exited (the ranks watch each other's pids from the first
+/// allgather on) and, under PMIx, what the server's events report.
 pub struct Bootstrap {
     backend: Backend,
     rank: Rank,
@@ -314,36 +315,73 @@ impl Bootstrap {
         }
         let _order = lock(&COLLECTIVE);
         let n = COLLECTIVES.fetch_add(1, Ordering::Relaxed);
-        match &self.backend {
+        // The process's first allgather also publishes what the ranks on a
+        // host need to watch each other's processes (see `pidwatch`).
+        let watch = (!pidwatch::started()).then(pidwatch::my_record);
+        let (all, records) = match &self.backend {
             Backend::Pmix(s) => {
                 let key = format!("ag.{n}");
                 s.put(&key, value)?;
+                if let Some(mine) = &watch {
+                    s.put("pid", mine)?;
+                }
                 s.fence()?;
-                (0..self.size)
+                let all = (0..self.size)
                     .map(|r| {
                         s.get_from(r as u32, &key, false)?
                             .ok_or_else(|| missing_part(r, n))
                     })
-                    .collect()
+                    .collect::<Result<Vec<_>>>()?;
+                let records = watch.as_ref().map(|_| {
+                    (0..self.size)
+                        .map(|r| {
+                            s.get_from(r as u32, "pid", false)
+                                .ok()
+                                .flatten()
+                                .unwrap_or_default()
+                        })
+                        .collect::<Vec<_>>()
+                });
+                (all, records)
             }
             Backend::Pmi(s) => {
                 s.put(&format!("ag.{n}.{}", self.rank), value)?;
+                if let Some(mine) = &watch {
+                    s.put(&format!("pid.{}", self.rank), mine)?;
+                }
                 s.fence()?;
-                (0..self.size)
+                let all = (0..self.size)
                     .map(|r| {
                         s.get(&format!("ag.{n}.{r}"))?
                             .ok_or_else(|| missing_part(r, n))
                     })
-                    .collect()
+                    .collect::<Result<Vec<_>>>()?;
+                let records = watch.as_ref().map(|_| {
+                    (0..self.size)
+                        .map(|r| {
+                            s.get(&format!("pid.{r}"))
+                                .ok()
+                                .flatten()
+                                .unwrap_or_default()
+                        })
+                        .collect::<Vec<_>>()
+                });
+                (all, records)
             }
             Backend::Tcp(_) => unreachable!("handled above"),
+        };
+        if let (Some(mine), Some(records)) = (watch, records) {
+            pidwatch::start(pidwatch::peers_to_watch(self.rank, &mine, &records));
         }
+        Ok(all)
     }
 
     /// The ranks known to have gone, in the order they were reported: under
     /// xdev-run the ranks whose connection to the service closed (processes
-    /// that exited, were killed, or dropped their handle), under PMIx the
-    /// processes the server's events reported, under PMI none.
+    /// that exited, were killed, or dropped their handle); under PMIx and
+    /// PMI the ranks on this host whose processes exited (seen from the
+    /// first [`allgather`](Self::allgather) on) and, under PMIx, the
+    /// processes the server's events reported.
     ///
     /// This reads a list kept up to date in the background; it sends
     /// nothing and takes one uncontended lock, so it is cheap enough to poll
@@ -358,8 +396,16 @@ impl Bootstrap {
     pub fn departures(&self) -> Result<Vec<Departure>> {
         match &self.backend {
             Backend::Tcp(t) => t.departures(),
-            Backend::Pmix(s) => Ok(s.departures()),
-            Backend::Pmi(_) => Ok(Vec::new()),
+            Backend::Pmix(s) => {
+                let mut all = s.departures();
+                for d in pidwatch::departures() {
+                    if !all.iter().any(|x| x.rank == d.rank) {
+                        all.push(d);
+                    }
+                }
+                Ok(all)
+            }
+            Backend::Pmi(_) => Ok(pidwatch::departures()),
         }
     }
 }

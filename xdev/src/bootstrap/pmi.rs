@@ -18,7 +18,9 @@
 //! `CHUNKS:HEX`, the others (key `~I` appended) `HEX`.
 //!
 //! PMI has no way to report a departed process: [`Bootstrap::departed`]
-//! stays empty on this backend and devices rely on their own detection.
+//! reports only the ranks on this host whose processes this process saw
+//! exit (the ranks watch each other's pids, published with the first
+//! allgather); devices keep their own detection.
 //!
 //! [`Bootstrap::departed`]: super::Bootstrap::departed
 
