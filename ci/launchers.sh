@@ -5,8 +5,12 @@
 #   mpirun.mpich -np 3 -genv XDEV_DEVICE  (MPICH Hydra: PMI-1 over PMI_FD)
 #   srun --mpi=pmix -n 3                  (Slurm's PMIx plugin)
 #   srun --mpi=pmi2 -n 3                  (Slurm's PMI-2 server over PMI_FD)
-# then, under srun, a rank killed with SIGKILL (the others report PeerLost, srun
-# the failed job) and a rank started with no launcher (the three-way error).
+# First the bootstrap alone under each (`xdev-rank bootstrap`: 3 ranks of one
+# job through the expected backend), then conformance (and hybrid under the
+# PMI launchers), then, under srun, a rank killed with SIGKILL on shm and on
+# psm (the others report PeerLost, srun the failed job), and last a rank
+# started with no launcher (the three-way error, no hang). About 40 s once
+# built.
 #
 # Installs openmpi-bin, mpich, slurm-wlm, munge and libpmix2 when missing and
 # starts a one-node Slurm (as root, state under $XDEV_SLURM_DIR, default

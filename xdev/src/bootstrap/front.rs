@@ -335,7 +335,7 @@ impl Bootstrap {
                 let records = watch.as_ref().map(|_| {
                     (0..self.size)
                         .map(|r| {
-                            s.get_from(r as u32, "pid", false)
+                            s.get_from(r as u32, "pid", true)
                                 .ok()
                                 .flatten()
                                 .unwrap_or_default()
