@@ -168,4 +168,20 @@ for way in xdev-run "srun --mpi=pmix" mpirun.openmpi mpirun.mpich "srun --mpi=pm
   grep -qF "$way" "$log" || fail "the no-launcher error does not name $way"
 done
 echo "ok: the no-launcher error names xdev-run, the PMIx and the PMI launchers"
+
+step "PMIx without its library, and stale launcher variables: clear errors, no hang"
+expect_error() { # WHAT TEXT -- command...
+  local what=$1 text=$2 rc=0
+  shift 3
+  XDEV_DEVICE=shm timeout 60 "$@" "$rank" conformance all >"$log" 2>&1 </dev/null || rc=$?
+  ((rc != 124)) || { cat "$log" >&2; fail "$what hung"; }
+  ((rc != 0)) || { cat "$log" >&2; fail "$what succeeded"; }
+  grep -qF "$text" "$log" || { cat "$log" >&2; fail "$what: no \"$text\""; }
+  echo "ok: $what: $text"
+}
+expect_error "srun --mpi=pmix, libpmix missing" "PMIx not available:" -- \
+  env XDEV_PMIX_LIBRARY=/nonexistent/libpmix.so.2 srun --overcommit --mpi=pmix -n 2
+expect_error "PMIx variables, no server" "PMIx_Init failed" -- \
+  env -u PMIX_SERVER_URI4 -u PMIX_SERVER_URI41 PMIX_RANK=0 PMIX_NAMESPACE=stale
+expect_error "PMI_FD that is no socket" "is not a socket" -- env PMI_FD=0 PMI_RANK=0 PMI_SIZE=2
 step "launchers: all passed"
