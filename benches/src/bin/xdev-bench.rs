@@ -1532,7 +1532,15 @@ fn rank_status(r: Result<(), Failure>) -> u8 {
         Ok(()) => 0,
         Err(Failure::Unavailable(_)) => UNAVAILABLE,
         Err(Failure::Exit(why, code)) => {
-            let rank = std::env::var(bootstrap::XDEV_RANK).unwrap_or_default();
+            // Whichever launcher started this rank names it.
+            let rank = [
+                bootstrap::XDEV_RANK,
+                bootstrap::PMIX_RANK,
+                bootstrap::PMI_RANK,
+            ]
+            .iter()
+            .find_map(|v| std::env::var(v).ok())
+            .unwrap_or_default();
             eprintln!("xdev-bench: rank {rank}: {why}");
             code
         }
