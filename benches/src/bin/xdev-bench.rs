@@ -798,7 +798,7 @@ fn run_crossover(a: &Args, device: &str) -> Result<(), String> {
 enum Step<'r> {
     /// In this process: a thread device, or the thread floors (`None`).
     Here(Option<&'r Entry>),
-    /// Under `xdev-run`: a process device, or the process floors (`None`).
+    /// As processes this run starts: a process device, or the process floors (`None`).
     Launch(Option<&'r Entry>),
 }
 
