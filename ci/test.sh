@@ -60,6 +60,8 @@ step "loom model of the shm-ipc ring (shm-ipc/tests/ring_loom.rs)"
 CARGO_TARGET_DIR=target/loom RUSTFLAGS="${RUSTFLAGS:-} --cfg loom" \
   timeout 900 cargo test -p shm-ipc --release --test ring_loom
 
+step "launchers: conformance under mpirun.openmpi, mpirun.mpich, srun --mpi=pmix and --mpi=pmi2"; bash ci/launchers.sh
+
 if ((no_vm == 0)) && [ -x ci/vm-suite.sh ]; then
   step "soft-RoCE VM suite"
   bash ci/vm-suite.sh

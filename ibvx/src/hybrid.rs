@@ -58,9 +58,6 @@ use crate::{IbvDevice, PsmDevice};
 /// The longest sleep between two polls of a wait that involves both devices.
 pub const MAX_POLL_SLEEP: Duration = Duration::from_micros(200);
 
-/// How long a rank waits for its host group's bootstrap address.
-const LOCAL_SERVICE_TIMEOUT: Duration = Duration::from_secs(120);
-
 /// Options of the hybrid device (`Config` options).
 ///
 /// - `remote=ibv|psm|shm`: the device between hosts (default `ibv`).
@@ -332,10 +329,12 @@ impl HybridDevice {
             .position(|&g| g == rank)
             .expect("a rank is in its group");
 
-        // The host group's own bootstrap service, run by its lowest rank.
+        // The host group's own bootstrap service, run by its lowest rank,
+        // which tells its group the address and secret through an allgather
+        // (a collective: under PMI and PMIx a value is published by the next
+        // collective, so a put then get would wait for nothing).
         let local_job = format!("{}.host{my_host}", config.job);
-        let key = format!("hybrid.service.{my_host}");
-        let service = if index == 0 {
+        let (service, record) = if index == 0 {
             let secret = Secret::generate()?;
             let server = BootstrapServer::start(
                 SocketAddr::from((Ipv4Addr::LOCALHOST, 0)),
@@ -343,15 +342,17 @@ impl HybridDevice {
                 &local_job,
                 secret.clone(),
             )?;
-            boot.put(
-                &key,
-                format!("{} {}", server.addr(), secret.to_hex()).as_bytes(),
-            )?;
-            Some(server)
+            let record = format!("{} {}", server.addr(), secret.to_hex()).into_bytes();
+            (Some(server), record)
         } else {
-            None
+            (None, Vec::new())
         };
-        let (addr, secret) = parse_service(&boot.get(&key, LOCAL_SERVICE_TIMEOUT)?, group[0])?;
+        let records = boot.allgather(&record)?;
+        let leader = records.get(group[0]).ok_or_else(|| Error::Protocol {
+            rank: xdev::bootstrap::SERVICE,
+            what: "allgather returned too few host-group records".into(),
+        })?;
+        let (addr, secret) = parse_service(leader, group[0])?;
         let local_boot = Bootstrap::connect(addr, index, group.len(), &local_job, &secret)?;
         let local_config = opts
             .local_options

@@ -3,10 +3,31 @@
 //! names, queue-pair numbers, GIDs, rkeys, PSM2 endpoint ids) before any
 //! device traffic flows, and how they learn that a peer's process has gone.
 //!
-//! It is a small authenticated TCP service with a key-value store, a barrier
-//! and an allgather, run by the launcher (`xdev-run`, or `xdev-run --serve`
-//! for ranks started by hand or by a batch scheduler), plus the client every
-//! multi-process device opens from the environment. It is not a data path
+//! [`Bootstrap`] is one handle over three backends, chosen from the
+//! environment by [`Launcher::from_env`] in this order:
+//!
+//! | launcher | backend | recognised by |
+//! |---|---|---|
+//! | `xdev-run` (or `xdev-run --serve`) | xdev's TCP service (below) | [`XDEV_BOOTSTRAP`] or [`XDEV_RANK`] |
+//! | `srun --mpi=pmix`, Open MPI's `mpirun` | PMIx (`libpmix.so.2`, loaded at run time) | [`PMIX_RANK`] and [`PMIX_NAMESPACE`] |
+//! | MPICH's `mpirun.mpich` (Hydra) | PMI-1 over the socket in [`PMI_FD`] | [`PMI_FD`] |
+//! | `srun --mpi=pmi2` | PMI-2 over the socket in [`PMI_FD`] | [`PMI_FD`] and [`PMI_JOBID`] |
+//!
+//! With none of them, [`config_from_env`] and [`Bootstrap::from_env`] fail at
+//! once with [`Error::Config`] and [`NO_LAUNCHER`], which names the three ways
+//! to start a job. Under PMIx and PMI, rank, size and job identity (the PMIx
+//! namespace, the PMI job name) come from the launcher, a `put` is published
+//! by the next collective (a PMI fence), departures are the ranks on this
+//! host seen to exit (the ranks watch each other's pids from the first
+//! allgather on) plus, under PMIx, what PMIx events report, and the process
+//! keeps one connection to the
+//! launcher, closed at exit.
+//!
+//! xdev's own service is a small authenticated TCP service with a key-value
+//! store, a barrier and an allgather, run by the launcher (`xdev-run`, or
+//! `xdev-run --serve` for ranks started by hand or by a batch scheduler),
+//! plus the client every multi-process device opens from the environment. It
+//! is not a data path
 //! (values are small and go through one central server), not a process
 //! manager (the launcher starts and kills processes) and not a secure channel:
 //! the handshake proves knowledge of the job secret, but the traffic after it
@@ -26,10 +47,11 @@
 //! | [`XDEV_SECRET`] | the per-job secret: 32 random bytes as 64 hex digits |
 //! | [`XDEV_DEVICE`] | device name chosen with `xdev-run --device` (optional) |
 //!
-//! [`config_from_env`] turns the first three into a [`Config`];
-//! [`device_from_env`] reads the device name; [`Bootstrap::from_env`] connects
-//! with all five. Missing or malformed variables are [`Error::Config`] errors
-//! that name the variable.
+//! [`config_from_env`] turns the first three into a [`Config`] (under
+//! xdev-run; the launcher's own variables otherwise); [`device_from_env`]
+//! reads the device name (`XDEV_DEVICE` under every launcher);
+//! [`Bootstrap::from_env`] connects with all five. Missing or malformed
+//! variables are [`Error::Config`] errors that name the variable.
 //!
 //! # Service
 //!
@@ -83,12 +105,19 @@
 
 mod auth;
 mod client;
+mod front;
 pub mod keepalive;
+mod pidwatch;
+mod pmi;
+mod pmix;
 mod server;
 mod shm_names;
 pub mod wire;
 
-pub use client::{Bootstrap, Departure, CONNECT_TIMEOUT};
+pub use client::{Departure, CONNECT_TIMEOUT};
+pub use front::Bootstrap;
+pub use pmi::{PMI_FD, PMI_JOBID, PMI_RANK, PMI_SIZE, XDEV_PMI};
+pub use pmix::{PMIX_NAMESPACE, PMIX_RANK, XDEV_PMIX_LIBRARY};
 pub use server::{BootstrapServer, ServerOptions, ServerStatus};
 pub use shm_names::{is_xdev_shm_name, remove_job_shm, remove_psm2_shm, shm_prefix, PSM2_EPID_KEY};
 
@@ -236,11 +265,81 @@ impl JobEnv {
     }
 }
 
-/// Rank, size and job identity from [`XDEV_RANK`], [`XDEV_SIZE`] and
-/// [`XDEV_JOB`], as a [`Config`] with no options. Fails with
-/// [`Error::Config`] naming the missing or malformed variable.
+/// The launcher that started this process, as its environment says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Launcher {
+    /// `xdev-run` (or `xdev-run --serve`): [`XDEV_BOOTSTRAP`] or
+    /// [`XDEV_RANK`] is set; xdev's TCP service.
+    XdevRun,
+    /// A PMIx launcher (`srun --mpi=pmix`, Open MPI's `mpirun`):
+    /// [`PMIX_RANK`] and [`PMIX_NAMESPACE`] are set.
+    Pmix,
+    /// A PMI-1 launcher (MPICH's Hydra `mpirun.mpich`): [`PMI_FD`] is set.
+    Pmi1,
+    /// A PMI-2 launcher (`srun --mpi=pmi2`): [`PMI_FD`] and [`PMI_JOBID`]
+    /// are set.
+    Pmi2,
+}
+
+/// The error of a process that no known launcher started.
+pub const NO_LAUNCHER: &str = "this process was not started by a launcher xdev knows \
+(none of XDEV_BOOTSTRAP, PMIX_RANK and PMIX_NAMESPACE, or PMI_FD is set). Start the job \
+with xdev-run (`xdev-run -n N --device NAME -- PROGRAM`), with a PMIx launcher \
+(`srun --mpi=pmix -n N PROGRAM`, or `mpirun.openmpi -np N PROGRAM`), or with a PMI \
+launcher (`mpirun.mpich -np N PROGRAM`, or `srun --mpi=pmi2 -n N PROGRAM`)";
+
+impl Launcher {
+    /// The launcher the variables read through `lookup` name, in this
+    /// order: xdev-run ([`XDEV_BOOTSTRAP`] or [`XDEV_RANK`]), PMIx
+    /// ([`PMIX_RANK`] and [`PMIX_NAMESPACE`]), PMI ([`PMI_FD`]; PMI-2 when
+    /// [`PMI_JOBID`] is set too, as Slurm's pmi2 plugin does, or as
+    /// [`XDEV_PMI`] says). Otherwise [`Error::Config`] with [`NO_LAUNCHER`].
+    pub fn detect(lookup: impl Fn(&str) -> Option<String>) -> Result<Launcher> {
+        let set = |n: &str| lookup(n).is_some_and(|v| !v.is_empty());
+        if set(XDEV_BOOTSTRAP) || set(XDEV_RANK) {
+            return Ok(Launcher::XdevRun);
+        }
+        if set(PMIX_RANK) && set(PMIX_NAMESPACE) {
+            return Ok(Launcher::Pmix);
+        }
+        if set(PMI_FD) {
+            return match lookup(XDEV_PMI).as_deref().map(str::trim) {
+                Some("1") => Ok(Launcher::Pmi1),
+                Some("2") => Ok(Launcher::Pmi2),
+                Some(v) if !v.is_empty() => Err(Error::Config(format!(
+                    "{XDEV_PMI}={v:?}: it must be 1 or 2"
+                ))),
+                _ if set(PMI_JOBID) => Ok(Launcher::Pmi2),
+                _ => Ok(Launcher::Pmi1),
+            };
+        }
+        if set(PMI_RANK) || set(PMI_SIZE) {
+            return Err(Error::Config(format!(
+                "{PMI_RANK}/{PMI_SIZE} are set but {PMI_FD} is not: xdev speaks PMI over the \
+                 socket a launcher passes in {PMI_FD} only. {NO_LAUNCHER}"
+            )));
+        }
+        Err(Error::Config(NO_LAUNCHER.into()))
+    }
+
+    /// [`detect`](Self::detect) on the process environment.
+    pub fn from_env() -> Result<Launcher> {
+        Self::detect(|n| std::env::var_os(n).map(|v| v.to_string_lossy().into_owned()))
+    }
+}
+
+/// Rank, size and job identity of this process as a [`Config`] with no
+/// options, from the launcher that started it ([`Launcher::from_env`]):
+/// [`XDEV_RANK`], [`XDEV_SIZE`] and [`XDEV_JOB`] under xdev-run; PMIx's
+/// rank, job size and namespace; PMI's rank, size and job (kvs) name. Fails
+/// with [`Error::Config`] naming the missing or malformed variable, or
+/// [`NO_LAUNCHER`]. Under PMIx and PMI this opens the process's connection
+/// to the launcher (kept for the bootstrap that follows).
 pub fn config_from_env() -> Result<Config> {
-    JobEnv::from_env().map(|e| e.config)
+    match Launcher::from_env()? {
+        Launcher::XdevRun => JobEnv::from_env().map(|e| e.config),
+        _ => Bootstrap::from_env().map(|b| b.config()),
+    }
 }
 
 /// The device name from [`XDEV_DEVICE`], if set and not empty.
@@ -251,6 +350,65 @@ pub fn device_from_env() -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn detect(vars: &[(&str, &str)]) -> Result<Launcher> {
+        Launcher::detect(|n| {
+            vars.iter()
+                .find(|(k, _)| *k == n)
+                .map(|(_, v)| v.to_string())
+        })
+    }
+
+    #[test]
+    fn the_launcher_is_chosen_in_order_xdev_run_pmix_pmi() {
+        let xdev = [(XDEV_BOOTSTRAP, "127.0.0.1:1"), (XDEV_RANK, "0")];
+        let pmix = [(PMIX_RANK, "0"), (PMIX_NAMESPACE, "slurm.pmix.7.0")];
+        let hydra = [(PMI_FD, "6"), (PMI_RANK, "0"), (PMI_SIZE, "3")];
+        let slurm_pmi2 = [
+            (PMI_FD, "11"),
+            (PMI_RANK, "0"),
+            (PMI_SIZE, "3"),
+            (PMI_JOBID, "7.0"),
+        ];
+        let all: Vec<_> = [&xdev[..], &pmix, &slurm_pmi2].concat();
+        assert_eq!(detect(&all).unwrap(), Launcher::XdevRun);
+        assert_eq!(detect(&[(XDEV_RANK, "1")]).unwrap(), Launcher::XdevRun);
+        let pmix_and_pmi: Vec<_> = [&pmix[..], &hydra].concat();
+        assert_eq!(detect(&pmix_and_pmi).unwrap(), Launcher::Pmix);
+        assert_eq!(detect(&hydra).unwrap(), Launcher::Pmi1);
+        assert_eq!(detect(&slurm_pmi2).unwrap(), Launcher::Pmi2);
+        let forced: Vec<_> = [&slurm_pmi2[..], &[(XDEV_PMI, "1")]].concat();
+        assert_eq!(detect(&forced).unwrap(), Launcher::Pmi1);
+        let forced: Vec<_> = [&hydra[..], &[(XDEV_PMI, "2")]].concat();
+        assert_eq!(detect(&forced).unwrap(), Launcher::Pmi2);
+        let bad: Vec<_> = [&hydra[..], &[(XDEV_PMI, "3")]].concat();
+        assert!(matches!(detect(&bad), Err(Error::Config(m)) if m.contains(XDEV_PMI)));
+        // Half of PMIx's pair is not PMIx; empty values do not count.
+        assert!(detect(&[(PMIX_RANK, "0")]).is_err());
+        assert!(detect(&[(XDEV_BOOTSTRAP, ""), (PMI_FD, "")]).is_err());
+    }
+
+    #[test]
+    fn no_launcher_names_all_three_ways_to_start_a_job() {
+        for vars in [&[][..], &[(PMI_RANK, "0"), (PMI_SIZE, "2")][..]] {
+            match detect(vars) {
+                Err(Error::Config(m)) => {
+                    for way in [
+                        "xdev-run",
+                        "srun --mpi=pmix",
+                        "mpirun.openmpi",
+                        "mpirun.mpich",
+                        "srun --mpi=pmi2",
+                    ] {
+                        assert!(m.contains(way), "{way} missing from {m}");
+                    }
+                }
+                r => panic!("expected the no-launcher error, got {r:?}"),
+            }
+        }
+        let m = detect(&[(PMI_RANK, "0")]).unwrap_err().to_string();
+        assert!(m.contains("PMI_FD is not"), "{m}");
+    }
 
     #[test]
     fn secret_hex_roundtrip() {

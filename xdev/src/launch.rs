@@ -1,7 +1,9 @@
 //! Starting the ranks of a job as local processes: the environment contract
-//! ([`rank_command`]) shared by `xdev-run` and by tests, and [`LocalJob`], a
+//! ([`rank_command`]) shared by `xdev-run` and by tests, [`LocalJob`], a
 //! job whose bootstrap service runs in the calling process (what integration
-//! tests of multi-process devices use).
+//! tests of multi-process devices use), and [`run_job`], which runs such a
+//! job to its end with the caller's stdout and stderr (what `xdev-bench`
+//! uses to start its own ranks).
 //!
 //! It is not a process manager: `xdev-run` adds output labels, signal
 //! forwarding and kill-on-first-failure on top.
@@ -9,12 +11,14 @@
 use std::ffi::OsStr;
 use std::io::Read;
 use std::net::SocketAddr;
-use std::process::{Child, Command, Stdio};
+use std::os::unix::process::ExitStatusExt;
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use crate::bootstrap::{
-    BootstrapServer, Secret, XDEV_BOOTSTRAP, XDEV_JOB, XDEV_RANK, XDEV_SECRET, XDEV_SIZE,
+    remove_job_shm, remove_psm2_shm, BootstrapServer, Secret, PSM2_EPID_KEY, XDEV_BOOTSTRAP,
+    XDEV_JOB, XDEV_RANK, XDEV_SECRET, XDEV_SIZE,
 };
 use crate::{Error, Rank, Result};
 
@@ -38,6 +42,89 @@ pub fn rank_command(
         .env(XDEV_SECRET, secret.to_hex())
         .stdin(Stdio::null());
     cmd
+}
+
+/// Runs `size` processes of `program args` as one job whose bootstrap
+/// service runs in this process: each with `env` added, stdin from
+/// `/dev/null`, stdout and stderr the caller's. When a rank fails, the
+/// others are killed. Returns the first failed rank's exit status, else
+/// rank 0's (success). Afterwards the job's shared-memory objects and the
+/// PSM2 segments of its endpoints that a crashed rank left are removed.
+pub fn run_job(
+    size: usize,
+    program: impl AsRef<OsStr>,
+    args: &[impl AsRef<OsStr>],
+    env: &[(&str, &str)],
+) -> Result<ExitStatus> {
+    let job = unique_job();
+    let secret = Secret::generate()?;
+    let bind: SocketAddr = "127.0.0.1:0".parse().expect("loopback address");
+    let server = BootstrapServer::start(bind, size, &job, secret.clone())?;
+    let mut children: Vec<Child> = Vec::with_capacity(size);
+    for rank in 0..size {
+        let mut cmd = rank_command(&program, args, rank, size, &job, server.addr(), &secret);
+        cmd.envs(env.iter().copied());
+        match cmd.spawn() {
+            Ok(c) => children.push(c),
+            Err(e) => {
+                for c in &mut children {
+                    let _ = c.kill();
+                    let _ = c.wait();
+                }
+                return Err(Error::transport(
+                    format!("starting rank {rank} of {:?}", program.as_ref()),
+                    e,
+                ));
+            }
+        }
+    }
+    let mut reaped: Vec<Option<ExitStatus>> = vec![None; size];
+    let mut gone_at: Vec<Option<SystemTime>> = vec![None; size];
+    let mut failed: Option<ExitStatus> = None;
+    while reaped.iter().any(Option::is_none) {
+        for r in 0..size {
+            if reaped[r].is_some() {
+                continue;
+            }
+            let st = match children[r].try_wait() {
+                Ok(Some(st)) => st,
+                Ok(None) => continue,
+                Err(_) => ExitStatus::from_raw(1 << 8),
+            };
+            reaped[r] = Some(st);
+            gone_at[r] = Some(SystemTime::now());
+            if !st.success() && failed.is_none() {
+                failed = Some(st);
+                for (o, c) in children.iter_mut().enumerate() {
+                    if reaped[o].is_none() {
+                        let _ = c.kill();
+                    }
+                }
+            }
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    for (key, value) in server.stored(PSM2_EPID_KEY) {
+        let rank = key[PSM2_EPID_KEY.len()..].parse::<usize>().ok();
+        if let (Some(gone), Ok(epid)) = (
+            rank.and_then(|r| gone_at.get(r).copied().flatten()),
+            <[u8; 8]>::try_from(&value[..]),
+        ) {
+            remove_psm2_shm(u64::from_le_bytes(epid), gone);
+        }
+    }
+    drop(server);
+    remove_job_shm(&job);
+    Ok(failed.unwrap_or_else(|| reaped[0].expect("every rank was reaped")))
+}
+
+fn unique_job() -> String {
+    static JOBS: AtomicU64 = AtomicU64::new(0);
+    format!(
+        "local-{}-{}",
+        std::process::id(),
+        JOBS.fetch_add(1, Ordering::Relaxed)
+    )
 }
 
 /// A job of local processes with its bootstrap service served by this
@@ -86,12 +173,7 @@ impl LocalJob {
         args: &[impl AsRef<OsStr>],
         env: &[(&str, &str)],
     ) -> Result<LocalJob> {
-        static JOBS: AtomicU64 = AtomicU64::new(0);
-        let job = format!(
-            "local-{}-{}",
-            std::process::id(),
-            JOBS.fetch_add(1, Ordering::Relaxed)
-        );
+        let job = unique_job();
         let secret = Secret::generate()?;
         let bind: SocketAddr = "127.0.0.1:0".parse().expect("loopback address");
         let server = BootstrapServer::start(bind, size, &job, secret.clone())?;
@@ -218,6 +300,34 @@ mod tests {
             other => panic!("expected a timeout, got {other:?}"),
         }
         assert!(t.elapsed() < Duration::from_secs(10), "not killed");
+    }
+
+    #[test]
+    fn run_job_returns_the_first_failure_and_stops_the_others() {
+        let t = Instant::now();
+        let st = run_job(
+            3,
+            "sh",
+            &[
+                "-c",
+                "if [ $XDEV_RANK = 1 ]; then exit 7; fi; exec sleep 30",
+            ],
+            &[],
+        )
+        .unwrap();
+        assert_eq!(st.code(), Some(7));
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "the others were not stopped"
+        );
+        let st = run_job(
+            2,
+            "sh",
+            &["-c", "test $XDEV_SIZE = 2 && test -n \"$V\""],
+            &[("V", "x")],
+        )
+        .unwrap();
+        assert!(st.success());
     }
 
     #[test]

@@ -3,8 +3,10 @@
 //!
 //! With no arguments it runs latency and bandwidth on every device in this
 //! build: thread devices in this process, process devices by re-executing
-//! itself under `xdev-run`. With `XDEV_RANK` set it is one rank of such a
-//! run. See `--help`.
+//! itself as the ranks of a job it serves itself (through
+//! [`xdev::launch::run_job`]; no `xdev-run` needed). Started by a launcher
+//! (`xdev-run`, `srun`, `mpirun`: see [`xdev::bootstrap::Launcher`]) it is
+//! one rank of such a run. See `--help`.
 
 use std::ffi::OsString;
 use std::io::Write;
@@ -47,14 +49,12 @@ OPTIONS:
 
 const DETAILS: &str = "\
 Thread devices run in this process, rank r a thread pinned to core r. Process
-devices run under the launcher: xdev-bench re-executes itself as
-  xdev-run -n 2 --device NAME -- xdev-bench ARGS...
-(-n N for the mbw_mr test) and exits with its status (xdev-run must sit next to xdev-bench, from
-`cargo build --release -p xdev`; the default run skips process devices
-without it). Started with XDEV_RANK set (by xdev-run, or by hand with the
-variables `xdev-run --serve` prints), xdev-bench is one rank: it pins itself
-to core RANK, opens the device named by XDEV_DEVICE or --device, and rank 0
-prints.
+devices run as processes: xdev-bench starts 2 ranks of itself (N for the
+mbw_mr test) as one job with its own bootstrap service, as `xdev-run -n 2
+--device NAME -- xdev-bench ARGS...` would, and takes their status. Started
+by a launcher (xdev-run; srun --mpi=pmix or --mpi=pmi2; mpirun.openmpi;
+mpirun.mpich), xdev-bench is one rank: it pins itself to core RANK, opens the
+device named by XDEV_DEVICE or --device, and rank 0 prints.
 
 Columns: value, the floor measured in this run, and value/floor. For each size
 the floor and the device are measured alternately, three rounds (one with
@@ -78,8 +78,13 @@ exit status is then 0 for the default run and 3 when the device was named.";
 /// run skips such a device instead of failing).
 const UNAVAILABLE: u8 = 3;
 
-/// The launcher's file name, looked for next to this executable.
+/// The launcher's file name, looked for next to the test binaries.
+#[cfg(test)]
 const LAUNCHER: &str = "xdev-run";
+
+/// Environment variable: set to a number of ranks on the xdev-bench that a
+/// run started by hand re-executes to start that many ranks of itself.
+const LAUNCH_RANKS: &str = "XDEV_BENCH_LAUNCH_RANKS";
 
 #[derive(Clone, Debug, PartialEq)]
 struct Args {
@@ -793,7 +798,7 @@ fn run_crossover(a: &Args, device: &str) -> Result<(), String> {
 enum Step<'r> {
     /// In this process: a thread device, or the thread floors (`None`).
     Here(Option<&'r Entry>),
-    /// Under `xdev-run`: a process device, or the process floors (`None`).
+    /// As processes this run starts: a process device, or the process floors (`None`).
     Launch(Option<&'r Entry>),
 }
 
@@ -838,6 +843,7 @@ fn plan<'r>(a: &Args, reg: &'r Registry) -> Result<Vec<Step<'r>>, String> {
 }
 
 /// `xdev-run` next to `exe`, or why there is none.
+#[cfg(test)]
 fn find_launcher(exe: &Path) -> Result<PathBuf, String> {
     let dir = exe.parent().ok_or("the executable has no directory")?;
     let launcher = dir.join(LAUNCHER);
@@ -854,6 +860,7 @@ fn find_launcher(exe: &Path) -> Result<PathBuf, String> {
 }
 
 /// `launcher -n RANKS [--device NAME] -- program args...`.
+#[cfg(test)]
 fn launch_command(
     launcher: &Path,
     ranks: usize,
@@ -897,12 +904,58 @@ fn exit_status(s: std::process::ExitStatus) -> u8 {
 /// `(ranks, device, rank arguments)` to the command, or why it cannot.
 type Spawner<'a> = dyn Fn(usize, Option<&str>, &[String]) -> Result<Command, String> + 'a;
 
-/// The spawner of this executable: itself under the launcher next to it.
+/// `exe args...` re-executed as the launcher of `ranks` ranks of itself
+/// ([`LAUNCH_RANKS`]), with `XDEV_DEVICE` set to `device` or removed.
+fn self_launch_command(
+    exe: &Path,
+    ranks: usize,
+    device: Option<&str>,
+    args: &[OsString],
+) -> Command {
+    let mut c = Command::new(exe);
+    c.args(args).env(LAUNCH_RANKS, ranks.to_string());
+    match device {
+        Some(d) => c.env(bootstrap::XDEV_DEVICE, d),
+        None => c.env_remove(bootstrap::XDEV_DEVICE),
+    };
+    c
+}
+
+/// The spawner of this executable: itself, launching its own ranks.
 fn self_spawner(ranks: usize, device: Option<&str>, args: &[String]) -> Result<Command, String> {
     let exe = std::env::current_exe().map_err(|e| format!("cannot find this executable: {e}"))?;
-    let launcher = find_launcher(&exe)?;
     let args: Vec<OsString> = args.iter().map(OsString::from).collect();
-    Ok(launch_command(&launcher, ranks, device, &exe, &args))
+    Ok(self_launch_command(&exe, ranks, device, &args))
+}
+
+/// The re-executed launcher ([`LAUNCH_RANKS`] set to `ranks`): runs that
+/// many ranks of this executable with `args` as one job served here, and
+/// exits with the first failed rank's status.
+fn launcher_main(ranks: &str, args: &[OsString]) -> ExitCode {
+    // The ranks must not launch again.
+    std::env::remove_var(LAUNCH_RANKS);
+    let ranks: usize = match ranks.trim().parse() {
+        Ok(n) if n >= 1 => n,
+        _ => {
+            eprintln!("xdev-bench: {LAUNCH_RANKS}={ranks:?} is not a number of ranks");
+            return ExitCode::from(2);
+        }
+    };
+    let exe = match std::env::current_exe() {
+        Ok(e) => e,
+        Err(e) => {
+            eprintln!("xdev-bench: cannot find this executable: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match xdev::launch::run_job(ranks, &exe, args, &[]) {
+        Ok(st) if st.success() => ExitCode::SUCCESS,
+        Ok(st) => ExitCode::from(exit_status(st)),
+        Err(e) => {
+            eprintln!("xdev-bench: starting {ranks} ranks: {e}");
+            ExitCode::FAILURE
+        }
+    }
 }
 
 /// Runs one job of a process device (or of the process floors): the
@@ -1427,6 +1480,9 @@ fn report_main(args: &[String], reg: &Registry) -> Result<PathBuf, String> {
 
 fn main() -> ExitCode {
     let raw: Vec<OsString> = std::env::args_os().skip(1).collect();
+    if let Ok(ranks) = std::env::var(LAUNCH_RANKS) {
+        return launcher_main(&ranks, &raw);
+    }
     let strings: Result<Vec<String>, _> = raw.iter().map(|s| s.clone().into_string()).collect();
     let reg = registry();
     if let Ok(s) = &strings {
@@ -1458,7 +1514,7 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    if std::env::var_os(bootstrap::XDEV_RANK).is_none() {
+    if bootstrap::Launcher::from_env().is_err() {
         return match orchestrate(&a, &reg, &self_spawner) {
             Ok(outcomes) => ExitCode::from(run_status(&a, &outcomes)),
             Err(e) => {
@@ -1476,7 +1532,15 @@ fn rank_status(r: Result<(), Failure>) -> u8 {
         Ok(()) => 0,
         Err(Failure::Unavailable(_)) => UNAVAILABLE,
         Err(Failure::Exit(why, code)) => {
-            let rank = std::env::var(bootstrap::XDEV_RANK).unwrap_or_default();
+            // Whichever launcher started this rank names it.
+            let rank = [
+                bootstrap::XDEV_RANK,
+                bootstrap::PMIX_RANK,
+                bootstrap::PMI_RANK,
+            ]
+            .iter()
+            .find_map(|v| std::env::var(v).ok())
+            .unwrap_or_default();
             eprintln!("xdev-bench: rank {rank}: {why}");
             code
         }
@@ -2071,6 +2135,25 @@ mod tests {
         );
         let e = find_launcher(Path::new("/nonexistent/dir/xdev-bench")).unwrap_err();
         assert!(e.contains("cargo build --release -p xdev"), "{e}");
+    }
+
+    #[test]
+    fn the_self_launch_keeps_the_arguments_and_names_the_device() {
+        let raw: Vec<OsString> = ["--device", "shm", "--quick"]
+            .iter()
+            .map(OsString::from)
+            .collect();
+        let c = self_launch_command(Path::new("/t/xdev-bench"), 3, Some("shm"), &raw);
+        assert_eq!(c.get_program(), "/t/xdev-bench");
+        let got: Vec<&std::ffi::OsStr> = c.get_args().collect();
+        assert_eq!(got, ["--device", "shm", "--quick"]);
+        let envs: Vec<_> = c.get_envs().collect();
+        assert!(envs.contains(&(LAUNCH_RANKS.as_ref(), Some("3".as_ref()))));
+        assert!(envs.contains(&(bootstrap::XDEV_DEVICE.as_ref(), Some("shm".as_ref()))));
+        let c = self_launch_command(Path::new("/t/xdev-bench"), 2, None, &raw);
+        assert!(c
+            .get_envs()
+            .any(|(k, v)| k == bootstrap::XDEV_DEVICE && v.is_none()));
     }
 
     #[test]

@@ -3,21 +3,31 @@
 //!
 //! ```text
 //! xdev-rank conformance CASE [KEY=VALUE...]   run one xdev conformance case
+//!                                             (`all`: every case, in order)
 //! xdev-rank peer-exit [KEY=VALUE...]          rank 1 leaves; rank 0's operations
 //!                                             involving it fail with PeerLost
+//! xdev-rank peer-killed [KEY=VALUE...]       rank 1 writes its pid to the file named
+//!                                             by XDEV_RANK_PIDFILE and waits to be
+//!                                             killed; the others' receives from it
+//!                                             fail with PeerLost
 //! xdev-rank inflight-send [KEY=VALUE...]      rank 1 leaves with a rendezvous send
 //!                                             to it in flight: the send fails
 //! xdev-rank finish-posted [KEY=VALUE...]      receives still posted at finish, and
 //!                                             operations after it, fail with Closed
 //! xdev-rank posted-truncation [KEY=VALUE...]  a large message into a smaller
 //!                                             receive posted before it was sent
+//! xdev-rank bootstrap                         the launcher's bootstrap alone: prints
+//!                                             `rank R of N in job J via LAUNCHER`,
+//!                                             checks an allgather, a 20 KB value
+//!                                             put by the previous rank and the
+//!                                             timeout of a get nobody answers
 //! xdev-rank cases                             list the conformance cases (no job)
 //! ```
 //! Exits 0 on success, 1 with a message on failure.
 
 use std::process::ExitCode;
 
-use xdev::conformance::{barrier, run_case};
+use xdev::conformance::{barrier, run_all, run_case};
 use xdev::{Config, Device};
 
 fn config(options: &[String]) -> Result<Config, String> {
@@ -48,10 +58,12 @@ fn main() -> ExitCode {
         Some("posted-truncation") => posted_truncation(&args[1..]),
         Some("peer-exit") => peer_exit(&args[1..]),
         Some("inflight-send") => inflight_send(&args[1..]),
+        Some("peer-killed") => peer_killed(&args[1..]),
+        Some("bootstrap") => bootstrap_check(),
         Some("finish-posted") => finish_posted(&args[1..]),
         _ => Err(
             "usage: xdev-rank conformance CASE [K=V...] | posted-truncation [K=V...] \
-                  | peer-exit [K=V...] | inflight-send [K=V...] | finish-posted [K=V...] | cases"
+                  | peer-exit [K=V...] | peer-killed [K=V...] | bootstrap | inflight-send [K=V...] | finish-posted [K=V...] | cases"
                 .into(),
         ),
     };
@@ -66,7 +78,11 @@ fn main() -> ExitCode {
 
 fn conformance(case: &str, options: &[String]) -> Result<(), String> {
     let dev = open(options)?;
-    run_case(&*dev, case).map_err(|f| f.to_string())?;
+    if case == "all" {
+        run_all(&*dev).map_err(|f| f.to_string())?;
+    } else {
+        run_case(&*dev, case).map_err(|f| f.to_string())?;
+    }
     // Everyone is done with the case before anyone closes its endpoint.
     barrier(&*dev).map_err(|e| format!("final barrier: {e}"))?;
     dev.finish().map_err(|e| format!("finish: {e}"))
@@ -152,6 +168,84 @@ fn peer_exit(options: &[String]) -> Result<(), String> {
             .err()
             .as_ref(),
     )?;
+    dev.finish().map_err(|e| format!("finish: {e}"))
+}
+
+/// The bootstrap of whichever launcher started this process: identity,
+/// an allgather of the ranks, and a value larger than a PMI value (split
+/// over several keys) put by each rank and read by the next after a barrier.
+fn bootstrap_check() -> Result<(), String> {
+    let boot = xdev::bootstrap::Bootstrap::from_env().map_err(|e| e.to_string())?;
+    let (rank, size) = (boot.rank(), boot.size());
+    println!(
+        "rank {rank} of {size} in job {} via {:?}",
+        boot.job(),
+        boot.launcher()
+    );
+    let all = boot
+        .allgather(&(rank as u32).to_le_bytes())
+        .map_err(|e| format!("allgather: {e}"))?;
+    let want: Vec<Vec<u8>> = (0..size as u32).map(|r| r.to_le_bytes().to_vec()).collect();
+    if all != want {
+        return Err(format!("allgather returned {all:?}"));
+    }
+    let value = |r: usize| -> Vec<u8> { (0..20_000).map(|i| (i * 13 + r * 7) as u8).collect() };
+    boot.put(&format!("check.{rank}"), &value(rank))
+        .map_err(|e| format!("put: {e}"))?;
+    boot.barrier().map_err(|e| format!("barrier: {e}"))?;
+    let prev = (rank + size - 1) % size;
+    let got = boot
+        .get(&format!("check.{prev}"), std::time::Duration::from_secs(30))
+        .map_err(|e| format!("get: {e}"))?;
+    if got != value(prev) {
+        return Err(format!("rank {prev}'s value came back different"));
+    }
+    // A key nobody put: a timeout, neither a hang nor a protocol error.
+    let t = std::time::Instant::now();
+    match boot.get("never.put", std::time::Duration::from_millis(300)) {
+        Err(xdev::Error::Transport { source, .. })
+            if source
+                .downcast_ref::<std::io::Error>()
+                .is_some_and(|e| e.kind() == std::io::ErrorKind::TimedOut) => {}
+        other => return Err(format!("get of a key nobody put: {other:?}")),
+    }
+    if t.elapsed() > std::time::Duration::from_secs(5) {
+        return Err(format!("get of a key nobody put took {:?}", t.elapsed()));
+    }
+    boot.barrier().map_err(|e| format!("barrier: {e}"))
+}
+
+/// Rank 1 writes its pid to the file `XDEV_RANK_PIDFILE` names and sleeps
+/// until it is killed (by the test that runs this, with SIGKILL); every
+/// other rank waits for a message from it, which must fail with PeerLost
+/// (not hang), says so on stdout and finishes.
+fn peer_killed(options: &[String]) -> Result<(), String> {
+    let dev = open(options)?;
+    let ctx = 0x4b49_4c4c;
+    barrier(&*dev).map_err(|e| format!("barrier: {e}"))?;
+    if dev.id() == 1 {
+        let path = std::env::var("XDEV_RANK_PIDFILE")
+            .map_err(|_| "XDEV_RANK_PIDFILE is not set".to_string())?;
+        std::fs::write(&path, format!("{}\n", std::process::id()))
+            .map_err(|e| format!("writing {path}: {e}"))?;
+        loop {
+            std::thread::sleep(std::time::Duration::from_secs(1));
+        }
+    }
+    let done = dev
+        .irecv(
+            xdev::Buffer::zeroed(8),
+            xdev::Source::Rank(1),
+            xdev::TagSel::Any,
+            ctx,
+        )
+        .wait();
+    match done.status.error {
+        Some(xdev::Error::PeerLost { rank: 1, .. }) => {
+            println!("rank {}: PeerLost from rank 1", dev.id());
+        }
+        other => return Err(format!("expected PeerLost from rank 1, got {other:?}")),
+    }
     dev.finish().map_err(|e| format!("finish: {e}"))
 }
 

@@ -13,9 +13,9 @@ use std::time::{Duration, Instant};
 use super::auth::{self, Claim};
 use super::wire::{self, Message, MAX_FRAME_LEN, MAX_HANDSHAKE_FRAME_LEN, PROTOCOL_VERSION};
 use super::{JobEnv, Secret, SERVICE, XDEV_BOOTSTRAP, XDEV_SECRET};
-use crate::{Config, Error, Rank, Result};
+use crate::{Error, Rank, Result};
 
-/// How long [`Bootstrap::connect`] keeps retrying to reach the service (it
+/// How long [`Bootstrap::connect`](super::Bootstrap::connect) keeps retrying to reach the service (it
 /// may not be listening yet when ranks are started by hand) and waits for the
 /// handshake.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -24,7 +24,7 @@ pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// considered lost.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// How long dropping a [`Bootstrap`] waits for the service to close the
+/// How long dropping a [`Bootstrap`](super::Bootstrap) waits for the service to close the
 /// connection after `Goodbye` before closing it outright.
 const CLOSE_GRACE: Duration = Duration::from_secs(1);
 
@@ -33,12 +33,12 @@ const CLOSE_GRACE: Duration = Duration::from_secs(1);
 pub struct Departure {
     /// The rank.
     pub rank: Rank,
-    /// Whether it left cleanly (its [`Bootstrap`] was dropped, sending a
+    /// Whether it left cleanly (its [`Bootstrap`](super::Bootstrap) was dropped, sending a
     /// goodbye) rather than dying or losing its connection.
     pub clean: bool,
 }
 
-/// A rank's connection to the bootstrap service of its job.
+/// A rank's connection to the TCP bootstrap service of its job (`xdev-run`).
 ///
 /// All methods take `&self` and the handle is `Send + Sync`, so the threads of
 /// a rank (and a device's progress thread) can share it. Point requests
@@ -49,7 +49,7 @@ pub struct Departure {
 /// Dropping the handle says goodbye to the service, which tells the other
 /// ranks that this one left cleanly ([`Departure::clean`]); a process that
 /// dies or exits without dropping it is reported as an unclean departure.
-pub struct Bootstrap {
+pub(crate) struct Tcp {
     rank: Rank,
     size: usize,
     job: String,
@@ -112,7 +112,7 @@ fn timed_out(what: String) -> Error {
     Error::transport(what, io::Error::new(io::ErrorKind::TimedOut, "timed out"))
 }
 
-impl Bootstrap {
+impl Tcp {
     /// Runs `f` on the connection to the service (tests of its options).
     #[cfg(test)]
     pub(crate) fn with_stream_for_tests<R>(&self, f: impl FnOnce(&TcpStream) -> R) -> R {
@@ -135,7 +135,7 @@ impl Bootstrap {
         size: usize,
         job: &str,
         secret: &Secret,
-    ) -> Result<Bootstrap> {
+    ) -> Result<Tcp> {
         if size == 0 || size > u32::MAX as usize {
             return Err(Error::Config(format!(
                 "bootstrap: job size {size} is outside 1..={}",
@@ -256,7 +256,7 @@ impl Bootstrap {
             .name(format!("xdev-bootstrap-{rank}"))
             .spawn(move || reader_loop(&sh, read_half))
             .map_err(|e| Error::transport("bootstrap: starting the reader thread", e))?;
-        Ok(Bootstrap {
+        Ok(Tcp {
             rank,
             size,
             job: job.to_owned(),
@@ -269,46 +269,8 @@ impl Bootstrap {
         })
     }
 
-    /// Connects with the variables the launcher sets: [`XDEV_BOOTSTRAP`],
-    /// [`XDEV_SECRET`], [`XDEV_RANK`](super::XDEV_RANK),
-    /// [`XDEV_SIZE`](super::XDEV_SIZE) and [`XDEV_JOB`](super::XDEV_JOB).
-    /// A missing or malformed variable is an [`Error::Config`] naming it.
-    pub fn from_env() -> Result<Bootstrap> {
-        Self::from_job_env(&JobEnv::from_env()?)
-    }
-
-    /// Connects for `config` with the variables the launcher sets, after
-    /// checking that they name the same rank, size and job (what a device's
-    /// `open(config)` does).
-    pub fn for_config(config: &Config) -> Result<Bootstrap> {
-        Self::for_config_in(&JobEnv::from_env()?, config)
-    }
-
-    /// [`for_config`](Self::for_config) with already parsed variables.
-    pub fn for_config_in(env: &JobEnv, config: &Config) -> Result<Bootstrap> {
-        let c = &env.config;
-        if (c.rank, c.size, &c.job) != (config.rank, config.size, &config.job) {
-            return Err(Error::Config(format!(
-                "the environment says rank {} of {} in job {:?}, the config rank {} of {} in {:?}",
-                c.rank, c.size, c.job, config.rank, config.size, config.job
-            )));
-        }
-        Self::from_job_env(env)
-    }
-
-    /// Checks that this connection is for `config`'s rank, size and job
-    /// (what a device's `with_bootstrap(config, boot)` does).
-    pub fn check_config(&self, config: &Config) -> Result<()> {
-        if (self.rank(), self.size(), self.job()) != (config.rank, config.size, &config.job[..]) {
-            return Err(Error::Config(
-                "the bootstrap connection is for another rank, size or job".into(),
-            ));
-        }
-        Ok(())
-    }
-
     /// Connects with already parsed variables.
-    pub fn from_job_env(env: &JobEnv) -> Result<Bootstrap> {
+    pub fn from_job_env(env: &JobEnv) -> Result<Tcp> {
         let addr = env.bootstrap.as_deref().ok_or_else(|| {
             Error::Config(format!(
                 "{XDEV_BOOTSTRAP} is not set: it must name the bootstrap service as host:port"
@@ -341,11 +303,6 @@ impl Bootstrap {
     /// The service's address.
     pub fn service_addr(&self) -> SocketAddr {
         self.peer
-    }
-
-    /// Rank, size and job as a [`Config`] (no options).
-    pub fn config(&self) -> Config {
-        Config::new(self.rank, self.size, self.job.clone())
     }
 
     /// Stores `value` under `key` (replacing an earlier value) and returns
@@ -423,21 +380,7 @@ impl Bootstrap {
     }
 
     /// The ranks whose bootstrap connection has closed, in the order the
-    /// service reported them: processes that exited, were killed, or dropped
-    /// their handle.
-    ///
-    /// This reads a list kept up to date by the background reader thread; it
-    /// sends nothing and takes one uncontended lock, so it is cheap enough to
-    /// poll from a progress loop. A death is reported as soon as the
-    /// service's host sees the connection close (immediately for a process
-    /// on the same host as the service) plus one loopback round trip. Fails
-    /// once this rank's own connection to the service is lost.
-    pub fn departed(&self) -> Result<Vec<Rank>> {
-        Ok(self.departures()?.into_iter().map(|d| d.rank).collect())
-    }
-
-    /// Like [`departed`](Self::departed), saying for each rank whether it
-    /// left cleanly.
+    /// service reported them, saying for each whether it left cleanly.
     pub fn departures(&self) -> Result<Vec<Departure>> {
         let st = lock(&self.shared.state);
         match &st.lost {
@@ -511,7 +454,7 @@ impl Bootstrap {
     }
 }
 
-impl Drop for Bootstrap {
+impl Drop for Tcp {
     fn drop(&mut self) {
         if let Ok(bye) = wire::encode(&Message::Goodbye) {
             let _ = self.send(&bye);
@@ -542,9 +485,9 @@ impl Drop for Bootstrap {
     }
 }
 
-impl std::fmt::Debug for Bootstrap {
+impl std::fmt::Debug for Tcp {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Bootstrap")
+        f.debug_struct("Tcp")
             .field("rank", &self.rank)
             .field("size", &self.size)
             .field("job", &self.job)

@@ -1,0 +1,187 @@
+#!/usr/bin/env bash
+# Launcher suite (issue 17): the conformance suite with 3 ranks, on shm and on
+# psm, started the way clusters start jobs instead of by xdev-run:
+#   mpirun.openmpi -np 3 -x XDEV_DEVICE   (Open MPI's PMIx server)
+#   mpirun.mpich -np 3 -genv XDEV_DEVICE  (MPICH Hydra: PMI-1 over PMI_FD)
+#   srun --mpi=pmix -n 3                  (Slurm's PMIx plugin)
+#   srun --mpi=pmi2 -n 3                  (Slurm's PMI-2 server over PMI_FD)
+# First the bootstrap alone under each (`xdev-rank bootstrap`: 3 ranks of one
+# job through the expected backend), then conformance (and hybrid under the
+# PMI launchers), then, under srun, a rank killed with SIGKILL on shm and on
+# psm (the others report PeerLost, srun the failed job), and last a rank
+# started with no launcher (the three-way error, no hang). About 40 s once
+# built.
+#
+# Installs openmpi-bin, mpich, slurm-wlm, munge and libpmix2 when missing and
+# starts a one-node Slurm (as root, state under $XDEV_SLURM_DIR, default
+# /tmp/xdev-slurm) unless one answers already. Idempotent; meant to run as
+# root, as ci/test.sh does. Usage: bash ci/launchers.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+step() { printf '\n--- %s\n' "$*"; }
+fail() { echo "launchers: FAILED: $*" >&2; exit 1; }
+
+need=()
+for p in openmpi-bin mpich slurm-wlm munge libpmix2; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || need+=("$p")
+done
+if ((${#need[@]})); then
+  step "installing ${need[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
+
+# --- a one-node Slurm ------------------------------------------------------
+SD=${XDEV_SLURM_DIR:-/tmp/xdev-slurm}
+export SLURM_CONF=$SD/slurm.conf
+slurm_up() { timeout 5 sinfo -h -o '%T' 2>/dev/null | grep -qE '^(idle|mixed|allocated)'; }
+if ! slurm_up; then
+  step "starting a one-node Slurm under $SD"
+  mkdir -p "$SD"/{state,spool,log,run}
+  host=$(hostname)
+  cat >"$SD/slurm.conf" <<CONF
+ClusterName=xdev
+SlurmctldHost=$host
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+ReturnToService=2
+MpiDefault=none
+StateSaveLocation=$SD/state
+SlurmdSpoolDir=$SD/spool
+SlurmctldPidFile=$SD/run/slurmctld.pid
+SlurmdPidFile=$SD/run/slurmd.pid
+SlurmctldLogFile=$SD/log/slurmctld.log
+SlurmdLogFile=$SD/log/slurmd.log
+SlurmctldPort=6817
+SlurmdPort=6818
+NodeName=$host CPUs=$(nproc) State=UNKNOWN
+PartitionName=debug Nodes=$host Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES
+CONF
+  printf 'CgroupPlugin=cgroup/v1\nCgroupAutomount=no\n' >"$SD/cgroup.conf"
+  [ -s /etc/munge/munge.key ] || mungekey -c
+  if ! pgrep -x munged >/dev/null; then
+    mkdir -p /run/munge && chown munge:munge /run/munge 2>/dev/null || true
+    munged -f
+  fi
+  [ -f "$SD/run/slurmctld.pid" ] && kill "$(cat "$SD/run/slurmctld.pid")" 2>/dev/null || true
+  [ -f "$SD/run/slurmd.pid" ] && kill "$(cat "$SD/run/slurmd.pid")" 2>/dev/null || true
+  sleep 1
+  slurmctld -c
+  slurmd -c
+  for _ in $(seq 60); do slurm_up && break; sleep 1; done
+  slurm_up || { tail -20 "$SD"/log/*.log; fail "Slurm did not come up"; }
+fi
+srun --mpi=list 2>&1 | grep -q pmix || fail "srun --mpi=list has no pmix"
+srun --mpi=list 2>&1 | grep -q pmi2 || fail "srun --mpi=list has no pmi2"
+
+# --- the rank program ------------------------------------------------------
+step "building xdev-rank and xdev-run (release)"
+cargo build --release --quiet -p ibvx --bin xdev-rank -p xdev --bin xdev-run
+rank=$PWD/target/release/xdev-rank
+
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+# Two cores, three ranks: each launcher is told it may place more ranks than cores.
+run_under() { # NAME DEVICE -- command...
+  local name=$1 dev=$2 t0=$SECONDS
+  shift 3
+  if ! XDEV_DEVICE=$dev timeout 300 "$@" >"$log" 2>&1; then
+    cat "$log" >&2
+    fail "conformance on $dev under $name"
+  fi
+  echo "ok: conformance all, 3 ranks, $dev under $name ($((SECONDS - t0)) s)"
+}
+step "the bootstrap alone under each launcher: 3 ranks of one job, allgather, 20 KB values"
+check_bootstrap() { # NAME WANT -- command...
+  local name=$1 want=$2
+  shift 3
+  timeout 120 "$@" "$rank" bootstrap >"$log" 2>&1 || { cat "$log" >&2; fail "bootstrap under $name"; }
+  for r in 0 1 2; do
+    grep -q "^rank $r of 3 in job .* via $want\$" "$log" || { cat "$log" >&2; fail "rank $r of 3 via $want missing under $name"; }
+  done
+  [ "$(grep -c ' of 3 in job ' "$log")" = 3 ] || { cat "$log" >&2; fail "not 3 ranks of one job under $name"; }
+  [ "$(sed -n 's/.* in job \(.*\) via .*/\1/p' "$log" | sort -u | wc -l)" = 1 ] ||
+    { cat "$log" >&2; fail "the ranks disagree on the job under $name"; }
+  echo "ok: 3 ranks of one job via $want under $name"
+}
+check_bootstrap mpirun.openmpi Pmix -- mpirun.openmpi --oversubscribe -np 3
+check_bootstrap mpirun.mpich Pmi1 -- mpirun.mpich -np 3
+check_bootstrap "srun --mpi=pmix" Pmix -- srun --overcommit --mpi=pmix -n 3
+check_bootstrap "srun --mpi=pmi2" Pmi2 -- srun --overcommit --mpi=pmi2 -n 3
+check_bootstrap "srun --mpi=pmi2 with XDEV_PMI=1" Pmi1 -- env XDEV_PMI=1 srun --overcommit --mpi=pmi2 -n 3
+check_bootstrap xdev-run XdevRun -- target/release/xdev-run -n 3 --
+
+for dev in shm psm; do
+  step "conformance suite on $dev, 3 ranks, under each launcher"
+  run_under "mpirun.openmpi (PMIx)" "$dev" -- \
+    mpirun.openmpi --oversubscribe -np 3 -x XDEV_DEVICE "$rank" conformance all
+  run_under "mpirun.mpich (Hydra, PMI-1)" "$dev" -- \
+    mpirun.mpich -np 3 -genv XDEV_DEVICE "$dev" "$rank" conformance all
+  run_under "srun --mpi=pmix" "$dev" -- srun --overcommit --mpi=pmix -n 3 "$rank" conformance all
+  run_under "srun --mpi=pmi2" "$dev" -- srun --overcommit --mpi=pmi2 -n 3 "$rank" conformance all
+done
+step "hybrid (one host: its shm group) under mpirun.mpich and srun --mpi=pmi2"
+run_under "mpirun.mpich (Hydra, PMI-1)" hybrid -- \
+  mpirun.mpich -np 3 -genv XDEV_DEVICE hybrid "$rank" conformance all
+run_under "srun --mpi=pmi2" hybrid -- srun --overcommit --mpi=pmi2 -n 3 "$rank" conformance all
+
+# --- a rank killed under srun ----------------------------------------------
+for case in shm:pmix shm:pmi2 psm:pmix psm:pmi2; do
+  dev=${case%:*} mpi=${case#*:}
+  step "srun --mpi=$mpi, $dev: rank 1 killed with SIGKILL"
+  pidfile=$(mktemp -u /tmp/xdev-killed.XXXXXX)
+  XDEV_DEVICE=$dev XDEV_RANK_PIDFILE=$pidfile timeout 60 \
+    srun --overcommit --mpi=$mpi -n 3 "$rank" peer-killed >"$log" 2>&1 &
+  job=$!
+  for _ in $(seq 300); do [ -s "$pidfile" ] && break; sleep 0.1; done
+  [ -s "$pidfile" ] || { kill "$job" 2>/dev/null; cat "$log" >&2; fail "rank 1 never wrote its pid"; }
+  kill -9 "$(cat "$pidfile")"
+  rm -f "$pidfile"
+  rc=0
+  wait "$job" || rc=$?
+  cat "$log"
+  ((rc != 124)) || fail "srun --mpi=$mpi hung after a rank was killed"
+  ((rc != 0)) || fail "srun --mpi=$mpi reported success although rank 1 was killed"
+  for r in 0 2; do
+    grep -q "^rank $r: PeerLost from rank 1" "$log" || fail "rank $r did not report PeerLost ($dev, srun --mpi=$mpi)"
+  done
+  echo "ok: $dev: ranks 0 and 2 got PeerLost, srun --mpi=$mpi failed with status $rc"
+done
+
+# --- no launcher at all ----------------------------------------------------
+step "a rank started with no launcher"
+rc=0
+env -u XDEV_BOOTSTRAP -u XDEV_RANK -u PMIX_RANK -u PMIX_NAMESPACE -u PMI_FD -u PMI_RANK -u PMI_SIZE \
+  XDEV_DEVICE=shm timeout 20 "$rank" conformance all >"$log" 2>&1 || rc=$?
+cat "$log"
+((rc != 124)) || fail "a rank with no launcher hung"
+((rc != 0)) || fail "a rank with no launcher succeeded"
+for way in xdev-run "srun --mpi=pmix" mpirun.openmpi mpirun.mpich "srun --mpi=pmi2"; do
+  grep -qF "$way" "$log" || fail "the no-launcher error does not name $way"
+done
+echo "ok: the no-launcher error names xdev-run, the PMIx and the PMI launchers"
+
+step "PMIx without its library, and stale launcher variables: clear errors, no hang"
+expect_error() { # WHAT TEXT -- command...
+  local what=$1 text=$2 rc=0
+  shift 3
+  XDEV_DEVICE=shm timeout 60 "$@" "$rank" conformance all >"$log" 2>&1 </dev/null || rc=$?
+  ((rc != 124)) || { cat "$log" >&2; fail "$what hung"; }
+  ((rc != 0)) || { cat "$log" >&2; fail "$what succeeded"; }
+  grep -qF "$text" "$log" || { cat "$log" >&2; fail "$what: no \"$text\""; }
+  echo "ok: $what: $text"
+}
+expect_error "srun --mpi=pmix, libpmix missing" "PMIx not available:" -- \
+  env XDEV_PMIX_LIBRARY=/nonexistent/libpmix.so.2 srun --overcommit --mpi=pmix -n 2
+expect_error "PMIx variables, no server" "PMIx_Init failed" -- \
+  env -u PMIX_SERVER_URI4 -u PMIX_SERVER_URI41 PMIX_RANK=0 PMIX_NAMESPACE=stale
+expect_error "PMI_FD that is no socket" "is not a socket" -- env PMI_FD=0 PMI_RANK=0 PMI_SIZE=2
+step "launchers: all passed"

@@ -1,0 +1,185 @@
+//! Departures on the PMIx and PMI backends, where the launcher reports none
+//! (PMI) or not always (PMIx): the ranks on this host watch each other's
+//! processes.
+//!
+//! With the first allgather, each rank publishes its pid, its pid namespace
+//! and the kernel's boot id. A rank then opens a pidfd for every other rank
+//! with the same boot id and pid namespace (a process on this host that this
+//! process can name) and one background thread polls them: a pidfd turns
+//! readable when its process has exited, and the rank is recorded as
+//! departed (not cleanly: an exit says nothing about how). Ranks on other
+//! hosts are not watched; where `pidfd_open` is missing (Linux before 5.3)
+//! nothing is.
+
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::{Mutex, MutexGuard, OnceLock};
+
+use super::Departure;
+use crate::Rank;
+
+/// The departures seen so far.
+static DEPARTED: Mutex<Vec<Departure>> = Mutex::new(Vec::new());
+/// Set once the watch has been set up (or found impossible).
+static STARTED: OnceLock<()> = OnceLock::new();
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Whether the watch was set up already (the caller then publishes nothing).
+pub(crate) fn started() -> bool {
+    STARTED.get().is_some()
+}
+
+fn pid_namespace() -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata("/proc/self/ns/pid")
+        .map(|m| m.ino())
+        .unwrap_or(0)
+}
+
+/// This process's record: pid (4 bytes LE), pid namespace inode (8 bytes
+/// LE), then the boot id.
+pub(crate) fn my_record() -> Vec<u8> {
+    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
+    let mut r = std::process::id().to_le_bytes().to_vec();
+    r.extend_from_slice(&pid_namespace().to_le_bytes());
+    r.extend_from_slice(boot.trim().as_bytes());
+    r
+}
+
+/// The peers of `me` to watch among `records` (rank order): the pids of
+/// the ranks whose boot id and pid namespace are this process's (both
+/// known), except `me`.
+pub(crate) fn peers_to_watch(me: Rank, mine: &[u8], records: &[Vec<u8>]) -> Vec<(Rank, u32)> {
+    if mine.len() <= 12 || mine[4..12] == [0; 8] {
+        return Vec::new();
+    }
+    records
+        .iter()
+        .enumerate()
+        .filter(|&(r, rec)| r != me && rec.len() == mine.len() && rec[4..] == mine[4..])
+        .map(|(r, rec)| (r, u32::from_le_bytes(rec[..4].try_into().expect("4 bytes"))))
+        .filter(|&(_, pid)| pid != 0)
+        .collect()
+}
+
+/// Starts watching `peers` (rank, pid), once per process.
+pub(crate) fn start(peers: Vec<(Rank, u32)>) {
+    STARTED.get_or_init(|| {
+        let mut fds: Vec<(Rank, OwnedFd)> = Vec::new();
+        for (rank, pid) in peers {
+            // SAFETY: pidfd_open(2) takes a pid and flags and returns a new
+            // fd or -1; no memory is passed.
+            let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
+            if fd >= 0 {
+                // SAFETY: `fd` is a new descriptor that nothing else owns.
+                fds.push((rank, unsafe { OwnedFd::from_raw_fd(fd as i32) }));
+            } else if std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH) {
+                // Already gone.
+                add(rank);
+            }
+        }
+        if !fds.is_empty() {
+            let _ = std::thread::Builder::new()
+                .name("xdev-peer-watch".into())
+                .spawn(move || watch(fds));
+        }
+    });
+}
+
+fn add(rank: Rank) {
+    let mut d = lock(&DEPARTED);
+    if !d.iter().any(|x| x.rank == rank) {
+        d.push(Departure { rank, clean: false });
+    }
+}
+
+fn watch(mut fds: Vec<(Rank, OwnedFd)>) {
+    while !fds.is_empty() {
+        let mut polls: Vec<libc::pollfd> = fds
+            .iter()
+            .map(|(_, fd)| libc::pollfd {
+                fd: fd.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            })
+            .collect();
+        // SAFETY: `polls` is a valid array of `polls.len()` pollfds.
+        let n = unsafe { libc::poll(polls.as_mut_ptr(), polls.len() as libc::nfds_t, -1) };
+        if n < 0 {
+            if std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            return;
+        }
+        let mut i = 0;
+        fds.retain(|(rank, _)| {
+            let gone = polls[i].revents != 0;
+            i += 1;
+            if gone {
+                add(*rank);
+            }
+            !gone
+        });
+    }
+}
+
+/// The ranks seen gone, in the order they were seen.
+pub(crate) fn departures() -> Vec<Departure> {
+    lock(&DEPARTED).clone()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_peers_on_this_host_and_pid_namespace_are_watched() {
+        let mine = my_record();
+        let with_pid = |pid: u32, rest: &[u8]| {
+            let mut r = pid.to_le_bytes().to_vec();
+            r.extend_from_slice(rest);
+            r
+        };
+        let mut other_host = mine[4..].to_vec();
+        let last = other_host.len() - 1;
+        other_host[last] ^= 1;
+        let mut other_ns = mine[4..].to_vec();
+        other_ns[0] ^= 1;
+        let records = vec![
+            with_pid(100, &mine[4..]),
+            mine.clone(),
+            with_pid(102, &other_host),
+            with_pid(103, &other_ns),
+            with_pid(104, &mine[4..]),
+            Vec::new(),
+        ];
+        assert_eq!(peers_to_watch(1, &mine, &records), vec![(0, 100), (4, 104)]);
+        assert!(peers_to_watch(1, &[], &records).is_empty());
+    }
+
+    #[test]
+    fn a_watched_process_that_exits_is_a_departure() {
+        // The only test that starts the (once per process) watch.
+        let mut child = std::process::Command::new("sleep")
+            .arg("0.3")
+            .spawn()
+            .unwrap();
+        start(vec![(5, child.id())]);
+        assert!(started());
+        let t = std::time::Instant::now();
+        while !departures().iter().any(|d| d.rank == 5 && !d.clean) {
+            assert!(
+                t.elapsed() < std::time::Duration::from_secs(10),
+                "the exit was not seen"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        assert!(
+            t.elapsed() >= std::time::Duration::from_millis(200),
+            "seen too early"
+        );
+        child.wait().unwrap();
+    }
+}
