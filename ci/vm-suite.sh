@@ -86,6 +86,13 @@ SHM_LIB=$(pick lib shm_ipc)
 TARGET_DIR=$(dirname "$(dirname "$SYS_DEV")")   # .../release/deps -> .../release
 PINGPONG=$TARGET_DIR/ibvx-pingpong
 RANK_BIN=$TARGET_DIR/xdev-rank
+# MPICH's Hydra launcher, for the ibv device under a cluster launcher.
+if ! command -v mpiexec.hydra >/dev/null || ! command -v hydra_pmi_proxy >/dev/null; then
+  say "installing mpich (Hydra, for the ibv-under-a-launcher step)"
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends mpich >/dev/null
+fi
+HYDRA=$(command -v mpiexec.hydra)
+HYDRA_PROXY=$(command -v hydra_pmi_proxy)
 XDEV_RUN=$TARGET_DIR/xdev-run
 XDEV_BENCH=$TARGET_DIR/xdev-bench
 for f in "$SHM_LIB" "$SYS_LIB" "$SYS_LOAD" "$SYS_DEV" "$IBVX_LIB" "$IBVX_VERBS" "$IBV_CONF" "$HYBRID_CONF" "$IBV_SCEN" "$REGCACHE" \
@@ -247,6 +254,12 @@ for f in regcache ibv-device ibv-scen ibv-conf-2 ibv-conf-4 ibv-conf-tiny hybrid
   grep -h 'test result' "$LOG/$f.txt" | sed 's/^/      /'
 done
 unset IBVX_REQUIRE_RDMA XDEV_RANK_BIN IBVX_JOB_TIMEOUT
+# The ibv device under a cluster launcher: MPICH's Hydra (PMI-1 over PMI_FD),
+# as ci/launchers.sh runs shm and psm on the host.
+unit "ibv conformance under mpiexec.hydra (PMI-1 bootstrap), 2 ranks" ibv-hydra.txt \
+  mpiexec.hydra -launcher fork -np 2 -genv XDEV_DEVICE ibv /usr/local/bin/xdev-rank conformance all
+grep -q 'conformance all: passed on ibv with 2 ranks' "$LOG/ibv-hydra.txt" ||
+  fail "ibv under mpiexec.hydra: no pass line" 0 "$LOG/ibv-hydra.txt"
 
 # --------------------------------------------------------------- 3 self
 section "ibvx-pingpong against itself, data check on"
@@ -464,6 +477,7 @@ status=0
   --extra-bin "$IBVX_LIB" --extra-bin "$IBVX_VERBS" --extra-bin "$SHM_LIB" \
   --extra-bin "$IBV_CONF" --extra-bin "$HYBRID_CONF" --extra-bin "$IBV_SCEN" --extra-bin "$REGCACHE" \
   --extra-bin "$RANK_BIN" --extra-bin "$XDEV_RUN" --extra-bin "$XDEV_BENCH" \
+  --extra-bin "$HYDRA" --extra-bin "$HYDRA_PROXY" \
   -- 'bash /share/guest.sh' || status=$?
 
 if ((KEEP)); then say "logs kept in $WORK/logs"; fi

@@ -85,7 +85,15 @@ fn conformance(case: &str, options: &[String]) -> Result<(), String> {
     }
     // Everyone is done with the case before anyone closes its endpoint.
     barrier(&*dev).map_err(|e| format!("final barrier: {e}"))?;
-    dev.finish().map_err(|e| format!("finish: {e}"))
+    dev.finish().map_err(|e| format!("finish: {e}"))?;
+    if dev.id() == 0 {
+        println!(
+            "conformance {case}: passed on {} with {} ranks",
+            dev.name(),
+            dev.size()
+        );
+    }
+    Ok(())
 }
 
 /// Rank 0 posts a 1000-byte receive, then rank 1 sends 1 MiB to it (a
