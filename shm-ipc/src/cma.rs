@@ -75,29 +75,9 @@ impl Drop for PtracerGrant {
 /// written. Errors: `EPERM` (ptrace rules forbid it), `ESRCH` (no such
 /// process), `EFAULT` (bad remote range), `ENOSYS` (no CMA in this kernel).
 pub fn read_remote(pid: u32, remote: u64, dst: &mut [u8]) -> io::Result<()> {
-    let mut done = 0usize;
-    while done < dst.len() {
-        let local = libc::iovec {
-            iov_base: dst[done..].as_mut_ptr().cast(),
-            iov_len: dst.len() - done,
-        };
-        let far = libc::iovec {
-            iov_base: (remote as usize).wrapping_add(done) as *mut libc::c_void,
-            iov_len: dst.len() - done,
-        };
-        // SAFETY: `local` describes the unwritten tail of `dst`, which we
-        // borrow mutably; `far` is only interpreted by the kernel in the other
-        // process's address space (validated there). One iovec each.
-        let n = unsafe { libc::process_vm_readv(pid as libc::pid_t, &local, 1, &far, 1, 0) };
-        if n < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        if n == 0 {
-            return Err(io::Error::from_raw_os_error(libc::EFAULT));
-        }
-        done += n as usize;
-    }
-    Ok(())
+    // SAFETY: `dst` is borrowed mutably for the call: valid for writes of
+    // its length and written by nobody else.
+    unsafe { transfer(pid, remote, dst.as_mut_ptr(), dst.len(), Direction::Read) }
 }
 
 /// Copies `src` to address `remote` in process `pid` (`process_vm_writev`).
@@ -106,20 +86,59 @@ pub fn read_remote(pid: u32, remote: u64, dst: &mut [u8]) -> io::Result<()> {
 /// range against its mappings (`EFAULT`); `src` is only read. The same
 /// errors as [`read_remote`].
 pub fn write_remote(pid: u32, remote: u64, src: &[u8]) -> io::Result<()> {
+    // SAFETY: `src` is borrowed for the call and only read.
+    unsafe {
+        transfer(
+            pid,
+            remote,
+            src.as_ptr() as *mut u8,
+            src.len(),
+            Direction::Write,
+        )
+    }
+}
+
+#[derive(Copy, Clone, PartialEq, Eq)]
+enum Direction {
+    Read,
+    Write,
+}
+
+/// Moves `len` bytes between `local` and `remote` in process `pid`,
+/// resuming after partial transfers.
+///
+/// # Safety
+/// `local` must be valid for `len` bytes: for writes when reading from the
+/// other process, for reads when writing to it.
+unsafe fn transfer(
+    pid: u32,
+    remote: u64,
+    local: *mut u8,
+    len: usize,
+    direction: Direction,
+) -> io::Result<()> {
     let mut done = 0usize;
-    while done < src.len() {
-        let local = libc::iovec {
-            iov_base: src[done..].as_ptr() as *mut libc::c_void,
-            iov_len: src.len() - done,
+    while done < len {
+        let near = libc::iovec {
+            // SAFETY: done < len, inside the caller's buffer.
+            iov_base: unsafe { local.add(done) }.cast(),
+            iov_len: len - done,
         };
         let far = libc::iovec {
             iov_base: (remote as usize).wrapping_add(done) as *mut libc::c_void,
-            iov_len: src.len() - done,
+            iov_len: len - done,
         };
-        // SAFETY: `local` describes the unsent tail of `src`, which we
-        // borrow (the kernel only reads it); `far` is interpreted by the
+        let pid = pid as libc::pid_t;
+        // SAFETY: `near` describes the untransferred tail of the caller's
+        // buffer (valid as the caller promised); `far` is interpreted by the
         // kernel in the other process's address space (validated there).
-        let n = unsafe { libc::process_vm_writev(pid as libc::pid_t, &local, 1, &far, 1, 0) };
+        // One iovec each.
+        let n = unsafe {
+            match direction {
+                Direction::Read => libc::process_vm_readv(pid, &near, 1, &far, 1, 0),
+                Direction::Write => libc::process_vm_writev(pid, &near, 1, &far, 1, 0),
+            }
+        };
         if n < 0 {
             return Err(io::Error::last_os_error());
         }

@@ -835,18 +835,9 @@ impl Engine {
         cap: usize,
     ) -> Outcome {
         let s = env.source;
-        if l.gone[s] {
-            // A sender that left cannot have finished with this send
-            // outstanding: it died.
-            return Outcome::Done(Status::failed(env, lost(s, "sender died")));
-        }
         let n = len.min(cap);
-        if n == 0 {
-            self.reply(l, s, KIND_FIN, 0, id);
-            return Outcome::Done(Status::received(env, len, cap));
-        }
-        if l.cma[s] && (l.defer_copies || self.splits(n, len)) {
-            // Into a request, a large copy is split (done by `copy_now`).
+        if n > 0 && !l.gone[s] && l.cma[s] && (l.defer_copies || self.splits(n, len)) {
+            // Left to `copy_now`, which knows the target (and splits).
             return Outcome::Copy { id, addr, len };
         }
         self.cma_transfer(l, env, id, addr, len, dst, cap, false)
@@ -859,9 +850,9 @@ impl Engine {
         min > 0 && n == len && n >= min.max(2 * SPLIT_PAGE)
     }
 
-    /// The CMA copy of a matched rendezvous (split with the sender if
-    /// `split` and large enough), or a `PULL` for the pipelined path if CMA
-    /// is not (or no longer) allowed.
+    /// The receiver's side of a matched rendezvous: nothing to copy (`FIN`),
+    /// the CMA copy (split with the sender if `split` and large enough), or
+    /// a `PULL` for the pipelined path if CMA is not (or no longer) allowed.
     #[allow(clippy::too_many_arguments)]
     fn cma_transfer(
         &self,
@@ -876,9 +867,15 @@ impl Engine {
     ) -> Outcome {
         let s = env.source;
         if l.gone[s] {
+            // A sender that left cannot have finished with this send
+            // outstanding: it died.
             return Outcome::Done(Status::failed(env, lost(s, "sender died")));
         }
         let n = len.min(cap);
+        if n == 0 {
+            self.reply(l, s, KIND_FIN, 0, id);
+            return Outcome::Done(Status::received(env, len, cap));
+        }
         // Only while we have no rendezvous of our own out to the sender:
         // otherwise its core is already copying our data (a two-way
         // exchange), and a split only adds messages (measured: osu_bibw
