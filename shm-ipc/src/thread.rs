@@ -424,6 +424,9 @@ struct Direct<'a> {
     pattern: Pattern,
     buf: &'a mut [u8],
     status: Option<Status>,
+    /// A rendezvous taken from the unexpected queue while pulls are
+    /// deferred: `irecv` makes the request it is pulled into.
+    deferred: Option<(Envelope, Arc<Handoff>)>,
 }
 
 impl Engine {
@@ -587,11 +590,17 @@ impl Engine {
         if l.matching.unexpected_len() == 0 {
             return false;
         }
-        if l.defer_pulls && matches!(l.matching.probe(&d.pattern), Some((_, Unexpected::Rndv(_)))) {
-            return false; // for the request `irecv` makes (see PendingPull)
-        }
         let Some((env, u)) = l.matching.take(&d.pattern) else {
             return false;
+        };
+        let u = match u {
+            Unexpected::Rndv(hand) if l.defer_pulls => {
+                // For the request `irecv` makes (see PendingPull).
+                self.unexpected_rndv_taken(l, env.source);
+                d.deferred = Some((env, hand));
+                return true;
+            }
+            u => u,
         };
         let (p, n) = (d.buf.as_mut_ptr(), d.buf.len());
         d.status = Some(self.deliver_unexpected(l, env, u, p, n));
@@ -1180,6 +1189,7 @@ impl Engine {
             pattern,
             buf,
             status: None,
+            deferred: None,
         };
         let unpost = Unpost {
             engine: self,
@@ -1522,6 +1532,7 @@ impl Device for ThreadDevice {
                 pattern,
                 buf: &mut buf,
                 status: None,
+                deferred: None,
             };
             if !eng.direct_from_unexpected(&mut l, &mut direct) {
                 if let Source::Rank(s) = source {
@@ -1535,6 +1546,14 @@ impl Device for ThreadDevice {
                 l.defer_pulls = false;
                 drop(l);
                 return eng.tracker.completed(RequestKind::Recv, buf, status);
+            }
+            if let Some((env, hand)) = direct.deferred {
+                l.defer_pulls = false;
+                let core = eng.tracker.start(RequestKind::Recv, buf);
+                let target = Target::Request(core.clone());
+                l.pulls.push_back(PendingPull { env, hand, target });
+                drop(l);
+                return Request::new(core, eng.clone());
             }
         }
         // (The pool's lock is a leaf: taking it under ours is fine.)
