@@ -389,20 +389,27 @@ unsafe impl Send for OutSend {}
 // SAFETY: as above; OutSend is only accessed under the rank lock.
 unsafe impl Sync for OutSend {}
 
-/// A split CMA copy into a request: we read the head, the sender writes
-/// the tail; the receive completes at its `KIND_WROTE`.
-struct SplitRecv {
-    target: Target,
-    env: Envelope,
-    len: usize,
+/// A split CMA copy under way: we read the head, the sender writes the
+/// tail.
+struct SplitStart {
+    /// The sender's send id.
+    id: u64,
     /// The sender's buffer (for reading the tail ourselves if it could
     /// not write it).
     addr: u64,
+    len: usize,
     /// Where the tail starts.
     half: usize,
     /// Our read of the head failed: the receive fails, once the sender is
     /// done with our buffer.
     head_failed: Option<Error>,
+}
+
+/// A split copy's receive, completed at the sender's `KIND_WROTE`.
+struct SplitRecv {
+    start: SplitStart,
+    target: Target,
+    env: Envelope,
 }
 
 /// A pipelined rendezvous being received.
@@ -538,13 +545,7 @@ enum Outcome {
     },
     /// A split CMA copy (see [`SplitRecv`]): the head is read, the tail
     /// comes from the sender.
-    Split {
-        id: u64,
-        addr: u64,
-        len: usize,
-        half: usize,
-        head_failed: Option<Error>,
-    },
+    Split(SplitStart),
 }
 
 /// A matched CMA rendezvous whose copy waits for the next progress (see
@@ -795,36 +796,11 @@ impl Engine {
     }
 
     /// The receiver side of a rendezvous once matched: one CMA copy and
-    /// `FIN`, or a `PULL` for the pipelined path.
+    /// `FIN`, or a `PULL` for the pipelined path, or left to `copy_now`
+    /// (while a posting call works, or to split it: `copy_now` knows the
+    /// target).
     #[allow(clippy::too_many_arguments)]
     fn rendezvous(
-        &self,
-        l: &mut Local,
-        env: Envelope,
-        id: u64,
-        addr: u64,
-        len: usize,
-        dst: *mut u8,
-        cap: usize,
-    ) -> Outcome {
-        let out = self.rendezvous_transfer(l, env, id, addr, len, dst, cap);
-        if let Outcome::Done(_) = out {
-            // Finished here (FIN sent, or failed): out of the sender's
-            // window. A stream leaves it when it ends (`stream_ended`).
-            let s = env.source;
-            l.rndv_in[s] = l.rndv_in[s].saturating_sub(1);
-        }
-        out
-    }
-
-    /// A pipelined transfer into a receive ended (complete, abandoned by
-    /// its receive, or failed).
-    fn stream_ended(l: &mut Local, s: Rank) {
-        l.rndv_in[s] = l.rndv_in[s].saturating_sub(1);
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn rendezvous_transfer(
         &self,
         l: &mut Local,
         env: Envelope,
@@ -837,10 +813,37 @@ impl Engine {
         let s = env.source;
         let n = len.min(cap);
         if n > 0 && !l.gone[s] && l.cma[s] && (l.defer_copies || self.splits(n, len)) {
-            // Left to `copy_now`, which knows the target (and splits).
             return Outcome::Copy { id, addr, len };
         }
-        self.cma_transfer(l, env, id, addr, len, dst, cap, false)
+        self.transfer(l, env, id, addr, len, dst, cap, false)
+    }
+
+    /// [`Engine::cma_transfer`], and a rendezvous finished here (FIN sent,
+    /// or failed) leaves the sender's window. A stream leaves it when it
+    /// ends, a split copy at its `KIND_WROTE` (`stream_ended`).
+    #[allow(clippy::too_many_arguments)]
+    fn transfer(
+        &self,
+        l: &mut Local,
+        env: Envelope,
+        id: u64,
+        addr: u64,
+        len: usize,
+        dst: *mut u8,
+        cap: usize,
+        split: bool,
+    ) -> Outcome {
+        let out = self.cma_transfer(l, env, id, addr, len, dst, cap, split);
+        if let Outcome::Done(_) = out {
+            Self::stream_ended(l, env.source);
+        }
+        out
+    }
+
+    /// A rendezvous transfer into a receive ended (complete, abandoned by
+    /// its receive, or failed).
+    fn stream_ended(l: &mut Local, s: Rank) {
+        l.rndv_in[s] = l.rndv_in[s].saturating_sub(1);
     }
 
     /// Whether a CMA copy of `n` of a rendezvous's `len` bytes is worth
@@ -910,13 +913,13 @@ impl Engine {
                     Some(Error::Protocol { rank: s, what })
                 }
             };
-            return Outcome::Split {
+            return Outcome::Split(SplitStart {
                 id,
                 addr,
                 len,
                 half,
                 head_failed,
-            };
+            });
         }
         if l.cma[s] {
             // SAFETY: dst is valid for cap >= n bytes and exclusively ours
@@ -1027,25 +1030,7 @@ impl Engine {
         match out {
             Outcome::Done(st) => self.complete_target(target, st),
             Outcome::Stream { id, len } => self.start_stream(l, env, id, len, target),
-            Outcome::Split {
-                id,
-                addr,
-                len,
-                half,
-                head_failed,
-            } => {
-                l.splits.insert(
-                    (env.source, id),
-                    SplitRecv {
-                        target,
-                        env,
-                        len,
-                        addr,
-                        half,
-                        head_failed,
-                    },
-                );
-            }
+            Outcome::Split(start) => Self::hold_split(l, env, start, target),
             Outcome::Copy { id, addr, len } => {
                 let c = PendingCopy {
                     env,
@@ -1064,6 +1049,12 @@ impl Engine {
         }
     }
 
+    /// Keeps a split copy's receive until the sender's `KIND_WROTE`.
+    fn hold_split(l: &mut Local, env: Envelope, start: SplitStart, target: Target) {
+        let key = (env.source, start.id);
+        l.splits.insert(key, SplitRecv { start, target, env });
+    }
+
     /// Does a deferred CMA copy (or whatever its rendezvous turns into now)
     /// and settles its target.
     fn copy_now(&self, l: &mut Local, c: PendingCopy) {
@@ -1071,10 +1062,7 @@ impl Engine {
         // A request's buffer stays with its core until it completes; a
         // blocking receive's `Unpost` guard waits for a split copy into its
         // slice to end (see `Unpost`): the sender may write into either.
-        let out = self.cma_transfer(l, c.env, c.id, c.addr, c.len, dst, cap, true);
-        if let Outcome::Done(_) = out {
-            Self::stream_ended(l, c.env.source);
-        }
+        let out = self.transfer(l, c.env, c.id, c.addr, c.len, dst, cap, true);
         self.settle(l, c.env, out, c.target);
     }
 
@@ -1102,31 +1090,12 @@ impl Engine {
                 // A blocking receive: copy into its slice now (split with
                 // the sender if large: its guard then waits for the sender).
                 let (p, n) = (d.buf.as_mut_ptr(), d.buf.len());
-                let out = self.cma_transfer(l, env, id, addr, len, p, n, true);
-                if let Outcome::Done(_) = out {
-                    Self::stream_ended(l, env.source);
-                }
+                let out = self.transfer(l, env, id, addr, len, p, n, true);
                 self.settle_direct(l, env, out, d);
             }
-            Outcome::Split {
-                id,
-                addr,
-                len,
-                half,
-                head_failed,
-            } => {
+            Outcome::Split(start) => {
                 let b = BlockingRecv::new(d.buf);
-                l.splits.insert(
-                    (env.source, id),
-                    SplitRecv {
-                        target: Target::Blocking(b.clone()),
-                        env,
-                        len,
-                        addr,
-                        half,
-                        head_failed,
-                    },
-                );
+                Self::hold_split(l, env, start, Target::Blocking(b.clone()));
                 if let Some(g) = d.guard {
                     *g.borrow_mut() = Some((b.clone(), None));
                 }
@@ -1243,25 +1212,28 @@ impl Engine {
                 };
                 Self::stream_ended(l, s);
                 let (dst, cap) = sp.target.dst();
-                let st = if let Some(e) = sp.head_failed {
+                let st = if let Some(e) = sp.start.head_failed {
                     Status::failed(sp.env, e)
                 } else if h.flags & FLAG_FAILED != 0 {
                     // It could not write: read the tail ourselves.
                     // SAFETY: dst is valid for cap >= len > half bytes and
                     // ours again (the sender is done with it).
                     let tail = unsafe {
-                        std::slice::from_raw_parts_mut(dst.add(sp.half), sp.len - sp.half)
+                        std::slice::from_raw_parts_mut(
+                            dst.add(sp.start.half),
+                            sp.start.len - sp.start.half,
+                        )
                     };
-                    let from = sp.addr + sp.half as u64;
+                    let from = sp.start.addr + sp.start.half as u64;
                     match crate::cma::read_remote(self.sh.pids[s], from, tail) {
-                        Ok(()) => Status::received(sp.env, sp.len, cap),
+                        Ok(()) => Status::received(sp.env, sp.start.len, cap),
                         Err(e) => {
                             let what = format!("rendezvous source {from:#x} unreadable: {e}");
                             Status::failed(sp.env, Error::Protocol { rank: s, what })
                         }
                     }
                 } else {
-                    Status::received(sp.env, sp.len, cap)
+                    Status::received(sp.env, sp.start.len, cap)
                 };
                 l.splits_done += 1;
                 self.complete_target(sp.target, st);
