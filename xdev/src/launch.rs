@@ -56,28 +56,7 @@ pub fn run_job(
     args: &[impl AsRef<OsStr>],
     env: &[(&str, &str)],
 ) -> Result<ExitStatus> {
-    let job = unique_job();
-    let secret = Secret::generate()?;
-    let bind: SocketAddr = "127.0.0.1:0".parse().expect("loopback address");
-    let server = BootstrapServer::start(bind, size, &job, secret.clone())?;
-    let mut children: Vec<Child> = Vec::with_capacity(size);
-    for rank in 0..size {
-        let mut cmd = rank_command(&program, args, rank, size, &job, server.addr(), &secret);
-        cmd.envs(env.iter().copied());
-        match cmd.spawn() {
-            Ok(c) => children.push(c),
-            Err(e) => {
-                for c in &mut children {
-                    let _ = c.kill();
-                    let _ = c.wait();
-                }
-                return Err(Error::transport(
-                    format!("starting rank {rank} of {:?}", program.as_ref()),
-                    e,
-                ));
-            }
-        }
-    }
+    let (job, server, mut children) = spawn_job(size, program, args, env, false)?;
     let mut reaped: Vec<Option<ExitStatus>> = vec![None; size];
     let mut gone_at: Vec<Option<SystemTime>> = vec![None; size];
     let mut failed: Option<ExitStatus> = None;
@@ -116,6 +95,45 @@ pub fn run_job(
     drop(server);
     remove_job_shm(&job);
     Ok(failed.unwrap_or_else(|| reaped[0].expect("every rank was reaped")))
+}
+
+/// Starts the bootstrap service of a new job on loopback and `size`
+/// processes of `program args` as its ranks, each with `env` added (and
+/// its stdout and stderr piped if `capture`). If one cannot be started, the
+/// ones already started are killed.
+fn spawn_job(
+    size: usize,
+    program: impl AsRef<OsStr>,
+    args: &[impl AsRef<OsStr>],
+    env: &[(&str, &str)],
+    capture: bool,
+) -> Result<(String, BootstrapServer, Vec<Child>)> {
+    let job = unique_job();
+    let secret = Secret::generate()?;
+    let bind: SocketAddr = "127.0.0.1:0".parse().expect("loopback address");
+    let server = BootstrapServer::start(bind, size, &job, secret.clone())?;
+    let mut children: Vec<Child> = Vec::with_capacity(size);
+    for rank in 0..size {
+        let mut cmd = rank_command(&program, args, rank, size, &job, server.addr(), &secret);
+        cmd.envs(env.iter().copied());
+        if capture {
+            cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+        }
+        match cmd.spawn() {
+            Ok(c) => children.push(c),
+            Err(e) => {
+                for c in &mut children {
+                    let _ = c.kill();
+                    let _ = c.wait();
+                }
+                return Err(Error::transport(
+                    format!("starting rank {rank} of {:?}", program.as_ref()),
+                    e,
+                ));
+            }
+        }
+    }
+    Ok((job, server, children))
 }
 
 fn unique_job() -> String {
@@ -173,30 +191,7 @@ impl LocalJob {
         args: &[impl AsRef<OsStr>],
         env: &[(&str, &str)],
     ) -> Result<LocalJob> {
-        let job = unique_job();
-        let secret = Secret::generate()?;
-        let bind: SocketAddr = "127.0.0.1:0".parse().expect("loopback address");
-        let server = BootstrapServer::start(bind, size, &job, secret.clone())?;
-        let mut children = Vec::with_capacity(size);
-        for rank in 0..size {
-            let mut cmd = rank_command(&program, args, rank, size, &job, server.addr(), &secret);
-            cmd.envs(env.iter().copied())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped());
-            match cmd.spawn() {
-                Ok(c) => children.push(c),
-                Err(e) => {
-                    for c in &mut children {
-                        let _ = c.kill();
-                        let _ = c.wait();
-                    }
-                    return Err(Error::transport(
-                        format!("starting rank {rank} of {:?}", program.as_ref()),
-                        e,
-                    ));
-                }
-            }
-        }
+        let (job, server, children) = spawn_job(size, program, args, env, true)?;
         Ok(LocalJob {
             children,
             job,
