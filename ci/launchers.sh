@@ -22,16 +22,9 @@ cd "$(dirname "$0")/.."
 step() { printf '\n--- %s\n' "$*"; }
 fail() { echo "launchers: FAILED: $*" >&2; exit 1; }
 
-need=()
-for p in openmpi-bin mpich slurm-wlm munge libpmix2; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || need+=("$p")
-done
-if ((${#need[@]})); then
-  step "installing ${need[*]}"
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq
-  apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
-fi
+# shellcheck source=ci/lib/packages.sh
+. ci/lib/packages.sh
+install_missing openmpi-bin mpich slurm-wlm munge libpmix2
 
 # --- a one-node Slurm ------------------------------------------------------
 SD=${XDEV_SLURM_DIR:-/tmp/xdev-slurm}

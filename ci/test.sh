@@ -20,16 +20,9 @@ step() { printf '\n=== %s\n' "$*"; }
 # Debian packages the tests use at run time (the build itself needs none):
 # libibverbs (verbs loader tests: the library without any RDMA device) and
 # libpsm2 (the PSM2 loopback test in shm-only mode).
-need=()
-for p in libibverbs1 libpsm2-2; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || need+=("$p")
-done
-if ((${#need[@]})); then
-  step "installing ${need[*]}"
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq
-  apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
-fi
+# shellcheck source=ci/lib/packages.sh
+. ci/lib/packages.sh
+install_missing libibverbs1 libpsm2-2
 
 step "cargo fmt --check"
 cargo fmt --all -- --check

@@ -87,10 +87,9 @@ TARGET_DIR=$(dirname "$(dirname "$SYS_DEV")")   # .../release/deps -> .../releas
 PINGPONG=$TARGET_DIR/ibvx-pingpong
 RANK_BIN=$TARGET_DIR/xdev-rank
 # MPICH's Hydra launcher, for the ibv device under a cluster launcher.
-if ! command -v mpiexec.hydra >/dev/null || ! command -v hydra_pmi_proxy >/dev/null; then
-  say "installing mpich (Hydra, for the ibv-under-a-launcher step)"
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends mpich >/dev/null
-fi
+# shellcheck source=ci/lib/packages.sh
+. "$ROOT/ci/lib/packages.sh"
+install_missing mpich
 HYDRA=$(command -v mpiexec.hydra)
 HYDRA_PROXY=$(command -v hydra_pmi_proxy)
 XDEV_RUN=$TARGET_DIR/xdev-run
