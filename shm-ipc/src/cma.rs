@@ -8,6 +8,23 @@
 //! `ptrace_scope` >= 2, in containers without `CAP_SYS_PTRACE`, or on kernels
 //! without CMA, reads fail and the device falls back to copying through the
 //! segment.
+//!
+//! The copies themselves (`read_remote` and `write_remote`) are private to
+//! this crate: they read or write any address of any process the caller may
+//! ptrace, this one included, which no safe public function may offer. Code
+//! outside the crate cannot call them:
+//!
+//! ```compile_fail,E0603
+//! let x = 7u64;
+//! let addr = &x as *const u64 as u64;
+//! // Would change a value behind a shared reference.
+//! shm_ipc::cma::write_remote(std::process::id(), addr, &9u64.to_le_bytes()).unwrap();
+//! ```
+//!
+//! ```compile_fail,E0603
+//! let mut buf = [0u8; 8];
+//! shm_ipc::cma::read_remote(std::process::id(), 8, &mut buf).unwrap();
+//! ```
 
 use std::io;
 
@@ -74,7 +91,7 @@ impl Drop for PtracerGrant {
 /// other process's mappings (`EFAULT`), and only `dst`, which we own, is
 /// written. Errors: `EPERM` (ptrace rules forbid it), `ESRCH` (no such
 /// process), `EFAULT` (bad remote range), `ENOSYS` (no CMA in this kernel).
-pub fn read_remote(pid: u32, remote: u64, dst: &mut [u8]) -> io::Result<()> {
+pub(crate) fn read_remote(pid: u32, remote: u64, dst: &mut [u8]) -> io::Result<()> {
     // SAFETY: `dst` is borrowed mutably for the call: valid for writes of
     // its length and written by nobody else.
     unsafe { transfer(pid, remote, dst.as_mut_ptr(), dst.len(), Direction::Read) }
@@ -85,7 +102,7 @@ pub fn read_remote(pid: u32, remote: u64, dst: &mut [u8]) -> io::Result<()> {
 /// Only the other process's memory is written, and the kernel validates the
 /// range against its mappings (`EFAULT`); `src` is only read. The same
 /// errors as [`read_remote`].
-pub fn write_remote(pid: u32, remote: u64, src: &[u8]) -> io::Result<()> {
+pub(crate) fn write_remote(pid: u32, remote: u64, src: &[u8]) -> io::Result<()> {
     // SAFETY: `src` is borrowed for the call and only read.
     unsafe {
         transfer(
