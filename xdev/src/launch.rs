@@ -83,18 +83,41 @@ pub fn run_job(
         }
         std::thread::sleep(Duration::from_millis(5));
     }
-    for (key, value) in server.stored(PSM2_EPID_KEY) {
-        let rank = key[PSM2_EPID_KEY.len()..].parse::<usize>().ok();
-        if let (Some(gone), Ok(epid)) = (
-            rank.and_then(|r| gone_at.get(r).copied().flatten()),
-            <[u8; 8]>::try_from(&value[..]),
-        ) {
-            remove_psm2_shm(u64::from_le_bytes(epid), gone);
-        }
-    }
+    remove_psm2_shm_of_job(&server, &gone_at);
     drop(server);
     remove_job_shm(&job);
     Ok(failed.unwrap_or_else(|| reaped[0].expect("every rank was reaped")))
+}
+
+/// Removes the PSM2 segments that the psm ranks of the job served by
+/// `server` left (see [`remove_psm2_shm`]), after the job: what `run_job`
+/// and `xdev-run` do once every rank is gone. `gone_at[r]` is when rank `r`
+/// was seen gone (`None`: now).
+///
+/// Each psm rank R stores its endpoint id under `PSM2_EPID_KEY` + R. Only
+/// such a record put by rank R itself is used (the service binds a key to
+/// the rank that first put it, see [`BootstrapServer::stored`]), so a rank
+/// cannot name a segment in another rank's stead; and `remove_psm2_shm`
+/// leaves a segment some process still maps or holds open. Returns how many
+/// segments were removed.
+pub fn remove_psm2_shm_of_job(server: &BootstrapServer, gone_at: &[Option<SystemTime>]) -> usize {
+    let mut n = 0;
+    for (key, putter, value) in server.stored(PSM2_EPID_KEY) {
+        if key != format!("{PSM2_EPID_KEY}{putter}") {
+            // Another rank's record, or not one at all: not trusted.
+            continue;
+        }
+        let Ok(epid) = <[u8; 8]>::try_from(&value[..]) else {
+            continue;
+        };
+        let gone = gone_at
+            .get(putter)
+            .copied()
+            .flatten()
+            .unwrap_or_else(SystemTime::now);
+        n += remove_psm2_shm(u64::from_le_bytes(epid), gone);
+    }
+    n
 }
 
 /// Starts the bootstrap service of a new job on loopback and `size`

@@ -202,6 +202,61 @@ fn ranks_as_threads_put_get_barrier_allgather() {
     assert!(st.departed.iter().all(|d| d.clean), "{st:?}");
 }
 
+/// Issue 21: a rank cannot replace a record another rank put (and so pose
+/// as it); the service says who put each key.
+#[test]
+fn a_key_belongs_to_the_rank_that_first_put_it() {
+    let _w = watchdog(
+        "a_key_belongs_to_the_rank_that_first_put_it",
+        Duration::from_secs(20),
+    );
+    let (server, secret) = start(3);
+    let b0 = join(&server, &secret, 0);
+    let b1 = join(&server, &secret, 1);
+    let b2 = join(&server, &secret, 2);
+    b0.put("rec.0", b"honest").unwrap();
+    match b1.put("rec.0", b"forged") {
+        Err(Error::Protocol { rank, what }) => {
+            assert_eq!(rank, 1, "the putter is blamed: {what}");
+            assert!(what.contains("rec.0") && what.contains("rank 0"), "{what}");
+        }
+        other => panic!("expected a protocol failure, got {other:?}"),
+    }
+    // The owner's value stands, the owner may replace it, and the service
+    // goes on serving the refused rank.
+    assert_eq!(
+        b2.get("rec.0", Duration::from_secs(1)).unwrap(),
+        b"honest".to_vec()
+    );
+    b0.put("rec.0", b"again").unwrap();
+    assert_eq!(
+        b2.get("rec.0", Duration::from_secs(1)).unwrap(),
+        b"again".to_vec()
+    );
+    b1.put("rec.1", b"mine").unwrap();
+    // A key first put by a rank other than the one it names stays that
+    // rank's: the launcher sees who put it.
+    b2.put("rec.9", b"odd").unwrap();
+    assert!(matches!(
+        b0.put("rec.9", b"x"),
+        Err(Error::Protocol { rank: 0, .. })
+    ));
+    let mut stored = server.stored("rec.");
+    stored.sort();
+    assert_eq!(
+        stored,
+        vec![
+            ("rec.0".to_string(), 0, b"again".to_vec()),
+            ("rec.1".to_string(), 1, b"mine".to_vec()),
+            ("rec.9".to_string(), 2, b"odd".to_vec()),
+        ]
+    );
+    assert_eq!(
+        b1.get("rec.1", Duration::from_secs(1)).unwrap(),
+        b"mine".to_vec()
+    );
+}
+
 #[test]
 fn concurrent_requests_from_threads_of_one_rank() {
     let _w = watchdog(

@@ -116,6 +116,20 @@ fn child() {
             b.barrier().unwrap();
             std::process::abort();
         }
+        "psm2-forge" => {
+            // Rank 1 stores a record in rank 0's name (rank 0 stores
+            // none), naming a segment that is neither's.
+            if b.rank() == 1 {
+                let victim = std::env::var("XDEV_TEST_VICTIM").unwrap();
+                let victim = u64::from_str_radix(&victim, 16).unwrap();
+                b.put(
+                    &format!("{}0", bootstrap::PSM2_EPID_KEY),
+                    &victim.to_le_bytes(),
+                )
+                .unwrap();
+            }
+            b.barrier().unwrap();
+        }
         other => panic!("unknown role {other}"),
     }
 }
@@ -197,6 +211,54 @@ fn psm2_segments_of_crashed_ranks_are_removed() {
     }
     assert!(std::path::Path::new(&stranger).exists(), "not the job's");
     std::fs::remove_file(stranger).unwrap();
+}
+
+/// Issue 21: a rank that stores another rank's PSM2 record cannot make the
+/// launcher's sweep (of `run_job` and of `xdev-run`) remove a segment that
+/// is not its own, even one that looks abandoned.
+#[test]
+fn a_psm2_record_put_by_another_rank_is_ignored() {
+    let epid = 0xfc00_0000_0000_0000 | u64::from(std::process::id()) << 8;
+    let victim = psm2_segment(epid);
+    let exe = std::env::current_exe().unwrap();
+    let args = ["child", "--exact", "--nocapture", "--test-threads=1"];
+    let victim_hex = format!("{epid:x}");
+    let make = || {
+        let f = std::fs::File::create(&victim).unwrap();
+        let old = std::time::SystemTime::now() - Duration::from_secs(3600);
+        f.set_modified(old).unwrap();
+    };
+    make();
+    let st = xdev::launch::run_job(
+        2,
+        &exe,
+        &args,
+        &[(ROLE, "psm2-forge"), ("XDEV_TEST_VICTIM", &victim_hex)],
+    )
+    .unwrap();
+    assert!(st.success(), "{st:?}");
+    let kept_by_run_job = std::path::Path::new(&victim).exists();
+    make();
+    let out = Command::new(LAUNCHER)
+        .args(["-n", "2", "--timeout", "15", "--"])
+        .arg(&exe)
+        .args(args)
+        .env(ROLE, "psm2-forge")
+        .env("XDEV_TEST_VICTIM", &victim_hex)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let kept_by_xdev_run = std::path::Path::new(&victim).exists();
+    let _ = std::fs::remove_file(&victim);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert!(
+        kept_by_run_job,
+        "run_job removed a segment on a forged record"
+    );
+    assert!(
+        kept_by_xdev_run,
+        "xdev-run removed a segment on a forged record"
+    );
 }
 
 #[test]

@@ -17,8 +17,8 @@ use std::thread;
 use std::time::{Duration, Instant, SystemTime};
 
 use xdev::bootstrap::{
-    BootstrapServer, Secret, PSM2_EPID_KEY, XDEV_BOOTSTRAP, XDEV_DEVICE, XDEV_JOB, XDEV_RANK,
-    XDEV_SECRET, XDEV_SIZE,
+    BootstrapServer, Secret, XDEV_BOOTSTRAP, XDEV_DEVICE, XDEV_JOB, XDEV_RANK, XDEV_SECRET,
+    XDEV_SIZE,
 };
 
 const HELP: &str = "\
@@ -624,18 +624,8 @@ fn launch(opts: &Opts) -> i32 {
     }
     // PSM2 names its segments after each endpoint's epid, which psm ranks
     // stored in the bootstrap: remove what a crashed one left.
-    for (key, value) in server.stored(PSM2_EPID_KEY) {
-        let rank = key[PSM2_EPID_KEY.len()..].parse::<usize>().ok();
-        let (Some(rank), Ok(epid)) = (rank, <[u8; 8]>::try_from(&value[..])) else {
-            continue;
-        };
-        let gone = gone_at
-            .get(rank)
-            .copied()
-            .flatten()
-            .unwrap_or_else(SystemTime::now);
-        xdev::bootstrap::remove_psm2_shm(u64::from_le_bytes(epid), gone);
-    }
+    // (Only a rank's own record counts, and a segment still in use stays.)
+    xdev::launch::remove_psm2_shm_of_job(&server, &gone_at);
     drop(server);
     // Ranks unlink their shared-memory segments once all have attached; a
     // rank that died before that leaves its segment behind: remove it.

@@ -305,9 +305,14 @@ impl Tcp {
         self.peer
     }
 
-    /// Stores `value` under `key` (replacing an earlier value) and returns
-    /// once the service holds it, so a rank that learns of it afterwards
-    /// (for example after a [`barrier`](Self::barrier)) can `get` it.
+    /// Stores `value` under `key` (replacing an earlier value this rank
+    /// put) and returns once the service holds it, so a rank that learns of
+    /// it afterwards (for example after a [`barrier`](Self::barrier)) can
+    /// `get` it.
+    ///
+    /// A key belongs to the rank that first put it: a put of a key another
+    /// rank put first fails with [`Error::Protocol`] naming this rank, and
+    /// the value stays the owner's.
     ///
     /// Keys are at most [`wire::MAX_KEY_LEN`] bytes ([`Error::Config`]),
     /// values at most [`wire::MAX_VALUE_LEN`] bytes, and the store is

@@ -150,7 +150,8 @@ struct Coll {
 
 struct State {
     slots: Vec<Slot>,
-    store: HashMap<String, Arc<[u8]>>,
+    /// Each key with the rank that first put it (its owner) and its value.
+    store: HashMap<String, (Rank, Arc<[u8]>)>,
     used: usize,
     /// Waiting gets by key, and by (rank, id) for cancellation.
     waiters: HashMap<String, Vec<(Rank, u32)>>,
@@ -213,9 +214,20 @@ impl State {
         self.reply(out, rank, failed(id, kind, who, text), None);
     }
 
+    /// Stores `value` under `key` for `rank`. A key belongs to the rank that
+    /// first put it: its owner may replace the value, any other rank's put
+    /// is refused with a protocol failure blaming that rank (so no rank can
+    /// pose as another through a record the others read).
     fn put(&mut self, limit: usize, rank: Rank, id: u32, key: String, value: Vec<u8>) -> Vec<Out> {
         let mut out = Vec::new();
-        let old = self.store.get(&key).map_or(0, |v| key.len() + v.len());
+        if let Some(&(owner, _)) = self.store.get(&key).filter(|(owner, _)| *owner != rank) {
+            let text = format!(
+                "rank {rank} put key {key:?}, which rank {owner} put first: a key belongs to the rank that first put it"
+            );
+            self.refuse(&mut out, rank, id, FailureKind::Protocol, rank, text);
+            return out;
+        }
+        let old = self.store.get(&key).map_or(0, |(_, v)| key.len() + v.len());
         let add = key.len() + value.len();
         if self.used - old + add > limit {
             let text = format!(
@@ -240,14 +252,14 @@ impl State {
             let head = wire::value_head(wid, value.len()).expect("stored values are within limits");
             self.reply(&mut out, r, head, Some(value.clone()));
         }
-        self.store.insert(key, value);
+        self.store.insert(key, (rank, value));
         self.reply(&mut out, rank, frame(&Message::Done { id }), None);
         out
     }
 
     fn get(&mut self, max_waiting: usize, rank: Rank, id: u32, key: String) -> Vec<Out> {
         let mut out = Vec::new();
-        if let Some(v) = self.store.get(&key) {
+        if let Some((_, v)) = self.store.get(&key) {
             let head = wire::value_head(id, v.len()).expect("stored values are within limits");
             let v = v.clone();
             self.reply(&mut out, rank, head, Some(v));
@@ -557,13 +569,16 @@ impl BootstrapServer {
     }
 
     /// The store's entries whose key starts with `prefix` (what ranks
-    /// `put`), for the launcher's clean-up after the job.
-    pub fn stored(&self, prefix: &str) -> Vec<(String, Vec<u8>)> {
+    /// `put`), each as (key, the rank that put it, value), for the
+    /// launcher's clean-up after the job. A key belongs to the rank that
+    /// first put it (no other rank can replace it), so a consumer can check
+    /// that a record about rank R was put by R itself.
+    pub fn stored(&self, prefix: &str) -> Vec<(String, Rank, Vec<u8>)> {
         let st = lock(&self.shared.state);
         st.store
             .iter()
             .filter(|(k, _)| k.starts_with(prefix))
-            .map(|(k, v)| (k.clone(), v.to_vec()))
+            .map(|(k, (owner, v))| (k.clone(), *owner, v.to_vec()))
             .collect()
     }
 
