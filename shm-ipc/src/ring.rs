@@ -123,6 +123,18 @@ impl std::fmt::Display for RingError {
 
 impl std::error::Error for RingError {}
 
+/// The fewest slots a ring has.
+pub const MIN_SLOTS: usize = 4;
+/// The most slots a ring has (1 GiB of slots): a message's length, at most
+/// half the ring, then fits the header's 32-bit field with room to spare.
+pub const MAX_SLOTS: usize = 1 << 24;
+
+/// Whether a ring may have `nslots` slots: a power of two from
+/// [`MIN_SLOTS`] to [`MAX_SLOTS`].
+pub const fn valid_nslots(nslots: usize) -> bool {
+    nslots.is_power_of_two() && nslots >= MIN_SLOTS && nslots <= MAX_SLOTS
+}
+
 /// Bytes of memory a ring of `nslots` slots needs.
 pub fn bytes_for(nslots: usize) -> usize {
     CONTROL + nslots * SLOT
@@ -162,11 +174,15 @@ impl<'a> RingRef<'a> {
     ///
     /// # Safety
     /// `base` must be 64-byte aligned and valid for reads and writes of
-    /// `bytes_for(nslots)` bytes for all of `'a`, zeroed before first use, and
-    /// `nslots` a power of two of at least 4.
+    /// `bytes_for(nslots)` bytes for all of `'a`, and zeroed before first use.
+    ///
+    /// # Panics
+    /// In every build, if `nslots` is not [valid](valid_nslots) or `base` not
+    /// 64-byte aligned: the slot arithmetic relies on both, and a caller's
+    /// mistake there must not become an access outside the memory.
     pub unsafe fn from_raw(base: NonNull<u8>, nslots: usize) -> RingRef<'a> {
-        debug_assert!(nslots.is_power_of_two() && nslots >= 4);
-        debug_assert_eq!(base.as_ptr() as usize % 64, 0);
+        assert!(valid_nslots(nslots), "a ring cannot have {nslots} slots");
+        assert_eq!(base.as_ptr() as usize % 64, 0, "ring memory misaligned");
         RingRef {
             base,
             nslots,
@@ -618,9 +634,10 @@ unsafe impl Send for HeapRing {}
 unsafe impl Sync for HeapRing {}
 
 impl HeapRing {
-    /// A zeroed ring of `nslots` slots (rounded up to a power of two, at least 4).
+    /// A zeroed ring of `nslots` slots (rounded up to a power of two, from
+    /// [`MIN_SLOTS`] to [`MAX_SLOTS`]).
     pub fn new(nslots: usize) -> HeapRing {
-        let nslots = nslots.max(4).next_power_of_two();
+        let nslots = nslots.clamp(MIN_SLOTS, MAX_SLOTS).next_power_of_two();
         let layout = Layout::from_size_align(bytes_for(nslots), 64).expect("ring layout");
         // SAFETY: layout has non-zero size.
         let raw = unsafe { std::alloc::alloc_zeroed(layout) };

@@ -78,15 +78,95 @@ pub const SHARED_FDS: usize = 3;
 
 /// Where everything sits in an inbox. Computed locally; never read from
 /// shared memory.
+///
+/// Made with [`InboxLayout::new`], which refuses a layout no inbox can have
+/// (no ranks, a ring of an invalid slot count, a mapping too large to
+/// address). The fields are private to this crate, so code outside cannot
+/// make an unchecked one:
+///
+/// ```compile_fail,E0451
+/// use shm_ipc::segment::InboxLayout;
+/// let layout = InboxLayout { size: 1, nslots: 0 }; // private fields
+/// ```
+///
+/// ```
+/// use shm_ipc::segment::InboxLayout;
+/// assert!(InboxLayout::new(1, 0).is_err());
+/// assert!(InboxLayout::new(0, 64).is_err());
+/// let l = InboxLayout::new(3, 64).unwrap();
+/// assert_eq!((l.size(), l.nslots()), (3, 64));
+/// ```
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub struct InboxLayout {
     /// Ranks in the world (one ring per sender).
-    pub size: usize,
+    pub(crate) size: usize,
     /// Slots per ring.
-    pub nslots: usize,
+    pub(crate) nslots: usize,
 }
 
+/// The most ranks an inbox serves: the header stores the world size in 32
+/// bits, and each sender costs a control-page line and a descriptor.
+pub const MAX_RANKS: usize = 1 << 20;
+
 impl InboxLayout {
+    /// The layout of a world of `size` ranks with rings of `nslots` slots.
+    ///
+    /// # Errors
+    /// [`Error::Config`] unless `1 <= size <= MAX_RANKS` and `nslots` is a
+    /// slot count a ring may have (a power of two from [`ring::MIN_SLOTS`]
+    /// to [`ring::MAX_SLOTS`]).
+    pub fn new(size: usize, nslots: usize) -> Result<InboxLayout> {
+        let layout = InboxLayout { size, nslots };
+        layout.check()?;
+        Ok(layout)
+    }
+
+    /// Ranks in the world.
+    pub fn size(&self) -> usize {
+        self.size
+    }
+
+    /// Slots per ring.
+    pub fn nslots(&self) -> usize {
+        self.nslots
+    }
+
+    /// Refuses a layout [`InboxLayout::new`] would refuse (the crate makes
+    /// some with a literal; every inbox checks its layout again).
+    fn check(&self) -> Result<()> {
+        if !(1..=MAX_RANKS).contains(&self.size) {
+            return Err(Error::Config(format!(
+                "an inbox serves 1 to {MAX_RANKS} ranks, not {}",
+                self.size
+            )));
+        }
+        if !ring::valid_nslots(self.nslots) {
+            return Err(Error::Config(format!(
+                "a ring has a power of two of {} to {} slots, not {}",
+                ring::MIN_SLOTS,
+                ring::MAX_SLOTS,
+                self.nslots
+            )));
+        }
+        // Both bounds above keep these far from overflowing; checked anyway.
+        let control = 64usize
+            .checked_mul(self.size)
+            .and_then(|n| n.checked_add(OFF_FREED))
+            .and_then(|n| n.checked_next_multiple_of(PAGE));
+        let ring = self
+            .nslots
+            .checked_mul(ring::SLOT)
+            .and_then(|n| n.checked_add(ring::CONTROL))
+            .and_then(|n| n.checked_next_multiple_of(PAGE));
+        match (control, ring) {
+            (Some(c), Some(r)) if c <= isize::MAX as usize && r <= isize::MAX as usize => Ok(()),
+            _ => Err(Error::Config(format!(
+                "an inbox of {} ranks and {}-slot rings is too large to map",
+                self.size, self.nslots
+            ))),
+        }
+    }
+
     /// Bytes of the control page(s).
     pub fn control_len(&self) -> usize {
         (OFF_FREED + 64 * self.size).next_multiple_of(PAGE)
@@ -249,7 +329,19 @@ impl Inbox {
     /// Creates this rank's inbox: its sealed memfds, zero-filled, mapped,
     /// with the header written and the control page then sealed against
     /// any further writable mapping.
+    ///
+    /// # Errors
+    /// [`Error::Config`] for a layout [`InboxLayout::new`] refuses, or a
+    /// rank outside it; [`Error::Transport`] if the system refuses a file or
+    /// a mapping.
     pub fn create(rank: Rank, layout: InboxLayout) -> Result<Inbox> {
+        layout.check()?;
+        if rank >= layout.size {
+            return Err(Error::InvalidRank {
+                rank,
+                size: layout.size,
+            });
+        }
         let control_fd = sealed_memfd(
             &format!("xdev-inbox-{rank}-control"),
             layout.control_len(),
@@ -329,6 +421,7 @@ impl Inbox {
         pid: u32,
         layout: InboxLayout,
     ) -> Result<Inbox> {
+        layout.check()?;
         let bad = |what: String| Error::Protocol { rank, what };
         let Ok([control_fd, notice_fd, ring_fd]) = <[OwnedFd; SHARED_FDS]>::try_from(fds) else {
             return Err(bad(format!("it sent other than {SHARED_FDS} descriptors")));
@@ -443,18 +536,26 @@ impl Inbox {
         self.rings.get(sender).is_some_and(Option::is_some)
     }
 
+    /// The ring from `sender` into this inbox, if it is mapped here (see
+    /// [`Inbox::has_ring`]).
+    pub fn try_ring(&self, sender: Rank) -> Option<RingRef<'_>> {
+        let m = self.rings.get(sender)?.as_ref()?;
+        // SAFETY: the mapping is ring_len() >= bytes_for(nslots) bytes, page
+        // aligned, zero-filled by ftruncate before use, and lives as long
+        // as self; nslots passed `InboxLayout::check` when the inbox was
+        // made (a power of two of at least 4).
+        Some(unsafe { RingRef::from_raw(m.base, self.layout.nslots) })
+    }
+
     /// The ring from `sender` into this inbox.
     ///
     /// # Panics
-    /// If it is not mapped here (see [`Inbox::has_ring`]).
+    /// If it is not mapped here (see [`Inbox::has_ring`] and
+    /// [`Inbox::try_ring`]), in every build: a sender outside the world is
+    /// never an access outside the inbox.
     pub fn ring(&self, sender: Rank) -> RingRef<'_> {
-        let m = self.rings[sender]
-            .as_ref()
-            .expect("only the rings a rank takes part in are mapped");
-        // SAFETY: the mapping is ring_len() >= bytes_for(nslots) bytes, page
-        // aligned, zero-filled by ftruncate before use, and lives as long
-        // as self.
-        unsafe { RingRef::from_raw(m.base, self.layout.nslots) }
+        self.try_ring(sender)
+            .expect("only the rings a rank takes part in are mapped")
     }
 }
 
@@ -535,6 +636,53 @@ mod tests {
             .flatten()
             .any(|e| e.file_name().to_string_lossy().contains("xdev-inbox"));
         assert!(!here);
+    }
+
+    #[test]
+    fn a_layout_no_inbox_can_have_is_refused() {
+        // Issue 21: a zero-slot ring made `ring(0).has_message()` read
+        // outside the mapping (only a debug_assert stood in the way).
+        let zero = InboxLayout { size: 1, nslots: 0 };
+        assert!(matches!(Inbox::create(0, zero), Err(Error::Config(_))));
+        assert!(matches!(InboxLayout::new(1, 0), Err(Error::Config(_))));
+        for (size, nslots) in [
+            (0, 64),
+            (1, 3),
+            (1, 2),
+            (1, 96),
+            (1, ring::MAX_SLOTS * 2),
+            (MAX_RANKS + 1, 64),
+            (usize::MAX, 64),
+            (1, usize::MAX),
+        ] {
+            assert!(
+                matches!(InboxLayout::new(size, nslots), Err(Error::Config(_))),
+                "{size} ranks, {nslots} slots"
+            );
+            let raw = InboxLayout { size, nslots };
+            assert!(
+                Inbox::create(0, raw).is_err(),
+                "{size} ranks, {nslots} slots"
+            );
+        }
+        // A rank outside the layout, and a peer's inbox attached with a bad
+        // layout, are refused too.
+        let ok = InboxLayout::new(2, 4).unwrap();
+        assert!(matches!(
+            Inbox::create(2, ok),
+            Err(Error::InvalidRank { rank: 2, size: 2 })
+        ));
+        let mine = Inbox::create(0, ok).unwrap();
+        let fds = mine.share_with(1).unwrap().unwrap();
+        let bad = InboxLayout { size: 2, nslots: 0 };
+        assert!(matches!(
+            Inbox::attach(fds, 0, 1, std::process::id(), bad),
+            Err(Error::Config(_))
+        ));
+        // Rings outside the world: None, or a panic, never a read outside.
+        assert!(mine.try_ring(2).is_none());
+        assert!(mine.try_ring(1).is_some_and(|r| !r.has_message()));
+        assert!(std::panic::catch_unwind(|| mine.ring(2).has_message()).is_err());
     }
 
     #[test]
