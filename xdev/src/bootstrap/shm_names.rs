@@ -71,8 +71,11 @@ pub const PSM2_EPID_KEY: &str = "xdev.psm2.epid.";
 /// this user (`/dev/shm/psm2_shm.<uid><epid as 16 hex digits><n>`), which a
 /// rank that crashed leaves behind, 4 MiB each. Only segments last changed
 /// no later than `died` (when the rank was seen gone) go: a segment of a
-/// later process that happens to get the same epid is left alone. Returns
-/// how many were removed.
+/// later process that happens to get the same epid is left alone. A segment
+/// that some process still maps or holds open (as far as `/proc` shows this
+/// process: every process of this user) is live and never removed, whatever
+/// its age, so an epid a rank made up cannot take another job's live
+/// segment away. Returns how many were removed.
 pub fn remove_psm2_shm(epid: u64, died: std::time::SystemTime) -> usize {
     // SAFETY: getuid has no preconditions.
     let uid = unsafe { libc::getuid() };
@@ -80,24 +83,102 @@ pub fn remove_psm2_shm(epid: u64, died: std::time::SystemTime) -> usize {
     let Ok(dir) = std::fs::read_dir("/dev/shm") else {
         return 0;
     };
+    let candidates: Vec<(std::path::PathBuf, std::fs::Metadata)> = dir
+        .flatten()
+        .filter(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            name.strip_prefix(&prefix)
+                .is_some_and(|rest| !rest.is_empty() && rest.bytes().all(|b| b.is_ascii_digit()))
+        })
+        .filter_map(|e| {
+            let m = e.metadata().ok()?;
+            let old_enough = m.modified().is_ok_and(|t| t <= died);
+            (old_enough && m.is_file()).then(|| (e.path(), m))
+        })
+        .collect();
+    if candidates.is_empty() {
+        return 0;
+    }
+    let in_use = InUse::scan(&format!("/dev/shm/{prefix}"));
     let mut n = 0;
-    for e in dir.flatten() {
-        let name = e.file_name().to_string_lossy().into_owned();
-        let Some(rest) = name.strip_prefix(&prefix) else {
-            continue;
-        };
-        if rest.is_empty() || !rest.bytes().all(|b| b.is_ascii_digit()) {
+    for (path, m) in candidates {
+        if in_use.holds(&path, &m) {
             continue;
         }
-        let old_enough = e
-            .metadata()
-            .and_then(|m| m.modified())
-            .is_ok_and(|t| t <= died);
-        if old_enough && std::fs::remove_file(e.path()).is_ok() {
+        if std::fs::remove_file(&path).is_ok() {
             n += 1;
         }
     }
     n
+}
+
+/// What the processes `/proc` lets this process see map (device and inode
+/// of each file-backed mapping) and hold open (paths under one prefix).
+struct InUse {
+    mapped: std::collections::HashSet<(u64, u64, u64)>,
+    open: std::collections::HashSet<std::path::PathBuf>,
+}
+
+impl InUse {
+    /// Scans `/proc/<pid>/maps` and `/proc/<pid>/fd` of every process this
+    /// process may inspect (those of its user; every process for root).
+    /// Open descriptors count only for paths starting with `prefix`.
+    fn scan(prefix: &str) -> InUse {
+        let mut mapped = std::collections::HashSet::new();
+        let mut open = std::collections::HashSet::new();
+        let Ok(procs) = std::fs::read_dir("/proc") else {
+            return InUse { mapped, open };
+        };
+        for p in procs.flatten() {
+            let name = p.file_name();
+            let Some(pid) = name
+                .to_str()
+                .filter(|n| n.bytes().all(|b| b.is_ascii_digit()))
+            else {
+                continue;
+            };
+            if let Ok(maps) = std::fs::read_to_string(format!("/proc/{pid}/maps")) {
+                mapped.extend(maps.lines().filter_map(map_file_id));
+            }
+            if let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) {
+                for fd in fds.flatten() {
+                    if let Ok(target) = std::fs::read_link(fd.path()) {
+                        if target.to_string_lossy().starts_with(prefix) {
+                            open.insert(target);
+                        }
+                    }
+                }
+            }
+        }
+        InUse { mapped, open }
+    }
+
+    /// Whether the file at `path` with metadata `m` is mapped or open.
+    fn holds(&self, path: &std::path::Path, m: &std::fs::Metadata) -> bool {
+        use std::os::unix::fs::MetadataExt;
+        // glibc's encoding of st_dev, as `gnu_dev_major` and `gnu_dev_minor`.
+        let dev = m.dev();
+        let major = ((dev >> 32) & 0xffff_f000) | ((dev >> 8) & 0xfff);
+        let minor = ((dev >> 12) & 0xffff_ff00) | (dev & 0xff);
+        self.mapped.contains(&(major, minor, m.ino())) || self.open.contains(path)
+    }
+}
+
+/// The device (major, minor) and inode of a file-backed line of
+/// `/proc/<pid>/maps` (`addr perms offset MAJ:MIN inode path`).
+fn map_file_id(line: &str) -> Option<(u64, u64, u64)> {
+    let mut f = line.split_ascii_whitespace();
+    let dev = f.nth(3)?;
+    let inode: u64 = f.next()?.parse().ok()?;
+    if inode == 0 {
+        return None;
+    }
+    let (major, minor) = dev.split_once(':')?;
+    Some((
+        u64::from_str_radix(major, 16).ok()?,
+        u64::from_str_radix(minor, 16).ok()?,
+        inode,
+    ))
 }
 
 #[cfg(test)]
@@ -173,6 +254,84 @@ mod tests {
         assert!(std::path::Path::new(&other).exists(), "another endpoint's");
         std::fs::remove_file(path("x")).unwrap();
         std::fs::remove_file(other).unwrap();
+    }
+
+    /// Issue 21: a rank may store any epid as its own; the sweep must not
+    /// take a segment some process still uses, however old it looks.
+    #[test]
+    fn a_psm2_segment_still_mapped_or_open_is_never_removed() {
+        use std::os::fd::AsRawFd;
+        // SAFETY: getuid has no preconditions.
+        let uid = unsafe { libc::getuid() };
+        let epid = 0x0000_11fe_0000_00b0_u64 ^ u64::from(std::process::id());
+        let path = |n: u32| format!("/dev/shm/psm2_shm.{uid}{epid:016x}{n}");
+        let old = std::time::SystemTime::now() - std::time::Duration::from_secs(3600);
+        let make = |n: u32| {
+            let f = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .open(path(n))
+                .unwrap();
+            f.set_len(4096).unwrap();
+            f.set_modified(old).unwrap();
+            f
+        };
+        // Segment 0: mapped by this process (its descriptor closed).
+        let f0 = make(0);
+        // SAFETY: a fresh shared read-only mapping of a 4096-byte file;
+        // nothing else refers to that address range.
+        let map = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                4096,
+                libc::PROT_READ,
+                libc::MAP_SHARED,
+                f0.as_raw_fd(),
+                0,
+            )
+        };
+        assert_ne!(map, libc::MAP_FAILED);
+        drop(f0);
+        // Segment 1: held open by another process.
+        let f1 = make(1);
+        let mut holder = std::process::Command::new("sleep")
+            .arg("30")
+            .stdin(f1)
+            .spawn()
+            .unwrap();
+        let now = std::time::SystemTime::now();
+        let left = remove_psm2_shm(epid, now);
+        let (kept0, kept1) = (
+            std::path::Path::new(&path(0)).exists(),
+            std::path::Path::new(&path(1)).exists(),
+        );
+        // SAFETY: `map` is the mapping made above, unmapped once.
+        unsafe { libc::munmap(map, 4096) };
+        let _ = holder.kill();
+        let _ = holder.wait();
+        assert!(kept0, "a segment this process maps was removed");
+        assert!(kept1, "a segment another process holds open was removed");
+        assert_eq!(left, 0);
+        // Unused now: both go.
+        assert_eq!(remove_psm2_shm(epid, now), 2);
+        assert!(!std::path::Path::new(&path(0)).exists());
+        assert!(!std::path::Path::new(&path(1)).exists());
+    }
+
+    #[test]
+    fn maps_lines_name_device_and_inode() {
+        assert_eq!(
+            map_file_id("7f00-7f01 r--s 00000000 00:1a 4242    /dev/shm/psm2_shm.0x0"),
+            Some((0, 0x1a, 4242))
+        );
+        assert_eq!(
+            map_file_id("7f00-7f01 rw-p 00000000 fd:01 77 /usr/lib/x.so (deleted)"),
+            Some((0xfd, 1, 77))
+        );
+        assert_eq!(map_file_id("7f00-7f01 rw-p 00000000 00:00 0 [heap]"), None);
+        assert_eq!(map_file_id("garbage"), None);
     }
 
     #[test]
