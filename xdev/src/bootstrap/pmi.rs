@@ -272,24 +272,48 @@ pub(crate) fn chunk_key(key: &str, i: usize) -> String {
     format!("{key}~{i}")
 }
 
-/// Joins a value split by [`split_value`]: `first` is the value of its
-/// key, `more(i)` fetches chunk `i`.
+/// Joins a value split by [`split_value`] with `digits` hex digits per
+/// part: `first` is the value of bootstrap key `key`'s PMI key, `more(i)`
+/// fetches part `i`.
+///
+/// The announced part count is checked against the most a value of
+/// [`MAX_VALUE_LEN`](super::wire::MAX_VALUE_LEN) bytes needs before any part
+/// is fetched, and every part against `digits`, so a hostile or corrupt
+/// record costs a few round trips, not a million; a violation is an
+/// [`Error::Protocol`] naming `key`.
 pub(crate) fn join_value(
+    key: &str,
     first: &str,
+    digits: usize,
     mut more: impl FnMut(usize) -> Result<String>,
 ) -> Result<Vec<u8>> {
+    let max_len = super::wire::MAX_VALUE_LEN;
+    let bad = |what: String| pmi_err(format!("value of {key:?}: {what}"));
     let (n, head) = first
         .split_once(':')
-        .ok_or_else(|| pmi_err("value without its chunk count"))?;
+        .ok_or_else(|| bad("no part count".into()))?;
     let n: usize = n
         .parse()
-        .map_err(|_| pmi_err(format!("chunk count {n:?} is not a number")))?;
-    if n == 0 || n > 1 << 20 {
-        return Err(pmi_err(format!("chunk count {n} is out of range")));
+        .map_err(|_| bad(format!("part count {n:?} is not a number")))?;
+    let max_parts = (2 * max_len).div_ceil(digits.max(2)).max(1);
+    if n == 0 || n > max_parts {
+        return Err(bad(format!(
+            "{n} parts announced; a value of at most {max_len} bytes has 1..={max_parts}"
+        )));
     }
-    let mut out = unhex(head)?;
-    for i in 1..n {
-        out.extend(unhex(&more(i)?)?);
+    let mut out = Vec::new();
+    for i in 0..n {
+        let part = if i == 0 { head.to_string() } else { more(i)? };
+        if part.len() > digits {
+            return Err(bad(format!(
+                "part {i} has {} hex digits, more than {digits}",
+                part.len()
+            )));
+        }
+        out.extend(unhex(&part)?);
+        if out.len() > max_len {
+            return Err(bad(format!("longer than {max_len} bytes")));
+        }
     }
     Ok(out)
 }
@@ -659,7 +683,7 @@ impl Session {
         let Some(first) = self.get_raw(&k)? else {
             return Ok(None);
         };
-        join_value(&first, |i| {
+        join_value(key, &first, chunk_digits(self.vallen_max), |i| {
             self.get_raw(&chunk_key(&k, i))?
                 .ok_or_else(|| pmi_err(format!("chunk {i} of {key:?} is missing")))
         })
@@ -782,6 +806,72 @@ mod tests {
         assert!(encode_key(&format!("{edge}a"), 64).starts_with('h'));
     }
 
+    /// A session over one end of a socket pair whose other end is served
+    /// by `serve` (a fake PMI-1 launcher), on its own thread.
+    fn fake_session(
+        serve: impl FnOnce(BufReader<UnixStream>, UnixStream) + Send + 'static,
+    ) -> (Session, std::thread::JoinHandle<()>) {
+        let (mine, theirs) = UnixStream::pair().unwrap();
+        let server = std::thread::spawn(move || {
+            let reader = BufReader::new(theirs.try_clone().unwrap());
+            serve(reader, theirs);
+        });
+        let session = Session {
+            wire: Wire::Pmi1,
+            rank: 0,
+            size: 2,
+            job: "fake".into(),
+            keylen_max: 64,
+            vallen_max: 1024,
+            conn: Mutex::new(Conn {
+                reader: BufReader::new(mine.try_clone().unwrap()),
+                writer: mine,
+            }),
+            finalized: Mutex::new(true),
+        };
+        (session, server)
+    }
+
+    /// Issue 21: a joined value that announces more parts (or longer parts)
+    /// than a value of at most MAX_VALUE_LEN bytes has fails before the
+    /// parts are fetched, naming the key.
+    #[test]
+    fn an_oversized_joined_value_fails_at_once() {
+        for first in ["1048576:00".to_string(), format!("4:{}", "ab".repeat(2000))] {
+            let gets = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+            let seen = gets.clone();
+            let (session, server) = fake_session(move |mut r, mut w| {
+                let mut line = String::new();
+                // At most 100 answers, then the launcher hangs up.
+                for _ in 0..100 {
+                    line.clear();
+                    if r.read_line(&mut line).unwrap_or(0) == 0 {
+                        return;
+                    }
+                    let n = seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    let value = if n == 0 { first.as_str() } else { "00" };
+                    let reply = format!("cmd=get_result rc=0 msg=success value={value}\n");
+                    if w.write_all(reply.as_bytes()).is_err() {
+                        return;
+                    }
+                }
+            });
+            let t = std::time::Instant::now();
+            let got = session.get("huge.record");
+            let gets = gets.load(std::sync::atomic::Ordering::SeqCst);
+            drop(session);
+            server.join().unwrap();
+            match got {
+                Err(Error::Protocol { what, .. }) => {
+                    assert!(what.contains("huge.record"), "{what}")
+                }
+                other => panic!("expected a protocol error, got {other:?}"),
+            }
+            assert_eq!(gets, 1, "parts were fetched");
+            assert!(t.elapsed() < Duration::from_secs(5));
+        }
+    }
+
     #[test]
     fn values_split_and_join() {
         assert_eq!(chunk_digits(1024), 640);
@@ -792,17 +882,19 @@ mod tests {
             assert_eq!(parts.len(), len.div_ceil(320).max(1), "len {len}");
             assert!(parts.iter().all(|p| p.len() <= 640 + 8));
             assert!(parts[0].starts_with(&format!("{}:", parts.len())));
-            let back = join_value(&parts[0], |i| Ok(parts[i].clone())).unwrap();
+            let back = join_value("k", &parts[0], 640, |i| Ok(parts[i].clone())).unwrap();
             assert_eq!(back, value, "len {len}");
         }
-        assert!(join_value("nocount", |_| unreachable!()).is_err());
-        assert!(
-            join_value("1:abc", |_| unreachable!()).is_err(),
-            "odd digits"
-        );
-        assert!(join_value("1:zz", |_| unreachable!()).is_err());
-        assert!(join_value("0:", |_| unreachable!()).is_err());
-        assert!(join_value("2:00", |_| Err(pmi_err("gone"))).is_err());
+        let big = vec![7u8; crate::bootstrap::wire::MAX_VALUE_LEN];
+        let parts = split_value(&big, 640);
+        let back = join_value("k", &parts[0], 640, |i| Ok(parts[i].clone())).unwrap();
+        assert_eq!(back, big, "the largest value joins");
+        let join = |first: &str| join_value("k", first, 640, |_| unreachable!());
+        assert!(join("nocount").is_err());
+        assert!(join("1:abc").is_err(), "odd digits");
+        assert!(join("1:zz").is_err());
+        assert!(join("0:").is_err());
+        assert!(join_value("k", "2:00", 640, |_| Err(pmi_err("gone"))).is_err());
         assert_eq!(
             unhex(&hex(&[0, 1, 254, 255])).unwrap(),
             vec![0, 1, 254, 255]
