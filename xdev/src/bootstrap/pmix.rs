@@ -510,8 +510,10 @@ impl Session {
         Ok(())
     }
 
-    /// The value `rank` put under `key` (`None`: not there). With
-    /// `local_only` only what this process already holds is searched.
+    /// The value `rank` put under `key` (`None`: not there): a get bound
+    /// to its putter, since PMIx stores each value under the rank that put
+    /// it and no rank can put under another's. With `local_only` only what
+    /// this process already holds is searched.
     pub(crate) fn get_from(
         &self,
         rank: u32,
@@ -564,14 +566,23 @@ impl Session {
     }
 
     /// The value some rank put under `key`, searching what this process
-    /// holds (everything fenced so far) and then each rank's server data.
+    /// holds (everything fenced so far) of every rank.
+    ///
+    /// PMIx keeps one value per (rank, key): a key that several ranks put
+    /// is several records, and no rank's is more authoritative than
+    /// another's. So a key found under two ranks with different values is
+    /// refused with [`Error::Protocol`] (naming the higher rank and both in
+    /// the text) instead of returning the lowest rank's; a caller that knows
+    /// who should have put a record asks for that rank's with
+    /// [`get_from`](Self::get_from).
     pub(crate) fn get_any(&self, key: &str) -> Result<Option<Vec<u8>>> {
+        let mut found = Vec::new();
         for r in 0..self.size as u32 {
             if let Some(v) = self.get_from(r, key, true)? {
-                return Ok(Some(v));
+                found.push((r, v));
             }
         }
-        Ok(None)
+        only_one(key, found)
     }
 
     /// A fence over the whole namespace that collects the data put so far.
@@ -609,6 +620,26 @@ impl Session {
     }
 }
 
+/// The one value of `key` among what the ranks in `found` put under it
+/// (`None` if none did); a protocol error if two ranks put different
+/// values.
+fn only_one(key: &str, found: Vec<(u32, Vec<u8>)>) -> Result<Option<Vec<u8>>> {
+    let mut it = found.into_iter();
+    let Some((first, value)) = it.next() else {
+        return Ok(None);
+    };
+    if let Some((other, _)) = it.find(|(_, v)| *v != value) {
+        return Err(Error::Protocol {
+            rank: other as Rank,
+            what: format!(
+                "PMIx: ranks {first} and {other} put different values under {key:?}; \
+                 the key is ambiguous (read one rank's record)"
+            ),
+        });
+    }
+    Ok(Some(value))
+}
+
 fn pmix_err(what: impl Into<String>) -> Error {
     Error::Protocol {
         rank: SERVICE,
@@ -633,6 +664,31 @@ mod tests {
         assert_eq!(std::mem::offset_of!(PmixInfo, value), 520);
         assert_eq!(std::mem::offset_of!(PmixInfo, flags), 512);
         assert_eq!(std::mem::offset_of!(PmixValue, data), 8);
+    }
+
+    /// Issue 21: a key several ranks put does not quietly resolve to the
+    /// lowest rank's value.
+    #[test]
+    fn a_key_put_by_several_ranks_is_ambiguous() {
+        assert_eq!(only_one("k", vec![]).unwrap(), None);
+        assert_eq!(
+            only_one("k", vec![(2, b"v".to_vec())]).unwrap(),
+            Some(b"v".to_vec())
+        );
+        assert_eq!(
+            only_one("k", vec![(0, b"v".to_vec()), (3, b"v".to_vec())]).unwrap(),
+            Some(b"v".to_vec()),
+            "the same value from two ranks is one answer"
+        );
+        match only_one("k", vec![(0, b"forged".to_vec()), (1, b"real".to_vec())]) {
+            Err(Error::Protocol { rank: 1, what }) => {
+                assert!(
+                    what.contains("\"k\"") && what.contains("ranks 0 and 1"),
+                    "{what}"
+                )
+            }
+            other => panic!("expected an ambiguity error, got {other:?}"),
+        }
     }
 
     #[test]
