@@ -33,7 +33,8 @@ use std::time::Duration;
 use crate::futex::{self, Scope};
 
 /// A futex-based wake-up word, on its own cache line, usable in private or
-/// shared memory (it is plain `repr(C)` atomics).
+/// shared memory (it is plain `repr(C)` atomics). For a doorbell whose
+/// waking peers must not be trusted, see [`DoorbellRef`].
 #[repr(C, align(64))]
 #[derive(Default)]
 pub struct Doorbell {
@@ -47,6 +48,76 @@ impl Doorbell {
         Doorbell {
             seq: AtomicU32::new(0),
             sleepers: AtomicU32::new(0),
+        }
+    }
+
+    /// Its two words, as a [`DoorbellRef`] its owner may sleep on.
+    #[inline]
+    pub fn view(&self) -> DoorbellRef<'_> {
+        DoorbellRef {
+            seq: &self.seq,
+            sleepers: &self.sleepers,
+            owner: true,
+        }
+    }
+
+    /// Wakes the sleepers, if any. Call after publishing with a `Release`
+    /// (or stronger) store.
+    #[inline]
+    pub fn ring(&self, scope: Scope) {
+        self.view().ring(scope)
+    }
+
+    /// Wakes every sleeper unconditionally (used for rare events such as a
+    /// peer's death).
+    pub fn wake_all(&self, scope: Scope) {
+        self.view().wake_all(scope)
+    }
+
+    /// Sleeps until rung or `timeout`, unless `has_work` (called after arming)
+    /// says there is already something to do. Returns false if the timeout
+    /// ended the sleep.
+    pub fn sleep(&self, timeout: Duration, scope: Scope, has_work: impl FnOnce() -> bool) -> bool {
+        self.view().sleep(timeout, scope, has_work)
+    }
+}
+
+/// A doorbell whose two words may live apart: the futex word `seq`, which
+/// every waker bumps (so it must be writable by them), and the `sleepers`
+/// count that a waker reads to decide whether to wake at all, which only the
+/// owner writes.
+///
+/// The process device keeps `seq` in a rank's notice page (written by every
+/// peer) and `sleepers` in its control page (peers map it read-only, see
+/// `segment`): a peer that scribbles on the notice page can cause spurious
+/// wake-ups, but cannot make an honest waker skip a wake-up the owner is
+/// sleeping for.
+#[derive(Copy, Clone, Debug)]
+pub struct DoorbellRef<'a> {
+    seq: &'a AtomicU32,
+    sleepers: &'a AtomicU32,
+    /// Whether this view may arm `sleepers` (the owner's; a peer's view of
+    /// it is read-only memory).
+    owner: bool,
+}
+
+impl<'a> DoorbellRef<'a> {
+    /// The owner's view of a doorbell made of `seq` and `sleepers`.
+    pub fn owner(seq: &'a AtomicU32, sleepers: &'a AtomicU32) -> Self {
+        DoorbellRef {
+            seq,
+            sleepers,
+            owner: true,
+        }
+    }
+
+    /// A waker's view: it rings, and never writes `sleepers` (which may be
+    /// mapped read-only here).
+    pub fn waker(seq: &'a AtomicU32, sleepers: &'a AtomicU32) -> Self {
+        DoorbellRef {
+            seq,
+            sleepers,
+            owner: false,
         }
     }
 
@@ -64,19 +135,29 @@ impl Doorbell {
     /// peer's death).
     pub fn wake_all(&self, scope: Scope) {
         self.seq.fetch_add(1, Ordering::SeqCst);
-        futex::wake(&self.seq, i32::MAX, scope);
+        futex::wake(self.seq, i32::MAX, scope);
     }
 
     /// Sleeps until rung or `timeout`, unless `has_work` (called after arming)
-    /// says there is already something to do.
-    pub fn sleep(&self, timeout: Duration, scope: Scope, has_work: impl FnOnce() -> bool) {
+    /// says there is already something to do. Returns false if the timeout
+    /// ended the sleep.
+    ///
+    /// A waker's view cannot arm the doorbell: it waits for `timeout` (or a
+    /// wake-up someone else armed) without being announced.
+    pub fn sleep(&self, timeout: Duration, scope: Scope, has_work: impl FnOnce() -> bool) -> bool {
         let seq = self.seq.load(Ordering::SeqCst);
-        self.sleepers.fetch_add(1, Ordering::SeqCst);
-        heavy_fence();
-        if !has_work() {
-            futex::wait(&self.seq, seq, Some(timeout), scope);
+        if self.owner {
+            self.sleepers.fetch_add(1, Ordering::SeqCst);
+            heavy_fence();
         }
-        self.sleepers.fetch_sub(1, Ordering::SeqCst);
+        let mut woken = true;
+        if !has_work() {
+            woken = futex::wait(self.seq, seq, Some(timeout), scope);
+        }
+        if self.owner {
+            self.sleepers.fetch_sub(1, Ordering::SeqCst);
+        }
+        woken
     }
 }
 

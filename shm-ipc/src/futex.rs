@@ -24,7 +24,8 @@ fn op(base: libc::c_int, scope: Scope) -> libc::c_int {
 
 /// Sleeps while `*word == expected`, at most `timeout`. Returns on a wake,
 /// a value change, a timeout or a signal; callers re-check their condition.
-pub fn wait(word: &AtomicU32, expected: u32, timeout: Option<Duration>, scope: Scope) {
+/// Returns false only when the timeout expired.
+pub fn wait(word: &AtomicU32, expected: u32, timeout: Option<Duration>, scope: Scope) -> bool {
     let ts = timeout.map(|d| libc::timespec {
         tv_sec: d.as_secs().min(i32::MAX as u64) as libc::time_t,
         tv_nsec: d.subsec_nanos() as libc::c_long,
@@ -36,15 +37,16 @@ pub fn wait(word: &AtomicU32, expected: u32, timeout: Option<Duration>, scope: S
     // call and `ts_ptr` is null or points to a timespec on this stack frame.
     // FUTEX_WAIT only reads the word; any result (EAGAIN, ETIMEDOUT, EINTR) is
     // a plain return to the caller's re-check loop.
-    unsafe {
+    let r = unsafe {
         libc::syscall(
             libc::SYS_futex,
             word.as_ptr(),
             op(libc::FUTEX_WAIT, scope),
             expected,
             ts_ptr,
-        );
-    }
+        )
+    };
+    r == 0 || io::Error::last_os_error().raw_os_error() != Some(libc::ETIMEDOUT)
 }
 
 /// Wakes up to `count` sleepers on `word`.

@@ -21,7 +21,7 @@ pub mod segment;
 mod sync;
 pub mod thread;
 
-pub use doorbell::{Backoff, Doorbell};
+pub use doorbell::{Backoff, Doorbell, DoorbellRef};
 pub use process::{ProcessDevice, ProcessOptions, RendezvousPath};
 pub use thread::{ThreadDevice, ThreadOptions, ThreadWorld};
 

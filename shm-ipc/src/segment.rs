@@ -2,14 +2,17 @@
 //!
 //! Every rank owns an *inbox*, made of three kinds of shared-memory files:
 //!
-//! * its **control page**: a header, its state word and the eager credit it
-//!   returns to each sender. Only the owner writes it; peers map it
+//! * its **control page**: a header, its state word, its doorbell's
+//!   `sleepers` count (whether a sender must wake it) and the eager credit
+//!   it returns to each sender. Only the owner writes it; peers map it
 //!   read-only, and the file is sealed with `F_SEAL_FUTURE_WRITE`, so no
 //!   peer can map it writable or write it by any other way.
-//! * its **notice page**: its doorbell and its departures counter, which
-//!   every peer writes (to wake it, and to tell it that someone left). A
-//!   peer that writes nonsense here causes a spurious wake-up or an extra
-//!   look at the state words, nothing else.
+//! * its **notice page**: its doorbell's futex word and its departures
+//!   counter, which every peer writes (to wake it, and to tell it that
+//!   someone left). A peer that writes nonsense here causes a spurious
+//!   wake-up or an extra look at the state words, nothing else: what a
+//!   sender reads to decide whether to wake the owner is in the control
+//!   page (see [`DoorbellRef`]).
 //! * one **ring per sender**, shared by the owner (the consumer) and that
 //!   sender (the producer) only: no third rank ever holds it, so no rank can
 //!   forge messages in another pair's ring.
@@ -38,18 +41,19 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use xdev::{Error, Rank, Result};
 
-use crate::doorbell::Doorbell;
+use crate::doorbell::DoorbellRef;
 use crate::ring::{self, RingRef};
 
 const MAGIC: u64 = u64::from_le_bytes(*b"XDEVSHM2");
-const VERSION: u32 = 2;
+const VERSION: u32 = 3;
 const PAGE: usize = 4096;
 
 // Control page.
 const OFF_STATE: usize = 64;
-const OFF_FREED: usize = 128;
+const OFF_SLEEPERS: usize = 128;
+const OFF_FREED: usize = 192;
 // Notice page.
-const OFF_DOORBELL: usize = 0;
+const OFF_DOORBELL_SEQ: usize = 0;
 const OFF_DEPARTURES: usize = 64;
 
 /// The state word of a rank: open, closed by `finish`, or dead (its device
@@ -486,9 +490,17 @@ impl Inbox {
         self.own = None;
     }
 
-    /// The owner's doorbell.
-    pub fn doorbell(&self) -> &Doorbell {
-        self.notice.word(OFF_DOORBELL)
+    /// The owner's doorbell: its futex word in the notice page, its
+    /// sleepers count in the control page (owner-written). On a peer's
+    /// inbox, a waker's view (it rings, it cannot arm).
+    pub fn doorbell(&self) -> DoorbellRef<'_> {
+        let seq = self.notice.word(OFF_DOORBELL_SEQ);
+        let sleepers = self.control.word(OFF_SLEEPERS);
+        if self.is_own {
+            DoorbellRef::owner(seq, sleepers)
+        } else {
+            DoorbellRef::waker(seq, sleepers)
+        }
     }
 
     /// Bumped by anyone who tells the owner that a rank departed.
@@ -636,6 +648,73 @@ mod tests {
             .flatten()
             .any(|e| e.file_name().to_string_lossy().contains("xdev-inbox"));
         assert!(!here);
+    }
+
+    /// A hostile peer zeroes the whole notice page (through the same
+    /// writable mapping every peer has) before each of `rounds` wake-ups of
+    /// the owner by an honest sender. Returns the owner's total wait time
+    /// and how many of its sleeps ended by their timeout.
+    fn wake_ups_with_a_hostile_notice_page(rounds: u32) -> (std::time::Duration, u32) {
+        use std::sync::atomic::AtomicBool;
+        use std::time::{Duration, Instant};
+        crate::doorbell::init_fences();
+        let layout = layout();
+        let mine = Inbox::create(0, layout).unwrap();
+        let me = std::process::id();
+        let [_, hostile_notice, _] = <[OwnedFd; 3]>::try_from(mine.share_with(1).unwrap().unwrap())
+            .ok()
+            .unwrap();
+        let hostile = Mapping::new(&hostile_notice, PAGE, true).unwrap();
+        let honest = Inbox::attach(mine.share_with(2).unwrap().unwrap(), 0, 2, me, layout).unwrap();
+        let work = AtomicBool::new(false);
+        let started = AtomicU32::new(0);
+        std::thread::scope(|s| {
+            let sleeper = s.spawn(|| {
+                let (mut waited, mut timeouts) = (Duration::ZERO, 0);
+                for round in 1..=rounds {
+                    let t = Instant::now();
+                    started.store(round, Ordering::SeqCst);
+                    while !work.load(Ordering::SeqCst) {
+                        let woken = mine.doorbell().sleep(
+                            Duration::from_millis(50),
+                            crate::futex::Scope::Shared,
+                            || work.load(Ordering::SeqCst),
+                        );
+                        timeouts += u32::from(!woken);
+                    }
+                    work.store(false, Ordering::SeqCst);
+                    waited += t.elapsed();
+                }
+                (waited, timeouts)
+            });
+            for round in 1..=rounds {
+                while started.load(Ordering::SeqCst) != round {
+                    std::thread::yield_now();
+                }
+                // Time to fall asleep.
+                std::thread::sleep(Duration::from_millis(5));
+                for off in (0..PAGE).step_by(8) {
+                    hostile.word::<AtomicU64>(off).store(0, Ordering::SeqCst);
+                }
+                work.store(true, Ordering::SeqCst);
+                honest.doorbell().ring(crate::futex::Scope::Shared);
+            }
+            sleeper.join().unwrap()
+        })
+    }
+
+    #[test]
+    fn a_peer_zeroing_the_notice_page_does_not_cost_wake_ups() {
+        // Issue 21: with the sleepers word in the notice page, a peer
+        // zeroed it, honest senders skipped the wake-up, and every blocking
+        // wait ran into its 50 ms timeout.
+        let rounds = 10;
+        let (waited, timeouts) = wake_ups_with_a_hostile_notice_page(rounds);
+        assert_eq!(timeouts, 0, "woken by the timeout, not the doorbell");
+        assert!(
+            waited < std::time::Duration::from_millis(25) * rounds,
+            "{rounds} wake-ups took {waited:?}"
+        );
     }
 
     #[test]
