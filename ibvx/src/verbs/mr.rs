@@ -181,7 +181,10 @@ impl<'buf> MemoryRegion<'buf> {
     /// Registers `len` bytes at `ptr` with `access` on `pd`: the one
     /// constructor behind [`MemoryRegion::alloc`],
     /// [`MemoryRegion::register_raw_parts`] and [`MemoryRegion::register`].
-    /// Refuses an empty range.
+    /// Refuses an empty range, and one that is not a valid Rust allocation's
+    /// extent (longer than `isize::MAX` bytes, or past the end of the
+    /// address space): every offset the accessors and [`MemoryRegion::sge`]
+    /// compute from `ptr` and `len` then stays in range.
     ///
     /// # Safety
     /// `ptr .. ptr + len` must stay mapped until the returned region is
@@ -197,6 +200,11 @@ impl<'buf> MemoryRegion<'buf> {
             return Err(Error::InvalidArgument(
                 "cannot register an empty buffer".into(),
             ));
+        }
+        if isize::try_from(len).is_err() || (ptr.as_ptr() as usize).checked_add(len).is_none() {
+            return Err(Error::InvalidArgument(format!(
+                "range of {len} bytes at {ptr:p} is not a valid allocation"
+            )));
         }
         let verbs = pd.context().verbs();
         // SAFETY: live PD; the memory stays mapped per this function's contract.
@@ -474,8 +482,16 @@ pub struct Sge<'mr> {
 impl<'mr> Sge<'mr> {
     /// An entry from its parts, for registrations that are not a
     /// [`MemoryRegion`] borrow (the registration cache); the caller ties
-    /// `'mr` to whatever keeps `lkey` registered.
+    /// `'mr` to whatever keeps `lkey` registered, and checks that the range
+    /// lies inside that registration.
+    ///
+    /// # Panics
+    /// If the range wraps around the end of the address space.
     pub(crate) fn from_parts(addr: u64, length: u32, lkey: u32) -> Sge<'mr> {
+        assert!(
+            addr.checked_add(u64::from(length)).is_some(),
+            "scatter/gather entry of {length} bytes at {addr:#x} wraps"
+        );
         Sge {
             raw: sys::ibv_sge { addr, length, lkey },
             _mr: PhantomData,
@@ -525,9 +541,16 @@ pub struct RemoteAddr {
 
 impl RemoteAddr {
     /// The address `offset` bytes further.
+    ///
+    /// # Panics
+    /// If that is past the end of the 64-bit address space (it would wrap
+    /// to the start of the peer's address space otherwise).
     pub fn offset(self, offset: u64) -> RemoteAddr {
         RemoteAddr {
-            addr: self.addr + offset,
+            addr: self
+                .addr
+                .checked_add(offset)
+                .expect("a remote address past the end of the address space"),
             rkey: self.rkey,
         }
     }
