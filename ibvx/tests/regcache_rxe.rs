@@ -39,12 +39,19 @@ fn rdma_write(
     dst: *const u8,
     len: usize,
 ) {
-    p.a.post_send(&SendRequest {
-        wr_id: 7,
-        op: SendOp::RdmaWrite(dreg.remote(dst)),
-        sges: &[sreg.sge(src, len)],
-        flags: SendFlags::SIGNALED,
-    })
+    // SAFETY: every caller holds the source and the destination (leases,
+    // buffers or `Vec`s of the test, registered by `sreg` and `dreg`) and
+    // touches neither until this returns, after the write's completion was
+    // polled; `dreg` grants remote write (the test's cache is made with
+    // `access()`), and the write stays inside it.
+    unsafe {
+        p.a.post_send(&SendRequest {
+            wr_id: 7,
+            op: SendOp::RdmaWrite(dreg.remote(dst)),
+            sges: &[sreg.sge(src, len)],
+            flags: SendFlags::SIGNALED,
+        })
+    }
     .unwrap();
     common::poll_n(&p.cq_a, 1, TIMEOUT)[0].ok().unwrap();
 }

@@ -108,14 +108,23 @@ fn send_write_and_immediates_through_the_safe_layer() {
     // send -> recv
     let msg = b"through the safe verbs layer";
     b_mem.fill(0, 4096, |_| 0xee);
-    p.b.post_recv(10, &[b_mem.sge(0, 4096)]).unwrap();
+    // SAFETY: (this argument covers every post in this test) `a_mem` and
+    // `b_mem` are this test's own regions, dropped after the QPs' last use of them (each
+    // request's completion is polled before its memory is touched again,
+    // and `b_mem` is dropped before `b_backing` is reused); they are only
+    // accessed through the regions' raw-pointer accessors; every RDMA write
+    // targets `b_mem`, registered for remote write for this purpose.
+    unsafe { p.b.post_recv(10, &[b_mem.sge(0, 4096)]) }.unwrap();
     a_mem.write(0, msg);
-    p.a.post_send(&SendRequest {
-        wr_id: 1,
-        op: SendOp::Send,
-        sges: &[a_mem.sge(0, msg.len())],
-        flags: SendFlags::SIGNALED,
-    })
+    // SAFETY: see above.
+    unsafe {
+        p.a.post_send(&SendRequest {
+            wr_id: 1,
+            op: SendOp::Send,
+            sges: &[a_mem.sge(0, msg.len())],
+            flags: SendFlags::SIGNALED,
+        })
+    }
     .unwrap();
     let s = poll_n(&p.cq_a, 1)[0];
     s.ok().unwrap();
@@ -132,24 +141,31 @@ fn send_write_and_immediates_through_the_safe_layer() {
     assert_eq!(&got, msg);
 
     // send with immediate, two scatter/gather entries gathered into one
-    p.b.post_recv(11, &[b_mem.sge(0, 4096)]).unwrap();
+    // SAFETY: see the first post.
+    unsafe { p.b.post_recv(11, &[b_mem.sge(0, 4096)]) }.unwrap();
     a_mem.write(100, b"abc");
     a_mem.write(200, b"def");
-    p.a.post_send(&SendRequest {
-        wr_id: 2,
-        op: SendOp::SendWithImm(0xdead_beef),
-        sges: &[a_mem.sge(100, 3), a_mem.sge(200, 3)],
-        flags: SendFlags::SIGNALED,
-    })
-    .unwrap_or_else(|e| {
-        // a provider with one send SGE refuses; fall back to one entry
-        println!("two SGEs refused ({e}); sending one");
+    // SAFETY: see the first post.
+    unsafe {
         p.a.post_send(&SendRequest {
             wr_id: 2,
             op: SendOp::SendWithImm(0xdead_beef),
-            sges: &[a_mem.sge(100, 3)],
+            sges: &[a_mem.sge(100, 3), a_mem.sge(200, 3)],
             flags: SendFlags::SIGNALED,
         })
+    }
+    .unwrap_or_else(|e| {
+        // a provider with one send SGE refuses; fall back to one entry
+        println!("two SGEs refused ({e}); sending one");
+        // SAFETY: see the first post.
+        unsafe {
+            p.a.post_send(&SendRequest {
+                wr_id: 2,
+                op: SendOp::SendWithImm(0xdead_beef),
+                sges: &[a_mem.sge(100, 3)],
+                flags: SendFlags::SIGNALED,
+            })
+        }
         .unwrap()
     });
     poll_n(&p.cq_a, 1)[0].ok().unwrap();
@@ -165,12 +181,15 @@ fn send_write_and_immediates_through_the_safe_layer() {
     let dst = b_mem.remote(4096);
     a_mem.fill(1024, 1000, |i| (i % 251) as u8);
     a_mem.store_u8(2023, 0x5c);
-    p.a.post_send(&SendRequest {
-        wr_id: 3,
-        op: SendOp::RdmaWrite(dst),
-        sges: &[a_mem.sge(1024, 1000)],
-        flags: SendFlags::SIGNALED,
-    })
+    // SAFETY: see the first post.
+    unsafe {
+        p.a.post_send(&SendRequest {
+            wr_id: 3,
+            op: SendOp::RdmaWrite(dst),
+            sges: &[a_mem.sge(1024, 1000)],
+            flags: SendFlags::SIGNALED,
+        })
+    }
     .unwrap();
     let w = poll_n(&p.cq_a, 1)[0];
     w.ok().unwrap();
@@ -186,13 +205,16 @@ fn send_write_and_immediates_through_the_safe_layer() {
     assert_eq!(p.cq_b.poll(&mut none).unwrap(), 0);
 
     // RDMA write with immediate: consumes a receive (even an empty one)
-    p.b.post_recv(12, &[]).unwrap();
-    p.a.post_send(&SendRequest {
-        wr_id: 4,
-        op: SendOp::RdmaWriteWithImm(dst.offset(2000), 42),
-        sges: &[a_mem.sge(0, 16)],
-        flags: SendFlags::SIGNALED,
-    })
+    // SAFETY: an empty receive names no memory; the write as the first post.
+    unsafe {
+        p.b.post_recv(12, &[]).unwrap();
+        p.a.post_send(&SendRequest {
+            wr_id: 4,
+            op: SendOp::RdmaWriteWithImm(dst.offset(2000), 42),
+            sges: &[a_mem.sge(0, 16)],
+            flags: SendFlags::SIGNALED,
+        })
+    }
     .unwrap();
     poll_n(&p.cq_a, 1)[0].ok().unwrap();
     let r = poll_n(&p.cq_b, 1)[0];
@@ -204,17 +226,21 @@ fn send_write_and_immediates_through_the_safe_layer() {
 
     // unsignaled sends produce no completion; a later signaled one does
     for id in 5..8 {
-        p.b.post_recv(100 + id, &[b_mem.sge(0, 64)]).unwrap();
-        p.a.post_send(&SendRequest {
-            wr_id: id,
-            op: SendOp::Send,
-            sges: &[a_mem.sge(0, 8)],
-            flags: if id == 7 {
-                SendFlags::SIGNALED
-            } else {
-                SendFlags::NONE
-            },
-        })
+        // SAFETY: see the first post; the unsignaled sends are complete
+        // once the signaled one after them is.
+        unsafe {
+            p.b.post_recv(100 + id, &[b_mem.sge(0, 64)]).unwrap();
+            p.a.post_send(&SendRequest {
+                wr_id: id,
+                op: SendOp::Send,
+                sges: &[a_mem.sge(0, 8)],
+                flags: if id == 7 {
+                    SendFlags::SIGNALED
+                } else {
+                    SendFlags::NONE
+                },
+            })
+        }
         .unwrap();
     }
     let s = poll_n(&p.cq_a, 1);
@@ -238,15 +264,22 @@ fn inline_sends_and_event_driven_completions() {
     let b_mem = MemoryRegion::alloc(&pd, 4096, Access::LOCAL_WRITE).unwrap();
 
     p.cq_b.req_notify(false).unwrap();
-    p.b.post_recv(1, &[b_mem.sge(0, 4096)]).unwrap();
+    // SAFETY: `b_mem` is this test's own region, dropped after the QPs,
+    // read only through `read` after the receive completed.
+    unsafe { p.b.post_recv(1, &[b_mem.sge(0, 4096)]) }.unwrap();
     a_mem.write(0, b"inline!");
     let inline = max_inline >= 7;
-    p.a.post_send(&SendRequest {
-        wr_id: 1,
-        op: SendOp::Send,
-        sges: &[a_mem.sge(0, 7)],
-        flags: SendFlags::SIGNALED.with(SendFlags::INLINE, inline),
-    })
+    // SAFETY: `a_mem` is this test's own region, dropped after the QPs; it
+    // is overwritten below only if the send is inline (copied at post
+    // time), and only through `write`.
+    unsafe {
+        p.a.post_send(&SendRequest {
+            wr_id: 1,
+            op: SendOp::Send,
+            sges: &[a_mem.sge(0, 7)],
+            flags: SendFlags::SIGNALED.with(SendFlags::INLINE, inline),
+        })
+    }
     .unwrap();
     // inline data was copied at post time: overwriting it changes nothing
     if inline {
@@ -269,14 +302,16 @@ fn inline_sends_and_event_driven_completions() {
     assert!(!p.cq_b.wait_event(Some(Duration::from_millis(20))).unwrap());
 
     // an inline send above the limit is refused before reaching the provider
-    let e =
+    // SAFETY: refused before anything is posted (and `a_mem` is ours).
+    let e = unsafe {
         p.a.post_send(&SendRequest {
             wr_id: 9,
             op: SendOp::Send,
             sges: &[a_mem.sge(0, max_inline as usize + 1)],
             flags: SendFlags::INLINE,
         })
-        .unwrap_err();
+    }
+    .unwrap_err();
     assert!(e.to_string().contains("max_inline_data"), "{e}");
 }
 
@@ -325,12 +360,17 @@ fn error_paths_name_the_failure() {
         addr: mem.addr(),
         rkey: mem.rkey() ^ 0x5a5a00,
     };
-    p.a.post_send(&SendRequest {
-        wr_id: 77,
-        op: SendOp::RdmaWrite(bad),
-        sges: &[mem.sge(0, 64)],
-        flags: SendFlags::SIGNALED,
-    })
+    // SAFETY: `mem` is this test's own region, dropped after the QPs; the
+    // write's target is `mem` itself with a wrong rkey, which the device
+    // refuses (what this checks).
+    unsafe {
+        p.a.post_send(&SendRequest {
+            wr_id: 77,
+            op: SendOp::RdmaWrite(bad),
+            sges: &[mem.sge(0, 64)],
+            flags: SendFlags::SIGNALED,
+        })
+    }
     .unwrap();
     let wc = poll_n(&p.cq_a, 1)[0];
     let e = wc.ok().unwrap_err();
@@ -357,13 +397,17 @@ fn objects_outlive_the_handles_they_came_from() {
     let mem = MemoryRegion::alloc(&pd, 4096, Access::LOCAL_WRITE).unwrap();
     drop(pd);
     drop(ctx);
-    p.b.post_recv(1, &[mem.sge(0, 64)]).unwrap();
-    p.a.post_send(&SendRequest {
-        wr_id: 2,
-        op: SendOp::Send,
-        sges: &[mem.sge(64, 8)],
-        flags: SendFlags::SIGNALED,
-    })
+    // SAFETY: `mem` is this test's own region, untouched by the test; both
+    // requests' completions are polled below before it is dropped.
+    unsafe {
+        p.b.post_recv(1, &[mem.sge(0, 64)]).unwrap();
+        p.a.post_send(&SendRequest {
+            wr_id: 2,
+            op: SendOp::Send,
+            sges: &[mem.sge(64, 8)],
+            flags: SendFlags::SIGNALED,
+        })
+    }
     .unwrap();
     poll_n(&p.cq_a, 1)[0].ok().unwrap();
     poll_n(&p.cq_b, 1)[0].ok().unwrap();

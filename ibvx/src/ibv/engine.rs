@@ -134,10 +134,20 @@ impl Fabric {
 
     /// Posts receive slot `slot` of peer `p` on its queue pair; the work
     /// request id is `p << 32 | slot`.
+    ///
+    /// The caller must not post a slot that is already posted: a slot is
+    /// posted once at start-up and re-posted only after its completion was
+    /// handled (`Engine::repost`).
     pub(crate) fn post_recv_slot(&self, p: Rank, slot: u32) -> crate::verbs::Result<()> {
         let qp = self.qps[p].as_ref().expect("no QP to self");
         let sge = self.recv_mr.sge(self.recv_offset(p, slot), self.slot_len);
-        qp.post_recv(((p as u64) << 32) | u64::from(slot), &[sge])
+        // SAFETY: the slot is `slot_len` bytes of `recv_mr`, which the
+        // fabric owns and which outlives every QP (`qps` is dropped first,
+        // destroying them). Slot (p, slot) is not posted now (see above),
+        // and nothing else uses it until its completion: the engine reads a
+        // slot only in `on_recv_completion`, after the NIC is done with it,
+        // and never hands out references to it.
+        unsafe { qp.post_recv(((p as u64) << 32) | u64::from(slot), &[sge]) }
     }
 }
 
@@ -468,12 +478,20 @@ impl Engine {
             let mut l = self.lock();
             l.raw_write = None;
             let qp = self.fab.qps[peer].as_ref().expect("a peer");
-            qp.post_send(&SendRequest {
-                wr_id: WR_RAW | peer as u64,
-                op: SendOp::RdmaWrite(dst),
-                sges: &[reg.sge(src.as_ptr(), data.len())],
-                flags: SendFlags::SIGNALED,
-            })
+            // SAFETY: the source is our own lease `src`, which stays leased
+            // (and `reg` registered) until this function returns, after the
+            // write's completion was seen below, or on a timeout, which
+            // fails the test. The remote side is what this test hook is
+            // for: `dst` is a range of the peer that the test checks stays
+            // unwritten (a stale or local-only rkey), or a range it granted.
+            unsafe {
+                qp.post_send(&SendRequest {
+                    wr_id: WR_RAW | peer as u64,
+                    op: SendOp::RdmaWrite(dst),
+                    sges: &[reg.sge(src.as_ptr(), data.len())],
+                    flags: SendFlags::SIGNALED,
+                })
+            }
             .map_err(|e| e.to_string())?;
             l.peers[peer].sq_free -= 1;
         }
@@ -586,12 +604,20 @@ impl Engine {
         l.slot_use[slot as usize] = (dest, completes);
         let flags = SendFlags::SIGNALED.with(SendFlags::INLINE, total <= self.fab.inline_max);
         let qp = self.fab.qps[dest].as_ref().expect("no QP to self");
-        let r = qp.post_send(&SendRequest {
-            wr_id: WR_SLOT | u64::from(slot),
-            op: SendOp::Send,
-            sges: &[l.send_mr.sge(off, total)],
-            flags,
-        });
+        // SAFETY: the range is inside send slot `slot` of `send_mr`, which
+        // the engine owns and which outlives the QPs (dropped first with the
+        // fabric). The slot was taken off `free_slots` above and goes back
+        // only when this request's completion is polled
+        // (`on_send_completion`), so nothing writes it meanwhile; no
+        // reference to it exists (the engine copies in with `write`).
+        let r = unsafe {
+            qp.post_send(&SendRequest {
+                wr_id: WR_SLOT | u64::from(slot),
+                op: SendOp::Send,
+                sges: &[l.send_mr.sge(off, total)],
+                flags,
+            })
+        };
         if let Err(e) = r {
             // Nothing was posted: give the slot and the send room back.
             l.free_slots.push(slot);
@@ -753,12 +779,27 @@ impl Engine {
             // SAFETY: `data + off .. + n` is inside the send's buffer (len is
             // at most its length, checked when the reply arrived).
             let src = unsafe { s.data.add(off) };
-            let r = qp.post_send(&SendRequest {
-                wr_id: WR_WRITE | id,
-                op: SendOp::RdmaWrite(dst.offset(off as u64)),
-                sges: &[reg.sge(src, n)],
-                flags: SendFlags::SIGNALED,
-            });
+            // SAFETY: the source is inside the send's buffer, registered by
+            // `reg` (held by the send until it is removed from the engine).
+            // The buffer is owned by the send's request or borrowed by a
+            // blocking call, and neither gets it back before the send
+            // completes: after the completion of its `RNDZ_END` (posted
+            // after these writes on the same RC send queue, so it completes
+            // last) or of a failed write (the QP is then in the error state
+            // and later writes are flushed, not executed); a dropped engine
+            // leaks the buffers of sends still writing. The data is only
+            // read. The destination `dst .. dst + len` is the range the peer
+            // granted to this send in its `RNDZ_REPLY` (`len` is the granted
+            // length, checked against the send's when the reply arrived),
+            // and its rkey is of a registration of exactly that range.
+            let r = unsafe {
+                qp.post_send(&SendRequest {
+                    wr_id: WR_WRITE | id,
+                    op: SendOp::RdmaWrite(dst.offset(off as u64)),
+                    sges: &[reg.sge(src, n)],
+                    flags: SendFlags::SIGNALED,
+                })
+            };
             if let Err(e) = r {
                 // Writes already posted flush once the peer fails (below),
                 // and their completions complete the send; with none

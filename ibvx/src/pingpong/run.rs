@@ -171,7 +171,13 @@ fn setup(o: &Options) -> Result<Resources, PingpongError> {
     let inline_max = o.inline_size.min(qp.caps().max_inline_data);
     if o.test == TestKind::SendLat {
         for _ in 0..recv_wr {
-            qp.post_recv(RECV_WR_ID, &[recv_mr.sge(0, recv_mr.len())])?;
+            // SAFETY: `recv_mr` is the tool's own region, moved into the
+            // `Resources` with the QP and dropped after it (field order),
+            // and only ever read through its raw-pointer accessors
+            // (`verify`), never lent out. Like perftest, every receive
+            // targets the whole region: the peer sends its next message only
+            // after ours, so one receive at a time is written.
+            unsafe { qp.post_recv(RECV_WR_ID, &[recv_mr.sge(0, recv_mr.len())])? };
         }
     }
     Ok(Resources {
@@ -858,7 +864,8 @@ impl Session<'_> {
         let bw_server = self.o.test == TestKind::WriteBw && !self.client();
         if bw_server && native {
             // The client's last write of the size carries an immediate.
-            self.r.qp.post_recv(RECV_WR_ID, &[])?;
+            // SAFETY: no scatter/gather entry: the receive names no memory.
+            unsafe { self.r.qp.post_recv(RECV_WR_ID, &[])? };
         }
         // The bandwidth client's write slots (several only with --check).
         let slots = if self.o.check {
@@ -1091,8 +1098,12 @@ fn send_lat(
                 })?;
             }
             rcnt += 1;
-            r.qp.post_recv(RECV_WR_ID, &[r.recv_mr.sge(0, r.recv_mr.len())])
-                .map_err(|e| run_error(link, "send_lat: reposting a receive".into(), e))?;
+            // SAFETY: as in `setup`: the region is ours, outlives the QP and
+            // is only read through raw pointers after a completion.
+            unsafe {
+                r.qp.post_recv(RECV_WR_ID, &[r.recv_mr.sge(0, r.recv_mr.len())])
+            }
+            .map_err(|e| run_error(link, "send_lat: reposting a receive".into(), e))?;
         }
         if scnt < iters {
             if o.check {
@@ -1100,12 +1111,17 @@ fn send_lat(
             }
             stamps.push(cycles());
             let sge = [r.send_mr.sge(0, size)];
-            r.qp.post_send(&SendRequest {
-                wr_id: scnt,
-                op: SendOp::Send,
-                sges: &sge,
-                flags,
-            })
+            // SAFETY: `send_mr` is the tool's own region, dropped after the
+            // QP, and not written again before this send's completion is
+            // awaited just below.
+            unsafe {
+                r.qp.post_send(&SendRequest {
+                    wr_id: scnt,
+                    op: SendOp::Send,
+                    sges: &sge,
+                    flags,
+                })
+            }
             .map_err(|e| run_error(link, format!("send_lat {size} B: post {scnt}"), e))?;
             scnt += 1;
             let what = || format!("send_lat {size} B: completion of send {scnt} of {iters}");
@@ -1160,12 +1176,20 @@ fn write_lat(
             scnt += 1;
             r.send_mr.store_u8(last, scnt as u8);
             let sge = [r.send_mr.sge(0, size)];
-            r.qp.post_send(&SendRequest {
-                wr_id: scnt,
-                op: SendOp::RdmaWrite(remote),
-                sges: &sge,
-                flags,
-            })
+            // SAFETY: `send_mr` is the tool's own region, dropped after the
+            // QP; the next iteration rewrites it only through raw-pointer
+            // accessors (`fill`, `store_u8`), which at worst changes what an
+            // unfinished write sends, as in perftest. `remote` is the region
+            // the peer registered for our writes and sent in the handshake;
+            // its device refuses anything outside it.
+            unsafe {
+                r.qp.post_send(&SendRequest {
+                    wr_id: scnt,
+                    op: SendOp::RdmaWrite(remote),
+                    sges: &sge,
+                    flags,
+                })
+            }
             .map_err(|e| run_error(link, format!("write_lat {size} B: post {scnt}"), e))?;
         }
         if ccnt < iters {
@@ -1234,14 +1258,22 @@ fn write_bw_client(
             };
             let sge = [r.send_mr.sge(slot * size, size)];
             posted.push(cycles());
-            r.qp.post_send(&SendRequest {
-                wr_id: scnt as u64,
-                op,
-                sges: &sge,
-                flags: SendFlags::NONE
-                    .with(SendFlags::SIGNALED, signaled)
-                    .with(SendFlags::INLINE, inline),
-            })
+            // SAFETY: `send_mr` is the tool's own region, dropped after the
+            // QP, written only through its raw-pointer accessors; with
+            // `--check` a slot is refilled only after the write that last
+            // used it completed (at most `slots` writes are outstanding).
+            // The destination is inside the region the peer registered for
+            // our writes (`slots * size` was checked against its length).
+            unsafe {
+                r.qp.post_send(&SendRequest {
+                    wr_id: scnt as u64,
+                    op,
+                    sges: &sge,
+                    flags: SendFlags::NONE
+                        .with(SendFlags::SIGNALED, signaled)
+                        .with(SendFlags::INLINE, inline),
+                })
+            }
             .map_err(|e| run_error(link, format!("write_bw {size} B: post {scnt}"), e))?;
             scnt += 1;
         }

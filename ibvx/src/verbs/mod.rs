@@ -15,8 +15,13 @@
 //! order: a QP before its CQs and PD, an MR before its PD, a CQ before its
 //! channel, everything before the device is closed. A [`Sge`] borrows its
 //! region, so a work request can only name registered memory that is still
-//! alive. The device validates keys and bounds of everything else, which is
-//! why posting is safe; what the device does with the bytes later is
+//! alive when it is posted, and the device validates keys and bounds.
+//! But the device reads and writes that memory until the request
+//! *completes*, long after the borrow has ended: nothing in the types stops
+//! the caller from handing the bytes to other code meanwhile (or a peer
+//! from writing a range it was never granted). So the posting calls,
+//! [`QueuePair::post_send`] and [`QueuePair::post_recv`], are `unsafe`, with
+//! the contract stated there; what the device does with the bytes is
 //! described at [`MemoryRegion`].
 //!
 //! Every failure is an [`Error`] that reads as one line: a missing library
@@ -38,22 +43,31 @@
 //! let qp = QueuePair::new_rc(&pd, &cq, &cq, QpCaps::default(), false)?;
 //! qp.modify_to_init(&InitAttr { port: 1, ..InitAttr::default() })?;
 //! let mut mr = MemoryRegion::alloc(&pd, 4096, Access::LOCAL_WRITE | Access::REMOTE_WRITE)?;
-//! qp.post_recv(1, &[mr.sge(0, 4096)])?;
+//! // SAFETY: `mr` is this function's own region and outlives the QP's
+//! // use of it (the QP is dropped first, below); the receive only uses its
+//! // second half, which nothing else touches.
+//! unsafe { qp.post_recv(1, &[mr.sge(2048, 2048)])? };
 //! // ... exchange (qp.qp_num(), psn, local.lid, local.gid) with the peer ...
 //! # let remote = RemoteQp { qpn: 0, psn: 0, lid: 0, gid: None };
 //! qp.connect(&local, &remote, local.active_mtu, 0x1234)?;
 //! mr.write(0, b"hello");
-//! qp.post_send(&SendRequest {
-//!     wr_id: 2,
-//!     op: SendOp::Send,
-//!     sges: &[mr.sge(0, 5)],
-//!     flags: SendFlags::SIGNALED,
-//! })?;
+//! // SAFETY: as above; the first five bytes are not written again before
+//! // the send's completion is polled below.
+//! unsafe {
+//!     qp.post_send(&SendRequest {
+//!         wr_id: 2,
+//!         op: SendOp::Send,
+//!         sges: &[mr.sge(0, 5)],
+//!         flags: SendFlags::SIGNALED,
+//!     })?
+//! };
 //! let mut wcs = [WorkCompletion::default(); 4];
 //! let n = cq.poll(&mut wcs)?;
 //! for wc in &wcs[..n] {
 //!     wc.ok()?;
 //! }
+//! drop(qp); // the device is done with `mr`
+//! drop(mr);
 //! # Ok(())
 //! # }
 //! ```

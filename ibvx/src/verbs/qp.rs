@@ -584,9 +584,48 @@ impl QueuePair {
     /// An inline request may carry at most [`QpCaps::max_inline_data`]
     /// bytes: its data is copied at post time, so its buffers may be reused
     /// at once. Otherwise the device reads the buffers until the request
-    /// completes; writing them before that only changes what is sent.
+    /// completes.
+    ///
+    /// The [`Sge`]s borrow their regions only until this call returns, while
+    /// the device reads (and, for an RDMA write, a peer receives) the bytes
+    /// until the request completes. Nothing in the types ties the memory to
+    /// that moment, so posting is `unsafe`; a safe call no longer compiles:
+    ///
+    /// ```compile_fail,E0133
+    /// # use ibvx::verbs::{MemoryRegion, QueuePair, SendFlags, SendOp, SendRequest};
+    /// fn send(qp: &QueuePair, mr: &MemoryRegion<'_>) -> ibvx::verbs::Result<()> {
+    ///     qp.post_send(&SendRequest { // needs `unsafe`
+    ///         wr_id: 1,
+    ///         op: SendOp::Send,
+    ///         sges: &[mr.sge(0, 64)],
+    ///         flags: SendFlags::SIGNALED,
+    ///     })
+    /// }
+    /// ```
+    ///
+    /// # Safety
+    /// Unless the request is inline, until its work completion has been
+    /// polled from the send completion queue (or the QP has been destroyed,
+    /// or moved to the error state and the request's flush completion
+    /// polled; with an unsignaled request, until a later signaled request of
+    /// the same QP has completed):
+    ///
+    /// - every byte the entries of `wr.sges` name must stay mapped and
+    ///   registered under the entry's lkey, and be memory the caller owns
+    ///   (or has borrowed) for that whole time: it must not be freed, reused
+    ///   or handed to other code (as a `&mut [u8]`, a lease, a buffer) that
+    ///   does not expect the device to read it. The caller may change the
+    ///   bytes only through raw-pointer accesses (as [`MemoryRegion::write`]
+    ///   does), which only changes what is sent;
+    /// - for [`SendOp::RdmaWrite`] and [`SendOp::RdmaWriteWithImm`], the
+    ///   remote range (the address and the total length of the entries)
+    ///   must be memory the peer granted to this write (its rkey): the
+    ///   peer's device only checks that the range lies in *some* region of
+    ///   that rkey.
+    ///
+    /// [`MemoryRegion::write`]: super::MemoryRegion::write
     #[inline]
-    pub fn post_send(&self, wr: &SendRequest<'_>) -> Result<()> {
+    pub unsafe fn post_send(&self, wr: &SendRequest<'_>) -> Result<()> {
         if wr.flags.contains(SendFlags::INLINE) {
             let total: u64 = wr.sges.iter().map(|s| u64::from(s.len())).sum();
             if total > u64::from(self.caps.max_inline_data) {
@@ -632,9 +671,11 @@ impl QueuePair {
         }
         let mut bad: *mut sys::ibv_send_wr = ptr::null_mut();
         // SAFETY: live QP; `raw` is a valid one-element list whose entries
-        // lie in live registered regions (each `Sge` borrows its region);
-        // inline data (copied by the provider now) is within those regions
-        // and within the QP's inline limit (checked above).
+        // lie in live registered regions (each `Sge` borrows its region for
+        // this call, and this fn's contract keeps the memory registered and
+        // the caller's until the request completes); inline data (copied by
+        // the provider now) is within those regions and within the QP's
+        // inline limit (checked above).
         let rc = unsafe { sys::ibv_post_send(self.as_raw(), &mut raw, &mut bad) };
         if rc != 0 {
             return Err(Error::from_rc("ibv_post_send", rc));
@@ -644,9 +685,34 @@ impl QueuePair {
 
     /// Posts one receive work request into `sges` (all in live regions
     /// registered with [`Access::LOCAL_WRITE`]). The device writes the
-    /// buffers when a message arrives.
+    /// buffers when a message arrives, which may be long after this call
+    /// returns and the entries' borrows of their regions have ended; so
+    /// posting is `unsafe`, and a safe call no longer compiles:
+    ///
+    /// ```compile_fail,E0133
+    /// # use ibvx::verbs::{MemoryRegion, QueuePair};
+    /// fn recv(qp: &QueuePair, mr: &MemoryRegion<'_>) -> ibvx::verbs::Result<()> {
+    ///     qp.post_recv(1, &[mr.sge(0, 64)]) // needs `unsafe`
+    /// }
+    /// ```
+    ///
+    /// # Safety
+    /// Until the request's work completion has been polled from the receive
+    /// completion queue (or the QP has been destroyed, or moved to the error
+    /// state and the request's flush completion polled), every byte the
+    /// entries of `sges` name must stay mapped and registered under the
+    /// entry's lkey, and be memory the caller owns for that whole time and
+    /// keeps to itself: no reference (`&[u8]` or `&mut [u8]`) to it may
+    /// exist, and it must not be freed, reused, or handed to other code (a
+    /// lease, a buffer) that does not expect the device to write it. The
+    /// caller may read it only through raw pointers
+    /// ([`MemoryRegion::read`], [`MemoryRegion::load_u8`]), which see
+    /// whatever the device has written so far.
+    ///
+    /// [`MemoryRegion::read`]: super::MemoryRegion::read
+    /// [`MemoryRegion::load_u8`]: super::MemoryRegion::load_u8
     #[inline]
-    pub fn post_recv(&self, wr_id: u64, sges: &[Sge<'_>]) -> Result<()> {
+    pub unsafe fn post_recv(&self, wr_id: u64, sges: &[Sge<'_>]) -> Result<()> {
         let num_sge = c_int::try_from(sges.len())
             .map_err(|_| Error::InvalidArgument("too many scatter/gather entries".into()))?;
         let mut raw = sys::ibv_recv_wr {
@@ -657,7 +723,9 @@ impl QueuePair {
         };
         let mut bad: *mut sys::ibv_recv_wr = ptr::null_mut();
         // SAFETY: live QP; a valid one-element list over live registered
-        // regions (the device validates the lkeys and bounds).
+        // regions (the device validates the lkeys and bounds), which this
+        // fn's contract keeps registered and the caller's alone until the
+        // request completes.
         let rc = unsafe { sys::ibv_post_recv(self.as_raw(), &mut raw, &mut bad) };
         if rc != 0 {
             return Err(Error::from_rc("ibv_post_recv", rc));
