@@ -1,9 +1,14 @@
-//! The registration cache on a real device: leases, lookups and transient
-//! registrations really register (their keys carry RDMA writes between two
-//! RC QPs of one device), and a stress loop shows that no stale
-//! registration is ever returned (leased chunks are reused with their
-//! registration, foreign memory freed and reallocated at the same address
-//! is registered afresh each time).
+//! The registration cache's public face on a real device: leases and
+//! buffers are registered, page-aligned chunks of their size class, zeroed
+//! on every lease (a reused chunk never shows its last user's bytes), kept
+//! idle within the limits, and refused with a typed error beyond the pinned
+//! budget.
+//!
+//! The lookups and registrations that yield keys (`find`, `register`,
+//! `grant_remote_write`, a lease's registration) are private to the crate
+//! (issue 21): the tests that carry RDMA writes through them, including the
+//! stale-registration stress, are unit tests now
+//! (`ibvx/src/ibv/regcache/rxe_tests.rs`, run with the lib's `ibv::` tests).
 //!
 //! Needs an RDMA device (soft-RoCE is enough; see ci/softroce-vm.sh).
 //! Without one each test prints "skipped: ..." and returns, unless
@@ -12,58 +17,17 @@
 
 mod common;
 
-use std::time::Duration;
-
-use common::{open, Pair};
-use ibvx::ibv::regcache::{CacheLimits, Lease, Registration, RegistrationCache};
+use common::open;
+use ibvx::ibv::{CacheLimits, CacheStats, Lease, RegistrationCache};
 use ibvx::verbs::*;
 
-const TIMEOUT: Duration = Duration::from_secs(20);
-
-fn access() -> Access {
-    Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ
-}
-
-/// Two RC QPs of one device connected to each other; `a` writes into `b`.
-fn pair(ctx: &Context, pd: &ProtectionDomain) -> Pair {
-    common::pair(ctx, pd, 16, None, QpCaps::default())
-}
-
-/// RDMA-writes `[src, src + len)` (registered by `sreg`) to `dst` (in
-/// `dreg`) and waits for the completion.
-fn rdma_write(
-    p: &Pair,
-    sreg: &Registration,
-    src: *const u8,
-    dreg: &Registration,
-    dst: *const u8,
-    len: usize,
-) {
-    // SAFETY: every caller holds the source and the destination (leases,
-    // buffers or `Vec`s of the test, registered by `sreg` and `dreg`) and
-    // touches neither until this returns, after the write's completion was
-    // polled; `dreg` grants remote write (the test's cache is made with
-    // `access()`), and the write stays inside it.
-    unsafe {
-        p.a.post_send(&SendRequest {
-            wr_id: 7,
-            op: SendOp::RdmaWrite(dreg.remote(dst)),
-            sges: &[sreg.sge(src, len)],
-            flags: SendFlags::SIGNALED,
-        })
-    }
-    .unwrap();
-    common::poll_n(&p.cq_a, 1, TIMEOUT)[0].ok().unwrap();
-}
-
 fn bytes(l: &Lease, len: usize) -> &[u8] {
-    // SAFETY: the lease owns the chunk; the RDMA write into it completed
-    // before this is called, and no other request is outstanding.
+    // SAFETY: the lease owns the chunk (at least `len` bytes here) and no
+    // work request uses it: nothing outside the crate can post one into it.
     unsafe { std::slice::from_raw_parts(l.as_ptr(), len) }
 }
 
-fn check_books(cache: &RegistrationCache) {
-    let s = cache.stats();
+fn check_books(s: CacheStats) {
     assert_eq!(
         s.pinned_bytes,
         s.leased_bytes + s.idle_bytes + s.transient_bytes + s.leaked_bytes,
@@ -73,82 +37,44 @@ fn check_books(cache: &RegistrationCache) {
 }
 
 #[test]
-fn leases_finds_and_transient_registrations_really_register() {
+fn leases_and_buffers_are_registered_zeroed_chunks() {
     let Some(ctx) = open() else { return };
     let pd = ProtectionDomain::new(&ctx).unwrap();
-    let cache = RegistrationCache::new(&pd, access(), CacheLimits::default());
-    let p = pair(&ctx, &pd);
+    let cache = RegistrationCache::new(&pd, Access::LOCAL_WRITE, CacheLimits::default());
+    assert_eq!(cache.limits(), CacheLimits::default());
 
-    // A lease: a registered, zeroed, page-aligned chunk.
-    let src = cache.lease(100).unwrap();
+    // A lease: a registered, zeroed, page-aligned chunk of its size class.
+    let mut src = cache.lease(100).unwrap();
     assert_eq!(src.len(), 4096);
+    assert!(!src.is_empty());
     assert_eq!(src.as_ptr() as usize % 4096, 0);
     assert!(bytes(&src, 4096).iter().all(|&b| b == 0));
-    let sreg = src.registration();
-    assert!(sreg.is_cached());
-    let hit = cache.find(src.as_ptr().wrapping_add(10), 50).unwrap();
-    assert_eq!((hit.lkey(), hit.rkey()), (sreg.lkey(), sreg.rkey()));
 
     // A buffer: exactly `len` bytes, its storage is the lease.
     let mut buf = cache.buffer(5000).unwrap();
     assert_eq!(buf.len(), 5000);
     let lease = buf.storage().unwrap().downcast_ref::<Lease>().unwrap();
     assert_eq!(lease.len(), 8192);
-    let dreg = lease.registration();
-    buf.fill(0);
+    buf.fill(0x33);
     let s = cache.stats();
     assert_eq!((s.misses, s.leased_bytes), (2, 4096 + 8192));
 
-    // Chunk -> chunk through the cache's keys.
-    let mut src = src;
-    // SAFETY: the lease owns the chunk; nothing is outstanding.
-    unsafe { std::ptr::copy_nonoverlapping(b"cached".as_ptr(), src.as_mut_ptr(), 6) };
-    rdma_write(&p, &sreg, src.as_ptr(), &dreg, buf.as_ptr(), 6);
-    assert_eq!(&buf[..6], b"cached");
-
-    // Foreign memory -> chunk through a transient registration.
-    let mut v = vec![0x5au8; 3000];
-    // SAFETY: `v` outlives `treg`.
-    let treg = unsafe { cache.register(v.as_mut_ptr(), v.len()) }.unwrap();
-    assert!(!treg.is_cached());
-    assert!(cache.find(v.as_ptr(), 1).is_none(), "never cached");
-    rdma_write(
-        &p,
-        &treg,
-        v.as_ptr(),
-        &dreg,
-        buf.as_ptr().wrapping_add(100),
-        3000,
-    );
-    assert!(buf[100..3100].iter().all(|&b| b == 0x5a));
-    let s = cache.stats();
-    assert_eq!(s.transient, 1);
-    assert!(s.transient_bytes >= 4096, "{s:?}");
-    drop(treg);
-    assert_eq!(cache.stats().transient_bytes, 0, "deregistered on drop");
-    drop(v);
-
-    // A range inside a leased chunk is a hit without a new registration.
-    // SAFETY: the chunk stays leased (mapped) while `inner` lives.
-    let inner = unsafe { cache.register(buf.as_mut_ptr().wrapping_add(8), 16) }.unwrap();
-    assert!(inner.is_cached());
-    assert_eq!(inner.lkey(), dreg.lkey());
-    assert_eq!(cache.stats().transient, 1);
-
-    // Dropped leases go idle, still registered: the next lease is a hit
-    // with the same keys.
-    let (addr, lkey) = (src.as_ptr(), sreg.lkey());
+    // Dropped leases go idle, still registered: the next lease of the class
+    // is a hit on the same chunk, zeroed again.
+    // SAFETY: the lease owns the chunk; nothing else uses it.
+    unsafe { std::ptr::write_bytes(src.as_mut_ptr(), 0xa5, 4096) };
+    let addr = src.as_ptr();
     drop(src);
-    drop(sreg);
     let again = cache.lease(1).unwrap();
-    assert_eq!((again.as_ptr(), again.registration().lkey()), (addr, lkey));
+    assert_eq!(again.as_ptr(), addr);
     assert!(bytes(&again, 4096).iter().all(|&b| b == 0), "zeroed again");
-    assert_eq!(cache.stats().hits, 1);
+    let s = cache.stats();
+    assert_eq!((s.hits, s.idle_chunks), (1, 0), "{s:?}");
 
     // The budget refuses with a typed error.
     let small = RegistrationCache::new(
         &pd,
-        access(),
+        Access::LOCAL_WRITE,
         CacheLimits {
             max_pinned_bytes: 8192,
             ..CacheLimits::default()
@@ -158,8 +84,8 @@ fn leases_finds_and_transient_registrations_really_register() {
     let e = small.lease(1).unwrap_err();
     assert!(matches!(e, Error::Budget { .. }), "{e}");
     println!("{e}");
-    drop((inner, dreg, buf, again));
-    check_books(&cache);
+    drop((buf, again));
+    check_books(cache.stats());
 }
 
 /// A small deterministic generator (no dependency needed).
@@ -176,7 +102,7 @@ impl Lcg {
 }
 
 #[test]
-fn no_stale_registration_under_reuse() {
+fn reused_chunks_never_show_their_last_users_bytes() {
     let Some(ctx) = open() else { return };
     let pd = ProtectionDomain::new(&ctx).unwrap();
     let limits = CacheLimits {
@@ -184,89 +110,27 @@ fn no_stale_registration_under_reuse() {
         max_idle_bytes: 1 << 20,
         max_pinned_bytes: 64 << 20,
     };
-    let cache = RegistrationCache::new(&pd, access(), limits);
-    let p = pair(&ctx, &pd);
-    let dst = cache.lease(1 << 20).unwrap();
-    let dreg = dst.registration();
+    let cache = RegistrationCache::new(&pd, Access::LOCAL_WRITE, limits);
     let mut rng = Lcg(0x1234_5678);
-    let mut foreign_addrs = std::collections::HashSet::new();
     const N: usize = 200;
-    const CHECK: usize = 64 << 10;
-
     for i in 0..N {
-        // A leased chunk of a random size class, filled with this
-        // iteration's pattern: find() must hit with the chunk's own keys,
-        // and an RDMA write through them must carry this pattern.
         let len = 1usize << (12 + rng.next() % 7); // 4 KiB .. 256 KiB
         let mut buf = cache.buffer(len).unwrap();
-        let pat = |j: usize| (i * 31 + j * 7) as u8;
+        assert!(buf.iter().all(|&b| b == 0), "iteration {i}: stale bytes");
         for (j, b) in buf.iter_mut().enumerate() {
-            *b = pat(j);
+            *b = (i * 31 + j * 7) as u8 | 1;
         }
-        let reg = buf
-            .storage()
-            .unwrap()
-            .downcast_ref::<Lease>()
-            .unwrap()
-            .registration();
-        let hit = cache
-            .find(buf.as_ptr(), len)
-            .expect("a leased chunk is found");
-        assert!(hit.is_cached());
-        assert_eq!((hit.lkey(), hit.rkey()), (reg.lkey(), reg.rkey()));
-        let n = len.min(CHECK);
-        rdma_write(&p, &hit, buf.as_ptr(), &dreg, dst.as_ptr(), n);
-        let got = bytes(&dst, n);
-        assert!(
-            got.iter().enumerate().all(|(j, &b)| b == pat(j)),
-            "iteration {i}: stale data from a cached chunk"
-        );
-        drop((hit, reg, buf));
-
-        // Foreign memory: a 1 MiB Vec (glibc mmaps the first; after a free
-        // it may raise its mmap threshold and use the heap; either way the
-        // next one usually lands at the same address). Each time it is registered
-        // afresh, and once dropped, find() never returns it.
-        let mut v: Vec<u8> = (0..1usize << 20).map(|j| (i * 13 + j * 3) as u8).collect();
-        foreign_addrs.insert(v.as_ptr() as usize);
-        assert!(cache.find(v.as_ptr(), 1).is_none());
-        // SAFETY: `v` outlives `treg`.
-        let treg = unsafe { cache.register(v.as_mut_ptr(), v.len()) }.unwrap();
-        assert!(!treg.is_cached());
-        let off = (rng.next() as usize % ((1 << 20) - CHECK)) & !7;
-        rdma_write(
-            &p,
-            &treg,
-            v.as_ptr().wrapping_add(off),
-            &dreg,
-            dst.as_ptr(),
-            CHECK,
-        );
-        assert!(
-            bytes(&dst, CHECK) == &v[off..off + CHECK],
-            "iteration {i}: stale data from foreign memory"
-        );
-        drop(treg);
+        drop(buf);
         let s = cache.stats();
-        assert_eq!(s.transient_bytes, 0, "{s:?}");
         assert!(
-            cache.find(v.as_ptr(), 1).is_none(),
-            "a dropped transient is not cached"
+            s.idle_chunks <= limits.max_idle_chunks && s.idle_bytes <= limits.max_idle_bytes,
+            "{s:?}"
         );
-        drop(v);
     }
     let s = cache.stats();
-    println!(
-        "{N} iterations: {s:?}; the 1 MiB Vec landed at {} distinct addresses",
-        foreign_addrs.len()
-    );
-    assert_eq!(s.transient, N as u64);
-    assert_eq!(s.hits + s.misses, N as u64 + 1);
+    println!("{N} iterations: {s:?}");
+    assert_eq!(s.hits + s.misses, N as u64);
     assert!(s.hits > 0, "{s:?}");
-    assert!(s.idle_chunks <= limits.max_idle_chunks && s.idle_bytes <= limits.max_idle_bytes);
-    assert_eq!(s.leased_bytes, 1 << 20);
-    check_books(&cache);
-    drop((dreg, dst));
-    assert_eq!(cache.stats().leased_bytes, 0);
-    check_books(&cache);
+    assert_eq!(s.leased_bytes, 0);
+    check_books(s);
 }

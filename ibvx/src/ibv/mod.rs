@@ -36,11 +36,80 @@
 //! | `reg_cache_idle_bytes` | 64 MiB | registered memory kept for reuse |
 //! | `max_pinned_bytes` | 1 GiB | all registered user memory at once |
 
+//!
+//! # What the NIC may touch, and who decides
+//!
+//! Only this module's engine posts work requests, and it does so only into
+//! memory it owns for the duration: its receive and send slots, the buffer
+//! of a send or receive it holds, or a cache chunk it has leased. The
+//! building blocks that name raw memory to the NIC are therefore private to
+//! the crate: the registration cache's lookups and registrations (a
+//! lookup would find a chunk that a user holds as a leased [`Buffer`], or an
+//! idle one about to be leased to someone else, and a posted receive would
+//! then write into it) and the wire format (whose rendezvous replies carry
+//! raw addresses and rkeys). [`RegistrationCache`] itself stays public for
+//! its statistics and for leasing registered buffers, but hands out no key
+//! or scatter/gather entry. None of these compiles outside the crate any
+//! more:
+//!
+//! ```compile_fail,E0603
+//! // The cache's module (with `Registration`, whose `sge` names memory).
+//! use ibvx::ibv::regcache::Registration;
+//! fn lkey_of(reg: &Registration) -> u32 {
+//!     reg.lkey()
+//! }
+//! ```
+//!
+//! ```compile_fail,E0599
+//! // A lookup of a leased buffer's registration.
+//! fn lkey_of(dev: &ibvx::ibv::IbvDevice, buf: &xdev::Buffer) -> Option<u32> {
+//!     let reg = dev.cache().find(buf.as_ptr(), buf.len())?; // only in ibvx's tests
+//!     Some(reg.lkey())
+//! }
+//! ```
+//!
+//! ```compile_fail,E0599
+//! // The registration of a lease (it outlives the lease).
+//! fn lkey_of(cache: &ibvx::ibv::RegistrationCache) -> u32 {
+//!     let lease = cache.lease(4096).unwrap();
+//!     lease.registration().lkey() // only in ibvx's tests
+//! }
+//! ```
+//!
+//! ```compile_fail,E0624
+//! // A transient registration of foreign memory.
+//! fn lkey_of(cache: &ibvx::ibv::RegistrationCache, v: &mut [u8]) -> u32 {
+//!     // SAFETY: `v` outlives the registration (dropped at once).
+//!     let reg = unsafe { cache.register(v.as_mut_ptr(), v.len()) }.unwrap(); // private to ibvx
+//!     reg.lkey()
+//! }
+//! ```
+//!
+//! ```compile_fail,E0624
+//! // A remote-write grant (its rkey lets a peer write the range).
+//! fn rkey_of(cache: &ibvx::ibv::RegistrationCache, v: &mut [u8]) -> u32 {
+//!     // SAFETY: `v` outlives the registration (dropped at once).
+//!     let reg = unsafe { cache.grant_remote_write(v.as_mut_ptr(), v.len()) }.unwrap(); // private to ibvx
+//!     reg.rkey()
+//! }
+//! ```
+//!
+//! ```compile_fail,E0603
+//! // The wire format.
+//! use ibvx::ibv::wire::{decode, HEADER_LEN};
+//! let frame = [0u8; HEADER_LEN];
+//! assert!(decode(&frame, 0).is_err());
+//! ```
+//!
+//! The verbs layer's posting calls, which do name memory to the NIC, are
+//! `unsafe` with their contract stated at [`QueuePair::post_send`] and
+//! [`QueuePair::post_recv`].
+
 #[cfg(test)]
 mod device_tests;
 mod engine;
-pub mod regcache;
-pub mod wire;
+pub(crate) mod regcache;
+pub(crate) mod wire;
 
 use std::sync::Arc;
 
@@ -52,7 +121,7 @@ use xdev::{
 };
 
 use self::engine::{Engine, Fabric};
-pub use self::regcache::{CacheLimits, RegistrationCache};
+pub use self::regcache::{CacheLimits, CacheStats, Lease, RegistrationCache};
 use crate::verbs::{
     self, Access, CompletionChannel, CompletionQueue, Gid, InitAttr, MemoryRegion, Mtu,
     ProtectionDomain, QpCaps, QueuePair, RemoteQp, RtsAttr,

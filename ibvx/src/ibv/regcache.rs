@@ -121,7 +121,8 @@ pub struct CacheStats {
     /// Bytes (whole pages) of live transient registrations now.
     pub transient_bytes: usize,
     /// Bytes pinned now: leased + idle + transient, plus evicted chunks a
-    /// live [`Registration`] still holds, plus leaked bytes.
+    /// live registration handle (of a work request in flight) still holds,
+    /// plus leaked bytes.
     pub pinned_bytes: usize,
     /// Bytes whose deregistration failed: still pinned, never freed.
     pub leaked_bytes: usize,
@@ -753,16 +754,30 @@ impl<R: Registrar> Drop for PoolLease<R> {
 // The public face: the pool over verbs.
 
 /// The pin-down registration cache of one protection domain. Cheap to clone
-/// (reference counted); `Send + Sync`. See the [module docs](self) for the
-/// rule that keeps it free of stale registrations.
+/// (reference counted); `Send + Sync`.
+///
+/// It only ever caches registrations of memory it owns itself: *chunks*,
+/// page-aligned anonymous mappings in power-of-two size classes from 4 KiB,
+/// registered once and leased out ([`lease`](Self::lease),
+/// [`buffer`](Self::buffer)). A dropped [`Lease`] goes on an idle list,
+/// still registered, for the next lease of its class; [`CacheLimits`] bounds
+/// the idle list and all pinned memory. Foreign memory is only ever
+/// registered for one operation, never cached, so the cache cannot hand out
+/// a stale registration of memory that was freed and reused.
+///
+/// Outside this crate the cache is for statistics and leasing: the lookups
+/// and registrations that yield keys and scatter/gather entries (of a chunk
+/// that may be leased to someone else) are private to the crate, whose
+/// engine uses them only for memory it holds (see the [`ibv`](super)
+/// module docs).
 #[derive(Clone)]
 pub struct RegistrationCache {
     inner: Arc<Pool<VerbsRegistrar>>,
 }
 
 impl RegistrationCache {
-    /// A cache registering on `pd` with `access` (the engine passes
-    /// `LOCAL_WRITE | REMOTE_WRITE | REMOTE_READ`), bounded by `limits`.
+    /// A cache registering its chunks on `pd` with `access` (the engine
+    /// passes `LOCAL_WRITE`), bounded by `limits`.
     pub fn new(pd: &ProtectionDomain, access: Access, limits: CacheLimits) -> RegistrationCache {
         RegistrationCache {
             inner: Pool::new(
@@ -804,7 +819,13 @@ impl RegistrationCache {
     /// The registration of `[ptr, ptr + len)` if the range lies entirely
     /// inside one chunk of this cache (leased or idle): a hit, no verbs
     /// call, `O(log n)` in the number of chunks.
-    pub fn find(&self, ptr: *const u8, len: usize) -> Option<Registration> {
+    ///
+    /// Only in tests (the engine's lookups go through
+    /// [`register`](Self::register)): the chunk may be leased to someone
+    /// else or idle (and leased later), so only a caller that holds the
+    /// memory may use the registration for a work request.
+    #[cfg(test)]
+    pub(crate) fn find(&self, ptr: *const u8, len: usize) -> Option<Registration> {
         self.inner
             .find(ptr, len)
             .map(|inner| Registration { inner })
@@ -821,7 +842,11 @@ impl RegistrationCache {
     /// # Safety
     /// The range must stay mapped, and must not be freed, until the returned
     /// `Registration` and all its clones are dropped.
-    pub unsafe fn register(&self, ptr: *mut u8, len: usize) -> Result<Registration, verbs::Error> {
+    pub(crate) unsafe fn register(
+        &self,
+        ptr: *mut u8,
+        len: usize,
+    ) -> Result<Registration, verbs::Error> {
         // SAFETY: forwarded contract.
         unsafe { self.inner.register(ptr, len, Exposure::Local) }
             .map(|inner| Registration { inner })
@@ -835,7 +860,7 @@ impl RegistrationCache {
     ///
     /// # Safety
     /// As [`register`](Self::register).
-    pub unsafe fn grant_remote_write(
+    pub(crate) unsafe fn grant_remote_write(
         &self,
         ptr: *mut u8,
         len: usize,
@@ -871,8 +896,9 @@ pub struct Lease {
 
 impl Lease {
     /// The chunk's registration (keeps it registered even after the lease
-    /// is dropped).
-    pub fn registration(&self) -> Registration {
+    /// is dropped, when the chunk may be leased again): only in tests.
+    #[cfg(test)]
+    pub(crate) fn registration(&self) -> Registration {
         Registration {
             inner: Reg::Cached(self.inner.chunk.clone()),
         }
@@ -883,7 +909,7 @@ impl Lease {
         self.inner.chunk.len
     }
 
-    /// Never true: a chunk has at least [`MIN_CHUNK`] bytes.
+    /// Never true: a chunk has at least 4 KiB.
     pub fn is_empty(&self) -> bool {
         false
     }
@@ -926,8 +952,11 @@ unsafe impl xdev::BufferStorage for Lease {
 /// A registered range: a chunk of the cache, or a transient registration of
 /// foreign memory. Keeps its region registered (and a chunk mapped) while
 /// any clone lives; cheap to clone.
+///
+/// Crate-private: its keys and scatter/gather entries name memory to the
+/// NIC, and a chunk's registration outlives the lease it came from.
 #[derive(Clone)]
-pub struct Registration {
+pub(crate) struct Registration {
     inner: Reg<VerbsRegistrar>,
 }
 
@@ -943,23 +972,9 @@ impl Registration {
     }
 
     /// Whether this is a cache chunk (else a transient registration).
+    #[cfg(test)]
     pub fn is_cached(&self) -> bool {
         matches!(self.inner, Reg::Cached(_))
-    }
-
-    /// Start of the registered range.
-    pub fn addr(&self) -> *const u8 {
-        self.inner.addr() as *const u8
-    }
-
-    /// Length of the registered range (a chunk's whole capacity).
-    pub fn len(&self) -> usize {
-        self.inner.len()
-    }
-
-    /// Never true: registrations have at least one byte.
-    pub fn is_empty(&self) -> bool {
-        self.inner.len() == 0
     }
 
     /// A scatter/gather entry for `[ptr, ptr + len)`.
@@ -1003,5 +1018,7 @@ impl fmt::Debug for Registration {
     }
 }
 
+#[cfg(test)]
+mod rxe_tests;
 #[cfg(test)]
 mod tests;
