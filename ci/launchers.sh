@@ -12,7 +12,7 @@
 # started with no launcher (the three-way error, no hang). About 40 s once
 # built.
 #
-# Installs openmpi-bin, mpich, slurm-wlm, munge and libpmix2 when missing and
+# Installs openmpi-bin, mpich, slurm-wlm, munge, libpmix2 and libpmix-dev when missing and
 # starts a one-node Slurm (as root, state under $XDEV_SLURM_DIR, default
 # /tmp/xdev-slurm) unless one answers already. Idempotent; meant to run as
 # root, as ci/test.sh does. Usage: bash ci/launchers.sh
@@ -24,7 +24,8 @@ fail() { echo "launchers: FAILED: $*" >&2; exit 1; }
 
 # shellcheck source=ci/lib/packages.sh
 . ci/lib/packages.sh
-install_missing openmpi-bin mpich slurm-wlm munge libpmix2
+# libpmix-dev: Slurm's mpi/pmix plugin loads the unversioned libpmix.so.
+install_missing openmpi-bin mpich slurm-wlm munge libpmix2 libpmix-dev
 
 # --- a one-node Slurm ------------------------------------------------------
 SD=${XDEV_SLURM_DIR:-/tmp/xdev-slurm}
@@ -148,6 +149,43 @@ for case in shm:pmix shm:pmi2 psm:pmix psm:pmi2; do
   done
   echo "ok: $dev: ranks 0 and 2 got PeerLost, srun --mpi=$mpi failed with status $rc"
 done
+
+# --- a rank that poses as another (issue 21) --------------------------------
+# Rank 2 republishes rank 1's shm record with its own socket (xdev-rank
+# impersonate). Where keys are not tied to their putter and the last put wins
+# (Slurm's pmi2, Hydra's PMI-1), rank 1 must find its record replaced and
+# rank 0 must refuse the record, so the job fails; under PMIx, which ties
+# each key to its putter, the forged put changes nothing and rank 1 gets its
+# message. Nobody may ever read a message meant for another rank.
+impersonation() { # NAME WANT(refused|delivered) VARIANT -- command...
+  local name=$1 want=$2 variant=$3 rc=0
+  shift 4
+  XDEV_IMPERSONATE=$variant timeout 120 "$@" "$rank" impersonate >"$log" 2>&1 || rc=$?
+  cat "$log"
+  ((rc != 124)) || fail "impersonation under $name hung"
+  grep -q "READ A MESSAGE MEANT FOR ANOTHER RANK" "$log" && fail "rank 2 read rank 1's message under $name"
+  grep -q "^rank 2: republished rank 1's record" "$log" || fail "rank 2 did not republish under $name"
+  if [ "$want" = refused ]; then
+    ((rc != 0)) || fail "impersonation under $name: the job succeeded"
+    grep -q 'rank 1: opening shm refused: .*record "ag.1.1" was replaced' "$log" ||
+      fail "rank 1 did not see its record replaced under $name"
+    grep -qE 'rank 0: opening shm refused: protocol violation by rank [12]: (rank 1.s record: the inbox is served by process [0-9]+ .*not by the published process|ranks 1 and 2 both name process)' "$log" ||
+      fail "rank 0 did not refuse the forged record under $name"
+    grep -q "^rank 1: received" "$log" && fail "a message went out under $name"
+    echo "ok: $name ($variant pid): the forged record was refused by rank 0 and by rank 1, nobody sent"
+  else
+    ((rc == 0)) || fail "impersonation under $name: the job failed"
+    grep -q "^rank 1: received the message meant for it" "$log" || fail "rank 1 got nothing under $name"
+    grep -q "^rank 2: saw no message" "$log" || fail "rank 2 did not report under $name"
+    echo "ok: $name: the forged put changed nothing, rank 1 got its message, rank 2 none"
+  fi
+}
+step "a rank that republishes another's record (shm, 3 ranks)"
+impersonation "srun --mpi=pmi2" refused victim -- srun --overcommit --mpi=pmi2 -n 3
+impersonation "srun --mpi=pmi2" refused own -- srun --overcommit --mpi=pmi2 -n 3
+impersonation "mpirun.mpich (PMI-1)" refused victim -- mpirun.mpich -np 3
+impersonation "srun --mpi=pmix" delivered victim -- srun --overcommit --mpi=pmix -n 3
+impersonation "mpirun.openmpi (PMIx)" delivered victim -- mpirun.openmpi --oversubscribe -np 3
 
 # --- no launcher at all ----------------------------------------------------
 step "a rank started with no launcher"

@@ -51,30 +51,52 @@ impl FdOffer {
     /// Hands each process in `handouts` its descriptors, once (the process
     /// is checked by the kernel's account of the connecting end, and must be
     /// this user's), in a thread; its result says whether all were served
-    /// within the bootstrap's connect timeout. Anyone else gets nothing.
+    /// within the bootstrap's connect timeout.
+    ///
+    /// A connection of another user gets nothing and is forgotten. A
+    /// connection of this user from a process that is none of `handouts`,
+    /// or that was served already, ends the hand-over with an error of kind
+    /// [`io::ErrorKind::PermissionDenied`]: only the job's ranks know the
+    /// offer's name, so such a process is a rank whose view of the job's
+    /// records differs from ours (a record replaced by another rank).
     pub(crate) fn serve(
         self,
         mut handouts: Vec<(u32, Vec<OwnedFd>)>,
     ) -> JoinHandle<io::Result<()>> {
         std::thread::spawn(move || {
             let deadline = Instant::now() + WAIT;
-            // SAFETY: geteuid has no preconditions.
-            let me = unsafe { libc::geteuid() };
+            let me = my_uid();
+            let mut served: Vec<u32> = Vec::with_capacity(handouts.len());
             while !handouts.is_empty() {
                 match self.listener.accept() {
                     Ok((s, _)) => {
                         let Ok((pid, uid)) = peer_cred(&s) else {
                             continue;
                         };
+                        if uid != me {
+                            continue; // not this user's: nothing to say to it
+                        }
                         let Some(at) = handouts.iter().position(|(p, _)| *p == pid) else {
-                            continue; // not one of the job's ranks (or served)
+                            let why = if served.contains(&pid) {
+                                "came a second time"
+                            } else {
+                                "is none of the processes the job's records name"
+                            };
+                            return Err(io::Error::new(
+                                io::ErrorKind::PermissionDenied,
+                                format!(
+                                    "process {pid} asked for the inbox and {why}: another rank's \
+                                     record may have been replaced"
+                                ),
+                            ));
                         };
-                        if uid != me || s.set_nonblocking(false).is_err() {
+                        if s.set_nonblocking(false).is_err() {
                             continue;
                         }
                         // A rank that connected and went away is its own
                         // problem; the others are still served.
                         if send_fds(&s, &handouts[at].1).is_ok() {
+                            served.push(pid);
                             handouts.swap_remove(at);
                         }
                     }
@@ -97,13 +119,34 @@ impl FdOffer {
     }
 }
 
+fn my_uid() -> u32 {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() }
+}
+
 /// At most this many descriptors go in one hand-over.
 pub(crate) const MAX_FDS: usize = 4;
 
-/// Connects to the offer `name` and receives exactly `count` descriptors.
-pub(crate) fn take(name: &str, count: usize) -> io::Result<Vec<OwnedFd>> {
+/// Connects to the offer `name`, checks that the process serving it is
+/// `owner` (the pid the offering rank published) and this user's, and
+/// receives exactly `count` descriptors.
+///
+/// A server that is another process fails with an error of kind
+/// [`io::ErrorKind::PermissionDenied`] before anything is received: the
+/// record that named `name` was not put by the process it names.
+pub(crate) fn take(name: &str, count: usize, owner: u32) -> io::Result<Vec<OwnedFd>> {
     let addr = SocketAddr::from_abstract_name(name.as_bytes())?;
     let s = UnixStream::connect_addr(&addr)?;
+    let (pid, uid) = peer_cred(&s)?;
+    if pid != owner || uid != my_uid() {
+        return Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!(
+                "the inbox is served by process {pid} (uid {uid}), not by the published \
+                 process {owner} of this user: its record was replaced by another process"
+            ),
+        ));
+    }
     s.set_read_timeout(Some(WAIT))?;
     let got = recv_fds(&s)?;
     if got.len() != count {
@@ -114,6 +157,7 @@ pub(crate) fn take(name: &str, count: usize) -> io::Result<Vec<OwnedFd>> {
     }
     Ok(got)
 }
+
 /// The pid and uid of the process at the other end of `s`.
 fn peer_cred(s: &UnixStream) -> io::Result<(u32, u32)> {
     let mut cred = libc::ucred {
@@ -242,11 +286,12 @@ mod tests {
         let file = std::fs::File::open("/proc/self/status").unwrap();
         let copy = || OwnedFd::from(file.try_clone().unwrap());
         let server = offer.serve(vec![(std::process::id(), vec![copy(), copy()])]);
+        let me = std::process::id();
         assert!(
-            take("xdev-fd-00000000000000000000000000000000", 2).is_err(),
+            take("xdev-fd-00000000000000000000000000000000", 2, me).is_err(),
             "no such offer"
         );
-        let got = take(&name, 2).unwrap();
+        let got = take(&name, 2, me).unwrap();
         assert_eq!(got.len(), 2);
         let got = got.into_iter().next().unwrap();
         server.join().unwrap().unwrap();
@@ -256,11 +301,13 @@ mod tests {
         use std::os::unix::fs::MetadataExt;
         assert_eq!((a.dev(), a.ino()), (b.dev(), b.ino()));
 
-        // A process outside the job's pids gets nothing.
+        // A process of this user outside the job's pids gets nothing, and
+        // the hand-over fails at once (a rank whose view of the records
+        // differs from ours).
         let offer = FdOffer::listen().unwrap();
         let name = offer.name().to_string();
         let server = offer.serve(vec![(1, vec![copy()])]);
-        let e = take(&name, 1).unwrap_err();
+        let e = take(&name, 1, me).unwrap_err();
         assert!(
             matches!(
                 e.kind(),
@@ -268,6 +315,29 @@ mod tests {
             ),
             "{e}"
         );
-        assert!(!server.is_finished(), "still waiting for pid 1");
+        let e = server.join().unwrap().unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::PermissionDenied, "{e}");
+        assert!(e.to_string().contains(&format!("process {me} ")), "{e}");
+    }
+
+    #[test]
+    fn a_taker_refuses_an_offer_served_by_another_process_than_the_published_one() {
+        let offer = FdOffer::listen().unwrap();
+        let name = offer.name().to_string();
+        let file = std::fs::File::open("/proc/self/status").unwrap();
+        let me = std::process::id();
+        let server = offer.serve(vec![(me, vec![OwnedFd::from(file)])]);
+        // The record said pid 1 serves this offer; this process does.
+        let e = take(&name, 1, 1).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::PermissionDenied, "{e}");
+        assert!(
+            e.to_string().contains(&format!("served by process {me} ")),
+            "{e}"
+        );
+        // Nothing was received: the server is still waiting for its taker.
+        assert!(!server.is_finished());
+        let got = take(&name, 1, me).unwrap();
+        assert_eq!(got.len(), 1);
+        server.join().unwrap().unwrap();
     }
 }

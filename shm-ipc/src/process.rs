@@ -2166,6 +2166,16 @@ impl ProcessDevice {
                     "rank {r} uses ring_bytes/credit_bytes different from rank {rank}'s"
                 )));
             }
+            if let Some(o) = infos.iter().position(|o: &PeerInfo| o.pid == i.pid) {
+                return Err(Error::Protocol {
+                    rank: r,
+                    what: format!(
+                        "ranks {o} and {r} both name process {}: one record was put by a \
+                         process posing as another rank",
+                        i.pid
+                    ),
+                });
+            }
             infos.push(i);
         }
         // Each sender gets our control and notice pages and its own ring.
@@ -2183,19 +2193,40 @@ impl ProcessDevice {
             peers.push(if r == rank {
                 None
             } else {
-                let fds = crate::fd_pass::take(&i.segment, segment::SHARED_FDS)
-                    .map_err(|e| Error::transport(format!("receiving rank {r}'s inbox"), e))?;
+                // The serving process must be the one the record names (the
+                // kernel says who serves), and the inbox's header must name it.
+                let fds =
+                    crate::fd_pass::take(&i.segment, segment::SHARED_FDS, i.pid).map_err(|e| {
+                        match e.kind() {
+                            std::io::ErrorKind::PermissionDenied => Error::Protocol {
+                                rank: r,
+                                what: format!("rank {r}'s record: {e}"),
+                            },
+                            _ => Error::transport(format!("receiving rank {r}'s inbox"), e),
+                        }
+                    })?;
                 Some(Inbox::attach(fds, r, rank, i.pid, layout)?)
             });
         }
-        // Everyone has attached every inbox: our descriptors can go.
-        boot.barrier()?;
+        // Every rank we know of took our inbox, each checked by the kernel's
+        // account of its process, before we enter the barrier: a rank whose
+        // record another process replaced never gets through both checks
+        // (it or we refuse), so nobody passes the barrier and no message
+        // goes anywhere (SECURITY.md, "Whom a rank trusts").
         server
             .join()
             .map_err(|_| {
                 Error::transport("handing out the inbox", std::io::Error::other("panicked"))
             })?
-            .map_err(|e| Error::transport("handing out the inbox", e))?;
+            .map_err(|e| match e.kind() {
+                std::io::ErrorKind::PermissionDenied => Error::Protocol {
+                    rank,
+                    what: format!("handing out rank {rank}'s inbox: {e}"),
+                },
+                _ => Error::transport("handing out the inbox", e),
+            })?;
+        // Everyone has attached every inbox: our descriptors can go.
+        boot.barrier()?;
         mine.close_descriptors();
         let pids: Vec<u32> = infos.iter().map(|i| i.pid).collect();
         let sh = Arc::new(Shared {

@@ -21,6 +21,10 @@
 //!                                             checks an allgather, a 20 KB value
 //!                                             put by the previous rank and the
 //!                                             timeout of a get nobody answers
+//! xdev-rank impersonate [KEY=VALUE...]        3 ranks, shm: rank 2 republishes rank
+//!                                             1's record with its own socket (a
+//!                                             hostile rank); nobody but rank 1 may
+//!                                             read what rank 0 sends to rank 1
 //! xdev-rank cases                             list the conformance cases (no job)
 //! ```
 //! Exits 0 on success, 1 with a message on failure.
@@ -61,6 +65,7 @@ fn main() -> ExitCode {
         Some("peer-killed") => peer_killed(&args[1..]),
         Some("bootstrap") => bootstrap_check(),
         Some("finish-posted") => finish_posted(&args[1..]),
+        Some("impersonate") => impersonate(&args[1..]),
         _ => Err(
             "usage: xdev-rank conformance CASE [K=V...] | posted-truncation [K=V...] \
                   | peer-exit [K=V...] | peer-killed [K=V...] | bootstrap | inflight-send [K=V...] | finish-posted [K=V...] | cases"
@@ -315,4 +320,94 @@ fn finish_posted(options: &[String]) -> Result<(), String> {
         ctx,
     );
     closed("receive after finish", late.wait().status.error.as_ref())
+}
+
+/// A hostile rank (issue 21): with 3 ranks on shm, rank 2 republishes rank
+/// 1's device record (rank 1's pid, learnt from a first allgather, and an
+/// abstract socket rank 2 listens on) under the key rank 1's record has
+/// under PMI (`ag.1.1`: the second allgather, rank 1), two seconds after
+/// the others put theirs, then opens the device like everyone. Under a
+/// launcher whose key store keeps the last put (Slurm's pmi2) the ranks
+/// must refuse the record instead of sending rank 1's traffic to rank 2;
+/// under one that ties keys to their putter (PMIx) the forged put changes
+/// nothing. With `XDEV_IMPERSONATE=own` the forged record names rank 2's
+/// own pid. Rank 0 sends one message to rank 1; rank 2 reports any message
+/// it can see. Prints one line per rank saying what happened.
+fn impersonate(options: &[String]) -> Result<(), String> {
+    use std::os::linux::net::SocketAddrExt;
+    let cfg = config(options)?;
+    let boot = xdev::bootstrap::Bootstrap::from_env().map_err(|e| e.to_string())?;
+    let rank = boot.rank();
+    if boot.size() != 3 {
+        return Err("impersonate needs 3 ranks".into());
+    }
+    let pids = boot
+        .allgather(&std::process::id().to_le_bytes())
+        .map_err(|e| format!("allgather: {e}"))?;
+    let mut _listener = None;
+    if rank == 2 {
+        let opts = shm_ipc::ProcessOptions::from_config(&cfg).map_err(|e| e.to_string())?;
+        let nonce = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        let name = format!("xdev-fd-{:032x}", nonce ^ u128::from(std::process::id()));
+        let addr = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes())
+            .map_err(|e| e.to_string())?;
+        _listener =
+            Some(std::os::unix::net::UnixListener::bind_addr(&addr).map_err(|e| e.to_string())?);
+        let forged = shm_ipc::process::PeerInfo {
+            // XDEV_IMPERSONATE=own: the forged record names rank 2's own
+            // process (which does serve the socket) instead of rank 1's.
+            pid: if std::env::var("XDEV_IMPERSONATE").as_deref() == Ok("own") {
+                std::process::id()
+            } else {
+                u32::from_le_bytes(pids[1][..4].try_into().map_err(|_| "short pid")?)
+            },
+            nslots: (opts.ring_bytes / 64).next_power_of_two() as u32,
+            credit_bytes: opts.credit_bytes as u64,
+            probe_addr: 0,
+            probe_value: 0,
+            segment: name,
+        };
+        std::thread::sleep(std::time::Duration::from_secs(2));
+        boot.put("ag.1.1", &forged.encode())
+            .map_err(|e| format!("put: {e}"))?;
+        println!("rank 2: republished rank 1's record with its own socket");
+    }
+    let dev = shm_ipc::ProcessDevice::with_bootstrap(&cfg, boot)
+        .map_err(|e| format!("rank {rank}: opening shm refused: {e}"))?;
+    let ctx = 0x494d_5053;
+    match rank {
+        0 => {
+            dev.send(b"for rank 1 only", 1, 7, ctx)
+                .map_err(|e| format!("send: {e}"))?;
+            println!("rank 0: sent the message for rank 1");
+        }
+        1 => {
+            let mut buf = [0u8; 64];
+            let st = dev
+                .recv(&mut buf, xdev::Source::Rank(0), xdev::TagSel::Tag(7), ctx)
+                .map_err(|e| format!("recv: {e}"))?;
+            if &buf[..st.count] != b"for rank 1 only" {
+                return Err("rank 1 received something else".into());
+            }
+            println!("rank 1: received the message meant for it");
+        }
+        _ => {
+            let t = std::time::Instant::now();
+            while t.elapsed() < std::time::Duration::from_secs(2) {
+                let seen = dev
+                    .iprobe(xdev::Source::Any, xdev::TagSel::Any, ctx)
+                    .map_err(|e| format!("iprobe: {e}"))?;
+                if let Some(st) = seen {
+                    println!("rank 2: READ A MESSAGE MEANT FOR ANOTHER RANK ({st:?})");
+                    return Err("rank 2 saw a message".into());
+                }
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            println!("rank 2: saw no message");
+        }
+    }
+    barrier(&dev).map_err(|e| format!("final barrier: {e}"))?;
+    dev.finish().map_err(|e| format!("finish: {e}"))
 }

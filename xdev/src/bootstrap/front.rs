@@ -366,6 +366,14 @@ impl Bootstrap {
                         })
                         .collect::<Vec<_>>()
                 });
+                // PMI keys are not tied to their putter: any rank can put
+                // `ag.N.R`. The rank that owns a record is the one that can
+                // tell it was replaced, so it checks what the store now
+                // holds before anyone may use it (see `owned_record_intact`).
+                owned_record_intact(self.rank, &format!("ag.{n}.{}", self.rank), value, &all)?;
+                if let (Some(mine), Some(records)) = (&watch, &records) {
+                    owned_record_intact(self.rank, &format!("pid.{}", self.rank), mine, records)?;
+                }
                 (all, records)
             }
             Backend::Tcp(_) => unreachable!("handled above"),
@@ -408,6 +416,25 @@ impl Bootstrap {
             Backend::Pmi(_) => Ok(pidwatch::departures()),
         }
     }
+}
+
+/// Checks that the store's value of this rank's record `key` (read after
+/// the fence, `read[me]`) is what this rank put. Under PMI any rank can put
+/// any key, and a later put replaces an earlier one; a rank that finds its
+/// own record replaced fails here, before it enters the next collective,
+/// so the ranks that read the replaced record cannot pass that collective
+/// (every device enters one after it connected and before any message).
+fn owned_record_intact(me: Rank, key: &str, put: &[u8], read: &[Vec<u8>]) -> Result<()> {
+    if read.get(me).is_some_and(|v| v[..] == *put) {
+        return Ok(());
+    }
+    Err(Error::Protocol {
+        rank: me,
+        what: format!(
+            "this rank's bootstrap record {key:?} was replaced after it was put: another \
+             process of the job poses as rank {me}, and the job cannot go on"
+        ),
+    })
 }
 
 fn missing_part(rank: Rank, n: u64) -> Error {

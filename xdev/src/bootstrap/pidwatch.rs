@@ -51,17 +51,38 @@ pub(crate) fn my_record() -> Vec<u8> {
 /// The peers of `me` to watch among `records` (rank order): the pids of
 /// the ranks whose boot id and pid namespace are this process's (both
 /// known), except `me`.
+///
+/// A record is not tied to its putter under PMI, so a pid is watched only
+/// if it is a process of this user other than this one, and no two ranks
+/// name the same pid (such ranks are left unwatched: one of them poses as
+/// the other, and its owner fails the job, see `front::owned_record_intact`).
 pub(crate) fn peers_to_watch(me: Rank, mine: &[u8], records: &[Vec<u8>]) -> Vec<(Rank, u32)> {
     if mine.len() <= 12 || mine[4..12] == [0; 8] {
         return Vec::new();
     }
-    records
+    let pid_of = |rec: &[u8]| u32::from_le_bytes(rec[..4].try_into().expect("4 bytes"));
+    let own = pid_of(mine);
+    let local: Vec<(Rank, u32)> = records
         .iter()
         .enumerate()
         .filter(|&(r, rec)| r != me && rec.len() == mine.len() && rec[4..] == mine[4..])
-        .map(|(r, rec)| (r, u32::from_le_bytes(rec[..4].try_into().expect("4 bytes"))))
-        .filter(|&(_, pid)| pid != 0)
+        .map(|(r, rec)| (r, pid_of(rec)))
+        .filter(|&(_, pid)| pid != 0 && pid != own)
+        .collect();
+    local
+        .iter()
+        .filter(|&&(r, pid)| !local.iter().any(|&(o, p)| o != r && p == pid))
+        .filter(|&&(_, pid)| same_user(pid))
+        .copied()
         .collect()
+}
+
+/// Whether process `pid` exists and belongs to this process's real user.
+fn same_user(pid: u32) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    // SAFETY: getuid has no preconditions.
+    let me = unsafe { libc::getuid() };
+    std::fs::metadata(format!("/proc/{pid}")).is_ok_and(|m| m.uid() == me)
 }
 
 /// Starts watching `peers` (rank, pid), once per process.
@@ -147,16 +168,43 @@ mod tests {
         other_host[last] ^= 1;
         let mut other_ns = mine[4..].to_vec();
         other_ns[0] ^= 1;
+        let sleeper = || {
+            std::process::Command::new("sleep")
+                .arg("30")
+                .spawn()
+                .unwrap()
+        };
+        let (mut a, mut b) = (sleeper(), sleeper());
         let records = vec![
-            with_pid(100, &mine[4..]),
+            with_pid(a.id(), &mine[4..]),
             mine.clone(),
             with_pid(102, &other_host),
             with_pid(103, &other_ns),
-            with_pid(104, &mine[4..]),
+            with_pid(b.id(), &mine[4..]),
             Vec::new(),
         ];
-        assert_eq!(peers_to_watch(1, &mine, &records), vec![(0, 100), (4, 104)]);
+        assert_eq!(
+            peers_to_watch(1, &mine, &records),
+            vec![(0, a.id()), (4, b.id())]
+        );
         assert!(peers_to_watch(1, &[], &records).is_empty());
+
+        // Records another rank could have forged under PMI: two ranks naming
+        // one process (neither is watched), this process's own pid, and a
+        // pid no process has.
+        let forged = vec![
+            with_pid(a.id(), &mine[4..]),
+            mine.clone(),
+            with_pid(a.id(), &mine[4..]),
+            with_pid(std::process::id(), &mine[4..]),
+            with_pid(4_000_000_000, &mine[4..]),
+            with_pid(b.id(), &mine[4..]),
+        ];
+        assert_eq!(peers_to_watch(1, &mine, &forged), vec![(5, b.id())]);
+        for c in [&mut a, &mut b] {
+            c.kill().unwrap();
+            c.wait().unwrap();
+        }
     }
 
     #[test]
