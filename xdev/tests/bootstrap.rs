@@ -449,6 +449,72 @@ fn silent_and_flooding_connections_cannot_exhaust_the_service() {
     }
 }
 
+/// Issue 21: connections that connect and stay silent hold every handshake
+/// slot; a real rank's handshake must still complete promptly (it timed
+/// out before, waiting in the backlog behind them).
+#[test]
+fn silent_connections_holding_every_slot_do_not_hold_off_a_rank() {
+    let _w = watchdog(
+        "silent_connections_holding_every_slot_do_not_hold_off_a_rank",
+        Duration::from_secs(30),
+    );
+    let opts = ServerOptions::default();
+    let slots = opts.max_pending_handshakes;
+    let (server, secret) = start_with(1, opts);
+    let silent: Vec<TcpStream> = (0..slots + 8)
+        .map(|_| TcpStream::connect(server.addr()).unwrap())
+        .collect();
+    // Let the service take them into their handshakes.
+    thread::sleep(Duration::from_millis(300));
+    let t = Instant::now();
+    let b = join(&server, &secret, 0);
+    let took = t.elapsed();
+    assert!(took < Duration::from_secs(2), "the handshake took {took:?}");
+    b.put("k", b"v").unwrap();
+    b.barrier().unwrap();
+    drop(silent);
+}
+
+/// Issue 21: another local user's connection is closed at once, before the
+/// challenge, and takes no handshake slot. Needs root (to run a process as
+/// another user); skipped otherwise.
+#[test]
+fn another_users_connection_is_closed_at_once() {
+    use std::os::unix::process::CommandExt;
+    let _w = watchdog(
+        "another_users_connection_is_closed_at_once",
+        Duration::from_secs(30),
+    );
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: needs root to connect as another user");
+        return;
+    }
+    let (server, secret) = start(1);
+    let port = server.addr().port();
+    // As nobody: connect, then count the bytes the service sends within 3 s.
+    let script =
+        format!("exec 3<>/dev/tcp/127.0.0.1/{port} || exit 3; timeout 3 head -c 1 <&3 | wc -c");
+    let t = Instant::now();
+    let out = std::process::Command::new("bash")
+        .args(["-c", &script])
+        .uid(65534)
+        .gid(65534)
+        .output()
+        .unwrap();
+    let took = t.elapsed();
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "0",
+        "another user's connection got a challenge"
+    );
+    assert!(took < Duration::from_secs(2), "closed only after {took:?}");
+    // This user's ranks still get in.
+    let b = join(&server, &secret, 0);
+    b.barrier().unwrap();
+}
+
 #[test]
 fn departures_are_reported_and_fail_collectives() {
     let _w = watchdog(

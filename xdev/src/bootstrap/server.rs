@@ -24,8 +24,16 @@ pub struct ServerOptions {
     /// service holds at most (default 64 MiB). A request that would go beyond
     /// fails with [`Error::ResourceExhausted`].
     pub max_store_bytes: usize,
-    /// Connections that may be in their handshake at once (default 32). When
-    /// all are taken, further connections wait in the listen backlog.
+    /// Connections that may be in their handshake at once (default 32).
+    ///
+    /// A connection from this host by another user (its socket's owner, as
+    /// `/proc/net/tcp` and `tcp6` show it, differs from this process's
+    /// effective uid) is closed at once and takes no slot. When all slots
+    /// are taken, a new connection evicts a handshake that has not yet sent
+    /// its `Auth` (of the peer address holding the most slots, the oldest
+    /// of those), so connections that stay silent cannot hold a real rank
+    /// off; if every slot holds an `Auth` being checked, the new connection
+    /// waits in the listen backlog.
     pub max_pending_handshakes: usize,
     /// Time a new connection has to complete its handshake (default 5 s).
     pub handshake_timeout: Duration,
@@ -85,7 +93,11 @@ struct Shared {
     secret: Secret,
     opts: ServerOptions,
     stop: AtomicBool,
+    /// Handshake threads running (those of evicted connections included
+    /// until they notice), at most twice the slots.
     handshakes: AtomicUsize,
+    /// The connections holding a handshake slot.
+    pending: Mutex<HashMap<u64, Pending>>,
     state: Mutex<State>,
     changed: Condvar,
     conns: Mutex<Conns>,
@@ -97,6 +109,16 @@ struct Conns {
     next_id: u64,
     sockets: HashMap<u64, TcpStream>,
     threads: Vec<JoinHandle<()>>,
+}
+
+/// A connection in its handshake, holding a slot.
+struct Pending {
+    /// To shut it down when it is evicted.
+    stream: TcpStream,
+    source: std::net::IpAddr,
+    since: Instant,
+    /// Set once its `Auth` has arrived: no longer evictable.
+    heard: Arc<AtomicBool>,
 }
 
 /// The sending half of an authenticated connection.
@@ -523,6 +545,7 @@ impl BootstrapServer {
             opts,
             stop: AtomicBool::new(false),
             handshakes: AtomicUsize::new(0),
+            pending: Mutex::new(HashMap::new()),
             state: Mutex::new(State {
                 slots: (0..size).map(|_| Slot::Free).collect(),
                 store: HashMap::new(),
@@ -680,13 +703,19 @@ fn status_of(shared: &Shared, st: &State) -> ServerStatus {
 
 fn accept_loop(shared: &Arc<Shared>, listener: &TcpListener) {
     let idle = Duration::from_millis(5);
+    let max = shared.opts.max_pending_handshakes;
     while !shared.stop.load(Ordering::SeqCst) {
-        if shared.handshakes.load(Ordering::SeqCst) >= shared.opts.max_pending_handshakes {
+        let threads = shared.handshakes.load(Ordering::SeqCst);
+        let room = {
+            let p = lock(&shared.pending);
+            p.len() < max || p.values().any(|c| !c.heard.load(Ordering::SeqCst))
+        };
+        if threads >= max.saturating_mul(2) || !room {
             thread::sleep(idle);
             continue;
         }
-        let stream = match listener.accept() {
-            Ok((s, _)) => s,
+        let (stream, peer) = match listener.accept() {
+            Ok(a) => a,
             Err(_) => {
                 // WouldBlock (nothing to accept) or a transient failure such
                 // as running out of descriptors: wait and retry.
@@ -694,25 +723,48 @@ fn accept_loop(shared: &Arc<Shared>, listener: &TcpListener) {
                 continue;
             }
         };
-        let Ok(registered) = stream
+        // Another user's connection from this host: closed at once.
+        let local = stream.local_addr().ok();
+        if !local.is_some_and(|l| peer_allowed(l, peer)) {
+            continue;
+        }
+        let Ok((registered, slot)) = stream
             .set_nonblocking(false)
             .and_then(|()| super::keepalive::watch_peer(&stream))
-            .and_then(|()| stream.try_clone())
+            .and_then(|()| Ok((stream.try_clone()?, stream.try_clone()?)))
         else {
             continue;
         };
-        let mut conns = lock(&shared.conns);
-        if shared.stop.load(Ordering::SeqCst) {
+        let heard = Arc::new(AtomicBool::new(false));
+        let id = {
+            let mut conns = lock(&shared.conns);
+            conns.next_id += 1;
+            conns.next_id - 1
+        };
+        // Not under the connections' lock: this may wait for a slot.
+        if !take_slot(
+            shared,
+            id,
+            Pending {
+                stream: slot,
+                source: canonical(peer.ip()),
+                since: Instant::now(),
+                heard: heard.clone(),
+            },
+        ) {
             break;
         }
-        let id = conns.next_id;
-        conns.next_id += 1;
+        let mut conns = lock(&shared.conns);
+        if shared.stop.load(Ordering::SeqCst) {
+            lock(&shared.pending).remove(&id);
+            break;
+        }
         conns.sockets.insert(id, registered);
         shared.handshakes.fetch_add(1, Ordering::SeqCst);
         let sh = shared.clone();
         match thread::Builder::new()
             .name("xdev-bootstrap-conn".into())
-            .spawn(move || run_connection(&sh, id, stream))
+            .spawn(move || run_connection(&sh, id, stream, &heard))
         {
             Ok(h) => {
                 conns.threads.retain(|t| !t.is_finished());
@@ -720,14 +772,156 @@ fn accept_loop(shared: &Arc<Shared>, listener: &TcpListener) {
             }
             Err(_) => {
                 shared.handshakes.fetch_sub(1, Ordering::SeqCst);
+                lock(&shared.pending).remove(&id);
                 conns.sockets.remove(&id);
             }
         }
     }
 }
 
-fn run_connection(shared: &Arc<Shared>, id: u64, stream: TcpStream) {
-    let accepted = handshake(shared, &stream);
+/// Registers connection `id` as holding a handshake slot, evicting a
+/// silent one when all are taken (see
+/// [`ServerOptions::max_pending_handshakes`]); waits while no slot can be
+/// had. Returns false if the service stops meanwhile.
+fn take_slot(shared: &Shared, id: u64, conn: Pending) -> bool {
+    let max = shared.opts.max_pending_handshakes;
+    loop {
+        {
+            let mut p = lock(&shared.pending);
+            if p.len() >= max {
+                if let Some(victim) = eviction_victim(&p) {
+                    if let Some(v) = p.remove(&victim) {
+                        let _ = v.stream.shutdown(Shutdown::Both);
+                    }
+                }
+            }
+            if p.len() < max {
+                p.insert(id, conn);
+                return true;
+            }
+        }
+        if shared.stop.load(Ordering::SeqCst) {
+            return false;
+        }
+        thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// The handshake to evict for a new connection: one that has not sent its
+/// `Auth`, of the source address holding the most slots (so one peer
+/// cannot push out the others), the oldest of those.
+fn eviction_victim(pending: &HashMap<u64, Pending>) -> Option<u64> {
+    let mut per_source: HashMap<std::net::IpAddr, usize> = HashMap::new();
+    for c in pending.values() {
+        *per_source.entry(c.source).or_default() += 1;
+    }
+    pending
+        .iter()
+        .filter(|(_, c)| !c.heard.load(Ordering::SeqCst))
+        .max_by_key(|(_, c)| (per_source[&c.source], std::cmp::Reverse(c.since)))
+        .map(|(&id, _)| id)
+}
+
+/// An IPv4-mapped IPv6 address as IPv4; others unchanged.
+fn canonical(ip: std::net::IpAddr) -> std::net::IpAddr {
+    match ip {
+        std::net::IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, std::net::IpAddr::V4),
+        v4 => v4,
+    }
+}
+
+/// Whether a connection from `peer` to this service's `local` end may take
+/// a handshake slot: not if its socket is on this host and owned by another
+/// user (or, for a loopback peer, cannot be found at all).
+fn peer_allowed(local: SocketAddr, peer: SocketAddr) -> bool {
+    match local_owner(local, peer) {
+        Owner::Uid(uid) => {
+            // SAFETY: geteuid has no preconditions.
+            uid == unsafe { libc::geteuid() }
+        }
+        Owner::NotLocal => !canonical(peer.ip()).is_loopback(),
+        Owner::Unknown => true,
+    }
+}
+
+/// Who owns the socket at the other end of a connection.
+#[derive(Debug, PartialEq, Eq)]
+enum Owner {
+    /// A socket of this host owned by this uid.
+    Uid(u32),
+    /// No socket of this host (network namespace) is that end.
+    NotLocal,
+    /// The socket tables cannot be read.
+    Unknown,
+}
+
+/// Looks the socket whose local end is `peer` and whose remote end is
+/// `local` up in `/proc/net/tcp` and `/proc/net/tcp6`.
+fn local_owner(local: SocketAddr, peer: SocketAddr) -> Owner {
+    let mut readable = false;
+    for (file, v6) in [("/proc/net/tcp", false), ("/proc/net/tcp6", true)] {
+        let (Some(want_local), Some(want_remote)) =
+            (proc_net_addr(peer, v6), proc_net_addr(local, v6))
+        else {
+            continue;
+        };
+        let Ok(table) = std::fs::read_to_string(file) else {
+            continue;
+        };
+        readable = true;
+        if let Some(uid) = find_owner(&table, &want_local, &want_remote) {
+            return Owner::Uid(uid);
+        }
+    }
+    if readable {
+        Owner::NotLocal
+    } else {
+        Owner::Unknown
+    }
+}
+
+/// The uid of the socket with local end `local` and remote end `remote`
+/// (as [`proc_net_addr`] writes them) in a `/proc/net/tcp*` table, leaving
+/// out TIME_WAIT entries (which have no owner).
+fn find_owner(table: &str, local: &str, remote: &str) -> Option<u32> {
+    table.lines().skip(1).find_map(|line| {
+        let f: Vec<&str> = line.split_ascii_whitespace().collect();
+        if f.len() < 8 || f[3] == "06" {
+            return None;
+        }
+        (f[1].eq_ignore_ascii_case(local) && f[2].eq_ignore_ascii_case(remote))
+            .then(|| f[7].parse().ok())
+            .flatten()
+    })
+}
+
+/// `addr` as `/proc/net/tcp` (`v6` false) or `tcp6` writes it: each 32-bit
+/// word of the address in hex as the host reads it, a colon, the port in 4
+/// hex digits. `None` if the address has no form in that table.
+fn proc_net_addr(addr: SocketAddr, v6: bool) -> Option<String> {
+    let words: Vec<[u8; 4]> = match (canonical(addr.ip()), v6) {
+        (std::net::IpAddr::V4(ip), false) => vec![ip.octets()],
+        (std::net::IpAddr::V4(ip), true) => chunks(ip.to_ipv6_mapped().octets()),
+        (std::net::IpAddr::V6(ip), true) => chunks(ip.octets()),
+        (std::net::IpAddr::V6(_), false) => return None,
+    };
+    let mut s: String = words
+        .iter()
+        .map(|w| format!("{:08X}", u32::from_ne_bytes(*w)))
+        .collect();
+    s.push_str(&format!(":{:04X}", addr.port()));
+    Some(s)
+}
+
+fn chunks(b: [u8; 16]) -> Vec<[u8; 4]> {
+    b.chunks_exact(4)
+        .map(|c| [c[0], c[1], c[2], c[3]])
+        .collect()
+}
+
+fn run_connection(shared: &Arc<Shared>, id: u64, stream: TcpStream, heard: &AtomicBool) {
+    let accepted = handshake(shared, &stream, heard);
+    lock(&shared.pending).remove(&id);
     shared.handshakes.fetch_sub(1, Ordering::SeqCst);
     if let Some((rank, conn)) = accepted {
         serve(shared, rank, &conn, &stream);
@@ -747,7 +941,7 @@ fn refuse(mut stream: &TcpStream, reason: &str) {
 
 /// Runs the handshake; on success the rank is registered as live and has been
 /// sent `Welcome` and the departures so far.
-fn handshake(shared: &Shared, stream: &TcpStream) -> Option<(Rank, Arc<Conn>)> {
+fn handshake(shared: &Shared, stream: &TcpStream, heard: &AtomicBool) -> Option<(Rank, Arc<Conn>)> {
     let opts = &shared.opts;
     let deadline = Instant::now() + opts.handshake_timeout;
     stream.set_nodelay(true).ok()?;
@@ -774,7 +968,10 @@ fn handshake(shared: &Shared, stream: &TcpStream) -> Option<(Rank, Arc<Conn>)> {
                 nonce,
                 mac,
                 job,
-            })) => (version, rank, size, nonce, mac, job),
+            })) => {
+                heard.store(true, Ordering::SeqCst);
+                (version, rank, size, nonce, mac, job)
+            }
             Ok(Some(other)) => {
                 refuse(stream, &format!("expected Auth, got {}", other.name()));
                 return None;
@@ -925,4 +1122,66 @@ fn serve(shared: &Shared, rank: Rank, conn: &Arc<Conn>, stream: &TcpStream) {
     };
     shared.changed.notify_all();
     send_all(out);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn addresses_are_written_as_proc_net_tcp_does() {
+        let a: SocketAddr = "127.0.0.1:8080".parse().unwrap();
+        if cfg!(target_endian = "little") {
+            assert_eq!(proc_net_addr(a, false).unwrap(), "0100007F:1F90");
+            assert_eq!(
+                proc_net_addr(a, true).unwrap(),
+                "0000000000000000FFFF00000100007F:1F90"
+            );
+            let b: SocketAddr = "[::1]:1".parse().unwrap();
+            assert_eq!(
+                proc_net_addr(b, true).unwrap(),
+                "00000000000000000000000001000000:0001"
+            );
+        }
+        let b: SocketAddr = "[::1]:1".parse().unwrap();
+        assert_eq!(proc_net_addr(b, false), None);
+        let mapped: SocketAddr = "[::ffff:127.0.0.1]:8080".parse().unwrap();
+        assert_eq!(proc_net_addr(mapped, false), proc_net_addr(a, false));
+    }
+
+    #[test]
+    fn the_owner_of_a_loopback_peer_is_found() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let client = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (server_side, peer) = l.accept().unwrap();
+        assert_eq!(peer, client.local_addr().unwrap());
+        let local = server_side.local_addr().unwrap();
+        // SAFETY: geteuid has no preconditions.
+        let me = unsafe { libc::geteuid() };
+        match local_owner(local, peer) {
+            Owner::Unknown => {} // no /proc/net here: nothing to check
+            other => assert_eq!(other, Owner::Uid(me)),
+        }
+        assert!(peer_allowed(local, peer));
+        // A port nobody uses is no socket of this host.
+        drop(client);
+        let gone: SocketAddr = "127.0.0.1:1".parse().unwrap();
+        assert_ne!(local_owner(local, gone), Owner::Uid(me));
+        assert!(
+            find_owner(
+                "header\n 0: 0100007F:0001 0100007F:0002 01 0:0 0:0 0 1234 0 1\n",
+                "0100007F:0001",
+                "0100007F:0002"
+            ) == Some(1234)
+        );
+        assert_eq!(
+            find_owner(
+                "header\n 0: 0100007F:0001 0100007F:0002 06 0:0 0:0 0 0 0 1\n",
+                "0100007F:0001",
+                "0100007F:0002"
+            ),
+            None,
+            "TIME_WAIT has no owner"
+        );
+    }
 }
