@@ -56,8 +56,9 @@
 //! # Service
 //!
 //! * Keys are UTF-8 strings of at most [`wire::MAX_KEY_LEN`] (256) bytes,
-//!   values at most [`wire::MAX_VALUE_LEN`] (1 MiB). A `put` replaces an
-//!   earlier value of the same key; a `get` waits until some rank has put the
+//!   values at most [`wire::MAX_VALUE_LEN`] (1 MiB). A key belongs to
+//!   the rank that first put it: that rank's later `put` replaces the value,
+//!   another rank's `put` of it is refused ([`Error::Protocol`]); a `get` waits until some rank has put the
 //!   key or its timeout passes.
 //! * The store (keys, values and allgather contributions in flight) is bounded
 //!   by [`ServerOptions::max_store_bytes`], 64 MiB by default; beyond it a

@@ -204,7 +204,16 @@ impl Bootstrap {
         Config::new(self.rank, self.size, self.job.clone())
     }
 
-    /// Stores `value` under `key` (replacing an earlier value).
+    /// Stores `value` under `key` (replacing an earlier value this rank
+    /// put).
+    ///
+    /// Who may replace whose key depends on the launcher: under xdev-run a
+    /// key belongs to the rank that first put it, and another rank's put of
+    /// it fails with [`Error::Protocol`]; under PMIx each rank's value is
+    /// filed under that rank; under PMI-1 and PMI-2 any rank can replace
+    /// any key. Records that must be tied to their maker go through
+    /// [`allgather`](Self::allgather), which checks that on every launcher
+    /// (SECURITY.md, "Records and the launchers' key stores").
     ///
     /// Under xdev-run it returns once the service holds it, so a rank that
     /// learns of it afterwards can `get` it. Under PMIx and PMI the value is
@@ -249,7 +258,9 @@ impl Bootstrap {
     /// `timeout` has passed; a timeout is an [`Error::Transport`] whose source
     /// has kind [`io::ErrorKind::TimedOut`], and leaves the handle usable.
     /// (Under PMIx and PMI another rank's value is visible after the
-    /// collective that follows its `put`.)
+    /// collective that follows its `put`.) Under PMIx, a key that several
+    /// ranks put with different values fails with [`Error::Protocol`]
+    /// rather than answering with one of them.
     pub fn get(&self, key: &str, timeout: Duration) -> Result<Vec<u8>> {
         if let Backend::Tcp(t) = &self.backend {
             return t.get(key, timeout);
