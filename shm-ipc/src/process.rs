@@ -1623,8 +1623,16 @@ impl Engine {
                 continue;
             }
             any = true;
-            // What it sent before leaving is still deliverable (all of it:
-            // it is finite, whatever the per-call budget).
+            // What it sent before leaving is still deliverable, all of it,
+            // whatever the per-call budget: it lies within a ring's worth of
+            // slots from where we are now (a producer is never further
+            // ahead). Nothing after that is read, now or later: a live peer
+            // that only claims to have left and keeps refilling its ring
+            // cannot keep us here (issue 21).
+            let end = l.consumers[d]
+                .position()
+                .saturating_add(self.sh.mine.ring(d).nslots() as u64);
+            l.consumers[d].stop_at(end);
             while self.drain(l, d, None, false) {}
             if !l.gone[d] {
                 self.fail_peer(l, d, lost(d, "peer finished or died"));
@@ -1935,7 +1943,7 @@ impl Engine {
                     if !eng.direct_from_unexpected(l, &mut direct) {
                         eng.progress_locked(l, Some(&mut direct));
                         // Progress may have queued a match as unexpected (a
-                        // departed peer's ring is drained whole).
+                        // departed peer's ring is drained to its end).
                         if !direct.resolved() {
                             eng.direct_from_unexpected(l, &mut direct);
                         }
@@ -3227,6 +3235,82 @@ mod tests {
             d0.recv(&mut b, Source::Rank(1), TagSel::Tag(1), 3).unwrap();
             assert_eq!(u32::from_le_bytes(b), i);
         }
+    }
+
+    #[test]
+    fn a_peer_that_claims_to_have_left_and_keeps_sending_is_drained_boundedly() {
+        // Issue 21: a live peer that marks itself departed and keeps its ring
+        // full kept the receiver in one drain loop ("departed peers are
+        // drained whole"): millions of messages inside one iprobe.
+        use std::sync::atomic::AtomicUsize;
+        let (d0, d1) = pair(&[("ring_bytes", "4096")]);
+        let nslots = d0.engine.sh.mine.ring(1).nslots();
+        // It says it finished (state word, departures counter, doorbell)...
+        d1.engine.depart(state::CLOSED);
+        // ... and keeps the ring full of replies nobody waits for (ignored,
+        // not violations: fragments of an abandoned stream).
+        const CAP: usize = 100_000;
+        let pushed = AtomicUsize::new(0);
+        let stop = AtomicBool::new(false);
+        let full = AtomicBool::new(false);
+        let during = std::thread::scope(|s| {
+            s.spawn(|| {
+                let h = Header {
+                    kind: KIND_DATA,
+                    cookie: 0xdead,
+                    ..Header::default()
+                };
+                while !stop.load(Ordering::Relaxed) && pushed.load(Ordering::Relaxed) < CAP {
+                    if raw_push(&d1, 0, h, &[]) {
+                        pushed.fetch_add(1, Ordering::Relaxed);
+                    } else {
+                        full.store(true, Ordering::Relaxed);
+                        std::thread::yield_now();
+                    }
+                }
+            });
+            while !full.load(Ordering::Relaxed) {
+                std::thread::yield_now();
+            }
+            let before = pushed.load(Ordering::Relaxed);
+            let r = d0.iprobe(Source::Any, TagSel::Any, 0);
+            let during = pushed.load(Ordering::Relaxed) - before;
+            stop.store(true, Ordering::Relaxed);
+            assert!(matches!(r, Ok(None)), "{r:?}");
+            during
+        });
+        // The ring was full when the iprobe began: it took what was there
+        // (at most a ring's worth) and whatever arrived in between, bounded.
+        let bound = 2 * nslots + DRAIN_BUDGET;
+        assert!(
+            during <= bound,
+            "one iprobe let the peer push {during} more messages (bound {bound})"
+        );
+        // Later progress does not read its ring on either.
+        let before = pushed.load(Ordering::Relaxed);
+        let stop = AtomicBool::new(false);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let h = Header {
+                    kind: KIND_DATA,
+                    cookie: 0xdead,
+                    ..Header::default()
+                };
+                while !stop.load(Ordering::Relaxed) {
+                    if raw_push(&d1, 0, h, &[]) {
+                        pushed.fetch_add(1, Ordering::Relaxed);
+                    } else {
+                        std::thread::yield_now();
+                    }
+                }
+            });
+            for _ in 0..100 {
+                let _ = d0.iprobe(Source::Any, TagSel::Any, 0);
+            }
+            stop.store(true, Ordering::Relaxed);
+        });
+        let after = pushed.load(Ordering::Relaxed) - before;
+        assert!(after <= bound, "100 iprobes let it push {after} more");
     }
 
     #[test]

@@ -497,6 +497,9 @@ pub struct Consumer {
     /// The ring, its lifetime erased: [`Consumer::new`]'s contract keeps it.
     ring: RingRef<'static>,
     tail: u64,
+    /// No message starting here or later is read (see
+    /// [`Consumer::stop_at`]).
+    end: u64,
 }
 
 impl Consumer {
@@ -509,14 +512,33 @@ impl Consumer {
         Consumer {
             ring: ring.detach(),
             tail: 0,
+            end: u64::MAX,
         }
+    }
+
+    /// The consumer's position: the slot its next message starts at.
+    pub fn position(&self) -> u64 {
+        self.tail
+    }
+
+    /// Reads no message that starts at position `end` or later: [`peek`]
+    /// says there is none. For a producer that has left, whose messages all
+    /// lie within a ring's worth of slots from the position at which its
+    /// departure was seen, so that one that only claims to have left cannot
+    /// keep its consumer reading. A later call can only lower the limit.
+    ///
+    /// [`peek`]: Consumer::peek
+    pub fn stop_at(&mut self, end: u64) {
+        self.end = self.end.min(end);
     }
 
     /// The message at the head, if one is published.
     #[inline]
     pub fn peek(&self) -> Option<Result<Incoming, RingError>> {
         // Acquire pairs with the producer's publication store.
-        if self.ring.seq(self.tail).load(Ordering::Acquire) != self.tail + 1 {
+        if self.tail >= self.end
+            || self.ring.seq(self.tail).load(Ordering::Acquire) != self.tail + 1
+        {
             return None;
         }
         let slot = self.ring.slot(self.tail);
@@ -957,6 +979,7 @@ mod tests {
                     let mut c = Consumer {
                         ring: v.detach(),
                         tail,
+                        end: u64::MAX,
                     };
                     let m = c.peek().expect("published").expect("valid");
                     assert_eq!(m.header.len as usize, len);
@@ -989,6 +1012,7 @@ mod tests {
         let mut c = Consumer {
             ring: g.view().detach(),
             tail: 3,
+            end: u64::MAX,
         };
         let m = Incoming {
             header: Header {

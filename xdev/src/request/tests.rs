@@ -1,0 +1,339 @@
+use super::*;
+use crate::Envelope;
+use std::sync::Mutex;
+
+struct Inert;
+impl Progress for Inert {
+    fn progress(&self) {}
+    fn wait(&self, core: &RequestCore) {
+        while !core.is_done() {
+            std::thread::yield_now();
+        }
+    }
+    fn cancel(&self, _: &CoreRef) -> bool {
+        false
+    }
+}
+
+fn env() -> Envelope {
+    Envelope {
+        source: 1,
+        tag: 2,
+        context: 3,
+    }
+}
+
+#[test]
+fn completion_returns_buffer_and_counts() {
+    let t = Tracker::new();
+    let core = t.start(RequestKind::Send, Buffer::from(vec![5u8; 4]));
+    assert_eq!((t.outstanding(), t.outstanding_sends()), (1, 1));
+    let req = Request::new(core.clone(), Arc::new(Inert));
+    let req = req.test().expect_err("not complete yet");
+    assert!(t.complete(&core, Status::ok(env(), 4)));
+    assert!(
+        !t.complete(&core, Status::ok(env(), 0)),
+        "second completion refused"
+    );
+    assert_eq!((t.outstanding(), t.outstanding_sends()), (0, 0));
+    let c = req.wait();
+    assert_eq!(&c.buf[..], &[5, 5, 5, 5]);
+    assert_eq!(c.status.count, 4);
+    // Consumed by wait: peek no longer reports it.
+    assert!(t.pop_completed().is_none());
+}
+
+#[test]
+fn a_request_born_complete_is_peeked_once_and_gives_its_buffer_back() {
+    let t = Tracker::new();
+    let early = t.completed(
+        RequestKind::Send,
+        Buffer::from(vec![7u8; 3]),
+        Status::ok(env(), 3),
+    );
+    let dropped = t.completed(RequestKind::Send, Buffer::zeroed(1), Status::ok(env(), 1));
+    drop(dropped);
+    assert_eq!(t.outstanding(), 0, "born complete: never outstanding");
+    let peeked = t.pop_completed().expect("a held, unconsumed completion");
+    assert_eq!((peeked.id, peeked.status.count), (early.id(), 3));
+    assert!(
+        t.pop_completed().is_none(),
+        "reported once, dropped ones never"
+    );
+    assert!(!early.cancel(), "nothing to cancel");
+    let c = early.test().expect("complete at once");
+    assert_eq!((&c.buf[..], c.status.count), (&[7u8, 7, 7][..], 3));
+    // The status stays readable for peek until the core is reused, and
+    // a core whose handle consumed it is reused.
+    let again = t.completed(RequestKind::Recv, Buffer::zeroed(2), Status::ok(env(), 2));
+    assert_eq!(again.wait().buf.len(), 2);
+}
+
+#[test]
+fn take_if_done_gives_only_a_done_request_and_drives_nothing() {
+    struct Counting(AtomicU64);
+    impl Progress for Counting {
+        fn progress(&self) {
+            self.0.fetch_add(1, Ordering::Relaxed);
+        }
+        fn wait(&self, _: &RequestCore) {}
+        fn cancel(&self, _: &CoreRef) -> bool {
+            false
+        }
+    }
+    let t = Tracker::new();
+    let engine = Arc::new(Counting(AtomicU64::new(0)));
+    let core = t.start(RequestKind::Recv, Buffer::zeroed(2));
+    let r = Request::new(core.clone(), engine.clone());
+    let r = r.take_if_done().expect_err("not done");
+    assert_eq!(engine.0.load(Ordering::Relaxed), 0, "no progress driven");
+    t.complete(&core, Status::ok(env(), 2));
+    assert_eq!(r.take_if_done().expect("done").status.count, 2);
+}
+
+#[test]
+fn peek_reports_live_handles_once() {
+    let t = Tracker::new();
+    let a = Request::new(
+        t.start(RequestKind::Recv, Buffer::zeroed(1)),
+        Arc::new(Inert),
+    );
+    let b_core = t.start(RequestKind::Recv, Buffer::zeroed(1));
+    drop(Request::new(b_core.clone(), Arc::new(Inert)));
+    t.complete(&b_core, Status::ok(env(), 1));
+    assert!(
+        t.pop_completed().is_none(),
+        "dropped handle is not peekable"
+    );
+    let a_core = a.core.clone();
+    t.complete(&a_core, Status::ok(env(), 1));
+    assert_eq!(t.pop_completed().map(|p| p.id), Some(a.id()));
+    assert!(t.pop_completed().is_none(), "reported once");
+    assert_eq!(a.wait().status.count, 1);
+}
+
+#[test]
+fn forgotten_handle_keeps_memory_alive() {
+    let t = Tracker::new();
+    let core = t.start(RequestKind::Recv, Buffer::zeroed(8));
+    std::mem::forget(Request::new(core.clone(), Arc::new(Inert)));
+    // The device can still write: the core (and buffer) is alive.
+    // SAFETY: the core owns an 8-byte buffer and nobody else writes it.
+    unsafe { core.buffer_ptr().write_bytes(1, 8) };
+    assert!(t.complete(&core, Status::ok(env(), 8)));
+}
+
+#[test]
+fn relayed_request_returns_buffer_through_the_outer_one() {
+    let outer_t = Arc::new(Tracker::new());
+    let inner_t = Tracker::new();
+    let outer = outer_t.start_relay(RequestKind::Recv);
+    assert!(outer.buffer_ptr().is_null());
+    let handle = Request::new(outer.clone(), Arc::new(Inert));
+    let inner_core = inner_t.start(RequestKind::Recv, Buffer::from(vec![0u8; 4]));
+    let inner = Request::new(inner_core.clone(), Arc::new(Inert));
+    let (t, o) = (outer_t.clone(), outer.clone());
+    outer.relay(
+        inner,
+        Box::new(move |c: Completion| {
+            let mut st = c.status;
+            st.source = 7;
+            t.complete_returning(&o, c.buf, st);
+        }),
+    );
+    assert!(CoreRef::ptr_eq(
+        &outer.relayed_to().expect("relayed").0,
+        &inner_core
+    ));
+    assert!(!outer.is_done());
+    // SAFETY: the inner core owns the 4-byte buffer; nothing else writes it.
+    unsafe { inner_core.buffer_ptr().write_bytes(9, 4) };
+    assert!(inner_t.complete(&inner_core, Status::ok(env(), 4)));
+    assert!(
+        outer.is_done(),
+        "the hook ran before the inner request was done"
+    );
+    assert!(inner_t.pop_completed().is_none(), "inner is not peekable");
+    assert_eq!(outer_t.pop_completed().map(|p| p.id), Some(handle.id()));
+    let c = handle.wait();
+    assert_eq!((&c.buf[..], c.status.source), (&[9u8; 4][..], 7));
+    assert_eq!(outer_t.outstanding(), 0);
+}
+
+#[test]
+fn hook_on_a_completed_request_runs_at_once() {
+    let t = Tracker::new();
+    let core = t.start(RequestKind::Send, Buffer::from(vec![3u8; 2]));
+    t.complete(&core, Status::ok(env(), 2));
+    let got = Arc::new(Mutex::new(None));
+    let g = got.clone();
+    core.on_complete(Box::new(move |c| *g.lock().unwrap() = Some(c)));
+    let c = got.lock().unwrap().take().expect("hook ran");
+    assert_eq!((&c.buf[..], c.status.count), (&[3u8, 3][..], 2));
+}
+
+#[test]
+fn a_tracker_refuses_requests_it_did_not_start() {
+    // The review's reproduction: another tracker completing a device's
+    // request would hand its buffer out while the device writes it.
+    let device = Tracker::new();
+    let core = device.start(RequestKind::Recv, Buffer::zeroed(64));
+    let stranger = Tracker::new();
+    assert!(!stranger.started(&core));
+    assert!(!stranger.complete(&core, Status::ok(env(), 0)));
+    assert!(!stranger.complete_returning(&core, Buffer::zeroed(1), Status::ok(env(), 0)));
+    assert!(
+        !core.is_done(),
+        "a refused completion leaves the request alone"
+    );
+    assert!(device.complete(&core, Status::ok(env(), 64)));
+}
+
+#[test]
+fn complete_returning_refuses_a_request_that_owns_a_buffer() {
+    let t = Tracker::new();
+    let core = t.start(RequestKind::Recv, Buffer::zeroed(8));
+    assert!(!t.complete_returning(&core, Buffer::zeroed(8), Status::ok(env(), 0)));
+    assert!(!core.is_done());
+    assert!(t.complete(&core, Status::ok(env(), 8)));
+}
+
+/// A `Progress` whose `wait` returns at once, done or not.
+struct Liar;
+impl Progress for Liar {
+    fn progress(&self) {}
+    fn wait(&self, _: &RequestCore) {}
+    fn cancel(&self, _: &CoreRef) -> bool {
+        false
+    }
+}
+
+#[test]
+fn wait_returns_the_buffer_only_once_done_whatever_the_engine_says() {
+    let t = Arc::new(Tracker::new());
+    let core = t.start(RequestKind::Recv, Buffer::zeroed(16));
+    let handle = Request::new(core.clone(), Arc::new(Liar));
+    let (t2, c2) = (t.clone(), core.clone());
+    let completer = std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        // SAFETY: the request is incomplete, so it still owns its
+        // 16-byte buffer, and only this thread writes it.
+        unsafe { c2.buffer_ptr().write_bytes(5, 16) };
+        t2.complete(&c2, Status::ok(env(), 16));
+    });
+    let c = handle.wait();
+    assert!(core.is_done());
+    assert_eq!(&c.buf[..], &[5u8; 16][..]);
+    completer.join().unwrap();
+}
+
+#[test]
+fn threads_share_trackers_through_their_stashes() {
+    // Four threads start, complete and wait requests on three trackers
+    // in turn (more than one stash each), born complete or not, while a
+    // fifth peeks: every buffer comes back with its own bytes, ids stay
+    // unique per tracker, nothing stays outstanding, and the pools stay
+    // within what the stashes and the requests in flight explain.
+    let trackers: Vec<Tracker> = (0..3).map(|_| Tracker::new()).collect();
+    let stop = AtomicBool::new(false);
+    let ids = Mutex::new(vec![std::collections::HashSet::new(); 3]);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            while !stop.load(Ordering::Relaxed) {
+                for t in &trackers {
+                    let _ = t.pop_completed();
+                }
+            }
+        });
+        let workers: Vec<_> = (0..4u8)
+            .map(|w| {
+                let (trackers, ids) = (&trackers, &ids);
+                s.spawn(move || {
+                    let mut mine = vec![Vec::new(); 3];
+                    for i in 0..20_000u32 {
+                        let k = (i % 3) as usize;
+                        let t = &trackers[k];
+                        let bytes = vec![w ^ i as u8; 1 + (i % 5) as usize];
+                        let r = if i % 2 == 0 {
+                            t.completed(
+                                RequestKind::Send,
+                                Buffer::from(bytes.clone()),
+                                Status::ok(env(), bytes.len()),
+                            )
+                        } else {
+                            let core = t.start(RequestKind::Recv, Buffer::from(bytes.clone()));
+                            let r = Request::new(core.clone(), Arc::new(Inert));
+                            assert!(t.complete(&core, Status::ok(env(), bytes.len())));
+                            r
+                        };
+                        mine[k].push(r.id());
+                        let c = r.wait();
+                        assert_eq!(&c.buf[..], &bytes[..]);
+                        assert_eq!(c.status.count, bytes.len());
+                    }
+                    let mut all = ids.lock().unwrap();
+                    for (k, v) in mine.into_iter().enumerate() {
+                        for id in v {
+                            assert!(all[k].insert(id), "id {id:?} given twice");
+                        }
+                    }
+                })
+            })
+            .collect();
+        for w in workers {
+            w.join().unwrap();
+        }
+        stop.store(true, Ordering::Relaxed);
+    });
+    for t in &trackers {
+        assert_eq!(t.outstanding(), 0);
+        let n = t.pool.lock().all.len();
+        assert!(n <= 5 * pool::STASH_BATCH * 2, "pool grew to {n}");
+    }
+}
+
+#[test]
+fn cores_are_reused_and_the_pool_stays_small() {
+    let t = Tracker::new();
+    let mut first = None;
+    for _ in 0..10_000 {
+        let core = t.start(RequestKind::Send, Buffer::zeroed(0));
+        first.get_or_insert(CoreRef::as_ptr(&core));
+        let r = Request::new(core.clone(), Arc::new(Inert));
+        t.complete(&core, Status::ok(env(), 0));
+        drop(core);
+        drop(r.wait());
+    }
+    let pool = t.pool.lock();
+    assert!(pool.all.len() <= 32, "pool grew to {}", pool.all.len());
+    assert!(pool.all.iter().any(|c| Some(CoreRef::as_ptr(c)) == first));
+}
+
+#[test]
+fn a_core_still_held_by_the_device_is_not_reused() {
+    let t = Tracker::new();
+    let held = t.start(RequestKind::Recv, Buffer::zeroed(4));
+    // The handle is dropped, but the device still holds the core.
+    drop(Request::new(held.clone(), Arc::new(Inert)));
+    for _ in 0..100 {
+        let c = t.start(RequestKind::Recv, Buffer::zeroed(4));
+        assert!(!CoreRef::ptr_eq(&c, &held));
+        let r = Request::new(c.clone(), Arc::new(Inert));
+        t.complete(&c, Status::ok(env(), 4));
+        drop(c);
+        drop(r.wait());
+    }
+    assert!(!held.is_done());
+    assert_eq!(t.outstanding(), 1);
+    assert!(t.complete(&held, Status::ok(env(), 4)));
+    assert_eq!(t.outstanding(), 0);
+}
+
+#[test]
+#[should_panic(expected = "exactly one handle")]
+fn a_core_has_one_handle() {
+    let t = Tracker::new();
+    let core = t.start(RequestKind::Recv, Buffer::zeroed(4));
+    let _a = Request::new(core.clone(), Arc::new(Inert));
+    let _b = Request::new(core, Arc::new(Inert));
+}
