@@ -9,9 +9,17 @@
 //! alive (it published it itself, and the bootstrap barrier that follows
 //! proves it was still there), so pid reuse before the pidfd is opened would
 //! need the peer to die and its pid to be recycled within that window.
+//!
+//! The same pidfds answer [`PeerWatch::has_exited`] on the data path: the
+//! process device asks right before each CMA call (which names the peer by
+//! pid, as `process_vm_readv(2)` and `process_vm_writev(2)` require), so
+//! that it never copies from or into whatever process got a dead peer's pid.
+//! An exited process's pid can only be reused once it is reaped, and a
+//! pidfd turns readable at the exit, before the reaping.
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -24,6 +32,8 @@ pub const FALLBACK_POLL: Duration = Duration::from_millis(100);
 pub struct PeerWatch {
     stop: OwnedFd,
     thread: Option<JoinHandle<()>>,
+    /// How each peer is watched, by rank (shared with the watch thread).
+    peers: Arc<[Option<Watched>]>,
 }
 
 fn pidfd_open(pid: u32) -> io::Result<OwnedFd> {
@@ -46,6 +56,37 @@ fn alive_by_kill(pid: u32) -> bool {
 enum Watched {
     Pidfd(OwnedFd),
     Kill(u32),
+    /// Already gone when the watch started (`pidfd_open` said `ESRCH`).
+    Exited,
+}
+
+impl Watched {
+    /// Whether the process has exited, without blocking.
+    fn exited_now(&self) -> bool {
+        match self {
+            Watched::Pidfd(fd) => {
+                let mut p = libc::pollfd {
+                    fd: fd.as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                };
+                loop {
+                    // SAFETY: one live pollfd, a zero timeout.
+                    let n = unsafe { libc::poll(&mut p, 1, 0) };
+                    if n >= 0 {
+                        // Readable (or an error on the pidfd): exited.
+                        return p.revents != 0;
+                    }
+                    if io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+                        // Cannot tell (not expected): the safe answer.
+                        return true;
+                    }
+                }
+            }
+            Watched::Kill(pid) => !alive_by_kill(*pid),
+            Watched::Exited => true,
+        }
+    }
 }
 
 impl PeerWatch {
@@ -63,31 +104,54 @@ impl PeerWatch {
         // SAFETY: efd is a fresh descriptor that nothing else owns.
         let stop = unsafe { OwnedFd::from_raw_fd(efd) };
         let stop_raw = stop.as_raw_fd();
-        let mut watched = Vec::new();
-        let mut exited = Vec::new();
+        let n = peers.iter().map(|&(r, _)| r + 1).max().unwrap_or(0);
+        let mut table: Vec<Option<Watched>> = (0..n).map(|_| None).collect();
         for (rank, pid) in peers {
-            match pidfd_open(pid) {
-                Ok(fd) => watched.push((rank, Watched::Pidfd(fd))),
-                Err(e) if e.raw_os_error() == Some(libc::ESRCH) => exited.push(rank),
-                Err(_) => watched.push((rank, Watched::Kill(pid))),
-            }
+            table[rank] = Some(match pidfd_open(pid) {
+                Ok(fd) => Watched::Pidfd(fd),
+                Err(e) if e.raw_os_error() == Some(libc::ESRCH) => Watched::Exited,
+                Err(_) => Watched::Kill(pid),
+            });
         }
+        let table: Arc<[Option<Watched>]> = table.into();
+        let shared = table.clone();
         let thread = std::thread::Builder::new()
             .name("xdev-peer-watch".into())
             .spawn(move || {
-                for r in exited {
-                    on_exit(r);
+                let mut live = Vec::new();
+                for (r, w) in shared.iter().enumerate() {
+                    match w {
+                        Some(Watched::Exited) => on_exit(r),
+                        Some(_) => live.push(r),
+                        None => {}
+                    }
                 }
-                watch(stop_raw, watched, &on_exit);
+                watch(stop_raw, &shared, live, &on_exit);
             })?;
         Ok(PeerWatch {
             stop,
             thread: Some(thread),
+            peers: table,
         })
+    }
+
+    /// Whether `rank`'s process has exited, asked now of its pidfd (without
+    /// blocking; where no pidfd could be had, of `kill(pid, 0)`, which a
+    /// recycled pid fools). False for a rank not watched.
+    pub fn has_exited(&self, rank: Rank) -> bool {
+        self.peers
+            .get(rank)
+            .and_then(Option::as_ref)
+            .is_some_and(Watched::exited_now)
     }
 }
 
-fn watch(stop: libc::c_int, mut watched: Vec<(Rank, Watched)>, on_exit: &dyn Fn(Rank)) {
+fn watch(
+    stop: libc::c_int,
+    peers: &[Option<Watched>],
+    mut live: Vec<Rank>,
+    on_exit: &dyn Fn(Rank),
+) {
     loop {
         let mut fds = vec![libc::pollfd {
             fd: stop,
@@ -95,14 +159,14 @@ fn watch(stop: libc::c_int, mut watched: Vec<(Rank, Watched)>, on_exit: &dyn Fn(
             revents: 0,
         }];
         let mut any_kill = false;
-        for (_, w) in &watched {
-            match w {
-                Watched::Pidfd(fd) => fds.push(libc::pollfd {
+        for &r in &live {
+            match &peers[r] {
+                Some(Watched::Pidfd(fd)) => fds.push(libc::pollfd {
                     fd: fd.as_raw_fd(),
                     events: libc::POLLIN,
                     revents: 0,
                 }),
-                Watched::Kill(_) => any_kill = true,
+                _ => any_kill = true,
             }
         }
         let timeout = if any_kill {
@@ -121,17 +185,18 @@ fn watch(stop: libc::c_int, mut watched: Vec<(Rank, Watched)>, on_exit: &dyn Fn(
             return;
         }
         let mut k = 1;
-        watched.retain(|(rank, w)| {
-            let gone = match w {
-                Watched::Pidfd(_) => {
+        live.retain(|&rank| {
+            let gone = match &peers[rank] {
+                Some(Watched::Pidfd(_)) => {
                     let r = fds[k].revents;
                     k += 1;
                     r != 0
                 }
-                Watched::Kill(pid) => !alive_by_kill(*pid),
+                Some(w) => w.exited_now(),
+                None => true,
             };
             if gone {
-                on_exit(*rank);
+                on_exit(rank);
             }
             !gone
         });
@@ -175,5 +240,22 @@ mod tests {
         assert_eq!(rx.recv_timeout(Duration::from_secs(5)).unwrap(), 3);
         child.wait().unwrap();
         drop(watch); // joins the thread: must not hang
+    }
+
+    #[test]
+    fn has_exited_asks_the_pidfd_at_once() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let watch = PeerWatch::start(vec![(1, child.id())], |_| {}).unwrap();
+        assert!(!watch.has_exited(1));
+        assert!(!watch.has_exited(0), "not watched");
+        assert!(!watch.has_exited(7), "not watched");
+        child.kill().unwrap();
+        // Reaped: its pid could now be anyone's. The pidfd still says it
+        // is the one we watched, and that it exited.
+        child.wait().unwrap();
+        assert!(watch.has_exited(1));
     }
 }

@@ -853,6 +853,24 @@ impl Engine {
         min > 0 && n == len && n >= min.max(2 * SPLIT_PAGE)
     }
 
+    /// Whether a CMA call on peer `s` may be made now: it has not departed
+    /// (as far as we know, by its state word, or by the watch) and its
+    /// process has not exited, asked of its pidfd right before the call.
+    /// CMA names a process by pid: after an exit the pid may be reaped and
+    /// given to an unrelated process, which a call by pid would then read
+    /// or write (issue 21); a pidfd stays bound to the process it was opened
+    /// for. Every CMA call on a peer asks this first.
+    fn may_copy_with(&self, l: &Local, s: Rank) -> bool {
+        if l.gone[s] || self.sh.gone(s) {
+            return false;
+        }
+        self.watch
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .is_some_and(|w| !w.has_exited(s))
+    }
+
     /// The receiver's side of a matched rendezvous: nothing to copy (`FIN`),
     /// the CMA copy (split with the sender if `split` and large enough), or
     /// a `PULL` for the pipelined path if CMA is not (or no longer) allowed.
@@ -869,9 +887,10 @@ impl Engine {
         split: bool,
     ) -> Outcome {
         let s = env.source;
-        if l.gone[s] {
+        if !self.may_copy_with(l, s) {
             // A sender that left cannot have finished with this send
-            // outstanding: it died.
+            // outstanding: it died (or claims to have left; either way we
+            // copy nothing from a departed peer).
             return Outcome::Done(Status::failed(env, lost(s, "sender died")));
         }
         let n = len.min(cap);
@@ -1194,10 +1213,18 @@ impl Engine {
                     _ => return Err(format!("WRITE for send {} it cannot ask for", h.cookie)),
                 };
                 e.wrote = true;
+                let (data, len) = (e.data, e.len);
+                if !self.may_copy_with(l, s) {
+                    // A departed receiver's request is dropped, not served:
+                    // its receive is gone with it, and its pid may be
+                    // another process's by now. The send completes with its
+                    // FIN, or fails with the peer.
+                    return Ok(());
+                }
                 // SAFETY: the send's buffer is valid for len bytes until the
                 // send completes (owned by its request, or borrowed by a
                 // blocking send that waits for its reply), and half < len.
-                let tail = unsafe { std::slice::from_raw_parts(e.data.add(half), e.len - half) };
+                let tail = unsafe { std::slice::from_raw_parts(data.add(half), len - half) };
                 // Only rank s's memory is written, where it asked: a
                 // hostile receiver can only misplace our data in itself.
                 let flags = match crate::cma::write_remote(self.sh.pids[s], h.aux, tail) {
@@ -1214,6 +1241,10 @@ impl Engine {
                 let (dst, cap) = sp.target.dst();
                 let st = if let Some(e) = sp.start.head_failed {
                     Status::failed(sp.env, e)
+                } else if h.flags & FLAG_FAILED != 0 && !self.may_copy_with(l, s) {
+                    // It could not write, and has left since: nothing more
+                    // is read from it.
+                    Status::failed(sp.env, lost(s, "sender process is gone"))
                 } else if h.flags & FLAG_FAILED != 0 {
                     // It could not write: read the tail ourselves.
                     // SAFETY: dst is valid for cap >= len > half bytes and
@@ -3125,6 +3156,69 @@ mod tests {
         assert!(raw_push(&d3, 0, h, &[]));
         d2.progress();
         assert!(d2.engine.lock().broken[1]);
+    }
+
+    #[test]
+    fn a_departed_receivers_write_request_is_not_served() {
+        // Issue 21: a KIND_WRITE was served while draining a peer already
+        // known to have left, by pid: with the pid recycled, the sender
+        // wrote into an unrelated process. Here the "receiver" is this very
+        // process, so a write that happens lands in `target`.
+        let (d0, d1) = pair(&[("cma", "on")]);
+        let len = 256 << 10;
+        let send = d1.isend(Buffer::from(vec![0xAB; len]), 0, 5, 2);
+        let id = {
+            let l = d1.engine.lock();
+            assert_eq!(l.sends.len(), 1, "a rendezvous waits for rank 0");
+            *l.sends.keys().next().unwrap()
+        };
+        let mut target = vec![0u8; len];
+        let half = len / 2;
+        let h = Header {
+            kind: KIND_WRITE,
+            cookie: id,
+            aux: target.as_mut_ptr() as u64 + half as u64,
+            context: (half / SPLIT_PAGE) as u32,
+            ..Header::default()
+        };
+        // Rank 0 asks for the tail, then leaves before rank 1 gets to it.
+        assert!(raw_push(&d0, 1, h, &[]));
+        d0.engine.depart(state::DEAD);
+        for _ in 0..10 {
+            d1.progress();
+        }
+        assert!(
+            std::hint::black_box(&target).iter().all(|&b| b == 0),
+            "the departed rank's request was served"
+        );
+        assert!(!d1.engine.lock().broken[0], "a valid request, dropped");
+        let st = send.wait().status;
+        assert!(
+            matches!(st.error, Some(Error::PeerLost { rank: 0, .. })),
+            "{st:?}"
+        );
+    }
+
+    #[test]
+    fn a_departed_senders_rendezvous_is_not_read() {
+        // The read side of the same gap: a rendezvous matched while
+        // draining a sender that has left is not copied from its pid.
+        let (d0, d1) = pair(&[("cma", "on"), ("cma_split_bytes", "0")]);
+        let len = 256 << 10;
+        let recv = d0.irecv(Buffer::zeroed(len), Source::Rank(1), TagSel::Tag(5), 2);
+        let _send = d1.isend(Buffer::from(vec![0xAB; len]), 0, 5, 2);
+        // It leaves with its send outstanding.
+        d1.engine.depart(state::DEAD);
+        let done = recv.wait();
+        assert!(
+            matches!(done.status.error, Some(Error::PeerLost { rank: 1, .. })),
+            "{:?}",
+            done.status
+        );
+        assert!(
+            done.buf.iter().all(|&b| b == 0),
+            "read from a departed sender"
+        );
     }
 
     #[test]
