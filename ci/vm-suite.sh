@@ -238,8 +238,8 @@ fi
 section "IBVX: the ibv xdev device over rxe"
 # Every test below must really run here: a skip is a failure.
 export IBVX_REQUIRE_RDMA=1 XDEV_RANK_BIN=/usr/local/bin/xdev-rank IBVX_JOB_TIMEOUT=300
-unit "registration cache over rxe (stale-registration stress)" regcache.txt "$REGCACHE" --nocapture --test-threads 1
-unit "ibv device tests (init/finish loop, QP error, registration failure, free/realloc/resend)" \
+unit "registration cache over rxe (public face: zeroed leases, idle reuse, budget)" regcache.txt "$REGCACHE" --nocapture --test-threads 1
+unit "ibv device and cache tests (init/finish loop, QP error, registration failure, free/realloc/resend, cache keys, stale-registration stress)" \
   ibv-device.txt "$IBVX_LIB" ibv:: --test-threads 1
 unit "ibv scenarios (posted truncation, peer exit)" ibv-scen.txt "$IBV_SCEN" ibv_ --test-threads 1
 unit "ibv conformance, 2 processes" ibv-conf-2.txt "$IBV_CONF" two_processes:: --test-threads 1
