@@ -1,0 +1,306 @@
+//! The operations the device calls: blocking and nonblocking sends and
+//! receives, probes, `peek` and `finish`, and the guards that keep a
+//! blocking call's buffer out of the engine once the call ends.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use xdev::matching::PostedId;
+use xdev::target::{BlockingRecv, BlockingSend, SendOwner, Target};
+use xdev::{
+    check_recv, check_send, Buffer, Context, Envelope, Error, Pattern, Peeked, Rank, Request,
+    RequestKind, Result, Source, Status, Tag,
+};
+
+#[cfg(test)]
+use super::PANIC_AFTER_PUBLISH;
+use super::{Engine, Local, Outgoing};
+
+impl Engine {
+    pub(crate) fn blocking_send(
+        &self,
+        buf: &[u8],
+        dest: Rank,
+        tag: Tag,
+        context: Context,
+        sync: bool,
+    ) -> Result<()> {
+        check_send(dest, tag, self.fab.size)?;
+        self.check_open()?;
+        // Made before the send is published: on any exit, an unwind
+        // included, it waits until the NIC and the peer are done with `buf`.
+        let settle = SettleSend {
+            engine: self,
+            waiter: Default::default(),
+        };
+        let mut l = self.lock();
+        if self.closing.load(Ordering::Acquire) {
+            // `finish` may be past its wait for our sends.
+            return Err(Error::Closed);
+        }
+        let out = Outgoing {
+            dest,
+            tag,
+            context,
+            data: buf,
+            sync,
+        };
+        let started = self.start(&mut l, out, || {
+            let w = BlockingSend::new();
+            *settle.waiter.borrow_mut() = Some(w.clone());
+            SendOwner::Blocking(w)
+        })?;
+        if !started {
+            return Ok(());
+        }
+        drop(l);
+        let w = settle
+            .waiter
+            .borrow()
+            .clone()
+            .expect("a send in the engine has its waiter");
+        #[cfg(test)]
+        if PANIC_AFTER_PUBLISH.with(|p| p.replace(false)) {
+            panic!("injected: unwinding out of a published blocking send");
+        }
+        // The NIC or the peer may read `buf` until the send is out of the
+        // engine: this wait ignores our own closing (finish waits for it).
+        let _ = self.block_until(false, |_, _| Ok(w.is_done()));
+        w.outcome()
+    }
+
+    pub(crate) fn start_send(
+        self: &Arc<Self>,
+        buf: Buffer,
+        dest: Rank,
+        tag: Tag,
+        context: Context,
+        sync: bool,
+    ) -> Request {
+        let env = Envelope {
+            source: dest,
+            tag,
+            context,
+        };
+        if let Err(e) = check_send(dest, tag, self.fab.size).and_then(|_| self.check_open()) {
+            let core = self
+                .tracker
+                .rejected(RequestKind::Send, buf, Status::failed(env, e));
+            return Request::new(core, self.clone());
+        }
+        let core = self.tracker.start(RequestKind::Send, buf);
+        // SAFETY: the request owns the buffer; it is neither moved nor freed
+        // while the core lives, and the engine keeps the core while it
+        // holds the pointer.
+        let data = unsafe { std::slice::from_raw_parts(core.buffer_ptr(), core.buffer_len()) };
+        let mut l = self.lock();
+        if self.closing.load(Ordering::Acquire) {
+            // `finish` began after our first check (it sets `closing`
+            // before it waits and empties the queues under this lock).
+            drop(l);
+            self.tracker
+                .complete(&core, Status::failed(env, Error::Closed));
+            return Request::new(core, self.clone());
+        }
+        let out = Outgoing {
+            dest,
+            tag,
+            context,
+            data,
+            sync,
+        };
+        match self.start(&mut l, out, || SendOwner::Request(core.clone())) {
+            Ok(true) => {}
+            Ok(false) => {
+                self.tracker.complete(&core, Status::ok(env, data.len()));
+            }
+            Err(e) => {
+                self.tracker.complete(&core, Status::failed(env, e));
+            }
+        }
+        drop(l);
+        Request::new(core, self.clone())
+    }
+
+    pub(crate) fn start_recv(self: &Arc<Self>, buf: Buffer, pattern: Pattern) -> Request {
+        let env = Envelope {
+            source: self.fab.rank,
+            tag: -1,
+            context: pattern.context,
+        };
+        if let Err(e) =
+            check_recv(pattern.source, pattern.tag, self.fab.size).and_then(|_| self.check_open())
+        {
+            let core = self
+                .tracker
+                .rejected(RequestKind::Recv, buf, Status::failed(env, e));
+            return Request::new(core, self.clone());
+        }
+        let core = self.tracker.start(RequestKind::Recv, buf);
+        let mut l = self.lock();
+        if self.closing.load(Ordering::Acquire) {
+            // `finish` began after our first check: it empties the posted
+            // queue under this lock, so nothing posted now would complete.
+            drop(l);
+            self.tracker
+                .complete(&core, Status::failed(env, Error::Closed));
+            return Request::new(core, self.clone());
+        }
+        self.post(&mut l, pattern, Target::Request(core.clone()), |id| {
+            core.set_token(id.as_u64())
+        });
+        drop(l);
+        Request::new(core, self.clone())
+    }
+
+    pub(crate) fn recv_into(&self, buf: &mut [u8], pattern: Pattern) -> Result<Status> {
+        check_recv(pattern.source, pattern.tag, self.fab.size)?;
+        self.check_open()?;
+        let b = BlockingRecv::new(buf);
+        // Made before the receive is posted: on any exit, an unwind
+        // included, it takes the receive back out of the engine (and stops
+        // a peer writing into `buf`).
+        let mut guard = Unpost {
+            engine: self,
+            recv: &b,
+            id: None,
+        };
+        {
+            let mut l = self.lock();
+            if self.closing.load(Ordering::Acquire) {
+                return Err(Error::Closed);
+            }
+            self.post(&mut l, pattern, Target::Blocking(b.clone()), |p| {
+                guard.id = Some(p)
+            });
+        }
+        let r = if b.is_done() {
+            Ok(())
+        } else {
+            self.block_until(true, |_, _| Ok(b.is_done()))
+        };
+        drop(guard);
+        if b.is_done() {
+            return b.outcome();
+        }
+        r?;
+        Err(Error::Closed)
+    }
+
+    pub(crate) fn probe(&self, pattern: Pattern, block: bool) -> Result<Option<Status>> {
+        check_recv(pattern.source, pattern.tag, self.fab.size)?;
+        self.check_open()?;
+        let mut found = None;
+        let mut look = |_: &Self, l: &mut Local| -> Result<bool> {
+            found = l
+                .matching
+                .probe(&pattern)
+                .map(|(env, u)| Status::ok(env, u.len()));
+            if found.is_none() {
+                if let Source::Rank(s) = pattern.source {
+                    if let Some(e) = Self::gone_error(l, s) {
+                        return Err(e);
+                    }
+                }
+            }
+            Ok(found.is_some() || !block)
+        };
+        if block {
+            self.block_until(true, &mut look)?;
+        } else {
+            let mut l = self.lock();
+            self.progress_locked(&mut l);
+            self.check_departures(&mut l, false);
+            look(self, &mut l)?;
+        }
+        Ok(found)
+    }
+
+    pub(crate) fn peek(&self) -> Result<Option<Peeked>> {
+        let mut found = None;
+        self.block_until(true, |eng, _| {
+            found = eng.tracker.pop_completed();
+            Ok(found.is_some() || eng.tracker.outstanding() == 0)
+        })?;
+        Ok(found.or_else(|| self.tracker.pop_completed()))
+    }
+
+    pub(crate) fn finish(&self) -> Result<()> {
+        if self.closing.swap(true, Ordering::AcqRel) {
+            return Ok(());
+        }
+        // Our sends, our replies and the rendezvous receives peers are
+        // writing must be through before we stop.
+        let r = self.block_until(false, |eng, l| {
+            Ok(eng.tracker.outstanding_sends() == 0
+                && l.sends.is_empty()
+                && l.peers
+                    .iter()
+                    .all(|p| p.control.is_empty() && p.backlog.is_empty())
+                && l.incoming.is_empty())
+        });
+        let mut l = self.lock();
+        let env = Envelope {
+            source: self.fab.rank,
+            tag: -1,
+            context: 0,
+        };
+        for t in l.matching.remove_posted_where(|_, _| true) {
+            self.complete_target(&mut l, t, Status::failed(env, Error::Closed));
+        }
+        l.matching.drain_unexpected();
+        self.closed.store(true, Ordering::Release);
+        self.notify(&l);
+        r
+    }
+}
+
+/// Settles a blocking send on every exit, an unwind included: once the send
+/// is published the NIC may read the caller's buffer (an eager send from
+/// it, an RDMA write) until its completion, so a call that unwinds waits
+/// for that here.
+struct SettleSend<'e> {
+    engine: &'e Engine,
+    waiter: std::cell::RefCell<Option<Arc<BlockingSend>>>,
+}
+
+impl Drop for SettleSend<'_> {
+    fn drop(&mut self) {
+        if let Some(w) = self.waiter.get_mut().take() {
+            if !w.is_done() {
+                let _ = self.engine.block_until(false, |_, _| Ok(w.is_done()));
+            }
+        }
+    }
+}
+
+/// Takes a blocking receive out of the engine when its call ends, even by
+/// unwinding, so that the engine never keeps a pointer into a buffer whose
+/// borrow ended.
+struct Unpost<'e> {
+    engine: &'e Engine,
+    recv: &'e Arc<BlockingRecv>,
+    id: Option<PostedId>,
+}
+
+impl Drop for Unpost<'_> {
+    fn drop(&mut self) {
+        if self.recv.is_done() {
+            return;
+        }
+        let eng = self.engine;
+        let mut l = eng.lock();
+        if let Some(id) = self.id {
+            l.matching.cancel(id);
+        }
+        // A peer granted our buffer must stop writing it before we return.
+        let writer = l
+            .incoming
+            .values()
+            .find(|i| i.target.is(self.recv))
+            .map(|i| i.src);
+        if let Some(src) = writer {
+            eng.fail_peer(&mut l, src, Error::Closed);
+        }
+    }
+}

@@ -1,0 +1,368 @@
+//! Progress and sleeping: polling both completion queues, receive and send
+//! completions, departures from the bootstrap, waking waiters, and the
+//! blocking wait (spin, then sleep on the completion channel or the
+//! condition variable).
+
+use std::os::fd::AsRawFd;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use xdev::target::{cancelled, lost, unpost};
+use xdev::{Error, Progress, Rank, RequestCore, Result};
+
+#[cfg(test)]
+use super::WR_RAW;
+use super::{Engine, Local, POLL_BATCH, WR_KIND, WR_SLOT, WR_WRITE};
+use crate::ibv::wire;
+use crate::verbs::WorkCompletion;
+
+/// Polls of an idle wait before it sleeps.
+const SPIN_POLLS: u32 = 4_000;
+/// Longest sleep of a wait (departures are checked at least this often).
+const SLEEP: Duration = Duration::from_millis(20);
+/// How often a busy rank looks at the bootstrap's departure list.
+const DEPARTURE_CHECK: Duration = Duration::from_millis(20);
+/// Calls of a busy wait between two looks at the clock for departures.
+const DEPARTURE_POLLS: u32 = 256;
+
+fn wr_error(wc: &WorkCompletion, peer: Rank, what: &str) -> Error {
+    let status = wc.status();
+    if status == ibvx_sys::IBV_WC_RETRY_EXC_ERR || status == ibvx_sys::IBV_WC_RNR_RETRY_EXC_ERR {
+        lost(
+            peer,
+            &format!("{what}: {} (peer unreachable)", wc.status_str()),
+        )
+    } else {
+        Error::transport(
+            format!("{what} to rank {peer}"),
+            std::io::Error::other(format!(
+                "{} (vendor error {:#x})",
+                wc.status_str(),
+                wc.vendor_err()
+            )),
+        )
+    }
+}
+
+impl Engine {
+    /// Polls both completion queues and moves queued work; true if anything
+    /// happened.
+    pub(super) fn progress_locked(&self, l: &mut Local) -> bool {
+        let before = l.events;
+        let mut wcs = std::mem::take(&mut l.wcs);
+        loop {
+            let n = self.fab.recv_cq.poll(&mut wcs).unwrap_or(0);
+            for wc in &wcs[..n] {
+                self.on_recv_completion(l, wc);
+            }
+            let m = self.fab.send_cq.poll(&mut wcs).unwrap_or(0);
+            for wc in &wcs[..m] {
+                self.on_send_completion(l, wc);
+            }
+            l.events += (n + m) as u64;
+            if n < POLL_BATCH && m < POLL_BATCH {
+                break;
+            }
+        }
+        l.wcs = wcs;
+        let any = l.events != before;
+        if any {
+            // Completions return credits, send slots and send-queue room:
+            // what waited for them (queued messages, credit owed to peers)
+            // goes now. Nothing else frees these resources.
+            for d in 0..self.fab.size {
+                if d == self.fab.rank {
+                    continue;
+                }
+                let p = &l.peers[d];
+                if !p.control.is_empty() || !p.backlog.is_empty() {
+                    self.flush_peer(l, d);
+                }
+                let p = &l.peers[d];
+                if p.owed_slots > 0 || p.owed_bytes > 0 {
+                    self.return_credit(l, d);
+                }
+            }
+        }
+        if any {
+            self.notify(l);
+        }
+        any
+    }
+
+    pub(super) fn on_recv_completion(&self, l: &mut Local, wc: &WorkCompletion) {
+        let src = (wc.wr_id() >> 32) as Rank;
+        let slot = wc.wr_id() as u32;
+        if src >= self.fab.size || src == self.fab.rank {
+            return; // not ours (cannot happen)
+        }
+        if !wc.is_success() {
+            // Flushes after we failed the peer are expected; anything else
+            // (the queue pair entered the error state) fails it now.
+            if l.peers[src].gone.is_none() {
+                let e = wr_error(wc, src, "receive");
+                self.fail_peer(l, src, e);
+            }
+            return;
+        }
+        if l.peers[src].gone.is_some() {
+            return; // its queue pair is in the error state
+        }
+        let off = self.fab.recv_offset(src, slot);
+        let len = (wc.byte_len() as usize).min(self.fab.slot_len);
+        // SAFETY: slot (src, slot) is not posted (its completion is being
+        // handled), so neither the NIC nor a peer writes it until `repost`
+        // below; the range is inside the receive region.
+        let frame = unsafe {
+            std::slice::from_raw_parts(self.fab.recv_mr.as_mut_ptr().add(off).cast_const(), len)
+        };
+        match self.on_frame(l, src, frame) {
+            Ok(kind) => {
+                if l.peers[src].gone.is_none() {
+                    // The credit owed goes with the batch (progress_locked).
+                    self.repost(l, src, slot, kind != wire::Kind::Credit);
+                }
+            }
+            Err(what) => {
+                let e = Error::Protocol { rank: src, what };
+                self.fail_peer(l, src, e);
+            }
+        }
+    }
+
+    pub(super) fn on_send_completion(&self, l: &mut Local, wc: &WorkCompletion) {
+        let id = wc.wr_id();
+        let (dest, completes) = match id & WR_KIND {
+            WR_SLOT => {
+                let slot = (id & !WR_KIND) as u32;
+                let u = l.slot_use[slot as usize];
+                l.slot_use[slot as usize] = (0, None);
+                l.free_slots.push(slot);
+                u
+            }
+            WR_WRITE => {
+                // A failed write ends its send at once (later requests of
+                // the queue pair are flushed, not executed); a successful
+                // one waits for its RNDZ_END.
+                let send = id & !WR_KIND;
+                let Some(s) = l.sends.get(&send) else {
+                    return; // already failed by an earlier write
+                };
+                (s.dest, (!wc.is_success()).then_some(send))
+            }
+            #[cfg(test)]
+            WR_RAW => {
+                let dest = (id & !WR_KIND) as Rank;
+                l.raw_write = Some(if wc.is_success() {
+                    Ok(())
+                } else {
+                    Err(wr_error(wc, dest, "raw RDMA write").to_string())
+                });
+                l.peers[dest].sq_free += 1;
+                if !wc.is_success() && l.peers[dest].gone.is_none() {
+                    self.fail_peer(l, dest, wr_error(wc, dest, "raw RDMA write"));
+                }
+                return;
+            }
+            _ => return,
+        };
+        l.peers[dest].sq_free += 1;
+        let result = if wc.is_success() {
+            Ok(())
+        } else {
+            let e = l.peers[dest]
+                .gone
+                .clone()
+                .unwrap_or_else(|| wr_error(wc, dest, "send"));
+            if l.peers[dest].gone.is_none() {
+                self.fail_peer(l, dest, e.clone());
+            }
+            Err(e)
+        };
+        if let Some(send) = completes {
+            self.complete_send(l, send, result);
+        }
+    }
+
+    /// Makes progress until `done` (called under the lock after progress)
+    /// says so: spins a while, then sleeps on the completion channel (one
+    /// thread) or the condition variable (the others). With
+    /// `until_closed`, a closed device ends the wait with `Closed`.
+    pub(super) fn block_until(
+        &self,
+        until_closed: bool,
+        mut done: impl FnMut(&Self, &mut Local) -> Result<bool>,
+    ) -> Result<()> {
+        let mut idle = 0u32;
+        let mut l = self.lock();
+        loop {
+            let moved = self.progress_locked(&mut l);
+            self.check_departures(&mut l, false);
+            if done(self, &mut l)? {
+                return Ok(());
+            }
+            if until_closed && self.closed.load(Ordering::Acquire) {
+                return Err(Error::Closed);
+            }
+            if moved {
+                idle = 0;
+            }
+            if idle < SPIN_POLLS {
+                idle += 1;
+                drop(l);
+                if idle % 64 == 0 {
+                    std::thread::yield_now();
+                } else {
+                    std::hint::spin_loop();
+                }
+                l = self.lock();
+                continue;
+            }
+            if !self.sleeper.swap(true, Ordering::AcqRel) {
+                // Arm, then look once more: a completion that arrived
+                // before arming raises no event.
+                let armed = self.fab.send_cq.req_notify(false).is_ok()
+                    && self.fab.recv_cq.req_notify(false).is_ok();
+                let moved = self.progress_locked(&mut l);
+                if !armed || moved || done(self, &mut l)? {
+                    self.sleeper.store(false, Ordering::Release);
+                    continue;
+                }
+                drop(l);
+                self.sleep_on_channel();
+                self.sleeper.store(false, Ordering::Release);
+                l = self.lock();
+                // Others may be waiting for what the channel announced.
+                if l.cond_waiters > 0 {
+                    self.cond.notify_all();
+                }
+            } else {
+                l.cond_waiters += 1;
+                l = self
+                    .cond
+                    .wait_timeout(l, SLEEP)
+                    .unwrap_or_else(|p| p.into_inner())
+                    .0;
+                l.cond_waiters -= 1;
+            }
+            self.check_departures(&mut l, true);
+        }
+    }
+
+    /// Applies the bootstrap's departure notices (at most every
+    /// [`DEPARTURE_CHECK`] unless `now`).
+    pub(super) fn check_departures(&self, l: &mut Local, now: bool) {
+        if !now {
+            // The clock is read every DEPARTURE_POLLS calls only: a busy
+            // wait calls this on every poll, and reading the clock can be a
+            // system call (in a virtual machine, it often is).
+            l.departure_polls += 1;
+            if l.departure_polls < DEPARTURE_POLLS {
+                return;
+            }
+            l.departure_polls = 0;
+            if l.last_departure_check.elapsed() < DEPARTURE_CHECK {
+                return;
+            }
+        }
+        l.last_departure_check = Instant::now();
+        let Ok(deps) = self.boot.departures() else {
+            return;
+        };
+        if deps.len() == l.departures_seen {
+            return;
+        }
+        l.departures_seen = deps.len();
+        // What departed peers sent before leaving is delivered first.
+        self.progress_locked(l);
+        for d in deps {
+            if d.rank < self.fab.size && l.peers[d.rank].gone.is_none() && d.rank != self.fab.rank {
+                let why = if d.clean {
+                    "peer finished"
+                } else {
+                    "peer process died or lost its connection"
+                };
+                self.fail_peer(l, d.rank, lost(d.rank, why));
+            }
+        }
+        self.notify(l);
+    }
+
+    /// Wakes threads waiting for something to complete (`l` is the locked
+    /// state: waiters register there before they sleep).
+    pub(super) fn notify(&self, l: &Local) {
+        if l.cond_waiters > 0 {
+            self.cond.notify_all();
+        }
+        if self.sleeper.load(Ordering::Acquire) {
+            let one: u64 = 1;
+            // SAFETY: writes 8 bytes from a valid u64 to our eventfd.
+            unsafe {
+                libc::write(
+                    self.wake.as_raw_fd(),
+                    (&one as *const u64).cast(),
+                    std::mem::size_of::<u64>(),
+                )
+            };
+        }
+    }
+
+    /// Sleeps on the completion channel and the wake-up eventfd; the
+    /// caller holds the sleeper role and has armed both queues.
+    pub(super) fn sleep_on_channel(&self) {
+        let mut fds = [
+            libc::pollfd {
+                fd: self.fab.channel.fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: self.wake.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+        ];
+        // SAFETY: two valid pollfds.
+        unsafe { libc::poll(fds.as_mut_ptr(), 2, SLEEP.as_millis() as libc::c_int) };
+        if fds[0].revents & libc::POLLIN != 0 {
+            // Take (and acknowledge) every pending event without blocking.
+            while let Ok(Some(_)) = self.fab.channel.get_event(Some(Duration::ZERO)) {}
+        }
+        if fds[1].revents & libc::POLLIN != 0 {
+            let mut v: u64 = 0;
+            // SAFETY: reads 8 bytes into a valid u64 from our non-blocking eventfd.
+            unsafe {
+                libc::read(
+                    self.wake.as_raw_fd(),
+                    (&mut v as *mut u64).cast(),
+                    std::mem::size_of::<u64>(),
+                )
+            };
+        }
+    }
+}
+
+impl Progress for Engine {
+    fn progress(&self) {
+        if let Ok(mut l) = self.local.try_lock() {
+            self.progress_locked(&mut l);
+            self.check_departures(&mut l, false);
+        }
+    }
+
+    fn wait(&self, core: &RequestCore) {
+        let _ = self.block_until(true, |_, _| Ok(core.is_done()));
+        // A closed device completes every request it holds; spin out the
+        // tiny window before that completion lands.
+        while !core.is_done() {
+            std::thread::yield_now();
+        }
+    }
+
+    fn cancel(&self, core: &xdev::CoreRef) -> bool {
+        let mut l = self.lock();
+        let t = unpost(&mut l.matching, core);
+        t.map(|t| self.complete_target(&mut l, t, cancelled()))
+            .is_some()
+    }
+}
