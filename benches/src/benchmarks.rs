@@ -1,0 +1,281 @@
+//! The OSU benchmark loops over any xdev [`Device`]: latency (osu_latency),
+//! bandwidth (osu_bw), bidirectional bandwidth (osu_bibw), multiple bandwidth
+//! and message rate (osu_mbw_mr), with OSU's message sizes and iteration
+//! counts. Each gives its figure on rank 0 and `None` elsewhere.
+
+use std::time::Instant;
+
+use xdev::{Buffer, Device, Request, Source, TagSel};
+
+/// Context the benchmarks use.
+pub const BENCH_CONTEXT: u32 = 0x4245_4e43;
+
+/// Message sizes: 0, then powers of two up to `max`.
+pub fn sizes(max: usize) -> Vec<usize> {
+    let mut v = vec![0];
+    let mut s = 1;
+    while s <= max {
+        v.push(s);
+        s *= 2;
+    }
+    v
+}
+
+/// OSU's iteration counts for latency at `size`: (iterations, warm-up).
+pub fn latency_iterations(size: usize) -> (usize, usize) {
+    if size > 8192 {
+        (1_000, 10)
+    } else {
+        (10_000, 100)
+    }
+}
+
+/// OSU's iteration counts for bandwidth at `size`: (iterations, warm-up).
+pub fn bandwidth_iterations(size: usize) -> (usize, usize) {
+    if size > 8192 {
+        (20, 2)
+    } else {
+        (100, 10)
+    }
+}
+
+/// The OSU window of outstanding sends in the bandwidth test.
+pub const WINDOW: usize = 64;
+
+/// Pingpong between ranks 0 and 1: half the round-trip time in microseconds,
+/// on rank 0 (`None` elsewhere). Other ranks idle.
+pub fn latency(
+    dev: &dyn Device,
+    size: usize,
+    iters: usize,
+    skip: usize,
+) -> xdev::Result<Option<f64>> {
+    let me = dev.id();
+    let mut buf = vec![0xA5u8; size];
+    let c = BENCH_CONTEXT;
+    let secs = timed(iters, skip, || {
+        match me {
+            0 => {
+                dev.send(&buf, 1, 1, c)?;
+                dev.recv(&mut buf, Source::Rank(1), TagSel::Tag(1), c)?;
+            }
+            1 => {
+                dev.recv(&mut buf, Source::Rank(0), TagSel::Tag(1), c)?;
+                dev.send(&buf, 0, 1, c)?;
+            }
+            _ => {}
+        }
+        Ok(())
+    })?;
+    Ok((me == 0).then_some(secs * 1e6 / (2.0 * iters as f64)))
+}
+
+/// Runs `step` `skip` times untimed, then `iters` times timed; seconds.
+pub(crate) fn timed(
+    iters: usize,
+    skip: usize,
+    mut step: impl FnMut() -> xdev::Result<()>,
+) -> xdev::Result<f64> {
+    for _ in 0..skip {
+        step()?;
+    }
+    let start = Instant::now();
+    for _ in 0..iters {
+        step()?;
+    }
+    Ok(start.elapsed().as_secs_f64())
+}
+
+/// osu_bw: rank 0 posts `WINDOW` non-blocking sends, rank 1 the matching
+/// receives, then rank 1 answers with a zero-byte acknowledgement; repeated
+/// `iters` times. MB/s (10^6 bytes per second) on rank 0.
+///
+/// Each outstanding operation owns its buffer (the xdev rule), so the window
+/// uses `WINDOW` distinct buffers per side, allocated once and reused.
+pub fn bandwidth(
+    dev: &dyn Device,
+    size: usize,
+    iters: usize,
+    skip: usize,
+) -> xdev::Result<Option<f64>> {
+    let me = dev.id();
+    let c = BENCH_CONTEXT + 1;
+    let mut bufs: Vec<Buffer> = (0..WINDOW)
+        .map(|_| Buffer::from(vec![0x5Au8; size]))
+        .collect();
+    let secs = timed(iters, skip, || {
+        match me {
+            0 => {
+                let reqs: Vec<Request> = bufs.drain(..).map(|b| dev.isend(b, 1, 2, c)).collect();
+                for r in reqs {
+                    let (b, _) = r.wait().into_result()?;
+                    bufs.push(b);
+                }
+                dev.recv(&mut [], Source::Rank(1), TagSel::Tag(3), c)?;
+            }
+            1 => {
+                let reqs: Vec<Request> = bufs
+                    .drain(..)
+                    .map(|b| dev.irecv(b, Source::Rank(0), TagSel::Tag(2), c))
+                    .collect();
+                for r in reqs {
+                    let (b, _) = r.wait().into_result()?;
+                    bufs.push(b);
+                }
+                dev.send(&[], 0, 3, c)?;
+            }
+            _ => {}
+        }
+        Ok(())
+    })?;
+    let mb = (size * WINDOW * iters) as f64 / 1e6;
+    Ok((me == 0).then_some(mb / secs))
+}
+
+/// osu_bibw: both ranks post `WINDOW` non-blocking receives from the other,
+/// then `WINDOW` non-blocking sends to it, and wait for all of them;
+/// repeated `iters` times. MB/s in both directions together (10^6 bytes per
+/// second: `2 * size * WINDOW * iters / time`), on rank 0.
+///
+/// Each side uses `WINDOW` receive and `WINDOW` send buffers, allocated once
+/// and reused (an outstanding operation owns its buffer).
+pub fn bibandwidth(
+    dev: &dyn Device,
+    size: usize,
+    iters: usize,
+    skip: usize,
+) -> xdev::Result<Option<f64>> {
+    let me = dev.id();
+    let c = BENCH_CONTEXT + 3;
+    let mut rbufs: Vec<Buffer> = (0..WINDOW).map(|_| Buffer::from(vec![0u8; size])).collect();
+    let mut sbufs: Vec<Buffer> = (0..WINDOW)
+        .map(|_| Buffer::from(vec![0x3Cu8; size]))
+        .collect();
+    let secs = timed(iters, skip, || {
+        let peer = match me {
+            0 => 1,
+            1 => 0,
+            _ => return Ok(()),
+        };
+        let recvs: Vec<Request> = rbufs
+            .drain(..)
+            .map(|b| dev.irecv(b, Source::Rank(peer), TagSel::Tag(4), c))
+            .collect();
+        let sends: Vec<Request> = sbufs.drain(..).map(|b| dev.isend(b, peer, 4, c)).collect();
+        for r in recvs {
+            let (b, _) = r.wait().into_result()?;
+            rbufs.push(b);
+        }
+        for r in sends {
+            let (b, _) = r.wait().into_result()?;
+            sbufs.push(b);
+        }
+        Ok(())
+    })?;
+    let mb = (2 * size * WINDOW * iters) as f64 / 1e6;
+    Ok((me == 0).then_some(mb / secs))
+}
+
+/// The pairs of an osu_mbw_mr run on `ranks` ranks: rank `i` of the first
+/// half sends to rank `i + ranks / 2` (an odd last rank idles).
+pub fn mbw_pairs(ranks: usize) -> usize {
+    ranks / 2
+}
+
+/// osu_mbw_mr: the first half of the ranks each send to their partner in
+/// the second half ([`mbw_pairs`]), all pairs at once: per iteration a
+/// sender posts `WINDOW` non-blocking sends and waits for them, then receives
+/// a zero-byte acknowledgement, which its receiver sends once its `WINDOW`
+/// receives have completed. Every rank passes a barrier before the timed
+/// iterations and another after them, so rank 0's clock covers every pair.
+/// Aggregate MB/s of all pairs on rank 0 (messages per second are
+/// `MB/s * 10^6 / size`).
+pub fn multi_bandwidth(
+    dev: &dyn Device,
+    size: usize,
+    iters: usize,
+    skip: usize,
+) -> xdev::Result<Option<f64>> {
+    let pairs = mbw_pairs(dev.size());
+    let secs = stream(dev, pairs, size, iters, skip, BENCH_CONTEXT + 4)?;
+    let mb = (pairs * size * WINDOW * iters) as f64 / 1e6;
+    Ok(secs.map(|s| mb / s))
+}
+
+/// The message rate test (`xdev-bench --test rate`): osu_mbw_mr's loop with
+/// one pair, rank 0 sending to rank 1 (other ranks idle but pass the
+/// barriers). Per iteration rank 0 posts [`WINDOW`] non-blocking sends of
+/// `size` bytes and rank 1 the matching [`WINDOW`] receives; both wait for
+/// all of them, then rank 1 sends a zero-byte acknowledgement. Messages per
+/// second on rank 0: `WINDOW * iters / time`, the acknowledgements not
+/// counted (OSU's `Messages/s` column).
+///
+/// Each outstanding operation owns its buffer (the xdev rule), so each side
+/// posts `WINDOW` distinct buffers, allocated once and reused, and the
+/// requests go into one vector allocated once: in steady state the loop
+/// itself allocates nothing, so what a profile or an allocation count shows
+/// per message is the device's.
+pub fn message_rate(
+    dev: &dyn Device,
+    size: usize,
+    iters: usize,
+    skip: usize,
+) -> xdev::Result<Option<f64>> {
+    let secs = stream(dev, 1, size, iters, skip, BENCH_CONTEXT + 5)?;
+    Ok(secs.map(|s| (WINDOW * iters) as f64 / s))
+}
+
+/// The loop of [`multi_bandwidth`] and [`message_rate`] with `pairs` pairs
+/// (rank `i < pairs` sends to rank `i + pairs`) on context `c`: seconds of
+/// the timed iterations on rank 0, between two barriers of every rank.
+fn stream(
+    dev: &dyn Device,
+    pairs: usize,
+    size: usize,
+    iters: usize,
+    skip: usize,
+    c: u32,
+) -> xdev::Result<Option<f64>> {
+    let me = dev.id();
+    let mut bufs: Vec<Buffer> = (0..WINDOW)
+        .map(|_| Buffer::from(vec![0x69u8; size]))
+        .collect();
+    let mut reqs: Vec<Request> = Vec::with_capacity(WINDOW);
+    let mut step = || -> xdev::Result<()> {
+        if me < pairs {
+            let to = me + pairs;
+            reqs.extend(bufs.drain(..).map(|b| dev.isend(b, to, 5, c)));
+            for r in reqs.drain(..) {
+                let (b, _) = r.wait().into_result()?;
+                bufs.push(b);
+            }
+            dev.recv(&mut [], Source::Rank(to), TagSel::Tag(6), c)?;
+        } else if me < 2 * pairs {
+            let from = me - pairs;
+            reqs.extend(
+                bufs.drain(..)
+                    .map(|b| dev.irecv(b, Source::Rank(from), TagSel::Tag(5), c)),
+            );
+            for r in reqs.drain(..) {
+                let (b, _) = r.wait().into_result()?;
+                bufs.push(b);
+            }
+            dev.send(&[], from, 6, c)?;
+        }
+        Ok(())
+    };
+    for _ in 0..skip {
+        step()?;
+    }
+    xdev::conformance::barrier(dev)?;
+    let start = Instant::now();
+    for _ in 0..iters {
+        step()?;
+    }
+    xdev::conformance::barrier(dev)?;
+    let secs = start.elapsed().as_secs_f64();
+    Ok((me == 0).then_some(secs))
+}
+
+#[cfg(test)]
+mod tests;
