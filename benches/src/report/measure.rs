@@ -1,0 +1,232 @@
+//! Measuring for the report: running a program with its output captured
+//! and a time limit ([`run_captured`]), and the MPI peers built from
+//! `benches/mpi/osu_peer.c` and run on two ranks ([`measure_mpi`]).
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use super::records::{parse_results, Record};
+
+/// The C source of the MPI peer, built at report time with each MPI's `mpicc`.
+pub const MPI_PEER_SOURCE: &str = include_str!("../../mpi/osu_peer.c");
+
+/// How to install the MPI peers on Debian.
+pub const MPI_INSTALL: &str = "apt-get install openmpi-bin libopenmpi-dev mpich libmpich-dev";
+
+/// Runs `cmd` with stdout captured line by line (each line also passed to
+/// `each`), stderr inherited, killed after `limit`. Returns what it printed
+/// on stdout (also when it failed), and whether it succeeded.
+pub fn run_captured(
+    cmd: &mut Command,
+    limit: Duration,
+    each: impl FnMut(&str),
+) -> (String, Result<(), String>) {
+    let mut out = String::new();
+    let r = capture(cmd, limit, each, &mut out);
+    (out, r)
+}
+
+/// [`run_captured`] into `out`.
+fn capture(
+    cmd: &mut Command,
+    limit: Duration,
+    mut each: impl FnMut(&str),
+    out: &mut String,
+) -> Result<(), String> {
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stdin(Stdio::null())
+        .spawn()
+        .map_err(|e| format!("cannot start {:?}: {e}", cmd.get_program()))?;
+    let stdout = child.stdout.take().ok_or("no stdout pipe")?;
+    let id = child.id();
+    let start = Instant::now();
+    // A watchdog while stdout is read: kills the child when the limit
+    // passes. The child is not waited for before the watchdog has been
+    // joined, so its pid cannot have been reused.
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let watchdog = {
+        let done = done.clone();
+        std::thread::spawn(move || {
+            while !done.load(std::sync::atomic::Ordering::Acquire) {
+                if start.elapsed() > limit {
+                    // SAFETY: kill(2) on the pid of a child this process
+                    // started and has not reaped yet (see above).
+                    unsafe { libc::kill(id as libc::pid_t, libc::SIGKILL) };
+                    return true;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            false
+        })
+    };
+    for line in BufReader::new(stdout).lines() {
+        let Ok(line) = line else { break };
+        each(&line);
+        out.push_str(&line);
+        out.push('\n');
+    }
+    done.store(true, std::sync::atomic::Ordering::Release);
+    let mut killed = watchdog.join().unwrap_or(false);
+    // Stdout is closed; the child may still be running.
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break Ok(status),
+            Ok(None) if start.elapsed() > limit => {
+                let _ = child.kill();
+                killed = true;
+                break child.wait();
+            }
+            Ok(None) => std::thread::sleep(Duration::from_millis(20)),
+            Err(e) => break Err(e),
+        }
+    };
+    if killed {
+        return Err(format!("stopped after {} s", limit.as_secs()));
+    }
+    let status = status.map_err(|e| e.to_string())?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!("exited with {status}"))
+    }
+}
+
+/// An installed MPI: its name in the report, `mpicc` and `mpirun`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Mpi {
+    /// Name in the report (`Open MPI`, `MPICH`).
+    pub name: &'static str,
+    /// The series name of its records.
+    pub series: &'static str,
+    /// Compiler wrapper (Debian's alternative name).
+    pub mpicc: &'static str,
+    /// Launcher.
+    pub mpirun: &'static str,
+    /// Extra launcher arguments (binding, running as root).
+    pub run_args: &'static [&'static str],
+}
+
+/// The MPIs the report looks for (Debian's names).
+pub const MPIS: [Mpi; 2] = [
+    Mpi {
+        name: "Open MPI",
+        series: "Open MPI",
+        mpicc: "mpicc.openmpi",
+        mpirun: "mpirun.openmpi",
+        run_args: &["--bind-to", "core", "--map-by", "core"],
+    },
+    Mpi {
+        name: "MPICH",
+        series: "MPICH",
+        mpicc: "mpicc.mpich",
+        mpirun: "mpirun.mpich",
+        run_args: &["-bind-to", "core"],
+    },
+];
+
+/// `program` on `PATH`.
+pub fn which(program: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH").and_then(|p| {
+        std::env::split_paths(&p)
+            .map(|d| d.join(program))
+            .find(|f| f.is_file())
+    })
+}
+
+/// What `mpirun --version` says of its version: the value of a `Version:`
+/// line (MPICH's Hydra), else the first line (Open MPI's).
+fn version(mpirun: &Path) -> Option<String> {
+    let out = Command::new(mpirun)
+        .arg("--version")
+        .stdin(Stdio::null())
+        .output()
+        .ok()?;
+    let text = if out.stdout.is_empty() {
+        out.stderr
+    } else {
+        out.stdout
+    };
+    version_of(&String::from_utf8_lossy(&text))
+}
+
+/// The version in `mpirun --version`'s output `text` (see [`version`]).
+fn version_of(text: &str) -> Option<String> {
+    let lines = || text.lines().map(str::trim).filter(|l| !l.is_empty());
+    lines()
+        .find_map(|l| l.strip_prefix("Version:"))
+        .map(|v| format!("version {}", v.trim()))
+        .or_else(|| lines().next().map(String::from))
+}
+
+/// Builds the MPI peer with `mpi`'s `mpicc` in `dir` and runs it on two
+/// ranks: its records (named `mpi.series`) and a note on how, or why not.
+pub fn measure_mpi(
+    mpi: &Mpi,
+    dir: &Path,
+    max_size: usize,
+    rounds: usize,
+    quick: bool,
+) -> Result<(Vec<Record>, String), String> {
+    let mpicc = which(mpi.mpicc).ok_or_else(|| {
+        format!(
+            "{} is not installed (no {} on PATH; install with `{MPI_INSTALL}`)",
+            mpi.name, mpi.mpicc
+        )
+    })?;
+    let mpirun = which(mpi.mpirun).ok_or_else(|| {
+        format!(
+            "{} has {} but no {} (install with `{MPI_INSTALL}`)",
+            mpi.name, mpi.mpicc, mpi.mpirun
+        )
+    })?;
+    std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let src = dir.join("osu_peer.c");
+    std::fs::write(&src, MPI_PEER_SOURCE).map_err(|e| format!("{}: {e}", src.display()))?;
+    let exe = dir.join(format!("osu_peer-{}", mpi.mpicc.replace('.', "-")));
+    let cc = Command::new(&mpicc)
+        .args(["-O2", "-Wno-stringop-overflow", "-o"])
+        .arg(&exe)
+        .arg(&src)
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| format!("cannot run {}: {e}", mpicc.display()))?;
+    if !cc.status.success() {
+        return Err(format!(
+            "{} failed: {}",
+            mpi.mpicc,
+            String::from_utf8_lossy(&cc.stderr).trim()
+        ));
+    }
+    let mut cmd = Command::new(&mpirun);
+    cmd.args(["-np", "2"])
+        .args(mpi.run_args)
+        .arg(&exe)
+        .arg(mpi.series)
+        .arg(max_size.to_string())
+        .arg(rounds.to_string())
+        .arg(if quick { "1" } else { "0" })
+        // Open MPI refuses to run as root without these (containers, CI).
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
+    let (out, r) = run_captured(&mut cmd, Duration::from_secs(900), |_| {});
+    r.map_err(|e| format!("{} -np 2 osu_peer {e}", mpi.mpirun))?;
+    let records = parse_results(&out).records;
+    if records.is_empty() {
+        return Err(format!("{} printed no records", mpi.mpirun));
+    }
+    let version = version(&mpirun).unwrap_or_else(|| "version unknown".into());
+    Ok((
+        records,
+        format!(
+            "{version}; `{} -np 2 {}`",
+            mpi.mpirun,
+            mpi.run_args.join(" ")
+        ),
+    ))
+}
+
+#[cfg(test)]
+mod tests;
