@@ -10,6 +10,7 @@
 //! Nothing is invented: a device or peer that could not be measured is listed
 //! as "not measured" with the reason.
 
+mod driver;
 mod lines;
 mod machine;
 mod markdown;
@@ -20,6 +21,7 @@ mod tables;
 
 use std::time::Duration;
 
+pub use driver::report_main;
 pub use machine::{civil_from_days, utc_now, LoadSampler, Machine, LOAD_SAMPLE_EVERY};
 pub use measure::{measure_mpi, run_captured, which, Mpi, MPIS, MPI_INSTALL, MPI_PEER_SOURCE};
 pub use records::{

@@ -30,3 +30,15 @@ fn multi_bandwidth_layout() {
         "{\"device\":\"shm\",\"test\":\"mbw_mr\",\"size\":2,\"value\":1.0000,\"unit\":\"MB/s\",\"floor\":2.0000,\"pairs\":2,\"messages_per_s\":500000.00}"
     );
 }
+
+#[test]
+fn not_measured_lines() {
+    assert_eq!(
+        osu::not_measured("ibv", "verbs not available: no device", false),
+        "# Device: ibv: not measured: verbs not available: no device"
+    );
+    assert_eq!(
+        osu::not_measured("ibv", "say \"no\"\n", true),
+        "{\"device\":\"ibv\",\"not_measured\":\"say \\\"no\\\"\\u000a\"}"
+    );
+}

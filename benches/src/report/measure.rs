@@ -7,7 +7,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use super::records::{parse_results, Record};
+use super::records::{parse_results, Record, Results};
+use super::{PeerStatus, PSM_VS_RAW, RAW_PSM2, TESTS};
 
 /// The C source of the MPI peer, built at report time with each MPI's `mpicc`.
 pub const MPI_PEER_SOURCE: &str = include_str!("../../mpi/osu_peer.c");
@@ -226,6 +227,128 @@ pub fn measure_mpi(
             mpi.run_args.join(" ")
         ),
     ))
+}
+
+/// The suite of the report: this program (`exe`) on every device, the
+/// report's tests as JSON records, its progress on stderr. What it measured,
+/// also when it did not finish cleanly.
+pub(super) fn measure_suite(exe: &Path, max_size: usize, quick: bool) -> Results {
+    let mut suite = vec![
+        "--json".to_string(),
+        "--test".to_string(),
+        TESTS.join(","),
+        "--max-size".to_string(),
+        max_size.to_string(),
+    ];
+    if quick {
+        suite.push("--quick".into());
+    }
+    eprintln!("report: xdev-bench {}", suite.join(" "));
+    let mut last = (String::new(), String::new());
+    let (text, status) = run_captured(
+        Command::new(exe).args(&suite),
+        std::time::Duration::from_secs(3600),
+        |line| {
+            let rec = parse_results(line);
+            if let Some(x) = rec.records.first() {
+                if (x.device.as_str(), x.test.as_str()) != (last.0.as_str(), last.1.as_str()) {
+                    eprintln!("report: measuring {} {}", x.device, x.test);
+                    last = (x.device.clone(), x.test.clone());
+                }
+            }
+        },
+    );
+    if let Err(e) = &status {
+        eprintln!("report: the suite did not finish cleanly ({e}); reporting what it measured");
+    }
+    parse_results(&text)
+}
+
+/// Raw PSM2's status: measured when the suite has the psm device's
+/// `psm-vs-raw` records, else why not.
+pub(super) fn raw_psm2_status(results: &Results) -> (String, PeerStatus) {
+    let raw = if results.records.iter().any(|x| x.device == PSM_VS_RAW) {
+        PeerStatus::Measured(
+            "psm2_mq_* on the psm device's own endpoint, alternating with the device".into(),
+        )
+    } else {
+        let why = results
+            .not_measured
+            .iter()
+            .find(|(d, _)| d == "psm")
+            .map_or("the psm device was not measured".to_string(), |(_, w)| {
+                format!("the psm device was not measured: {w}")
+            });
+        PeerStatus::NotMeasured(why)
+    };
+    (RAW_PSM2.to_string(), raw)
+}
+
+/// The floors once more, alone (`--test floor`), right before the MPI
+/// peers run, when one of them is installed: their records go into
+/// `results`.
+pub(super) fn measure_floors_for_peers(
+    exe: &Path,
+    max_size: usize,
+    quick: bool,
+    results: &mut Results,
+) {
+    if !MPIS.iter().any(|m| which(m.mpicc).is_some()) {
+        return;
+    }
+    let mut floors = vec![
+        "--json".to_string(),
+        "--test".to_string(),
+        "floor".to_string(),
+        "--max-size".to_string(),
+        max_size.to_string(),
+    ];
+    if quick {
+        floors.push("--quick".into());
+    }
+    eprintln!("report: measuring the floors next to the MPI peers");
+    let (text, status) = run_captured(
+        Command::new(exe).args(&floors),
+        std::time::Duration::from_secs(1800),
+        |_| {},
+    );
+    if let Err(e) = status {
+        eprintln!("report: the floors next to the peers: {e}");
+    }
+    results.records.extend(parse_results(&text).records);
+}
+
+/// Every MPI of [`MPIS`] ([`measure_mpi`], skipped unless `mpi`): its
+/// records go into `results`; (name, status) of each.
+pub(super) fn measure_mpis(
+    mpi_wanted: bool,
+    max_size: usize,
+    quick: bool,
+    results: &mut Results,
+) -> Vec<(String, PeerStatus)> {
+    let mut peers = Vec::new();
+    let build_dir = std::env::temp_dir().join(format!("xdev-bench-report-{}", std::process::id()));
+    for mpi in &MPIS {
+        let status = if !mpi_wanted {
+            PeerStatus::NotMeasured("skipped (--no-mpi)".into())
+        } else {
+            eprintln!("report: measuring {} (osu_peer.c)", mpi.name);
+            let rounds = if quick { 1 } else { 3 };
+            match measure_mpi(mpi, &build_dir, max_size, rounds, quick) {
+                Ok((records, how)) => {
+                    results.records.extend(records);
+                    PeerStatus::Measured(how)
+                }
+                Err(why) => {
+                    eprintln!("report: {}: not measured: {why}", mpi.name);
+                    PeerStatus::NotMeasured(why)
+                }
+            }
+        };
+        peers.push((mpi.name.to_string(), status));
+    }
+    let _ = std::fs::remove_dir_all(&build_dir);
+    peers
 }
 
 #[cfg(test)]

@@ -1,0 +1,23 @@
+use super::*;
+
+#[test]
+fn report_arguments() {
+    let v = |l: &str| l.split_whitespace().map(String::from).collect::<Vec<_>>();
+    let r = parse_report(&v("--out /tmp/r --quick --max-size 64 --vm f --no-mpi"))
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        r,
+        ReportArgs {
+            out: Some("/tmp/r".into()),
+            quick: true,
+            max_size: 64,
+            vm: Some("f".into()),
+            mpi: false
+        }
+    );
+    let d = parse_report(&[]).unwrap().unwrap();
+    assert!(d.mpi && !d.quick && d.out.is_none() && d.max_size == 4 << 20);
+    assert_eq!(parse_report(&v("--help")).unwrap(), None);
+    assert!(parse_report(&v("--bogus")).is_err());
+}
