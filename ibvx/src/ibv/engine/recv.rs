@@ -5,11 +5,10 @@ use std::ptr;
 
 use xdev::matching::{Posted, PostedId};
 use xdev::target::Target;
-use xdev::{Envelope, Error, Pattern, Rank, Source, Status};
+use xdev::{Envelope, Pattern, Rank, Source, Status};
 
-use super::rendezvous::registration_error;
-use super::{rndv_window, Control, Engine, Local, Stage, Unexpected};
-use crate::ibv::wire::{self, Body, FLAG_FAILED, FLAG_SYNC};
+use super::{Control, Engine, Local, Stage, Unexpected};
+use crate::ibv::wire::{self, Body, Header, FLAG_SYNC};
 use crate::verbs::RemoteAddr;
 
 impl Engine {
@@ -24,139 +23,71 @@ impl Engine {
         let (head, body) =
             wire::decode(frame, self.fab.opts.eager_limit).map_err(|e| e.to_string())?;
         let kind = body.kind();
-        let depth = self.fab.opts.recv_depth;
-        let window = self.fab.opts.eager_window as u64;
-        {
-            let p = &mut l.peers[src];
-            p.credits += u32::from(head.slots);
-            p.window += u64::from(head.bytes);
-            if p.credits > depth || p.window > window {
-                return Err(format!(
-                    "returned more credit than it was given ({} slots of {depth}, {} bytes of {window})",
-                    p.credits, p.window
-                ));
-            }
-        }
+        self.accept_credit(l, src, &head)?;
         let env = Envelope {
             source: src,
             tag: head.tag,
             context: head.context,
         };
         match body {
-            Body::Eager(payload) => {
-                let n = payload.len() as u64;
-                if l.peers[src].held_bytes + n > window {
-                    return Err(format!("eager data beyond its window of {window} bytes"));
-                }
-                let sync = (head.flags & FLAG_SYNC != 0).then_some(head.id);
-                if let Some((_, t)) = l.matching.take_posted(&env) {
-                    self.copy_into(l, env, payload, t);
-                    l.peers[src].owed_bytes += n;
-                    if let Some(id) = sync {
-                        self.push_control(l, src, Control::Ack { id });
-                    }
-                } else {
-                    l.peers[src].held_bytes += n;
-                    let data = payload.to_vec();
-                    l.matching
-                        .push_unexpected(env, Unexpected::Eager { data, sync });
-                }
-            }
-            Body::RndzStart { len } => {
-                let len = usize::try_from(len)
-                    .ok()
-                    .filter(|&n| n <= isize::MAX as usize)
-                    .ok_or_else(|| format!("rendezvous length {len} too large"))?;
-                l.peers[src].rndv_in += 1;
-                if l.peers[src].rndv_in > rndv_window() {
-                    return Err(format!(
-                        "more than {} unfinished rendezvous sends",
-                        rndv_window()
-                    ));
-                }
-                if let Some((_, t)) = l.matching.take_posted(&env) {
-                    self.reply(l, env, head.id, len, t);
-                } else {
-                    l.matching
-                        .push_unexpected(env, Unexpected::Start { id: head.id, len });
-                }
-            }
+            Body::Eager(payload) => self.on_eager(l, env, &head, payload)?,
+            Body::RndzStart { len } => self.on_rndz_start(l, env, &head, len)?,
             Body::RndzReply {
                 rid,
                 addr,
                 len,
                 rkey,
-            } => {
-                let id = head.id;
-                let s = l
-                    .sends
-                    .get_mut(&id)
-                    .filter(|s| s.dest == src && s.stage == Stage::AwaitReply)
-                    .ok_or_else(|| format!("RNDZ_REPLY for unknown send {id}"))?;
-                if len > s.len as u64 {
-                    return Err(format!(
-                        "RNDZ_REPLY grants {len} bytes for a {}-byte message",
-                        s.len
-                    ));
-                }
-                if head.flags & FLAG_FAILED != 0 {
-                    let e = Error::transport(
-                        format!("rendezvous send to rank {src}"),
-                        std::io::Error::other("the receiver could not register its buffer"),
-                    );
-                    self.complete_send(l, id, Err(e));
-                } else if len == 0 {
-                    self.complete_send(l, id, Ok(()));
-                } else {
-                    let len = len as usize;
-                    // SAFETY: the send's buffer stays alive and unmoved until
-                    // the send is removed, which drops this registration first.
-                    match unsafe { self.fab.cache.register(s.data.cast_mut(), len) } {
-                        Ok(reg) => {
-                            s.reg = Some(reg);
-                            s.stage = Stage::Writing { posted: false };
-                            let dst = RemoteAddr { addr, rkey };
-                            self.push_control(l, src, Control::WriteEnd { id, rid, dst, len });
-                        }
-                        Err(e) => {
-                            self.complete_send(l, id, Err(registration_error(e)));
-                            self.push_control(l, src, Control::EndFailed { rid });
-                        }
-                    }
-                }
-            }
-            Body::RndzEnd => {
-                let rid = head.id;
-                if !l.incoming.get(&rid).is_some_and(|i| i.src == src) {
-                    return Err(format!("RNDZ_END for unknown receive {rid}"));
-                }
-                let inc = l.incoming.remove(&rid).expect("present");
-                Self::rendezvous_in_ended(l, src);
-                let st = if head.flags & FLAG_FAILED != 0 {
-                    let e = Error::transport(
-                        format!("rendezvous receive from rank {src}"),
-                        std::io::Error::other("the sender could not register its buffer"),
-                    );
-                    Status::failed(inc.env, e)
-                } else {
-                    Status::received(inc.env, inc.len, inc.cap)
-                };
-                self.complete_target(l, inc.target, st);
-            }
-            Body::Ack => {
-                let id = head.id;
-                if !l
-                    .sends
-                    .get(&id)
-                    .is_some_and(|s| s.dest == src && s.stage == Stage::AwaitAck)
-                {
-                    return Err(format!("ACK for unknown send {id}"));
-                }
-                self.complete_send(l, id, Ok(()));
-            }
+            } => self.on_rndz_reply(l, src, &head, rid, len, RemoteAddr { addr, rkey })?,
+            Body::RndzEnd => self.on_rndz_end(l, src, &head)?,
+            Body::Ack => self.on_ack(l, src, &head)?,
             Body::Credit => {}
         }
         Ok(kind)
+    }
+
+    /// Eager data: into a posted receive that matches, else held
+    /// unexpected (within the sender's byte window).
+    fn on_eager(
+        &self,
+        l: &mut Local,
+        env: Envelope,
+        head: &Header,
+        payload: &[u8],
+    ) -> std::result::Result<(), String> {
+        let src = env.source;
+        let window = self.fab.opts.eager_window as u64;
+        let n = payload.len() as u64;
+        if l.peers[src].held_bytes + n > window {
+            return Err(format!("eager data beyond its window of {window} bytes"));
+        }
+        let sync = (head.flags & FLAG_SYNC != 0).then_some(head.id);
+        if let Some((_, t)) = l.matching.take_posted(&env) {
+            self.copy_into(l, env, payload, t);
+            l.peers[src].owed_bytes += n;
+            if let Some(id) = sync {
+                self.push_control(l, src, Control::Ack { id });
+            }
+        } else {
+            l.peers[src].held_bytes += n;
+            let data = payload.to_vec();
+            l.matching
+                .push_unexpected(env, Unexpected::Eager { data, sync });
+        }
+        Ok(())
+    }
+
+    /// `ACK`: a synchronous eager send was matched.
+    fn on_ack(&self, l: &mut Local, src: Rank, head: &Header) -> std::result::Result<(), String> {
+        let id = head.id;
+        if !l
+            .sends
+            .get(&id)
+            .is_some_and(|s| s.dest == src && s.stage == Stage::AwaitAck)
+        {
+            return Err(format!("ACK for unknown send {id}"));
+        }
+        self.complete_send(l, id, Ok(()));
+        Ok(())
     }
 
     /// Delivers a message taken from the unexpected queue into `t`.

@@ -227,6 +227,28 @@ impl Engine {
         sync_id.is_some()
     }
 
+    /// Takes the credit a frame from `src` returns (slots and eager
+    /// bytes); more than it was given is a protocol violation.
+    pub(super) fn accept_credit(
+        &self,
+        l: &mut Local,
+        src: Rank,
+        head: &Header,
+    ) -> std::result::Result<(), String> {
+        let depth = self.fab.opts.recv_depth;
+        let window = self.fab.opts.eager_window as u64;
+        let p = &mut l.peers[src];
+        p.credits += u32::from(head.slots);
+        p.window += u64::from(head.bytes);
+        if p.credits > depth || p.window > window {
+            return Err(format!(
+                "returned more credit than it was given ({} slots of {depth}, {} bytes of {window})",
+                p.credits, p.window
+            ));
+        }
+        Ok(())
+    }
+
     /// Sends a `CREDIT` to `dest` if enough is owed and nothing else is
     /// going there to carry it.
     pub(super) fn return_credit(&self, l: &mut Local, dest: Rank) {
