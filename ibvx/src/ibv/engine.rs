@@ -42,8 +42,8 @@ use xdev::matching::{FxMap, MatchingEngine};
 use xdev::target::{SendOwner, Target};
 use xdev::{Context, Envelope, Error, Rank, Result, Source, Status, Tag, Tracker};
 
+use super::options::IbvOptions;
 use super::regcache::{Registration, RegistrationCache};
-use super::IbvOptions;
 use crate::verbs::{
     CompletionChannel, CompletionQueue, MemoryRegion, QueuePair, RemoteAddr, WorkCompletion,
 };
