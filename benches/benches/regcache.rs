@@ -1,8 +1,8 @@
 //! Criterion benchmarks of the registration cache
-//! (`ibvx::ibv::RegistrationCache`), through its public face: a hit (`lease`
-//! + drop of an idle chunk, which includes zeroing it) against a miss (the
-//! same with no idle chunk kept: `mmap`, `ibv_reg_mr`, then `ibv_dereg_mr`,
-//! `munmap`).
+//! (`ibvx::ibv::RegistrationCache`), through its public face: a hit (a
+//! `lease` and drop of an idle chunk, which includes zeroing it) against a
+//! miss (the same with no idle chunk kept: `mmap`, `ibv_reg_mr`, then
+//! `ibv_dereg_mr`, `munmap`).
 //!
 //! The lookups and transient registrations (`find`, `register`) are private
 //! to ibvx since issue 21 (they hand out keys of memory that may be leased
