@@ -15,6 +15,7 @@ mod buffer;
 pub mod conformance;
 mod device;
 mod error;
+pub mod face;
 pub mod launch;
 pub mod lock;
 pub mod matching;
@@ -26,6 +27,7 @@ mod types;
 pub use buffer::{Buffer, BufferStorage};
 pub use device::{check_recv, check_send, check_tag, Config, Device};
 pub use error::{Error, Result};
+pub use face::{Face, Transport};
 pub use registry::Registry;
 pub use request::{
     Completion, CoreRef, Peeked, Progress, Request, RequestCore, RequestId, RequestKind, Tracker,

@@ -1,0 +1,217 @@
+//! [`Face`]: the one [`Device`] implementation, over a [`Transport`].
+//!
+//! Every device of the workspace is a `Face` over its transport's engine.
+//! The face checks the arguments (rank, tag, an open device) and turns a
+//! refused non-blocking operation into a request that is born complete
+//! with the error and gives its buffer back; the transport sees only
+//! operations whose arguments are valid, and keeps its own protocol
+//! (eager and rendezvous paths, matching, progress, blocking) behind the
+//! small set of calls below. A device's own extras (options, leased
+//! memory, statistics) are methods of its transport, reached through the
+//! face by `Deref`.
+
+use std::ops::Deref;
+use std::sync::Arc;
+
+use crate::{
+    check_recv, check_send, Buffer, Context, Envelope, Error, Pattern, Peeked, Progress, Rank,
+    Request, RequestKind, Result, Source, Status, Tag, TagSel, Tracker,
+};
+
+/// What a transport's engine implements to be a device ([`Face`]).
+///
+/// Every call gets arguments the face has checked: a destination and a
+/// source within the job, tags within `0..=TAG_UB`, and the engine was
+/// open when the call began (a `finish` racing with the call is the
+/// engine's to handle, under its own lock).
+pub trait Transport: Progress + Sized + 'static {
+    /// The device's name, as the registry knows it.
+    const NAME: &'static str;
+    /// This rank.
+    fn rank(&self) -> Rank;
+    /// The number of ranks in the job.
+    fn size(&self) -> usize;
+    /// The tracker whose requests this engine completes.
+    fn tracker(&self) -> &Tracker;
+    /// `Err(Error::Closed)` once `finish` began.
+    fn check_open(&self) -> Result<()>;
+    /// Sends `buf` and returns once it may be reused (`sync`: once the
+    /// receiver matched it).
+    fn blocking_send(
+        &self,
+        buf: &[u8],
+        dest: Rank,
+        tag: Tag,
+        cx: Context,
+        sync: bool,
+    ) -> Result<()>;
+    /// Starts sending `buf`, which moves into the request.
+    fn start_send(
+        self: &Arc<Self>,
+        buf: Buffer,
+        dest: Rank,
+        tag: Tag,
+        cx: Context,
+        sync: bool,
+    ) -> Request;
+    /// Receives the first message that matches `pattern` into `buf`.
+    fn recv_into(&self, buf: &mut [u8], pattern: Pattern) -> Result<Status>;
+    /// Starts a receive into `buf`, which moves into the request.
+    fn start_recv(self: &Arc<Self>, buf: Buffer, pattern: Pattern) -> Request;
+    /// The status of the first message that matches `pattern`, without
+    /// receiving it; `block`: wait for one (then `None` only if the engine
+    /// closed meanwhile).
+    fn probe(&self, pattern: Pattern, block: bool) -> Result<Option<Status>>;
+    /// See [`Device::peek`].
+    fn peek(&self) -> Result<Option<Peeked>>;
+    /// See [`Device::finish`].
+    fn finish(&self) -> Result<()>;
+}
+
+/// A device: a transport's engine behind the [`Device`] contract.
+///
+/// Dereferences to the engine, whose public methods are the device's own
+/// extras.
+pub struct Face<T> {
+    engine: Arc<T>,
+}
+
+impl<T: Transport> Face<T> {
+    /// The device over `engine`.
+    pub fn new(engine: Arc<T>) -> Self {
+        Face { engine }
+    }
+
+    /// The engine (shared with the requests it made).
+    pub fn engine(&self) -> &Arc<T> {
+        &self.engine
+    }
+
+    /// A request that failed before it started: complete at once with `e`,
+    /// its buffer given back through the handle as usual.
+    fn refused(&self, kind: RequestKind, buf: Buffer, env: Envelope, e: Error) -> Request {
+        let core = self
+            .engine
+            .tracker()
+            .rejected(kind, buf, Status::failed(env, e));
+        Request::new(core, self.engine.clone())
+    }
+}
+
+impl<T> Deref for Face<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.engine
+    }
+}
+
+impl<T: std::fmt::Debug> std::fmt::Debug for Face<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.engine.fmt(f)
+    }
+}
+
+impl<T: Transport> crate::Device for Face<T> {
+    fn name(&self) -> &'static str {
+        T::NAME
+    }
+
+    fn id(&self) -> Rank {
+        self.engine.rank()
+    }
+
+    fn size(&self) -> usize {
+        self.engine.size()
+    }
+
+    fn send(&self, buf: &[u8], dest: Rank, tag: Tag, context: Context) -> Result<()> {
+        check_send(dest, tag, self.engine.size())?;
+        self.engine.check_open()?;
+        self.engine.blocking_send(buf, dest, tag, context, false)
+    }
+
+    fn ssend(&self, buf: &[u8], dest: Rank, tag: Tag, context: Context) -> Result<()> {
+        check_send(dest, tag, self.engine.size())?;
+        self.engine.check_open()?;
+        self.engine.blocking_send(buf, dest, tag, context, true)
+    }
+
+    fn recv(
+        &self,
+        buf: &mut [u8],
+        source: Source,
+        tag: TagSel,
+        context: Context,
+    ) -> Result<Status> {
+        check_recv(source, tag, self.engine.size())?;
+        self.engine.check_open()?;
+        self.engine
+            .recv_into(buf, Pattern::new(source, tag, context))
+    }
+
+    fn isend(&self, buf: Buffer, dest: Rank, tag: Tag, context: Context) -> Request {
+        self.start_send(buf, dest, tag, context, false)
+    }
+
+    fn issend(&self, buf: Buffer, dest: Rank, tag: Tag, context: Context) -> Request {
+        self.start_send(buf, dest, tag, context, true)
+    }
+
+    fn irecv(&self, buf: Buffer, source: Source, tag: TagSel, context: Context) -> Request {
+        let checked = check_recv(source, tag, self.engine.size());
+        if let Err(e) = checked.and_then(|_| self.engine.check_open()) {
+            let env = Envelope {
+                source: self.engine.rank(),
+                tag: -1,
+                context,
+            };
+            return self.refused(RequestKind::Recv, buf, env, e);
+        }
+        self.engine
+            .start_recv(buf, Pattern::new(source, tag, context))
+    }
+
+    fn probe(&self, source: Source, tag: TagSel, context: Context) -> Result<Status> {
+        check_recv(source, tag, self.engine.size())?;
+        self.engine.check_open()?;
+        self.engine
+            .probe(Pattern::new(source, tag, context), true)?
+            .ok_or(Error::Closed)
+    }
+
+    fn iprobe(&self, source: Source, tag: TagSel, context: Context) -> Result<Option<Status>> {
+        check_recv(source, tag, self.engine.size())?;
+        self.engine.check_open()?;
+        self.engine.probe(Pattern::new(source, tag, context), false)
+    }
+
+    fn peek(&self) -> Result<Option<Peeked>> {
+        self.engine.peek()
+    }
+
+    fn progress(&self) {
+        Progress::progress(&*self.engine)
+    }
+
+    fn finish(&self) -> Result<()> {
+        self.engine.finish()
+    }
+}
+
+impl<T: Transport> Face<T> {
+    fn start_send(&self, buf: Buffer, dest: Rank, tag: Tag, cx: Context, sync: bool) -> Request {
+        let checked = check_send(dest, tag, self.engine.size());
+        if let Err(e) = checked.and_then(|_| self.engine.check_open()) {
+            let env = Envelope {
+                source: dest,
+                tag,
+                context: cx,
+            };
+            return self.refused(RequestKind::Send, buf, env, e);
+        }
+        self.engine.start_send(buf, dest, tag, cx, sync)
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,145 @@
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use super::*;
+use crate::{Device, RequestCore};
+
+/// A transport that counts the calls that reach it and completes every
+/// operation at once (the face's checks are what is under test here; the
+/// devices' own behaviour is the conformance suite's).
+#[derive(Default)]
+struct Counting {
+    tracker: Tracker,
+    calls: AtomicUsize,
+    closed: std::sync::atomic::AtomicBool,
+}
+
+impl Progress for Counting {
+    fn progress(&self) {}
+    fn wait(&self, _: &RequestCore) {}
+    fn cancel(&self, _: &crate::CoreRef) -> bool {
+        false
+    }
+}
+
+impl Transport for Counting {
+    const NAME: &'static str = "counting";
+    fn rank(&self) -> Rank {
+        0
+    }
+    fn size(&self) -> usize {
+        2
+    }
+    fn tracker(&self) -> &Tracker {
+        &self.tracker
+    }
+    fn check_open(&self) -> Result<()> {
+        if self.closed.load(Ordering::Relaxed) {
+            return Err(Error::Closed);
+        }
+        Ok(())
+    }
+    fn blocking_send(&self, _: &[u8], _: Rank, _: Tag, _: Context, _: bool) -> Result<()> {
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+    fn start_send(self: &Arc<Self>, buf: Buffer, d: Rank, t: Tag, c: Context, _: bool) -> Request {
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        let env = Envelope {
+            source: d,
+            tag: t,
+            context: c,
+        };
+        let n = buf.len();
+        self.tracker
+            .completed(RequestKind::Send, buf, Status::ok(env, n))
+    }
+    fn recv_into(&self, _: &mut [u8], p: Pattern) -> Result<Status> {
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        let env = Envelope {
+            source: 1,
+            tag: 0,
+            context: p.context,
+        };
+        Ok(Status::ok(env, 0))
+    }
+    fn start_recv(self: &Arc<Self>, buf: Buffer, p: Pattern) -> Request {
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        let env = Envelope {
+            source: 1,
+            tag: 0,
+            context: p.context,
+        };
+        self.tracker
+            .completed(RequestKind::Recv, buf, Status::ok(env, 0))
+    }
+    fn probe(&self, _: Pattern, _: bool) -> Result<Option<Status>> {
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        Ok(None)
+    }
+    fn peek(&self) -> Result<Option<Peeked>> {
+        Ok(None)
+    }
+    fn finish(&self) -> Result<()> {
+        self.closed.store(true, Ordering::Relaxed);
+        Ok(())
+    }
+}
+
+#[test]
+fn invalid_arguments_never_reach_the_transport_and_give_the_buffer_back() {
+    let face = Face::new(Arc::new(Counting::default()));
+    let calls = || face.engine().calls.load(Ordering::Relaxed);
+    assert!(matches!(
+        face.send(b"x", 2, 0, 0),
+        Err(Error::InvalidRank { rank: 2, size: 2 })
+    ));
+    assert!(matches!(
+        face.ssend(b"x", 1, -1, 0),
+        Err(Error::InvalidTag(-1))
+    ));
+    let mut b = [0u8; 4];
+    assert!(matches!(
+        face.recv(&mut b, Source::Rank(5), TagSel::Any, 0),
+        Err(Error::InvalidRank { rank: 5, .. })
+    ));
+    assert!(face.iprobe(Source::Any, TagSel::Tag(-2), 0).is_err());
+    let done = face.isend(Buffer::from(vec![7u8; 3]), 9, 0, 3).wait();
+    assert!(matches!(
+        done.status.error,
+        Some(Error::InvalidRank { rank: 9, .. })
+    ));
+    assert_eq!(done.buf.len(), 3, "the refused send's buffer comes back");
+    let done = face
+        .irecv(Buffer::zeroed(8), Source::Any, TagSel::Tag(-3), 3)
+        .wait();
+    assert!(matches!(done.status.error, Some(Error::InvalidTag(-3))));
+    assert_eq!(done.buf.len(), 8);
+    assert_eq!(calls(), 0, "nothing invalid reached the transport");
+
+    // Valid arguments do, each once.
+    face.send(b"x", 1, 0, 0).unwrap();
+    face.recv(&mut b, Source::Any, TagSel::Any, 0).unwrap();
+    assert!(face
+        .iprobe(Source::Rank(1), TagSel::Tag(0), 0)
+        .unwrap()
+        .is_none());
+    face.irecv(Buffer::zeroed(1), Source::Any, TagSel::Any, 0)
+        .wait();
+    assert_eq!(calls(), 4);
+    assert_eq!(face.name(), "counting");
+}
+
+#[test]
+fn after_finish_operations_fail_with_closed_before_the_transport() {
+    let face = Face::new(Arc::new(Counting::default()));
+    face.finish().unwrap();
+    assert!(matches!(face.send(b"x", 1, 0, 0), Err(Error::Closed)));
+    assert!(matches!(
+        face.probe(Source::Any, TagSel::Any, 0),
+        Err(Error::Closed)
+    ));
+    let done = face.issend(Buffer::from(vec![1u8]), 1, 0, 0).wait();
+    assert!(matches!(done.status.error, Some(Error::Closed)));
+    assert_eq!(done.buf.len(), 1);
+    assert_eq!(face.engine().calls.load(Ordering::Relaxed), 0);
+}
