@@ -1,16 +1,15 @@
-//! [`Face`]: the one [`Device`] implementation, over a [`Transport`].
+//! [`Face`]: the one [`Device`](crate::Device) implementation, over a
+//! [`Transport`].
 //!
-//! Every device of the workspace is a `Face` over its transport's engine.
+//! Every device of the workspace is a face over its transport's engine.
 //! The face checks the arguments (rank, tag, an open device) and turns a
 //! refused non-blocking operation into a request that is born complete
 //! with the error and gives its buffer back; the transport sees only
 //! operations whose arguments are valid, and keeps its own protocol
 //! (eager and rendezvous paths, matching, progress, blocking) behind the
 //! small set of calls below. A device's own extras (options, leased
-//! memory, statistics) are methods of its transport, reached through the
-//! face by `Deref`.
+//! memory, statistics) stay methods of its device type.
 
-use std::ops::Deref;
 use std::sync::Arc;
 
 use crate::{
@@ -62,78 +61,66 @@ pub trait Transport: Progress + Sized + 'static {
     /// receiving it; `block`: wait for one (then `None` only if the engine
     /// closed meanwhile).
     fn probe(&self, pattern: Pattern, block: bool) -> Result<Option<Status>>;
-    /// See [`Device::peek`].
+    /// See [`Device::peek`](crate::Device::peek).
     fn peek(&self) -> Result<Option<Peeked>>;
-    /// See [`Device::finish`].
+    /// See [`Device::finish`](crate::Device::finish).
     fn finish(&self) -> Result<()>;
 }
 
-/// A device: a transport's engine behind the [`Device`] contract.
+/// A device type that is a face over a transport's engine: every such
+/// type is a [`Device`](crate::Device) through the one implementation
+/// below, so a device crate writes its engine and this, nothing more.
 ///
-/// Dereferences to the engine, whose public methods are the device's own
-/// extras.
-pub struct Face<T> {
-    engine: Arc<T>,
-}
-
-impl<T: Transport> Face<T> {
-    /// The device over `engine`.
-    pub fn new(engine: Arc<T>) -> Self {
-        Face { engine }
-    }
-
+/// ```ignore
+/// pub struct MyDevice { engine: Arc<MyEngine> }
+/// impl xdev::Face for MyDevice {
+///     type Engine = MyEngine;
+///     fn engine(&self) -> &Arc<MyEngine> { &self.engine }
+/// }
+/// ```
+pub trait Face: Send + Sync {
+    /// The transport's engine.
+    type Engine: Transport;
     /// The engine (shared with the requests it made).
-    pub fn engine(&self) -> &Arc<T> {
-        &self.engine
-    }
-
-    /// A request that failed before it started: complete at once with `e`,
-    /// its buffer given back through the handle as usual.
-    fn refused(&self, kind: RequestKind, buf: Buffer, env: Envelope, e: Error) -> Request {
-        let core = self
-            .engine
-            .tracker()
-            .rejected(kind, buf, Status::failed(env, e));
-        Request::new(core, self.engine.clone())
-    }
+    fn engine(&self) -> &Arc<Self::Engine>;
 }
 
-impl<T> Deref for Face<T> {
-    type Target = T;
-    fn deref(&self) -> &T {
-        &self.engine
-    }
+/// A request that failed before it started: complete at once with `e`, its
+/// buffer given back through the handle as usual.
+fn refused<T: Transport>(
+    engine: &Arc<T>,
+    kind: RequestKind,
+    buf: Buffer,
+    env: Envelope,
+    e: Error,
+) -> Request {
+    let core = engine.tracker().rejected(kind, buf, Status::failed(env, e));
+    Request::new(core, engine.clone())
 }
 
-impl<T: std::fmt::Debug> std::fmt::Debug for Face<T> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        self.engine.fmt(f)
-    }
-}
-
-impl<T: Transport> crate::Device for Face<T> {
+impl<D: Face> crate::Device for D {
     fn name(&self) -> &'static str {
-        T::NAME
+        D::Engine::NAME
     }
 
     fn id(&self) -> Rank {
-        self.engine.rank()
+        self.engine().rank()
     }
 
     fn size(&self) -> usize {
-        self.engine.size()
+        self.engine().size()
     }
 
     fn send(&self, buf: &[u8], dest: Rank, tag: Tag, context: Context) -> Result<()> {
-        check_send(dest, tag, self.engine.size())?;
-        self.engine.check_open()?;
-        self.engine.blocking_send(buf, dest, tag, context, false)
+        check_send(dest, tag, self.engine().size())?;
+        self.engine().check_open()?;
+        self.engine().blocking_send(buf, dest, tag, context, false)
     }
 
     fn ssend(&self, buf: &[u8], dest: Rank, tag: Tag, context: Context) -> Result<()> {
-        check_send(dest, tag, self.engine.size())?;
-        self.engine.check_open()?;
-        self.engine.blocking_send(buf, dest, tag, context, true)
+        check_send(dest, tag, self.engine().size())?;
+        self.engine().check_open()?;
+        self.engine().blocking_send(buf, dest, tag, context, true)
     }
 
     fn recv(
@@ -143,74 +130,82 @@ impl<T: Transport> crate::Device for Face<T> {
         tag: TagSel,
         context: Context,
     ) -> Result<Status> {
-        check_recv(source, tag, self.engine.size())?;
-        self.engine.check_open()?;
-        self.engine
+        check_recv(source, tag, self.engine().size())?;
+        self.engine().check_open()?;
+        self.engine()
             .recv_into(buf, Pattern::new(source, tag, context))
     }
 
     fn isend(&self, buf: Buffer, dest: Rank, tag: Tag, context: Context) -> Request {
-        self.start_send(buf, dest, tag, context, false)
+        start_send(self, buf, dest, tag, context, false)
     }
 
     fn issend(&self, buf: Buffer, dest: Rank, tag: Tag, context: Context) -> Request {
-        self.start_send(buf, dest, tag, context, true)
+        start_send(self, buf, dest, tag, context, true)
     }
 
     fn irecv(&self, buf: Buffer, source: Source, tag: TagSel, context: Context) -> Request {
-        let checked = check_recv(source, tag, self.engine.size());
-        if let Err(e) = checked.and_then(|_| self.engine.check_open()) {
+        let checked = check_recv(source, tag, self.engine().size());
+        if let Err(e) = checked.and_then(|_| self.engine().check_open()) {
             let env = Envelope {
-                source: self.engine.rank(),
+                source: self.engine().rank(),
                 tag: -1,
                 context,
             };
-            return self.refused(RequestKind::Recv, buf, env, e);
+            return refused(self.engine(), RequestKind::Recv, buf, env, e);
         }
-        self.engine
+        self.engine()
             .start_recv(buf, Pattern::new(source, tag, context))
     }
 
     fn probe(&self, source: Source, tag: TagSel, context: Context) -> Result<Status> {
-        check_recv(source, tag, self.engine.size())?;
-        self.engine.check_open()?;
-        self.engine
+        check_recv(source, tag, self.engine().size())?;
+        self.engine().check_open()?;
+        self.engine()
             .probe(Pattern::new(source, tag, context), true)?
             .ok_or(Error::Closed)
     }
 
     fn iprobe(&self, source: Source, tag: TagSel, context: Context) -> Result<Option<Status>> {
-        check_recv(source, tag, self.engine.size())?;
-        self.engine.check_open()?;
-        self.engine.probe(Pattern::new(source, tag, context), false)
+        check_recv(source, tag, self.engine().size())?;
+        self.engine().check_open()?;
+        self.engine()
+            .probe(Pattern::new(source, tag, context), false)
     }
 
     fn peek(&self) -> Result<Option<Peeked>> {
-        self.engine.peek()
+        self.engine().peek()
     }
 
     fn progress(&self) {
-        Progress::progress(&*self.engine)
+        Progress::progress(&**self.engine())
     }
 
     fn finish(&self) -> Result<()> {
-        self.engine.finish()
+        self.engine().finish()
     }
 }
 
-impl<T: Transport> Face<T> {
-    fn start_send(&self, buf: Buffer, dest: Rank, tag: Tag, cx: Context, sync: bool) -> Request {
-        let checked = check_send(dest, tag, self.engine.size());
-        if let Err(e) = checked.and_then(|_| self.engine.check_open()) {
-            let env = Envelope {
-                source: dest,
-                tag,
-                context: cx,
-            };
-            return self.refused(RequestKind::Send, buf, env, e);
-        }
-        self.engine.start_send(buf, dest, tag, cx, sync)
+/// `isend` and `issend`: checked, then started by the engine.
+fn start_send<D: Face + ?Sized>(
+    dev: &D,
+    buf: Buffer,
+    dest: Rank,
+    tag: Tag,
+    cx: Context,
+    sync: bool,
+) -> Request {
+    let engine = dev.engine();
+    let checked = check_send(dest, tag, engine.size());
+    if let Err(e) = checked.and_then(|_| engine.check_open()) {
+        let env = Envelope {
+            source: dest,
+            tag,
+            context: cx,
+        };
+        return refused(engine, RequestKind::Send, buf, env, e);
     }
+    engine.start_send(buf, dest, tag, cx, sync)
 }
 
 #[cfg(test)]
