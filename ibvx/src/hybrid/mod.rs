@@ -5,7 +5,8 @@
 //!
 //! At open, the ranks tell each other which host they run on (the kernel's
 //! boot id and the host name, through the job's bootstrap) and split into
-//! host groups. Each group opens a [`ProcessDevice`] (`shm`) of its own, with
+//! host groups. Each group opens a
+//! [`ProcessDevice`](shm_ipc::ProcessDevice) (`shm`) of its own, with
 //! a private bootstrap service run by the group's lowest rank on loopback
 //! (its address and a fresh secret travel through the job's bootstrap). When
 //! the job spans more than one host, every rank also opens the network
