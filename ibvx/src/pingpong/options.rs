@@ -298,59 +298,9 @@ where
             "-h" | "--help" => return Ok(Command::Help),
             "-V" | "--version" => return Ok(Command::Version),
             "--test" => test = value("--test")?.parse()?,
-            "-p" | "--port" => {
-                o.port = parse_num("--port", &value("--port")?)?;
-                if o.port == 0 {
-                    return Err("--port must be 1..65535".into());
-                }
-            }
-            "-d" | "--ib-dev" => o.ib_dev = Some(value("--ib-dev")?),
-            "-i" | "--ib-port" => {
-                o.ib_port = parse_num("--ib-port", &value("--ib-port")?)?;
-                if o.ib_port == 0 {
-                    return Err("--ib-port counts from 1".into());
-                }
-            }
-            "-x" | "--gid-index" => {
-                let v: u32 = parse_num("--gid-index", &value("--gid-index")?)?;
-                if v > 255 {
-                    return Err("--gid-index must be 0..255".into());
-                }
-                o.gid_index = Some(v);
-            }
             "-s" | "--size" => size = Some(parse_bytes(&value("--size")?)?),
-            "-a" | "--all" => o.all = true,
             "-n" | "--iters" => iters = Some(parse_num("--iters", &value("--iters")?)?),
-            "-m" | "--mtu" => {
-                let v = parse_bytes(&value("--mtu")?)?;
-                o.mtu = Some(Mtu::from_bytes(v).ok_or_else(|| {
-                    format!("--mtu must be 256, 512, 1024, 2048 or 4096, not {v}")
-                })?);
-            }
-            "-I" | "--inline-size" => {
-                o.inline_size = u32::try_from(parse_bytes(&value("--inline-size")?)?)
-                    .map_err(|_| "--inline-size is too large".to_string())?;
-            }
-            "-t" | "--tx-depth" => o.tx_depth = parse_num("--tx-depth", &value("--tx-depth")?)?,
-            "-r" | "--rx-depth" => o.rx_depth = parse_num("--rx-depth", &value("--rx-depth")?)?,
-            "-e" | "--events" => o.events = true,
-            "-c" | "--check" => o.check = true,
-            "--json" => o.json = true,
-            "--perftest" => o.perftest = true,
-            "--timeout" => {
-                let s: f64 = parse_num("--timeout", &value("--timeout")?)?;
-                if !(s > 0.0 && s < 1e9) {
-                    return Err("--timeout must be a positive number of seconds".into());
-                }
-                o.timeout = Duration::from_secs_f64(s);
-            }
-            "--connect-timeout" => {
-                let s: f64 = parse_num("--connect-timeout", &value("--connect-timeout")?)?;
-                if !(0.0..1e9).contains(&s) {
-                    return Err("--connect-timeout must be a number of seconds".into());
-                }
-                o.connect_timeout = Duration::from_secs_f64(s);
-            }
+            n if set_option(&mut o, n, &mut value)? => {}
             a if a.starts_with('-') && a.len() > 1 => {
                 return Err(format!("unknown option {a:?} (see --help)"))
             }
@@ -367,7 +317,79 @@ where
     o.host = host;
     o.size = size.unwrap_or(defaults.size);
     o.iters = iters.unwrap_or(defaults.iters);
-    if o.all && size.is_some() {
+    check_options(&o, size.is_some())?;
+    Ok(Command::Run(Box::new(o)))
+}
+
+/// Applies option `name` if it only sets a field of `o`, taking its value
+/// from `value` when it has one; `Ok(false)` if `name` is no such option.
+fn set_option(
+    o: &mut Options,
+    name: &str,
+    value: &mut dyn FnMut(&str) -> Result<String, String>,
+) -> Result<bool, String> {
+    match name {
+        "-p" | "--port" => {
+            o.port = parse_num("--port", &value("--port")?)?;
+            if o.port == 0 {
+                return Err("--port must be 1..65535".into());
+            }
+        }
+        "-d" | "--ib-dev" => o.ib_dev = Some(value("--ib-dev")?),
+        "-i" | "--ib-port" => {
+            o.ib_port = parse_num("--ib-port", &value("--ib-port")?)?;
+            if o.ib_port == 0 {
+                return Err("--ib-port counts from 1".into());
+            }
+        }
+        "-x" | "--gid-index" => {
+            let v: u32 = parse_num("--gid-index", &value("--gid-index")?)?;
+            if v > 255 {
+                return Err("--gid-index must be 0..255".into());
+            }
+            o.gid_index = Some(v);
+        }
+        "-a" | "--all" => o.all = true,
+        "-m" | "--mtu" => {
+            let v = parse_bytes(&value("--mtu")?)?;
+            o.mtu =
+                Some(Mtu::from_bytes(v).ok_or_else(|| {
+                    format!("--mtu must be 256, 512, 1024, 2048 or 4096, not {v}")
+                })?);
+        }
+        "-I" | "--inline-size" => {
+            o.inline_size = u32::try_from(parse_bytes(&value("--inline-size")?)?)
+                .map_err(|_| "--inline-size is too large".to_string())?;
+        }
+        "-t" | "--tx-depth" => o.tx_depth = parse_num("--tx-depth", &value("--tx-depth")?)?,
+        "-r" | "--rx-depth" => o.rx_depth = parse_num("--rx-depth", &value("--rx-depth")?)?,
+        "-e" | "--events" => o.events = true,
+        "-c" | "--check" => o.check = true,
+        "--json" => o.json = true,
+        "--perftest" => o.perftest = true,
+        "--timeout" => {
+            let s: f64 = parse_num("--timeout", &value("--timeout")?)?;
+            if !(s > 0.0 && s < 1e9) {
+                return Err("--timeout must be a positive number of seconds".into());
+            }
+            o.timeout = Duration::from_secs_f64(s);
+        }
+        "--connect-timeout" => {
+            let s: f64 = parse_num("--connect-timeout", &value("--connect-timeout")?)?;
+            if !(0.0..1e9).contains(&s) {
+                return Err("--connect-timeout must be a number of seconds".into());
+            }
+            o.connect_timeout = Duration::from_secs_f64(s);
+        }
+        _ => return Ok(false),
+    }
+    Ok(true)
+}
+
+/// The checks made once every option is read: ranges, and options that
+/// exclude each other (`size_given`: whether `--size` was given).
+fn check_options(o: &Options, size_given: bool) -> Result<(), String> {
+    if o.all && size_given {
         return Err("--all and --size exclude each other".into());
     }
     if o.size == 0 || o.size > MAX_SIZE {
@@ -388,7 +410,7 @@ where
                 .into(),
         );
     }
-    Ok(Command::Run(Box::new(o)))
+    Ok(())
 }
 
 #[cfg(test)]

@@ -149,11 +149,9 @@ impl Session<'_> {
             .map_err(|e| PingpongError::Protocol(format!("{e} ({what})")))
     }
 
-    pub(super) fn perftest_handshake(
-        &mut self,
-        first: Option<[u8; 16]>,
-    ) -> Result<(), PingpongError> {
-        // 1. versions
+    /// Step 1 of perftest's exchange: the versions (a server has read the
+    /// client's already, as `first`); a peer too old is refused.
+    fn perftest_versions(&mut self, first: Option<[u8; 16]>) -> Result<(), PingpongError> {
         let mut theirs = [0u8; perftest::VERSION_LEN];
         match first {
             Some(f) => {
@@ -185,6 +183,15 @@ impl Session<'_> {
             )));
         }
         self.peer = PeerKind::Perftest { version };
+        Ok(())
+    }
+
+    pub(super) fn perftest_handshake(
+        &mut self,
+        first: Option<[u8; 16]>,
+    ) -> Result<(), PingpongError> {
+        // 1. versions
+        self.perftest_versions(first)?;
         // 2. cycle buffer and cache line size
         let mut four = [0u8; 4];
         self.link.xchg(

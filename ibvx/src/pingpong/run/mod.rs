@@ -1,8 +1,8 @@
 //! A run: the session and its driver, one size after another. Setup of the
 //! verbs objects is in [`resources`], the exchange of endpoints in
-//! [`handshake`], the measured loops in [`send_lat`] and [`write`], waiting
-//! for completions in [`completion`], the data check in [`check`] and the
-//! output in [`output`].
+//! [`handshake`], the measured loops in [`mod@send_lat`] and
+//! [`mod@write`], waiting for completions in [`completion`], the data check
+//! in [`check`] and the output in [`output`].
 
 mod check;
 mod completion;
@@ -17,7 +17,7 @@ mod write;
 use std::io::Write;
 use std::time::Duration;
 
-use crate::verbs::{Mtu, RemoteAddr, RemoteQp, WcOpcode};
+use crate::verbs::{Mtu, RemoteAddr, RemoteQp};
 
 use super::clock::Clock;
 use super::error::PingpongError;
@@ -25,15 +25,14 @@ use super::net::Link;
 use super::options::{Options, TestKind};
 use super::perftest::{self, KeyMsg, PerftestBwReport};
 use super::stats::{self, BwStats, LatencyStats, RecordContext, RESULT_LINE};
-use super::wire::{BwReport, Message, MAGIC};
+use super::wire::{Message, MAGIC};
 
-use check::verify;
 pub use check::{check_slots, pattern};
-use completion::{wait_wc_idle, Watch};
+use completion::Watch;
 use handshake::{unexpected, Remote};
 use resources::{setup, Resources};
 use send_lat::send_lat;
-use write::{write_bw_client, write_lat};
+use write::write_lat;
 
 /// With `--check`, the bandwidth test spreads its writes over slots of a
 /// region of this size (or of the message size, if larger).
@@ -267,118 +266,39 @@ impl Session<'_> {
         self.sync_before(k)?;
         let mut w = self.watch();
         match self.o.test {
-            TestKind::SendLat | TestKind::WriteLat => {
-                let seeds = self.seeds();
-                let stamps = if self.o.test == TestKind::SendLat {
-                    send_lat(&mut self.r, &self.link, &mut w, self.o, size, seeds)?
-                } else {
-                    write_lat(
-                        &mut self.r,
-                        &self.link,
-                        &mut w,
-                        self.o,
-                        size,
-                        seeds,
-                        self.remote.region,
-                    )?
-                };
-                let rate = self.clock.cycles_per_us();
-                let s = stats::latency_stats(&stamps, rate).ok_or_else(|| {
-                    PingpongError::Setup("too few iterations for statistics".into())
-                })?;
-                self.emit_row(Row {
-                    size,
-                    iters: self.o.iters,
-                    stats: RowStats::Latency(s),
-                })
-            }
+            TestKind::SendLat | TestKind::WriteLat => self.one_size_latency(size, &mut w),
             TestKind::WriteBw if self.client() => {
-                let (posted, completed) = write_bw_client(
-                    &mut self.r,
-                    &self.link,
-                    &mut w,
-                    self.o,
-                    size,
-                    native,
-                    self.remote.region,
-                    slots,
-                )?;
-                let rate = self.clock.cycles_per_us();
-                let s = stats::bw_stats(size, &posted, &completed, rate)
-                    .ok_or_else(|| PingpongError::Setup("no completion timestamps".into()))?;
-                self.emit_row(Row {
-                    size,
-                    iters: self.o.iters,
-                    stats: RowStats::Bandwidth(s),
-                })?;
-                if native {
-                    self.link.send(&Message::BwReport(BwReport {
-                        size: size as u64,
-                        iters: self.o.iters,
-                        peak: s.peak,
-                        avg: s.avg,
-                        msg_rate: s.msg_rate,
-                    }))?;
-                } else {
-                    self.last_bw = Some(PerftestBwReport {
-                        size: size as u64,
-                        iters: self.o.iters,
-                        bw_peak: s.peak,
-                        bw_avg: s.avg,
-                        msg_rate: s.msg_rate,
-                    });
-                }
-                Ok(())
+                self.one_size_bw_client(size, native, slots, &mut w)
             }
-            TestKind::WriteBw => {
-                if !native {
-                    // perftest's client runs every size, then reports once.
-                    return Ok(());
-                }
-                // Like perftest's server, do not spin while the client measures.
-                let what = || format!("write_bw {size} B: waiting for the client's last write");
-                let idle = Some(Duration::from_micros(500));
-                let wc = wait_wc_idle(
-                    &self.r.recv_cq,
-                    self.o.events,
-                    idle,
-                    &mut w,
-                    &self.link,
-                    &what,
-                )?;
-                if wc.opcode() != WcOpcode::RecvRdmaWithImm
-                    || wc.imm_data() != Some(self.o.iters as u32)
-                {
-                    return Err(PingpongError::Protocol(format!(
-                        "expected the final write with immediate {}, got {:?}",
-                        self.o.iters as u32, wc
-                    )));
-                }
-                if self.o.check {
-                    let slots = check_slots(self.remote.window, size);
-                    let iters = self.o.iters;
-                    let (_, peer_seed) = self.seeds();
-                    for slot in 0..slots.min(iters as usize) {
-                        // the last iteration that wrote this slot
-                        let it = (iters - 1) - ((iters - 1 - slot as u64) % slots as u64);
-                        verify(&self.r.recv_mr, slot * size, size, peer_seed, it, || {
-                            format!("write_bw {size} B slot {slot}")
-                        })?;
-                    }
-                }
-                let rep = match self.link.recv("the client's bandwidth report")? {
-                    Message::BwReport(r) => r,
-                    m => return Err(unexpected("BwReport", &m)),
-                };
-                self.emit_row(Row::bandwidth(
-                    rep.size,
-                    rep.iters,
-                    rep.peak,
-                    rep.avg,
-                    rep.msg_rate,
-                ))
-            }
+            TestKind::WriteBw => self.one_size_bw_server(size, native, &mut w),
         }
+    }
+
+    /// The measured loop of a latency test for `size`-byte messages, and its
+    /// row.
+    fn one_size_latency(&mut self, size: usize, w: &mut Watch) -> Result<(), PingpongError> {
+        let seeds = self.seeds();
+        let stamps = if self.o.test == TestKind::SendLat {
+            send_lat(&mut self.r, &self.link, w, self.o, size, seeds)?
+        } else {
+            write_lat(
+                &mut self.r,
+                &self.link,
+                w,
+                self.o,
+                size,
+                seeds,
+                self.remote.region,
+            )?
+        };
+        let rate = self.clock.cycles_per_us();
+        let s = stats::latency_stats(&stamps, rate)
+            .ok_or_else(|| PingpongError::Setup("too few iterations for statistics".into()))?;
+        self.emit_row(Row {
+            size,
+            iters: self.o.iters,
+            stats: RowStats::Latency(s),
+        })
     }
 
     fn finish(&mut self) -> Result<(), PingpongError> {

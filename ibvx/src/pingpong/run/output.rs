@@ -13,6 +13,22 @@ impl Session<'_> {
             return Ok(());
         }
         let o = self.o;
+        let mut h = self.header_params();
+        h += &self.header_addresses();
+        h += &format!("{RESULT_LINE}\n");
+        h += if o.test.is_latency() {
+            LAT_HEADER
+        } else {
+            BW_HEADER
+        };
+        h.push('\n');
+        self.emit(&h)
+    }
+
+    /// The header's first part: the tool, the device, the port and the
+    /// parameters of the run.
+    fn header_params(&self) -> String {
+        let o = self.o;
         let l = &self.r.local;
         let mut h = String::new();
         let role = if self.client() { "client" } else { "server" };
@@ -49,6 +65,14 @@ impl Session<'_> {
             self.clock.cycles_per_us()
         );
         h += &format!("{RESULT_LINE}\n");
+        h
+    }
+
+    /// The header's second part: both sides' addresses.
+    fn header_addresses(&self) -> String {
+        let o = self.o;
+        let l = &self.r.local;
+        let mut h = String::new();
         let rdma = o.test != TestKind::SendLat;
         let addr =
             |side: &str, lid: u16, qpn: u32, psn: u32, rkey: u32, vaddr: u64, gid: Option<Gid>| {
@@ -83,14 +107,7 @@ impl Session<'_> {
             self.remote.region.addr,
             rq.gid,
         );
-        h += &format!("{RESULT_LINE}\n");
-        h += if o.test.is_latency() {
-            LAT_HEADER
-        } else {
-            BW_HEADER
-        };
-        h.push('\n');
-        self.emit(&h)
+        h
     }
 
     pub(super) fn emit(&mut self, s: &str) -> Result<(), PingpongError> {

@@ -30,18 +30,12 @@ impl Resources {
     }
 }
 
-pub(super) fn setup(o: &Options) -> Result<Resources, PingpongError> {
-    let ctx = Context::open(o.ib_dev.as_deref())?;
-    let local = ctx.port_address(o.ib_port, o.gid_index)?;
-    let pd = ProtectionDomain::new(&ctx)?;
-    let channels = if o.events {
-        Some((CompletionChannel::new(&ctx)?, CompletionChannel::new(&ctx)?))
-    } else {
-        None
-    };
+/// The lengths of the send and the receive region, and the access the
+/// receive region grants: what the test and this side's role need.
+fn region_lens(o: &Options) -> (usize, usize, Access) {
     let max = o.max_size();
     let rw = Access::LOCAL_WRITE | Access::REMOTE_WRITE;
-    let (send_len, recv_len, recv_access) = match (o.test, o.is_client()) {
+    match (o.test, o.is_client()) {
         (TestKind::SendLat, _) => (max, max, Access::LOCAL_WRITE),
         (TestKind::WriteLat, _) => (max, max, rw),
         (TestKind::WriteBw, true) => (if o.check { max.max(CHECK_REGION) } else { max }, 4096, rw),
@@ -54,7 +48,19 @@ pub(super) fn setup(o: &Options) -> Result<Resources, PingpongError> {
             },
             rw,
         ),
+    }
+}
+
+pub(super) fn setup(o: &Options) -> Result<Resources, PingpongError> {
+    let ctx = Context::open(o.ib_dev.as_deref())?;
+    let local = ctx.port_address(o.ib_port, o.gid_index)?;
+    let pd = ProtectionDomain::new(&ctx)?;
+    let channels = if o.events {
+        Some((CompletionChannel::new(&ctx)?, CompletionChannel::new(&ctx)?))
+    } else {
+        None
     };
+    let (send_len, recv_len, recv_access) = region_lens(o);
     let send_mr = MemoryRegion::alloc(&pd, send_len, Access::LOCAL_WRITE)?;
     let recv_mr = MemoryRegion::alloc(&pd, recv_len, recv_access)?;
     let max_wr = ctx.max_qp_wr().max(1);

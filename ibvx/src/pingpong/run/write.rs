@@ -1,15 +1,21 @@
 //! The RDMA-write tests: `write_lat` and the client's loop of `write_bw`.
 
-use crate::verbs::{RemoteAddr, SendFlags, SendOp, SendRequest, WorkCompletion};
+use std::time::Duration;
 
-use super::check::{fill, verify};
-use super::completion::{poll_armed, run_error, wait_armed, wait_wc, Watch};
+use crate::verbs::{RemoteAddr, SendFlags, SendOp, SendRequest, WcOpcode, WorkCompletion};
+
+use super::check::{check_slots, fill, verify};
+use super::completion::{poll_armed, run_error, wait_armed, wait_wc, wait_wc_idle, Watch};
+use super::handshake::unexpected;
 use super::resources::Resources;
-use super::CLIENT_SEED;
+use super::{Row, RowStats, Session, CLIENT_SEED};
 use crate::pingpong::clock::cycles;
 use crate::pingpong::error::PingpongError;
 use crate::pingpong::net::Link;
 use crate::pingpong::options::Options;
+use crate::pingpong::perftest::PerftestBwReport;
+use crate::pingpong::stats;
+use crate::pingpong::wire::{BwReport, Message};
 
 /// perftest's `run_iter_lat_write`: each side RDMA-writes `size` bytes whose
 /// last byte is the iteration count, and polls the last byte of its own
@@ -90,13 +96,28 @@ pub(super) fn write_lat(
 /// bandwidth run.
 pub(super) type BwTimes = (Vec<u64>, Vec<(usize, u64)>);
 
+/// The bandwidth client's window (how many writes may be outstanding) and
+/// CQ moderation (every how many writes one is signaled).
+fn bw_window(r: &Resources, o: &Options, size: usize, slots: usize) -> (usize, usize) {
+    let window = if o.check { slots } else { o.window() as usize }
+        .min(r.qp.caps().max_send_wr as usize)
+        .max(1);
+    // perftest: CQ moderation of 100 (at most the window), none above 8 KiB.
+    let cq_mod = if o.events || size > 8192 {
+        1
+    } else {
+        window.min(100)
+    };
+    (window, cq_mod)
+}
+
 /// perftest's `run_iter_bw` for RDMA write: keeps up to a window of writes
 /// outstanding, signaling every `cq_mod`-th. Returns the post timestamps
 /// and the completion points. With a native peer the last write carries the
 /// iteration count as immediate data (the server's end-of-size signal);
 /// with `--check` writes cycle through `slots` slots of both regions.
 #[allow(clippy::too_many_arguments)]
-pub(super) fn write_bw_client(
+fn write_bw_client(
     r: &mut Resources,
     link: &Link,
     w: &mut Watch,
@@ -107,15 +128,7 @@ pub(super) fn write_bw_client(
     slots: usize,
 ) -> Result<BwTimes, PingpongError> {
     let iters = o.iters as usize;
-    let window = if o.check { slots } else { o.window() as usize }
-        .min(r.qp.caps().max_send_wr as usize)
-        .max(1);
-    // perftest: CQ moderation of 100 (at most the window), none above 8 KiB.
-    let cq_mod = if o.events || size > 8192 {
-        1
-    } else {
-        window.min(100)
-    };
+    let (window, cq_mod) = bw_window(r, o, size, slots);
     let inline = r.inline(size);
     let mut posted = Vec::with_capacity(iters);
     let mut completed = Vec::with_capacity(iters / cq_mod + 1);
@@ -164,14 +177,7 @@ pub(super) fn write_bw_client(
             wait_armed(&r.send_cq, w, link, &what)?;
             continue;
         }
-        let now = cycles();
-        for wc in &wcs[..n] {
-            if let Err(e) = wc.ok() {
-                return Err(run_error(link, what(), e));
-            }
-            let j = wc.wr_id() as usize;
-            completed.push((j, now));
-        }
+        record_completions(&wcs[..n], &mut completed, link, &what)?;
         if let Some(&(j, _)) = completed.last() {
             ccnt = j + 1;
         }
@@ -183,4 +189,120 @@ pub(super) fn write_bw_client(
         }
     }
     Ok((posted, completed))
+}
+
+/// Records the completions `wcs`, all taken now, as completion points of a
+/// bandwidth run; fails at the first failed one.
+#[inline]
+fn record_completions(
+    wcs: &[WorkCompletion],
+    completed: &mut Vec<(usize, u64)>,
+    link: &Link,
+    what: &dyn Fn() -> String,
+) -> Result<(), PingpongError> {
+    let now = cycles();
+    for wc in wcs {
+        if let Err(e) = wc.ok() {
+            return Err(run_error(link, what(), e));
+        }
+        let j = wc.wr_id() as usize;
+        completed.push((j, now));
+    }
+    Ok(())
+}
+
+impl Session<'_> {
+    /// The bandwidth client's measured loop for `size`-byte messages in
+    /// `slots` slots, its row, and its report to the server.
+    pub(super) fn one_size_bw_client(
+        &mut self,
+        size: usize,
+        native: bool,
+        slots: usize,
+        w: &mut Watch,
+    ) -> Result<(), PingpongError> {
+        let (posted, completed) = write_bw_client(
+            &mut self.r,
+            &self.link,
+            w,
+            self.o,
+            size,
+            native,
+            self.remote.region,
+            slots,
+        )?;
+        let rate = self.clock.cycles_per_us();
+        let s = stats::bw_stats(size, &posted, &completed, rate)
+            .ok_or_else(|| PingpongError::Setup("no completion timestamps".into()))?;
+        self.emit_row(Row {
+            size,
+            iters: self.o.iters,
+            stats: RowStats::Bandwidth(s),
+        })?;
+        if native {
+            self.link.send(&Message::BwReport(BwReport {
+                size: size as u64,
+                iters: self.o.iters,
+                peak: s.peak,
+                avg: s.avg,
+                msg_rate: s.msg_rate,
+            }))?;
+        } else {
+            self.last_bw = Some(PerftestBwReport {
+                size: size as u64,
+                iters: self.o.iters,
+                bw_peak: s.peak,
+                bw_avg: s.avg,
+                msg_rate: s.msg_rate,
+            });
+        }
+        Ok(())
+    }
+
+    /// The bandwidth server's part of size `size`: waits for the client's
+    /// last write, checks the data, and prints the client's report.
+    pub(super) fn one_size_bw_server(
+        &mut self,
+        size: usize,
+        native: bool,
+        w: &mut Watch,
+    ) -> Result<(), PingpongError> {
+        if !native {
+            // perftest's client runs every size, then reports once.
+            return Ok(());
+        }
+        // Like perftest's server, do not spin while the client measures.
+        let what = || format!("write_bw {size} B: waiting for the client's last write");
+        let idle = Some(Duration::from_micros(500));
+        let wc = wait_wc_idle(&self.r.recv_cq, self.o.events, idle, w, &self.link, &what)?;
+        if wc.opcode() != WcOpcode::RecvRdmaWithImm || wc.imm_data() != Some(self.o.iters as u32) {
+            return Err(PingpongError::Protocol(format!(
+                "expected the final write with immediate {}, got {:?}",
+                self.o.iters as u32, wc
+            )));
+        }
+        if self.o.check {
+            let slots = check_slots(self.remote.window, size);
+            let iters = self.o.iters;
+            let (_, peer_seed) = self.seeds();
+            for slot in 0..slots.min(iters as usize) {
+                // the last iteration that wrote this slot
+                let it = (iters - 1) - ((iters - 1 - slot as u64) % slots as u64);
+                verify(&self.r.recv_mr, slot * size, size, peer_seed, it, || {
+                    format!("write_bw {size} B slot {slot}")
+                })?;
+            }
+        }
+        let rep = match self.link.recv("the client's bandwidth report")? {
+            Message::BwReport(r) => r,
+            m => return Err(unexpected("BwReport", &m)),
+        };
+        self.emit_row(Row::bandwidth(
+            rep.size,
+            rep.iters,
+            rep.peak,
+            rep.avg,
+            rep.msg_rate,
+        ))
+    }
 }
