@@ -104,6 +104,9 @@
 //! The verbs layer's posting calls, which do name memory to the NIC, are
 //! `unsafe` with their contract stated at [`QueuePair::post_send`] and
 //! [`QueuePair::post_recv`].
+//!
+//! [`QueuePair::post_send`]: crate::verbs::QueuePair::post_send
+//! [`QueuePair::post_recv`]: crate::verbs::QueuePair::post_recv
 
 #[cfg(test)]
 mod device_tests;
