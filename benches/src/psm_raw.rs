@@ -1,116 +1,35 @@
 //! The raw PSM2 peer of the `psm` device: the same OSU latency, bandwidth
 //! and message rate loops as [`crate::latency`], [`crate::bandwidth`],
 //! [`crate::bibandwidth`] and [`crate::message_rate`], written directly
-//! against `psm-sys` on the device's own endpoint and matched queue, so the
-//! device's overhead over PSM2 is measured side by side in one run.
+//! against the device's safe PSM2 layer ([`ibvx::psm::layer`]) on the
+//! device's own endpoint and matched queue, so the device's overhead over
+//! PSM2 is measured side by side in one run.
 //!
-//! Raw messages use their own context (the middle tag word), which no xdev
-//! user of the benchmark uses.
+//! Each loop holds the queue (the device's lock) for its whole run, so the
+//! floor pays no locking per message. Raw messages use their own context
+//! (the middle tag word), which no xdev user of the benchmark uses.
 
-use std::ffi::c_void;
-use std::ptr;
-
+use ibvx::psm::layer::{MatchedQueue, MqTag, Selector};
 use ibvx::psm::RawPsm;
-use psm_sys::ffi::*;
-use xdev::{Error, Rank, Result};
+use xdev::{Rank, Result};
 
 use crate::{timed, WINDOW};
 
 /// Context word of raw PSM2 benchmark traffic.
 const RAW_CONTEXT: u32 = 0x5241_5750;
 
-fn check(what: &str, e: psm2_error_t) -> Result<()> {
-    if e == psm2_error::PSM2_OK {
-        Ok(())
-    } else {
-        Err(Error::Config(format!(
-            "raw PSM2 {what} failed with error {}",
-            e.0
-        )))
+/// The tag of raw message `t` from `source`.
+fn tag(t: u32, source: Rank) -> MqTag {
+    MqTag([t, RAW_CONTEXT, source as u32])
+}
+
+/// Message `t` from `from`, exactly.
+fn from(from: Rank, t: u32) -> Selector {
+    Selector {
+        from: Some(from),
+        tag: tag(t, from),
+        mask: MqTag([u32::MAX; 3]),
     }
-}
-
-fn tag(t: u32, source: Rank) -> psm2_mq_tag_t {
-    psm2_mq_tag_t {
-        tag: [t, RAW_CONTEXT, source as u32, 0],
-    }
-}
-
-const EXACT: psm2_mq_tag_t = psm2_mq_tag_t {
-    tag: [u32::MAX, u32::MAX, u32::MAX, 0],
-};
-
-fn send(raw: &RawPsm, to: Rank, me: Rank, t: u32, buf: &[u8]) -> Result<()> {
-    let mut stag = tag(t, me);
-    // SAFETY: mq and the address come from an open device the caller does
-    // not use meanwhile (RawPsm's contract); psm2_mq_send2 returns once `buf`
-    // may be reused.
-    let e = unsafe {
-        (raw.psm.psm2_mq_send2)(
-            raw.mq,
-            raw.addrs[to],
-            0,
-            &mut stag,
-            buf.as_ptr().cast::<c_void>(),
-            buf.len() as u32,
-        )
-    };
-    check("send", e)
-}
-
-fn post_recv(raw: &RawPsm, from: Rank, t: u32, buf: &mut [u8]) -> Result<psm2_mq_req_t> {
-    let mut rtag = tag(t, from);
-    let mut sel = EXACT;
-    let mut req: psm2_mq_req_t = ptr::null_mut();
-    // SAFETY: as in `send`; `buf` outlives the request, which the caller
-    // waits for before touching `buf` again.
-    let e = unsafe {
-        (raw.psm.psm2_mq_irecv2)(
-            raw.mq,
-            raw.addrs[from],
-            &mut rtag,
-            &mut sel,
-            0,
-            buf.as_mut_ptr().cast::<c_void>(),
-            buf.len() as u32,
-            ptr::null_mut(),
-            &mut req,
-        )
-    };
-    check("irecv", e)?;
-    Ok(req)
-}
-
-fn post_send(raw: &RawPsm, to: Rank, me: Rank, t: u32, buf: &[u8]) -> Result<psm2_mq_req_t> {
-    let mut stag = tag(t, me);
-    let mut req: psm2_mq_req_t = ptr::null_mut();
-    // SAFETY: as in `post_recv`.
-    let e = unsafe {
-        (raw.psm.psm2_mq_isend2)(
-            raw.mq,
-            raw.addrs[to],
-            0,
-            &mut stag,
-            buf.as_ptr().cast::<c_void>(),
-            buf.len() as u32,
-            ptr::null_mut(),
-            &mut req,
-        )
-    };
-    check("isend", e)?;
-    Ok(req)
-}
-
-fn wait(raw: &RawPsm, mut req: psm2_mq_req_t) -> Result<()> {
-    let mut st = std::mem::MaybeUninit::<psm2_mq_status2_t>::zeroed();
-    // SAFETY: req is a live request of this MQ; wait2 frees it.
-    let e = unsafe { (raw.psm.psm2_mq_wait2)(&mut req, st.as_mut_ptr()) };
-    check("wait", e)
-}
-
-fn recv(raw: &RawPsm, from: Rank, t: u32, buf: &mut [u8]) -> Result<()> {
-    let req = post_recv(raw, from, t, buf)?;
-    wait(raw, req)
 }
 
 /// Raw PSM2 pingpong between ranks 0 and 1 (blocking send, posted receive
@@ -124,19 +43,21 @@ pub fn latency(
     skip: usize,
 ) -> Result<Option<f64>> {
     let mut buf = vec![0xA5u8; size];
-    let secs = timed(iters, skip, || {
-        match me {
-            0 => {
-                send(raw, 1, 0, 1, &buf)?;
-                recv(raw, 1, 1, &mut buf)?;
+    let secs = raw.with_queue(|q| {
+        timed(iters, skip, || {
+            match me {
+                0 => {
+                    q.send(1, tag(1, 0), &buf)?;
+                    q.recv(&from(1, 1), &mut buf)?;
+                }
+                1 => {
+                    q.recv(&from(0, 1), &mut buf)?;
+                    q.send(0, tag(1, 1), &buf)?;
+                }
+                _ => {}
             }
-            1 => {
-                recv(raw, 0, 1, &mut buf)?;
-                send(raw, 0, 1, 1, &buf)?;
-            }
-            _ => {}
-        }
-        Ok(())
+            Ok(())
+        })
     })?;
     Ok((me == 0).then_some(secs * 1e6 / (2.0 * iters as f64)))
 }
@@ -171,6 +92,28 @@ pub fn rate(raw: &RawPsm, me: Rank, size: usize, iters: usize, skip: usize) -> R
     Ok(secs.map(|s| (WINDOW * iters) as f64 / s))
 }
 
+/// One window of [`window`]: rank 0 sends every buffer, rank 1 receives
+/// into every one, and both wait for all (the scope waits for every posted
+/// request even after an error, so none outlives its buffer).
+fn one_window(
+    q: &mut MatchedQueue,
+    me: Rank,
+    peer: Rank,
+    t: u32,
+    bufs: &mut [Vec<u8>],
+) -> Result<()> {
+    q.scope(|s| {
+        for b in bufs.iter_mut() {
+            if me == 0 {
+                s.isend(peer, tag(t, me), b)?;
+            } else {
+                s.irecv(&from(peer, t), b)?;
+            }
+        }
+        s.wait_all()
+    })
+}
+
 /// The loop of [`bandwidth`] and [`rate`], data messages tagged `t`, the
 /// acknowledgement `t + 1`: seconds of the timed iterations on rank 0.
 fn window(
@@ -187,38 +130,15 @@ fn window(
         _ => return Ok(None),
     };
     let mut bufs: Vec<Vec<u8>> = (0..WINDOW).map(|_| vec![0x5Au8; size]).collect();
-    let mut reqs: Vec<psm2_mq_req_t> = Vec::with_capacity(WINDOW);
-    let secs = timed(iters, skip, || {
-        let mut posted = Ok(());
-        for b in bufs.iter_mut() {
-            let r = if me == 0 {
-                post_send(raw, peer, me, t, b)
+    let secs = raw.with_queue(|q| {
+        timed(iters, skip, || {
+            one_window(q, me, peer, t, &mut bufs)?;
+            if me == 0 {
+                q.recv(&from(peer, t + 1), &mut []).map(drop)
             } else {
-                post_recv(raw, peer, t, b)
-            };
-            match r {
-                Ok(r) => reqs.push(r),
-                Err(e) => {
-                    posted = Err(e);
-                    break;
-                }
+                q.send(peer, tag(t + 1, me), &[])
             }
-        }
-        // Every posted request is waited for, even after an error, so no
-        // request outlives the buffer it uses.
-        let mut waited = Ok(());
-        for r in reqs.drain(..) {
-            let w = wait(raw, r);
-            if waited.is_ok() {
-                waited = w;
-            }
-        }
-        posted.and(waited)?;
-        if me == 0 {
-            recv(raw, peer, t + 1, &mut [])
-        } else {
-            send(raw, peer, me, t + 1, &[])
-        }
+        })
     })?;
     Ok((me == 0).then_some(secs))
 }
@@ -240,41 +160,21 @@ pub fn bibandwidth(
     };
     let mut rbufs: Vec<Vec<u8>> = (0..WINDOW).map(|_| vec![0u8; size]).collect();
     let sbufs: Vec<Vec<u8>> = (0..WINDOW).map(|_| vec![0x3Cu8; size]).collect();
-    let step = |rbufs: &mut Vec<Vec<u8>>| -> Result<()> {
-        let mut reqs = Vec::with_capacity(2 * WINDOW);
-        let mut posted = Ok(());
-        for b in rbufs.iter_mut() {
-            match post_recv(raw, peer, 4, b) {
-                Ok(r) => reqs.push(r),
-                Err(e) => {
-                    posted = Err(e);
-                    break;
+    let secs = raw.with_queue(|q| {
+        timed(iters, skip, || {
+            // Every posted request is waited for, even after an error, so
+            // no request outlives the buffer it uses.
+            q.scope(|s| {
+                for b in rbufs.iter_mut() {
+                    s.irecv(&from(peer, 4), b)?;
                 }
-            }
-        }
-        if posted.is_ok() {
-            for b in &sbufs {
-                match post_send(raw, peer, me, 4, b) {
-                    Ok(r) => reqs.push(r),
-                    Err(e) => {
-                        posted = Err(e);
-                        break;
-                    }
+                for b in &sbufs {
+                    s.isend(peer, tag(4, me), b)?;
                 }
-            }
-        }
-        // Every posted request is waited for, even after an error, so no
-        // request outlives the buffer it uses.
-        let mut waited = Ok(());
-        for r in reqs {
-            let w = wait(raw, r);
-            if waited.is_ok() {
-                waited = w;
-            }
-        }
-        posted.and(waited)
-    };
-    let secs = timed(iters, skip, || step(&mut rbufs))?;
+                s.wait_all()
+            })
+        })
+    })?;
     let mb = (2 * size * WINDOW * iters) as f64 / 1e6;
     Ok((me == 0).then_some(mb / secs))
 }

@@ -1,0 +1,423 @@
+//! The psm device's engine: its state under one lock, progress, departures,
+//! cancellation and waiting. Every PSM2 call goes through the safe layer
+//! ([`super::layer`]).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use shm_ipc::doorbell::Backoff;
+use shm_ipc::lock::{RankGuard, RankLock};
+use xdev::bootstrap::Bootstrap;
+use xdev::{
+    Context, Envelope, Error, Pattern, Progress, Rank, RequestCore, RequestKind, Result, Source,
+    Status, Tag, TagSel, Tracker,
+};
+
+use super::layer::{Library, MqStatus, MqTag, RequestKey, Selector, TrackedQueue};
+
+/// The maps below are on every message's path, where SipHash's cost shows.
+pub(super) type KeyMap<V> = xdev::matching::FxMap<RequestKey, V>;
+
+/// What an outstanding PSM2 request belongs to (the payload of its entry in
+/// the queue's table).
+pub(super) enum Slot {
+    /// A non-blocking request; completed through the tracker.
+    Request {
+        core: xdev::CoreRef,
+        /// For sends, the envelope (source = destination) and length.
+        send: Option<(Envelope, usize)>,
+        /// For receives, the source it names (to fail it if that peer leaves).
+        source: Option<Rank>,
+    },
+    /// A blocking call's request: the call holds the memory and waits; a
+    /// collecting progress round that completes it leaves its status in
+    /// [`Inner::done`].
+    Blocking,
+    /// Its call gave up (peer gone); the status is dropped on completion.
+    Abandoned,
+    /// A blocking send to this rank itself, sent from a copy: PSM2's `self`
+    /// device completes a send only when a receive matches it, so the
+    /// blocking call returns once the copy is taken (as an eager send
+    /// would), and the copy is dropped when PSM2 completes the send.
+    SelfCopy(#[allow(dead_code)] Box<[u8]>),
+}
+
+pub(super) struct Inner {
+    /// The matched queue and its outstanding requests; `None` once closed
+    /// (by `finish`, or the engine's drop).
+    pub(super) queue: Option<TrackedQueue<Slot>>,
+    /// Statuses of blocking calls' requests that a collecting round got.
+    pub(super) done: KeyMap<MqStatus>,
+    pub(super) gone: Vec<bool>,
+    pub(super) departures_seen: usize,
+    /// Send buffers PSM2 may still read (their peer left first): never freed.
+    pub(super) kept: Vec<xdev::CoreRef>,
+}
+
+pub(super) struct Engine {
+    pub(super) lib: &'static Library,
+    pub(super) rank: Rank,
+    pub(super) size: usize,
+    /// Sends shorter than this are eager in PSM2 (its shm rendezvous
+    /// threshold, `rndv_shm_bytes`).
+    pub(super) eager_max: usize,
+    pub(super) inner: RankLock<Inner>,
+    pub(super) tracker: Arc<Tracker>,
+    pub(super) closing: AtomicBool,
+    pub(super) boot: Bootstrap,
+}
+
+/// The PSM2 tag of a message: the xdev tag, the context, and the message's
+/// length. The length is never matched on (receives mask it out); it is
+/// there because PSM2 does not report the sender's length of a truncated
+/// rendezvous message (libpsm2 11.2.185 in shm mode completes such a receive
+/// with `msg_length` equal to the receive buffer and no error), and the xdev
+/// contract needs it to report truncation. The source is matched by endpoint
+/// address instead, and read back from the status's `msg_peer`.
+pub(super) fn tag(tag: Tag, context: Context, len: u32) -> MqTag {
+    MqTag([tag as u32, context, len])
+}
+
+/// What a receive or probe of `p` selects, as PSM2 takes it: the source
+/// rank (any for `ANY_SOURCE`), then the tag and its selector: the tag
+/// exactly unless `ANY_TAG`, the context always, never the length word.
+pub(super) fn selector(p: &Pattern) -> Selector {
+    let from = match p.source {
+        Source::Rank(s) => Some(s),
+        Source::Any => None,
+    };
+    let (t, tmask) = match p.tag {
+        TagSel::Tag(t) => (t, u32::MAX),
+        TagSel::Any => (0, 0),
+    };
+    Selector {
+        from,
+        tag: tag(t, p.context, 0),
+        mask: MqTag([tmask, u32::MAX, 0]),
+    }
+}
+
+pub(super) fn lost(rank: Rank) -> Error {
+    Error::PeerLost {
+        rank,
+        reason: "its process left the job".into(),
+    }
+}
+
+impl Engine {
+    pub(super) fn lock(&self) -> RankGuard<'_, Inner> {
+        self.inner.lock()
+    }
+
+    pub(super) fn check_open(&self) -> Result<()> {
+        if self.closing.load(Ordering::Acquire) {
+            Err(Error::Closed)
+        } else {
+            Ok(())
+        }
+    }
+
+    /// The xdev status of a completed receive into `cap` bytes, or of a
+    /// probed message (`cap` = `None`), sent by `source` (`None`: an
+    /// endpoint that is not in the job).
+    pub(super) fn recv_status(
+        &self,
+        source: Option<Rank>,
+        st: &MqStatus,
+        cap: Option<usize>,
+    ) -> Status {
+        let t = st.tag().0;
+        let env = Envelope {
+            source: source.unwrap_or(usize::MAX),
+            tag: t[0] as i32,
+            context: t[1],
+        };
+        let Some(source) = source else {
+            let what = "a message from an endpoint that is not in the job".to_string();
+            return Status::failed(
+                env,
+                Error::Protocol {
+                    rank: usize::MAX,
+                    what,
+                },
+            );
+        };
+        if !st.is_ok() && !st.is_truncated() {
+            return Status::failed(env, st.error("receive"));
+        }
+        let len = t[2] as usize;
+        let Some(cap) = cap else {
+            return Status::ok(env, len);
+        };
+        if (st.nbytes() as usize) != len.min(cap) {
+            let what = format!("message says {len} bytes, PSM2 delivered {}", st.nbytes());
+            return Status::failed(env, Error::Protocol { rank: source, what });
+        }
+        Status::received(env, len, cap)
+    }
+
+    fn send_status(st: &MqStatus, env: Envelope, len: usize) -> Status {
+        if st.is_ok() {
+            Status::ok(env, len)
+        } else {
+            Status::failed(env, st.error("send"))
+        }
+    }
+
+    /// Polls PSM2 and completes what finished. Returns whether anything did.
+    pub(super) fn progress_locked(&self, l: &mut Inner) -> bool {
+        let Inner { queue, done, .. } = l;
+        let Some(q) = queue.as_mut() else {
+            return false;
+        };
+        q.poll();
+        let mut any = false;
+        while let Some((key, slot, st)) = q.next_completion() {
+            any = true;
+            match slot {
+                // A blocking call's request: hand its status over.
+                Slot::Blocking => {
+                    done.insert(key, st);
+                }
+                Slot::Request { core, send, .. } => {
+                    let status = match send {
+                        Some((env, len)) => Self::send_status(&st, env, len),
+                        None => self.recv_status(q.peer_of(&st), &st, Some(core.buffer_len())),
+                    };
+                    self.tracker.complete(&core, status);
+                }
+                Slot::Abandoned | Slot::SelfCopy(_) => {}
+            }
+        }
+        any
+    }
+
+    /// Applies the bootstrap's departure notices: receives naming a departed
+    /// peer are cancelled and fail; sends to it fail and their buffers stay
+    /// with the device (PSM2 cannot cancel a send it has taken); later
+    /// operations to it fail at once.
+    pub(super) fn check_departures(&self, l: &mut Inner) {
+        let Ok(departed) = self.boot.departed() else {
+            return;
+        };
+        if departed.len() == l.departures_seen {
+            return;
+        }
+        l.departures_seen = departed.len();
+        for d in departed {
+            if d >= self.size || l.gone[d] || d == self.rank {
+                continue;
+            }
+            l.gone[d] = true;
+            self.fail_requests_of(l, d);
+        }
+    }
+
+    /// Fails the outstanding requests naming departed peer `d`.
+    fn fail_requests_of(&self, l: &mut Inner, d: Rank) {
+        let Some(q) = l.queue.as_mut() else {
+            return;
+        };
+        let (mut recvs, mut sends) = (Vec::new(), Vec::new());
+        for (k, s) in q.iter() {
+            match s {
+                Slot::Request {
+                    send: Some((env, _)),
+                    ..
+                } if env.source == d => sends.push(k),
+                Slot::Request {
+                    source: Some(s), ..
+                } if *s == d => recvs.push(k),
+                _ => {}
+            }
+        }
+        let env = Envelope {
+            source: d,
+            tag: -1,
+            context: 0,
+        };
+        for k in recvs {
+            if let Some(Slot::Request { core, .. }) = q.cancel(k) {
+                self.tracker.complete(&core, Status::failed(env, lost(d)));
+            }
+        }
+        for k in sends {
+            let Some(s) = q.get_mut(k) else { continue };
+            if let Slot::Request {
+                core,
+                send: Some((env, _)),
+                ..
+            } = std::mem::replace(s, Slot::Abandoned)
+            {
+                self.tracker.complete(&core, Status::failed(env, lost(d)));
+                l.kept.push(core);
+            }
+        }
+    }
+
+    /// Cancels the posted non-blocking receive `key` if PSM2 has not
+    /// matched it yet: it is then returned to PSM2, and its slot removed;
+    /// returns its request (to complete).
+    pub(super) fn cancel_recv(&self, l: &mut Inner, key: RequestKey) -> Option<xdev::CoreRef> {
+        let q = l.queue.as_mut()?;
+        if !matches!(q.get(key), Some(Slot::Request { send: None, .. })) {
+            return None;
+        }
+        match q.cancel(key)? {
+            Slot::Request { core, .. } => Some(core),
+            _ => None,
+        }
+    }
+
+    /// Polls until `done` says so: PSM2 polls between the spins and yields
+    /// of a [`Backoff`], then sleeps in steps of up to 1 ms (PSM2's shm
+    /// device has no wake-up event).
+    ///
+    /// With `collect`, every round also collects all of PSM2's completions
+    /// (`progress_locked`); without it, `done` makes its own progress (see
+    /// `take_completion`), the fast path of a blocking call.
+    pub(super) fn block_until(
+        &self,
+        collect: bool,
+        mut done: impl FnMut(&Self, &mut Inner) -> Result<bool>,
+    ) -> Result<()> {
+        let mut backoff = Backoff::new();
+        let mut idle: u32 = 0;
+        // Sleeps since the last progress: each one longer, up to 1 ms.
+        let mut sleeps: u32 = 0;
+        let mut last_departure_check: Option<Instant> = None;
+        loop {
+            {
+                let mut l = self.lock();
+                let any = collect && self.progress_locked(&mut l);
+                // Departures are checked once a wait has been idle a while,
+                // then every 5 ms (reading the clock only on that slow path).
+                if idle > 0 && idle % 64 == 0 {
+                    let now = Instant::now();
+                    if last_departure_check
+                        .map_or(true, |t| now.duration_since(t) > Duration::from_millis(5))
+                    {
+                        self.check_departures(&mut l);
+                        last_departure_check = Some(now);
+                    }
+                }
+                if done(self, &mut l)? {
+                    return Ok(());
+                }
+                if any {
+                    idle = 0;
+                    sleeps = 0;
+                    backoff.reset();
+                    continue;
+                }
+            }
+            idle = idle.saturating_add(1);
+            if !backoff.snooze() {
+                sleeps = sleeps.saturating_add(1);
+                let step = u64::from(sleeps.min(20)) * 50;
+                std::thread::sleep(Duration::from_micros(step.max(20)));
+            }
+        }
+    }
+
+    /// The completion of blocking request `key`, if it has completed: taken
+    /// from `done` when a collecting round got it first, else polled for
+    /// and tested directly (on its handle in the queue's table).
+    pub(super) fn take_completion(&self, l: &mut Inner, key: RequestKey) -> Option<MqStatus> {
+        if !l.done.is_empty() {
+            if let Some(st) = l.done.remove(&key) {
+                return Some(st);
+            }
+        }
+        let q = l.queue.as_mut()?;
+        q.poll();
+        q.test(key).map(|(_, st)| st)
+    }
+
+    /// Posts a send of `len` bytes at `data` with `slot` as its payload.
+    ///
+    /// # Safety
+    /// As [`TrackedQueue::isend`]: `data` stays valid and unmodified until
+    /// the request leaves the queue.
+    pub(super) unsafe fn post_send(
+        &self,
+        l: &mut Inner,
+        (data, len): (*const u8, usize),
+        (dest, t, context): (Rank, Tag, Context),
+        sync: bool,
+        slot: Slot,
+    ) -> Result<RequestKey> {
+        // `finish` may have closed the queue after the caller's first check.
+        let q = l.queue.as_mut().ok_or(Error::Closed)?;
+        let stag = tag(t, context, super::layer::msg_len(len)?);
+        // SAFETY: the caller's contract.
+        unsafe { q.isend(dest, stag, (data, len), sync, slot) }
+    }
+
+    /// Posts a receive into `cap` bytes at `buf` for `p`, with `slot` as its
+    /// payload.
+    ///
+    /// # Safety
+    /// As [`TrackedQueue::irecv`]: `buf` stays valid and otherwise unused
+    /// until the request leaves the queue.
+    pub(super) unsafe fn post_recv(
+        &self,
+        l: &mut Inner,
+        (buf, cap): (*mut u8, usize),
+        p: &Pattern,
+        slot: Slot,
+    ) -> Result<RequestKey> {
+        let q = l.queue.as_mut().ok_or(Error::Closed)?;
+        // SAFETY: the caller's contract.
+        unsafe { q.irecv(&selector(p), (buf, cap), slot) }
+    }
+
+    /// The status of a message `p` matches, if one has arrived.
+    pub(super) fn iprobe_locked(&self, l: &mut Inner, p: &Pattern) -> Option<Status> {
+        // `None` once closed by `finish` after the caller's check.
+        let q = l.queue.as_mut()?;
+        let st = q.iprobe(&selector(p))?;
+        Some(self.recv_status(q.peer_of(&st), &st, None))
+    }
+}
+
+impl Progress for Engine {
+    fn progress(&self) {
+        if let Some(mut l) = self.inner.try_lock() {
+            self.progress_locked(&mut l);
+        }
+    }
+
+    fn wait(&self, core: &RequestCore) {
+        let _ = self.block_until(true, |_, _| Ok(core.is_done()));
+    }
+
+    fn cancel(&self, core: &xdev::CoreRef) -> bool {
+        if core.kind() != RequestKind::Recv || core.is_done() {
+            return false;
+        }
+        let mut l = self.lock();
+        let key = RequestKey::from_u64(core.token());
+        let ours = l.queue.as_ref().and_then(|q| q.get(key));
+        if !matches!(ours, Some(Slot::Request { core: c, .. }) if xdev::CoreRef::ptr_eq(c, core)) {
+            return false;
+        }
+        if self.cancel_recv(&mut l, key).is_none() {
+            return false;
+        }
+        drop(l);
+        let st = Status::cancelled(Pattern::new(Source::Any, TagSel::Any, 0));
+        self.tracker.complete(core, st);
+        true
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        // Unfinished device: the queue's drop finalizes it and force-closes
+        // the endpoint, so PSM2 lets go of every buffer, before the request
+        // cores (and their buffers) are dropped with the payloads.
+        drop(self.lock().queue.take());
+    }
+}

@@ -1,0 +1,109 @@
+//! Unit tests of the safe PSM2 layer: request keys, and one endpoint of
+//! this process connected to itself (PSM2's `self` device).
+
+use std::time::Duration;
+
+use super::*;
+
+#[test]
+fn request_keys_carry_slot_and_generation() {
+    let k = RequestKey::from_u64(7 << 32 | 3);
+    assert_eq!(k.to_u64(), 7 << 32 | 3);
+    assert_ne!(
+        RequestKey::from_u64(3),
+        k,
+        "another generation, another key"
+    );
+}
+
+/// A queue on this process's endpoint, connected to itself as peer 0, or
+/// `None` (saying why) where PSM2 is unavailable. Holds the test lock of
+/// the one endpoint a process may have.
+fn solo_queue() -> Option<(std::sync::MutexGuard<'static, ()>, MatchedQueue)> {
+    let guard = crate::psm::tests::ONE_ENDPOINT
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
+    let lib = match Library::get() {
+        Ok(l) => l,
+        Err(e) => {
+            println!("skipped: {e}");
+            return None;
+        }
+    };
+    let slot = lib.reserve_endpoint().expect("the test lock is held");
+    assert!(
+        lib.reserve_endpoint().is_err(),
+        "a second endpoint slot while one is held"
+    );
+    let mut mq = MatchedQueue::new(Endpoint::open(slot, &lib.job_key()).ok()?).unwrap();
+    let me = mq.endpoint().epid();
+    mq.endpoint_mut()
+        .connect(&[me], Duration::from_secs(30))
+        .unwrap();
+    assert_eq!(mq.endpoint().peers(), 1);
+    Some((guard, mq))
+}
+
+fn exact(t: u32) -> Selector {
+    Selector {
+        from: Some(0),
+        tag: MqTag([t, 1, 2]),
+        mask: MqTag([u32::MAX; 3]),
+    }
+}
+
+#[test]
+fn a_queue_talks_to_itself_and_owns_its_requests() {
+    let Some((_guard, mut mq)) = solo_queue() else {
+        return;
+    };
+    // A scope: a receive and a send of its own, both waited for.
+    let (out, mut inp) = (vec![7u8; 100], vec![0u8; 100]);
+    mq.scope(|s| {
+        s.irecv(&exact(5), &mut inp)?;
+        s.isend(0, MqTag([5, 1, 2]), &out)?;
+        s.wait_all()
+    })
+    .unwrap();
+    assert_eq!(inp, out);
+    assert!(mq.iprobe(&exact(5)).is_none());
+
+    let mut q = TrackedQueue::new(mq);
+    let mut buf = vec![0u8; 16];
+    // SAFETY: `buf` outlives the request, which is cancelled below before
+    // `buf` is read.
+    let r = unsafe { q.irecv(&exact(9), (buf.as_mut_ptr(), buf.len()), "recv") }.unwrap();
+    assert_eq!(q.get(r), Some(&"recv"));
+    assert_eq!(q.cancel(r), Some("recv"), "unmatched: cancelled");
+    assert_eq!(q.cancel(r), None, "the key names nothing any more");
+    assert!(q.test(r).is_none());
+
+    // The slot is reused under a new generation: the old key stays dead.
+    // SAFETY: `buf` outlives the request, completed below before it is read.
+    let r2 = unsafe { q.irecv(&exact(9), (buf.as_mut_ptr(), buf.len()), "again") }.unwrap();
+    assert_ne!(r2, r);
+    assert!(q.get(r).is_none());
+    let data = [3u8; 16];
+    // SAFETY: `data` outlives the request, completed below.
+    let s = unsafe { q.isend(0, MqTag([9, 1, 2]), (data.as_ptr(), 16), false, "send") }.unwrap();
+    let mut seen = Vec::new();
+    while seen.len() < 2 {
+        q.poll();
+        while let Some((k, p, st)) = q.next_completion() {
+            assert!(st.is_ok());
+            seen.push((k, p));
+        }
+    }
+    seen.sort_by_key(|(_, p)| *p);
+    assert_eq!(seen, vec![(r2, "again"), (s, "send")]);
+    assert_eq!(buf, data);
+    assert!(q.is_empty());
+
+    // Closing hands back what is outstanding.
+    // SAFETY: `buf` outlives the queue, which is closed below.
+    unsafe { q.irecv(&exact(11), (buf.as_mut_ptr(), buf.len()), "left") }.unwrap();
+    assert_eq!(q.len(), 1);
+    assert_eq!(q.close(Duration::from_secs(1)), vec!["left"]);
+    let lib = Library::get().unwrap();
+    drop(lib.reserve_endpoint().expect("the close released the slot"));
+}

@@ -1,0 +1,317 @@
+//! A matched queue with its table of outstanding requests.
+
+use std::mem::MaybeUninit;
+use std::ops::{Deref, DerefMut};
+use std::ptr;
+use std::time::Duration;
+
+use psm_sys::ffi::*;
+use xdev::Result;
+
+use super::queue::{MatchedQueue, MqStatus, MqTag, Selector};
+
+// Keys travel through PSM2 as the request's context pointer: 64 bits of
+// index and generation. (libpsm2 exists for x86_64 only.)
+const _: () = assert!(usize::BITS == 64, "PSM2 request keys need 64-bit pointers");
+
+/// Names one outstanding request of a [`TrackedQueue`]: its slot in the
+/// table and the slot's generation, so a key stays unique after its request
+/// is gone and the slot reused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct RequestKey(u64);
+
+impl RequestKey {
+    fn new(index: usize, generation: u32) -> RequestKey {
+        RequestKey(u64::from(generation) << 32 | index as u64)
+    }
+
+    fn index(self) -> usize {
+        (self.0 & u64::from(u32::MAX)) as usize
+    }
+
+    fn generation(self) -> u32 {
+        (self.0 >> 32) as u32
+    }
+
+    /// The key as a number (e.g. a request's token).
+    pub fn to_u64(self) -> u64 {
+        self.0
+    }
+
+    /// The key of [`to_u64`](Self::to_u64)'s number. A number that names no
+    /// outstanding request names none in the table either.
+    pub fn from_u64(v: u64) -> RequestKey {
+        RequestKey(v)
+    }
+}
+
+/// One slot of the table: a live PSM2 request and its payload, or free.
+struct Entry<T> {
+    generation: u32,
+    /// PSM2's handle; meaningful while `payload` is `Some`.
+    req: psm2_mq_req_t,
+    recv: bool,
+    payload: Option<T>,
+}
+
+/// A [`MatchedQueue`] and the table of its outstanding non-blocking
+/// requests, each with its owner's payload `T` (what completes it: a
+/// request, the memory it uses...).
+///
+/// The table holds every PSM2 request handle from its post until PSM2 frees
+/// it (a completion, a test, a cancel), so none is used afterwards (PSM2
+/// reuses handles at once). Dropping the queue finalizes it and closes the
+/// endpoint, forced, *then* drops the payloads: PSM2 lets go of every
+/// request's memory in the close, so memory a payload owns may be what a
+/// request used. [`close`](Self::close) does the same gracefully and hands
+/// the payloads back.
+pub struct TrackedQueue<T> {
+    /// Dropped first (field order), before the payloads.
+    mq: MatchedQueue,
+    slots: Vec<Entry<T>>,
+    free: Vec<usize>,
+}
+
+impl<T> TrackedQueue<T> {
+    /// Tracks the requests of `mq`.
+    pub fn new(mq: MatchedQueue) -> Self {
+        TrackedQueue {
+            mq,
+            slots: Vec::new(),
+            free: Vec::new(),
+        }
+    }
+
+    fn insert(&mut self, req: psm2_mq_req_t, recv: bool, payload: T) -> RequestKey {
+        let index = match self.free.pop() {
+            Some(i) => i,
+            None => {
+                self.slots.push(Entry {
+                    generation: 0,
+                    req: ptr::null_mut(),
+                    recv: false,
+                    payload: None,
+                });
+                self.slots.len() - 1
+            }
+        };
+        let e = &mut self.slots[index];
+        e.req = req;
+        e.recv = recv;
+        e.payload = Some(payload);
+        RequestKey::new(index, e.generation)
+    }
+
+    /// The slot of live request `key`.
+    fn entry(&self, key: RequestKey) -> Option<&Entry<T>> {
+        self.slots
+            .get(key.index())
+            .filter(|e| e.generation == key.generation() && e.payload.is_some())
+    }
+
+    /// Frees the slot of `key` (its request is gone): the payload.
+    fn remove(&mut self, key: RequestKey) -> Option<T> {
+        let e = self.slots.get_mut(key.index())?;
+        if e.generation != key.generation() {
+            return None;
+        }
+        let payload = e.payload.take()?;
+        e.req = ptr::null_mut();
+        e.generation = e.generation.wrapping_add(1);
+        self.free.push(key.index());
+        Some(payload)
+    }
+
+    /// The next key `insert` hands out, as a context for PSM2 (the request
+    /// does not exist yet when it is posted).
+    fn next_key(&self) -> RequestKey {
+        match self.free.last() {
+            Some(&i) => RequestKey::new(i, self.slots[i].generation),
+            None => RequestKey::new(self.slots.len(), 0),
+        }
+    }
+
+    /// Posts a send of `len` bytes at `buf` to `peer` (`psm2_mq_isend2`;
+    /// with `sync`, complete only once a receive matched it), tracked with
+    /// `payload` (dropped at once if the post fails).
+    ///
+    /// # Safety
+    /// `buf` must be valid for reads of `len` bytes and not be written until
+    /// the request leaves the table: returned by
+    /// [`next_completion`](Self::next_completion) or
+    /// [`test`](Self::test), or the queue closed or dropped. (Memory the
+    /// payload owns qualifies, if moving the payload does not move it.)
+    pub unsafe fn isend(
+        &mut self,
+        peer: usize,
+        tag: MqTag,
+        (buf, len): (*const u8, usize),
+        sync: bool,
+        payload: T,
+    ) -> Result<RequestKey> {
+        let key = self.next_key();
+        // SAFETY: the caller's contract covers the post's; the request is
+        // entered in the table at once.
+        let req = unsafe {
+            self.mq
+                .post_send(peer, sync, tag, (buf, len), key.0 as usize)?
+        };
+        Ok(self.insert(req, false, payload))
+    }
+
+    /// Posts a receive of up to `len` bytes at `buf` for what `sel` matches
+    /// (`psm2_mq_irecv2`), tracked with `payload` (dropped at once if the
+    /// post fails).
+    ///
+    /// # Safety
+    /// `buf` must be valid for writes of `len` bytes and not be otherwise
+    /// accessed until the request leaves the table: returned by
+    /// [`next_completion`](Self::next_completion), [`test`](Self::test) or
+    /// [`cancel`](Self::cancel), or the queue closed or dropped.
+    pub unsafe fn irecv(
+        &mut self,
+        sel: &Selector,
+        (buf, len): (*mut u8, usize),
+        payload: T,
+    ) -> Result<RequestKey> {
+        let key = self.next_key();
+        // SAFETY: as in `isend`.
+        let req = unsafe { self.mq.post_recv(sel, buf, len, key.0 as usize)? };
+        Ok(self.insert(req, true, payload))
+    }
+
+    /// The next completed request, if any (`psm2_mq_ipeek2`, then
+    /// `psm2_mq_test2`, which frees it): its key, payload and status. Does
+    /// not poll: call [`MatchedQueue::poll`] first.
+    pub fn next_completion(&mut self) -> Option<(RequestKey, T, MqStatus)> {
+        let (mq, psm) = self.mq.raw();
+        loop {
+            let mut req: psm2_mq_req_t = ptr::null_mut();
+            // SAFETY: the queue is open; req is a valid out-pointer; no
+            // status wanted.
+            let e = unsafe { (psm.psm2_mq_ipeek2)(mq, &mut req, ptr::null_mut()) };
+            if e != psm2_error::PSM2_OK {
+                return None;
+            }
+            let mut st = MaybeUninit::<psm2_mq_status2_t>::zeroed();
+            // SAFETY: req is a completed request of this queue (from ipeek);
+            // test2 frees it and fills the status.
+            unsafe { (psm.psm2_mq_test2)(&mut req, st.as_mut_ptr()) };
+            // SAFETY: zero-initialised (plain data), then filled by PSM2.
+            let st = MqStatus::from_raw(unsafe { st.assume_init_ref() });
+            let key = RequestKey(st.context as u64);
+            // Every request of this queue that ipeek can return is in the
+            // table: a scope or a blocking receive frees its own before it
+            // gives the queue back.
+            if let Some(payload) = self.remove(key) {
+                return Some((key, payload, st));
+            }
+        }
+    }
+
+    /// Request `key`'s payload and status if it has completed
+    /// (`psm2_mq_test2` on its handle, which frees it). `None` if it has
+    /// not, or if `key` names no outstanding request. Does not poll.
+    pub fn test(&mut self, key: RequestKey) -> Option<(T, MqStatus)> {
+        let mut req = self.entry(key)?.req;
+        let (_, psm) = self.mq.raw();
+        let mut st = MaybeUninit::<psm2_mq_status2_t>::zeroed();
+        // SAFETY: req is live (in the table); test2 frees it only when it
+        // returns PSM2_OK, with the status filled.
+        if unsafe { (psm.psm2_mq_test2)(&mut req, st.as_mut_ptr()) } != psm2_error::PSM2_OK {
+            return None;
+        }
+        // SAFETY: zero-initialised (plain data), then filled by PSM2.
+        let st = MqStatus::from_raw(unsafe { st.assume_init_ref() });
+        Some((self.remove(key)?, st))
+    }
+
+    /// Cancels receive `key` if PSM2 has not matched it yet
+    /// (`psm2_mq_cancel`, then `psm2_mq_wait2`, which frees it): its
+    /// payload; its memory is no longer PSM2's. `None` if it had matched
+    /// (it completes as usual), is a send (PSM2 cancels receives only), or
+    /// `key` names no outstanding request.
+    pub fn cancel(&mut self, key: RequestKey) -> Option<T> {
+        let e = self.entry(key)?;
+        if !e.recv {
+            return None;
+        }
+        let mut req = e.req;
+        let (_, psm) = self.mq.raw();
+        // SAFETY: req is a live receive request of this queue (in the table).
+        if unsafe { (psm.psm2_mq_cancel)(&mut req) } != psm2_error::PSM2_OK {
+            return None;
+        }
+        let mut st = MaybeUninit::<psm2_mq_status2_t>::zeroed();
+        // SAFETY: a cancelled request must be returned with test or wait
+        // (psm2_mq.h); wait2 frees it.
+        unsafe { (psm.psm2_mq_wait2)(&mut req, st.as_mut_ptr()) };
+        self.remove(key)
+    }
+
+    /// The payload of outstanding request `key`.
+    pub fn get(&self, key: RequestKey) -> Option<&T> {
+        self.entry(key)?.payload.as_ref()
+    }
+
+    /// The payload of outstanding request `key`, to change (say, to one
+    /// that drops the completion).
+    pub fn get_mut(&mut self, key: RequestKey) -> Option<&mut T> {
+        let e = self.slots.get_mut(key.index())?;
+        if e.generation != key.generation() {
+            return None;
+        }
+        e.payload.as_mut()
+    }
+
+    /// Every outstanding request's key and payload.
+    pub fn iter(&self) -> impl Iterator<Item = (RequestKey, &T)> {
+        self.slots.iter().enumerate().filter_map(|(i, e)| {
+            e.payload
+                .as_ref()
+                .map(|p| (RequestKey::new(i, e.generation), p))
+        })
+    }
+
+    /// How many requests are outstanding.
+    pub fn len(&self) -> usize {
+        self.slots.len() - self.free.len()
+    }
+
+    /// Whether no request is outstanding.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Finalizes the queue and closes the endpoint gracefully (up to
+    /// `timeout`, forced if that fails), then hands back the payloads of the
+    /// requests still outstanding: PSM2 no longer touches their memory.
+    pub fn close(self, timeout: Duration) -> Vec<T> {
+        let TrackedQueue { mq, slots, .. } = self;
+        mq.close(timeout);
+        slots.into_iter().filter_map(|e| e.payload).collect()
+    }
+}
+
+impl<T> Deref for TrackedQueue<T> {
+    type Target = MatchedQueue;
+
+    fn deref(&self) -> &MatchedQueue {
+        &self.mq
+    }
+}
+
+/// The queue's own calls (blocking send and receive, probe, scopes) are
+/// sound beside tracked requests: each frees its own requests before it
+/// returns. (Swapping the queue for another is impossible: a process has at
+/// most one.)
+impl<T> DerefMut for TrackedQueue<T> {
+    fn deref_mut(&mut self) -> &mut MatchedQueue {
+        &mut self.mq
+    }
+}
+
+// SAFETY: the table holds PSM2 handles (raw pointers) that may move between
+// threads with the queue they belong to (see `MatchedQueue`'s `Send`), and
+// payloads of a `Send` type.
+unsafe impl<T: Send> Send for TrackedQueue<T> {}

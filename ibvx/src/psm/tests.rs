@@ -1,0 +1,149 @@
+//! Unit tests of the psm device (one-rank jobs in this process).
+
+use std::time::{Duration, Instant};
+
+use super::*;
+use xdev::bootstrap::Bootstrap;
+use xdev::bootstrap::{BootstrapServer, Secret};
+use xdev::{Buffer, Device};
+use xdev::{Config, Error, Source, TagSel};
+
+/// Held by every test of this binary that opens the process's one PSM2
+/// endpoint.
+pub(crate) static ONE_ENDPOINT: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+thread_local! {
+    /// Makes the next blocking call of this thread panic right after
+    /// its PSM2 request is posted (fault injection for the unwind test).
+    pub(super) static PANIC_AFTER_PUBLISH: std::cell::Cell<bool> =
+        const { std::cell::Cell::new(false) };
+}
+
+/// A one-rank psm job in this process (PSM2 allows one endpoint per
+/// process: the tests take turns through [`ONE_ENDPOINT`]).
+fn solo() -> Option<PsmDevice> {
+    static JOBS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = JOBS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let job = format!("psm-unit-{}-{n}", std::process::id());
+    let secret = Secret::generate().unwrap();
+    let server =
+        BootstrapServer::start("127.0.0.1:0".parse().unwrap(), 1, &job, secret.clone()).unwrap();
+    let boot = Bootstrap::connect(server.addr(), 0, 1, &job, &secret).unwrap();
+    std::mem::forget(server);
+    match PsmDevice::with_bootstrap(&Config::new(0, 1, job), boot) {
+        Ok(d) => Some(d),
+        Err(e) => {
+            println!("skipped: no PSM2 endpoint here: {e}");
+            None
+        }
+    }
+}
+
+#[test]
+fn a_blocking_send_that_unwinds_leaves_psm2_nothing_of_the_callers_memory() {
+    let _one = ONE_ENDPOINT.lock().unwrap_or_else(|p| p.into_inner());
+    let Some(dev) = solo() else {
+        return;
+    };
+    // A synchronous self-send goes through PSM2 (its self device) and
+    // completes only once a receive matched it: it unwinds right after
+    // it is posted; the caller reuses its block at once.
+    let want: Vec<u8> = (0..(1u32 << 20)).map(|i| (i % 253) as u8).collect();
+    let got = std::thread::scope(|s| {
+        let receiver = s.spawn(|| {
+            std::thread::sleep(Duration::from_millis(100));
+            let mut buf = vec![0u8; want.len()];
+            let st = dev.recv(&mut buf, Source::Rank(0), TagSel::Tag(3), 0);
+            (st, buf)
+        });
+        let mut block = want.clone();
+        let unwound = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            PANIC_AFTER_PUBLISH.with(|p| p.set(true));
+            dev.ssend(&block, 0, 3, 0)
+        }));
+        assert!(unwound.is_err(), "the injected panic unwound the send");
+        block.fill(0xee);
+        receiver.join().unwrap()
+    });
+    let (st, buf) = got;
+    assert_eq!(st.unwrap().count, want.len());
+    assert!(buf == want, "the receiver got the reused block's bytes");
+}
+
+#[test]
+fn a_blocking_receive_that_unwinds_is_cancelled() {
+    let _one = ONE_ENDPOINT.lock().unwrap_or_else(|p| p.into_inner());
+    let Some(dev) = solo() else {
+        return;
+    };
+    // A blocking receive that unwinds once posted is cancelled: a later
+    // message goes elsewhere, not into the caller's old block.
+    let mut block = vec![0u8; 64];
+    let unwound = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        PANIC_AFTER_PUBLISH.with(|p| p.set(true));
+        dev.recv(&mut block, Source::Rank(0), TagSel::Tag(4), 0)
+    }));
+    assert!(unwound.is_err(), "the injected panic unwound the receive");
+    block.fill(0xaa);
+    let r = dev.irecv(Buffer::zeroed(64), Source::Rank(0), TagSel::Tag(4), 0);
+    dev.ssend(&[0x55; 64], 0, 4, 0).unwrap();
+    let c = r.wait();
+    assert!(c.status.error.is_none(), "{:?}", c.status);
+    assert!(c.buf.iter().all(|&x| x == 0x55));
+    assert!(
+        block.iter().all(|&x| x == 0xaa),
+        "the cancelled receive was written"
+    );
+}
+
+#[test]
+fn receives_posted_during_finish_all_complete() {
+    let _one = ONE_ENDPOINT.lock().unwrap_or_else(|p| p.into_inner());
+    let Some(dev) = solo() else {
+        return;
+    };
+    // `finish` racing with receives posted from other threads: each
+    // completes (Closed at the latest), and none reaches the closed
+    // endpoint.
+    let go = std::sync::Barrier::new(3);
+    let posted = std::thread::scope(|s| {
+        let poster = |tag: i32| {
+            let (dev, go) = (&dev, &go);
+            move || {
+                let mut reqs = Vec::new();
+                go.wait();
+                loop {
+                    let r = dev.irecv(Buffer::zeroed(8), Source::Rank(0), TagSel::Tag(tag), 0);
+                    match r.test() {
+                        Ok(c) if c.status.error == Some(Error::Closed) => break,
+                        Ok(c) => panic!("unexpected completion {:?}", c.status),
+                        Err(r) => reqs.push(r),
+                    }
+                }
+                reqs
+            }
+        };
+        let a = s.spawn(poster(10));
+        let b = s.spawn(poster(11));
+        go.wait();
+        std::thread::sleep(Duration::from_millis(5));
+        dev.finish().unwrap();
+        let mut all = a.join().unwrap();
+        all.extend(b.join().unwrap());
+        all
+    });
+    for mut r in posted {
+        let t = Instant::now();
+        loop {
+            match r.test() {
+                Ok(_) => break,
+                Err(back) => r = back,
+            }
+            assert!(
+                t.elapsed() < Duration::from_secs(10),
+                "a receive posted during finish never completed"
+            );
+            std::thread::yield_now();
+        }
+    }
+}
