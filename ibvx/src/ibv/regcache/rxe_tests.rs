@@ -200,9 +200,16 @@ fn leases_finds_and_transient_registrations_really_register() {
     assert!(bytes(&again, 4096).iter().all(|&b| b == 0), "zeroed again");
     assert_eq!(cache.stats().hits, 1);
 
-    // The budget refuses with a typed error.
+    the_budget_refuses_with_a_typed_error(&pd);
+    drop((inner, dreg, buf, again));
+    check_books(&cache);
+}
+
+/// A second cache on `pd` with room for one 8 KiB chunk refuses the next
+/// lease with [`Error::Budget`].
+fn the_budget_refuses_with_a_typed_error(pd: &ProtectionDomain) {
     let small = RegistrationCache::new(
-        &pd,
+        pd,
         access(),
         CacheLimits {
             max_pinned_bytes: 8192,
@@ -213,8 +220,6 @@ fn leases_finds_and_transient_registrations_really_register() {
     let e = small.lease(1).unwrap_err();
     assert!(matches!(e, Error::Budget { .. }), "{e}");
     println!("{e}");
-    drop((inner, dreg, buf, again));
-    check_books(&cache);
 }
 
 /// A small deterministic generator (no dependency needed).
@@ -246,69 +251,18 @@ fn no_stale_registration_under_reuse() {
     let mut rng = Lcg(0x1234_5678);
     let mut foreign_addrs = std::collections::HashSet::new();
     const N: usize = 200;
-    const CHECK: usize = 64 << 10;
 
     for i in 0..N {
         // A leased chunk of a random size class, filled with this
-        // iteration's pattern: find() must hit with the chunk's own keys,
-        // and an RDMA write through them must carry this pattern.
+        // iteration's pattern.
         let len = 1usize << (12 + rng.next() % 7); // 4 KiB .. 256 KiB
-        let mut buf = cache.buffer(len).unwrap();
-        let pat = |j: usize| (i * 31 + j * 7) as u8;
-        for (j, b) in buf.iter_mut().enumerate() {
-            *b = pat(j);
-        }
-        let reg = buf
-            .storage()
-            .unwrap()
-            .downcast_ref::<Lease>()
-            .unwrap()
-            .registration();
-        let hit = cache
-            .find(buf.as_ptr(), len)
-            .expect("a leased chunk is found");
-        assert!(hit.is_cached());
-        assert_eq!((hit.lkey(), hit.rkey()), (reg.lkey(), reg.rkey()));
-        let n = len.min(CHECK);
-        rdma_write(&p, &hit, buf.as_ptr(), &dreg, dst.as_ptr(), n);
-        let got = bytes(&dst, n);
-        assert!(
-            got.iter().enumerate().all(|(j, &b)| b == pat(j)),
-            "iteration {i}: stale data from a cached chunk"
-        );
-        drop((hit, reg, buf));
-
+        write_from_a_cached_chunk(&cache, &p, &dst, &dreg, i, len);
         // Foreign memory: a 1 MiB Vec (glibc mmaps the first; after a free
         // it may raise its mmap threshold and use the heap; either way the
         // next one usually lands at the same address). Each time it is registered
         // afresh, and once dropped, find() never returns it.
-        let mut v: Vec<u8> = (0..1usize << 20).map(|j| (i * 13 + j * 3) as u8).collect();
-        foreign_addrs.insert(v.as_ptr() as usize);
-        assert!(cache.find(v.as_ptr(), 1).is_none());
-        // SAFETY: `v` outlives `treg`.
-        let treg = unsafe { cache.register(v.as_mut_ptr(), v.len()) }.unwrap();
-        assert!(!treg.is_cached());
-        let off = (rng.next() as usize % ((1 << 20) - CHECK)) & !7;
-        rdma_write(
-            &p,
-            &treg,
-            v.as_ptr().wrapping_add(off),
-            &dreg,
-            dst.as_ptr(),
-            CHECK,
-        );
-        assert!(
-            bytes(&dst, CHECK) == &v[off..off + CHECK],
-            "iteration {i}: stale data from foreign memory"
-        );
-        drop(treg);
-        let s = cache.stats();
-        assert_eq!(s.transient_bytes, 0, "{s:?}");
-        assert!(
-            cache.find(v.as_ptr(), 1).is_none(),
-            "a dropped transient is not cached"
-        );
-        drop(v);
+        let addr = write_from_foreign_memory(&cache, &p, &dst, &dreg, i, &mut rng);
+        foreign_addrs.insert(addr);
     }
     let s = cache.stats();
     println!(
@@ -324,4 +278,84 @@ fn no_stale_registration_under_reuse() {
     drop((dreg, dst));
     assert_eq!(cache.stats().leased_bytes, 0);
     check_books(&cache);
+}
+
+/// Bytes of each RDMA write that `no_stale_registration_under_reuse` checks.
+const CHECK: usize = 64 << 10;
+
+/// Leases a `len`-byte chunk filled with iteration `i`'s pattern: find()
+/// must hit with the chunk's own keys, and an RDMA write through them must
+/// carry this pattern.
+fn write_from_a_cached_chunk(
+    cache: &RegistrationCache,
+    p: &Pair,
+    dst: &Lease,
+    dreg: &Registration,
+    i: usize,
+    len: usize,
+) {
+    let mut buf = cache.buffer(len).unwrap();
+    let pat = |j: usize| (i * 31 + j * 7) as u8;
+    for (j, b) in buf.iter_mut().enumerate() {
+        *b = pat(j);
+    }
+    let reg = buf
+        .storage()
+        .unwrap()
+        .downcast_ref::<Lease>()
+        .unwrap()
+        .registration();
+    let hit = cache
+        .find(buf.as_ptr(), len)
+        .expect("a leased chunk is found");
+    assert!(hit.is_cached());
+    assert_eq!((hit.lkey(), hit.rkey()), (reg.lkey(), reg.rkey()));
+    let n = len.min(CHECK);
+    rdma_write(p, &hit, buf.as_ptr(), dreg, dst.as_ptr(), n);
+    let got = bytes(dst, n);
+    assert!(
+        got.iter().enumerate().all(|(j, &b)| b == pat(j)),
+        "iteration {i}: stale data from a cached chunk"
+    );
+    drop((hit, reg, buf));
+}
+
+/// Registers a fresh 1 MiB Vec (transiently), RDMA-writes a random part of
+/// it and checks it arrived and that find() never returns it; its address.
+fn write_from_foreign_memory(
+    cache: &RegistrationCache,
+    p: &Pair,
+    dst: &Lease,
+    dreg: &Registration,
+    i: usize,
+    rng: &mut Lcg,
+) -> usize {
+    let mut v: Vec<u8> = (0..1usize << 20).map(|j| (i * 13 + j * 3) as u8).collect();
+    let addr = v.as_ptr() as usize;
+    assert!(cache.find(v.as_ptr(), 1).is_none());
+    // SAFETY: `v` outlives `treg`.
+    let treg = unsafe { cache.register(v.as_mut_ptr(), v.len()) }.unwrap();
+    assert!(!treg.is_cached());
+    let off = (rng.next() as usize % ((1 << 20) - CHECK)) & !7;
+    rdma_write(
+        p,
+        &treg,
+        v.as_ptr().wrapping_add(off),
+        dreg,
+        dst.as_ptr(),
+        CHECK,
+    );
+    assert!(
+        bytes(dst, CHECK) == &v[off..off + CHECK],
+        "iteration {i}: stale data from foreign memory"
+    );
+    drop(treg);
+    let s = cache.stats();
+    assert_eq!(s.transient_bytes, 0, "{s:?}");
+    assert!(
+        cache.find(v.as_ptr(), 1).is_none(),
+        "a dropped transient is not cached"
+    );
+    drop(v);
+    addr
 }
