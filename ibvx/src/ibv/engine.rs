@@ -30,6 +30,19 @@
 //! write (by its rkey) only between `RNDZ_REPLY` and `RNDZ_END`; before the
 //! receive completes otherwise, the peer's queue pair is moved to the error
 //! state, after which the peer cannot write any more.
+//!
+//! # Layout
+//!
+//! This file holds the state (the fabric, per-peer and per-send records,
+//! everything behind the engine lock), completing sends and receives, and
+//! failing a peer. The parts, each an `impl Engine` that imports only from
+//! here: `send` (credits, the send backlog, `CREDIT`, starting a send),
+//! `post` (work requests: frames from send slots, RDMA writes and
+//! `RNDZ_END`, receive slots re-posted), `recv` (frames decoded and
+//! dispatched by kind, matching, delivery), `rendezvous` (`RNDZ_START`,
+//! `RNDZ_REPLY`, `RNDZ_END` and the grant), `progress` (completions,
+//! departures, waking and the blocking wait) and `ops` (what the device
+//! calls, with the guards of its blocking calls).
 
 use std::collections::VecDeque;
 use std::os::fd::{FromRawFd, OwnedFd};
