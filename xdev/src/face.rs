@@ -37,7 +37,7 @@ pub trait Transport: Progress + Sized + 'static {
     /// Sends `buf` and returns once it may be reused (`sync`: once the
     /// receiver matched it).
     fn blocking_send(
-        &self,
+        self: &Arc<Self>,
         buf: &[u8],
         dest: Rank,
         tag: Tag,
@@ -54,7 +54,7 @@ pub trait Transport: Progress + Sized + 'static {
         sync: bool,
     ) -> Request;
     /// Receives the first message that matches `pattern` into `buf`.
-    fn recv_into(&self, buf: &mut [u8], pattern: Pattern) -> Result<Status>;
+    fn recv_into(self: &Arc<Self>, buf: &mut [u8], pattern: Pattern) -> Result<Status>;
     /// Starts a receive into `buf`, which moves into the request.
     fn start_recv(self: &Arc<Self>, buf: Buffer, pattern: Pattern) -> Request;
     /// The status of the first message that matches `pattern`, without

@@ -6,7 +6,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 
 use xdev::matching::FxMap;
-use xdev::{check_recv, Buffer, Context, Rank, Request, RequestKind, Source, Status, TagSel};
+use xdev::{Buffer, Context, Rank, Request, RequestKind, Source, Status, TagSel};
 
 use super::route::Route;
 use super::{lock, Hybrid};
@@ -133,10 +133,6 @@ impl Hybrid {
         tag: TagSel,
         context: Context,
     ) -> Request {
-        let env = self.failed_recv_env(context);
-        if let Err(e) = check_recv(source, tag, self.size).and_then(|_| self.check_open()) {
-            return self.rejected(RequestKind::Recv, buf, env, e);
-        }
         let mut held = lock(&self.held);
         if self.must_hold(&held, source, context) {
             let core = self.tracker.start_relay(RequestKind::Recv);

@@ -36,45 +36,29 @@
 //! on a request that went to one device is that device's own wait (which
 //! sleeps on its doorbell or completion channel).
 
-mod device;
 mod held;
 mod lend;
+mod ops;
 mod options;
 mod progress;
 mod route;
 mod setup;
+mod state;
 #[cfg(test)]
 mod tests;
 
-use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use xdev::bootstrap::{Bootstrap, BootstrapServer};
 use xdev::registry::{Entry, Placement};
-use xdev::{Device, Rank, Tracker};
+use xdev::Device;
 
-use held::Held;
 pub use options::HybridOptions;
-use route::{RankMap, Route};
+use state::Hybrid;
 
 /// The longest sleep between two polls of a wait that involves both devices.
 pub const MAX_POLL_SLEEP: Duration = Duration::from_micros(200);
-
-struct Hybrid {
-    rank: Rank,
-    size: usize,
-    routes: Vec<Route>,
-    local: Arc<dyn Device>,
-    local_map: RankMap,
-    /// The network device's ranks are the job's.
-    remote_map: RankMap,
-    remote: Option<Arc<dyn Device>>,
-    tracker: Arc<Tracker>,
-    /// Held receives. Every receive is posted to a device under this lock.
-    held: Mutex<Held>,
-    closed: AtomicBool,
-}
 
 /// The hybrid xdev device (see the module documentation).
 pub struct HybridDevice {

@@ -1,48 +1,74 @@
-//! The xdev face of the hybrid device.
+//! The operations of the hybrid device: what [`xdev::Face`] calls, with
+//! arguments it has checked.
 
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 use xdev::{
-    check_recv, Buffer, Context, Device, Error, Peeked, Rank, Request, Result, Source, Status, Tag,
-    TagSel,
+    Buffer, Context, Error, Face, Pattern, Peeked, Rank, Request, Result, Source, Status, Tag,
+    Tracker, Transport,
 };
 
 use super::held::HeldRecv;
 use super::lend::lend_and_wait;
 use super::route::Route;
-use super::{lock, HybridDevice};
+use super::{lock, Hybrid, HybridDevice};
 
-impl Device for HybridDevice {
-    fn name(&self) -> &'static str {
-        "hybrid"
+impl Face for HybridDevice {
+    type Engine = Hybrid;
+    fn engine(&self) -> &Arc<Hybrid> {
+        &self.inner
     }
+}
 
-    fn id(&self) -> Rank {
-        self.inner.rank
+impl Transport for Hybrid {
+    const NAME: &'static str = "hybrid";
+
+    fn rank(&self) -> Rank {
+        self.rank
     }
 
     fn size(&self) -> usize {
-        self.inner.size
+        self.size
     }
 
-    fn send(&self, buf: &[u8], dest: Rank, tag: Tag, context: Context) -> Result<()> {
-        self.inner.blocking_send(buf, dest, tag, context, false)
+    fn tracker(&self) -> &Tracker {
+        &self.tracker
     }
 
-    fn ssend(&self, buf: &[u8], dest: Rank, tag: Tag, context: Context) -> Result<()> {
-        self.inner.blocking_send(buf, dest, tag, context, true)
+    fn check_open(&self) -> Result<()> {
+        Hybrid::check_open(self)
     }
 
-    fn recv(
-        &self,
-        buf: &mut [u8],
-        source: Source,
-        tag: TagSel,
-        context: Context,
-    ) -> Result<Status> {
-        let h = &self.inner;
-        check_recv(source, tag, h.size)?;
-        h.check_open()?;
+    fn blocking_send(
+        self: &Arc<Self>,
+        buf: &[u8],
+        dest: Rank,
+        tag: Tag,
+        cx: Context,
+        sync: bool,
+    ) -> Result<()> {
+        Hybrid::blocking_send(self, buf, dest, tag, cx, sync)
+    }
+
+    fn start_send(
+        self: &Arc<Self>,
+        buf: Buffer,
+        dest: Rank,
+        tag: Tag,
+        cx: Context,
+        sync: bool,
+    ) -> Request {
+        self.isend(buf, dest, tag, cx, sync)
+    }
+
+    fn recv_into(self: &Arc<Self>, buf: &mut [u8], pattern: Pattern) -> Result<Status> {
+        let h = self;
+        let Pattern {
+            source,
+            tag,
+            context,
+        } = pattern;
         if h.remote.is_none() {
             // One host: no receive is ever held; the device's own blocking path.
             let src = match source {
@@ -60,60 +86,33 @@ impl Device for HybridDevice {
         }
     }
 
-    fn isend(&self, buf: Buffer, dest: Rank, tag: Tag, context: Context) -> Request {
-        self.inner.isend(buf, dest, tag, context, false)
+    fn start_recv(self: &Arc<Self>, buf: Buffer, pattern: Pattern) -> Request {
+        self.irecv(buf, pattern.source, pattern.tag, pattern.context)
     }
 
-    fn issend(&self, buf: Buffer, dest: Rank, tag: Tag, context: Context) -> Request {
-        self.inner.isend(buf, dest, tag, context, true)
-    }
-
-    fn irecv(&self, buf: Buffer, source: Source, tag: TagSel, context: Context) -> Request {
-        self.inner.irecv(buf, source, tag, context)
-    }
-
-    fn probe(&self, source: Source, tag: TagSel, context: Context) -> Result<Status> {
-        let h = &self.inner;
-        check_recv(source, tag, h.size)?;
-        h.check_open()?;
+    fn probe(&self, pattern: Pattern, block: bool) -> Result<Option<Status>> {
+        if !block {
+            return self.iprobe(pattern);
+        }
+        let h = self;
+        let Pattern {
+            source,
+            tag,
+            context,
+        } = pattern;
         match (source, &h.remote) {
             (Source::Rank(s), _) => {
                 let (dev, r, map) = h.reach(s);
                 map.result(dev.probe(Source::Rank(r), tag, context))
             }
             (Source::Any, None) => h.local_map.result(h.local.probe(Source::Any, tag, context)),
-            (Source::Any, Some(_)) => {
-                h.poll_until(|_| self.iprobe(source, tag, context).transpose())
-            }
+            (Source::Any, Some(_)) => h.poll_until(|_| self.iprobe(pattern).transpose()),
         }
-    }
-
-    fn iprobe(&self, source: Source, tag: TagSel, context: Context) -> Result<Option<Status>> {
-        let h = &self.inner;
-        check_recv(source, tag, h.size)?;
-        h.check_open()?;
-        h.advance_all();
-        let both = [Route::Local(0), Route::Remote];
-        let routes: &[Route] = match source {
-            Source::Rank(s) => std::slice::from_ref(&h.routes[s]),
-            Source::Any if h.remote.is_some() => &both,
-            Source::Any => &both[..1],
-        };
-        for &route in routes {
-            let (dev, map) = h.device(route);
-            let src = match (source, route) {
-                (Source::Rank(_), Route::Local(i)) => Source::Rank(i),
-                _ => source,
-            };
-            if let Some(st) = dev.iprobe(src, tag, context).map_err(|e| map.error(e))? {
-                return Ok(Some(map.status(st)));
-            }
-        }
-        Ok(None)
+        .map(Some)
     }
 
     fn peek(&self) -> Result<Option<Peeked>> {
-        let h = &self.inner;
+        let h = self;
         Ok(h.poll_until(|h| match h.tracker.pop_completed() {
             Some(p) => Some(Some(p)),
             None if h.tracker.outstanding() == 0 => Some(None),
@@ -121,12 +120,8 @@ impl Device for HybridDevice {
         }))
     }
 
-    fn progress(&self) {
-        self.inner.poll();
-    }
-
     fn finish(&self) -> Result<()> {
-        let h = &self.inner;
+        let h = self;
         if h.closed.swap(true, Ordering::AcqRel) {
             return Ok(());
         }
@@ -147,5 +142,35 @@ impl Device for HybridDevice {
         }
         local.map_err(|e| h.local_map.error(e))?;
         remote
+    }
+}
+
+impl Hybrid {
+    /// `iprobe`: every device that may hold a match, once, without blocking.
+    fn iprobe(&self, pattern: Pattern) -> Result<Option<Status>> {
+        let h = self;
+        let Pattern {
+            source,
+            tag,
+            context,
+        } = pattern;
+        h.advance_all();
+        let both = [Route::Local(0), Route::Remote];
+        let routes: &[Route] = match source {
+            Source::Rank(s) => std::slice::from_ref(&h.routes[s]),
+            Source::Any if h.remote.is_some() => &both,
+            Source::Any => &both[..1],
+        };
+        for &route in routes {
+            let (dev, map) = h.device(route);
+            let src = match (source, route) {
+                (Source::Rank(_), Route::Local(i)) => Source::Rank(i),
+                _ => source,
+            };
+            if let Some(st) = dev.iprobe(src, tag, context).map_err(|e| map.error(e))? {
+                return Ok(Some(map.status(st)));
+            }
+        }
+        Ok(None)
     }
 }

@@ -6,8 +6,8 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use xdev::{
-    check_send, Buffer, Completion, Context, Device, Envelope, Error, Rank, Request, RequestKind,
-    Result, Status, Tag,
+    Buffer, Completion, Context, Device, Envelope, Error, Rank, Request, RequestKind, Result,
+    Status, Tag,
 };
 
 use super::lend::lend_and_wait;
@@ -126,17 +126,6 @@ impl Hybrid {
         Request::new(core, self.clone())
     }
 
-    pub(super) fn rejected(
-        self: &Arc<Self>,
-        kind: RequestKind,
-        buf: Buffer,
-        env: Envelope,
-        e: Error,
-    ) -> Request {
-        let core = self.tracker.rejected(kind, buf, Status::failed(env, e));
-        self.request(core)
-    }
-
     /// Starts a request on `dev` with `buf` (by `start`) and relays `outer`
     /// (started without a buffer) to it: its completion completes `outer`
     /// with the buffer (ranks mapped by `map`).
@@ -193,15 +182,6 @@ impl Hybrid {
         context: Context,
         sync: bool,
     ) -> Request {
-        // As every device: a failed send's status names its destination.
-        let env = Envelope {
-            source: dest,
-            tag,
-            context,
-        };
-        if let Err(e) = check_send(dest, tag, self.size).and_then(|_| self.check_open()) {
-            return self.rejected(RequestKind::Send, buf, env, e);
-        }
         let (dev, d, map) = self.reach(dest);
         let below = if sync {
             dev.issend(buf, d, tag, context)
@@ -221,8 +201,6 @@ impl Hybrid {
         context: Context,
         sync: bool,
     ) -> Result<()> {
-        check_send(dest, tag, self.size)?;
-        self.check_open()?;
         if self.remote.is_none() {
             let (dev, d, map) = self.reach(dest);
             let r = if sync {

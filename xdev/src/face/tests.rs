@@ -38,7 +38,14 @@ impl Transport for Counting {
         }
         Ok(())
     }
-    fn blocking_send(&self, _: &[u8], _: Rank, _: Tag, _: Context, _: bool) -> Result<()> {
+    fn blocking_send(
+        self: &Arc<Self>,
+        _: &[u8],
+        _: Rank,
+        _: Tag,
+        _: Context,
+        _: bool,
+    ) -> Result<()> {
         self.calls.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
@@ -53,7 +60,7 @@ impl Transport for Counting {
         self.tracker
             .completed(RequestKind::Send, buf, Status::ok(env, n))
     }
-    fn recv_into(&self, _: &mut [u8], p: Pattern) -> Result<Status> {
+    fn recv_into(self: &Arc<Self>, _: &mut [u8], p: Pattern) -> Result<Status> {
         self.calls.fetch_add(1, Ordering::Relaxed);
         let env = Envelope {
             source: 1,
