@@ -79,6 +79,7 @@ impl Endpoint {
     }
 
     /// The raw handle, for the matched queue.
+    #[inline]
     pub(super) fn raw(&self) -> psm2_ep_t {
         self.raw
     }
@@ -137,17 +138,20 @@ impl Endpoint {
     }
 
     /// The address of peer `i`, if connected.
+    #[inline]
     pub(super) fn addr(&self, i: usize) -> Option<psm2_epaddr_t> {
         self.peers.get(i).copied()
     }
 
     /// The index of the peer at address `addr` (from a status).
+    #[inline]
     pub(super) fn peer_at(&self, addr: usize) -> Option<usize> {
         self.index.get(&addr).copied()
     }
 
     /// Makes progress (`psm2_poll`): PSM2 moves data and completes requests
     /// and connections only inside its calls.
+    #[inline]
     pub fn poll(&self) {
         // SAFETY: the endpoint is open (closing consumes it); `Endpoint` is
         // not `Sync`, so no other PSM2 call on it overlaps this one.

@@ -18,6 +18,7 @@ use super::library::psm_error;
 pub struct MqTag(pub [u32; 3]);
 
 impl MqTag {
+    #[inline]
     fn raw(self) -> psm2_mq_tag_t {
         let [a, b, c] = self.0;
         psm2_mq_tag_t { tag: [a, b, c, 0] }
@@ -49,6 +50,7 @@ pub struct MqStatus {
 }
 
 impl MqStatus {
+    #[inline]
     pub(super) fn from_raw(st: &psm2_mq_status2_t) -> MqStatus {
         // SAFETY: every bit pattern of the union is a valid [u32; 4].
         let t = unsafe { st.msg_tag.tag };
@@ -63,11 +65,13 @@ impl MqStatus {
     }
 
     /// The message's tag.
+    #[inline]
     pub fn tag(&self) -> MqTag {
         MqTag(self.tag)
     }
 
     /// Bytes PSM2 moved (delivered into a receive buffer).
+    #[inline]
     pub fn nbytes(&self) -> u32 {
         self.nbytes
     }
@@ -79,11 +83,13 @@ impl MqStatus {
     }
 
     /// Whether the request ended without error.
+    #[inline]
     pub fn is_ok(&self) -> bool {
         self.code == psm2_error::PSM2_OK.0
     }
 
     /// Whether a receive ended truncated (`PSM2_MQ_TRUNCATION`).
+    #[inline]
     pub fn is_truncated(&self) -> bool {
         self.code == psm2_error::PSM2_MQ_TRUNCATION.0
     }
@@ -103,6 +109,7 @@ impl MqStatus {
 const UNTRACKED: usize = usize::MAX;
 
 /// A message length as PSM2 takes it (`u32`).
+#[inline]
 pub fn msg_len(len: usize) -> Result<u32> {
     u32::try_from(len)
         .map_err(|_| Error::ResourceExhausted("PSM2 messages are limited to 4 GiB".into()))
@@ -117,6 +124,8 @@ pub fn msg_len(len: usize) -> Result<u32> {
 pub struct MatchedQueue {
     /// Null once finalized.
     raw: psm2_mq_t,
+    /// The endpoint's library's function table (one load on every call).
+    psm: &'static Psm2,
     ep: Endpoint,
     /// Request handles of [`Scope`]s, kept for the next one's capacity.
     spare: Vec<psm2_mq_req_t>,
@@ -141,13 +150,15 @@ impl MatchedQueue {
         }
         Ok(MatchedQueue {
             raw,
+            psm,
             ep,
             spare: Vec::new(),
         })
     }
 
+    #[inline]
     fn psm(&self) -> &'static Psm2 {
-        self.ep.library().psm()
+        self.psm
     }
 
     /// Sets the size from which PSM2's shm device sends by rendezvous
@@ -180,16 +191,19 @@ impl MatchedQueue {
     }
 
     /// Makes progress ([`Endpoint::poll`]).
+    #[inline]
     pub fn poll(&self) {
         self.ep.poll();
     }
 
     /// The index of the peer that sent the message of `st`, if it is a
     /// connected peer.
+    #[inline]
     pub fn peer_of(&self, st: &MqStatus) -> Option<usize> {
         self.ep.peer_at(st.peer)
     }
 
+    #[inline]
     fn dest(&self, peer: usize) -> Result<psm2_epaddr_t> {
         self.ep
             .addr(peer)
@@ -198,6 +212,7 @@ impl MatchedQueue {
 
     /// The source address of `from` (PSM2's any-address for `None`), or
     /// `None` if that peer is not connected.
+    #[inline]
     fn source(&self, from: Option<usize>) -> Option<psm2_epaddr_t> {
         match from {
             Some(p) => self.ep.addr(p),
@@ -207,6 +222,7 @@ impl MatchedQueue {
 
     /// Sends `buf` to `peer` and returns once `buf` may be reused
     /// (`psm2_mq_send2`; below the rendezvous size that is at once).
+    #[inline]
     pub fn send(&mut self, peer: usize, tag: MqTag, buf: &[u8]) -> Result<()> {
         let dest = self.dest(peer)?;
         let len = msg_len(buf.len())?;
@@ -224,6 +240,7 @@ impl MatchedQueue {
 
     /// Receives into `buf` the first message `sel` matches, waiting for it
     /// (`psm2_mq_irecv2` + `psm2_mq_wait2`).
+    #[inline]
     pub fn recv(&mut self, sel: &Selector, buf: &mut [u8]) -> Result<MqStatus> {
         // SAFETY: `buf` is borrowed for this whole call, and the request is
         // waited for (freed) before the call returns.
@@ -272,6 +289,7 @@ impl MatchedQueue {
     /// `buf` must be valid for reads of `len` bytes and not be written until
     /// the returned request is freed (completed by test or wait) or the
     /// queue is finalized.
+    #[inline]
     pub(super) unsafe fn post_send(
         &mut self,
         peer: usize,
@@ -314,6 +332,7 @@ impl MatchedQueue {
     /// `buf` must be valid for writes of `len` bytes and not be otherwise
     /// accessed until the returned request is freed (completed by test or
     /// wait, or cancelled and then waited) or the queue is finalized.
+    #[inline]
     pub(super) unsafe fn post_recv(
         &mut self,
         sel: &Selector,
@@ -356,6 +375,7 @@ impl MatchedQueue {
     /// # Safety
     /// `req` must be a live request of this queue: posted here and not yet
     /// freed by a test, wait or the queue's finalization.
+    #[inline]
     pub(super) unsafe fn wait(&mut self, mut req: psm2_mq_req_t) -> MqStatus {
         let mut st = MaybeUninit::<psm2_mq_status2_t>::zeroed();
         // SAFETY: req is live (the caller's contract); wait2 completes and
@@ -366,6 +386,7 @@ impl MatchedQueue {
     }
 
     /// The raw queue and function table, for the request table.
+    #[inline]
     pub(super) fn raw(&self) -> (psm2_mq_t, &'static Psm2) {
         (self.raw, self.psm())
     }
@@ -410,6 +431,7 @@ pub struct Scope<'q, 'env> {
 
 impl<'env> Scope<'_, 'env> {
     /// Posts a send of `buf` to `peer` (`psm2_mq_isend2`).
+    #[inline]
     pub fn isend(&mut self, peer: usize, tag: MqTag, buf: &'env [u8]) -> Result<()> {
         // SAFETY: `buf` is borrowed for 'env, which outlives the scope; the
         // scope waits for the request before it ends.
@@ -422,6 +444,7 @@ impl<'env> Scope<'_, 'env> {
     }
 
     /// Posts a receive into `buf` for what `sel` matches (`psm2_mq_irecv2`).
+    #[inline]
     pub fn irecv(&mut self, sel: &Selector, buf: &'env mut [u8]) -> Result<()> {
         // SAFETY: `buf` is borrowed mutably for 'env, which outlives the
         // scope; the scope waits for the request before it ends.

@@ -21,25 +21,30 @@ const _: () = assert!(usize::BITS == 64, "PSM2 request keys need 64-bit pointers
 pub struct RequestKey(u64);
 
 impl RequestKey {
+    #[inline]
     fn new(index: usize, generation: u32) -> RequestKey {
         RequestKey(u64::from(generation) << 32 | index as u64)
     }
 
+    #[inline]
     fn index(self) -> usize {
         (self.0 & u64::from(u32::MAX)) as usize
     }
 
+    #[inline]
     fn generation(self) -> u32 {
         (self.0 >> 32) as u32
     }
 
     /// The key as a number (e.g. a request's token).
+    #[inline]
     pub fn to_u64(self) -> u64 {
         self.0
     }
 
     /// The key of [`to_u64`](Self::to_u64)'s number. A number that names no
     /// outstanding request names none in the table either.
+    #[inline]
     pub fn from_u64(v: u64) -> RequestKey {
         RequestKey(v)
     }
@@ -82,6 +87,7 @@ impl<T> TrackedQueue<T> {
         }
     }
 
+    #[inline]
     fn insert(&mut self, req: psm2_mq_req_t, recv: bool, payload: T) -> RequestKey {
         let index = match self.free.pop() {
             Some(i) => i,
@@ -103,6 +109,7 @@ impl<T> TrackedQueue<T> {
     }
 
     /// The slot of live request `key`.
+    #[inline]
     fn entry(&self, key: RequestKey) -> Option<&Entry<T>> {
         self.slots
             .get(key.index())
@@ -110,6 +117,7 @@ impl<T> TrackedQueue<T> {
     }
 
     /// Frees the slot of `key` (its request is gone): the payload.
+    #[inline]
     fn remove(&mut self, key: RequestKey) -> Option<T> {
         let e = self.slots.get_mut(key.index())?;
         if e.generation != key.generation() {
@@ -124,6 +132,7 @@ impl<T> TrackedQueue<T> {
 
     /// The next key `insert` hands out, as a context for PSM2 (the request
     /// does not exist yet when it is posted).
+    #[inline]
     fn next_key(&self) -> RequestKey {
         match self.free.last() {
             Some(&i) => RequestKey::new(i, self.slots[i].generation),
@@ -141,6 +150,7 @@ impl<T> TrackedQueue<T> {
     /// [`next_completion`](Self::next_completion) or
     /// [`test`](Self::test), or the queue closed or dropped. (Memory the
     /// payload owns qualifies, if moving the payload does not move it.)
+    #[inline]
     pub unsafe fn isend(
         &mut self,
         peer: usize,
@@ -168,6 +178,7 @@ impl<T> TrackedQueue<T> {
     /// accessed until the request leaves the table: returned by
     /// [`next_completion`](Self::next_completion), [`test`](Self::test) or
     /// [`cancel`](Self::cancel), or the queue closed or dropped.
+    #[inline]
     pub unsafe fn irecv(
         &mut self,
         sel: &Selector,
@@ -183,6 +194,7 @@ impl<T> TrackedQueue<T> {
     /// The next completed request, if any (`psm2_mq_ipeek2`, then
     /// `psm2_mq_test2`, which frees it): its key, payload and status. Does
     /// not poll: call [`MatchedQueue::poll`] first.
+    #[inline]
     pub fn next_completion(&mut self) -> Option<(RequestKey, T, MqStatus)> {
         let (mq, psm) = self.mq.raw();
         loop {
@@ -212,6 +224,7 @@ impl<T> TrackedQueue<T> {
     /// Request `key`'s payload and status if it has completed
     /// (`psm2_mq_test2` on its handle, which frees it). `None` if it has
     /// not, or if `key` names no outstanding request. Does not poll.
+    #[inline]
     pub fn test(&mut self, key: RequestKey) -> Option<(T, MqStatus)> {
         let mut req = self.entry(key)?.req;
         let (_, psm) = self.mq.raw();
@@ -250,12 +263,14 @@ impl<T> TrackedQueue<T> {
     }
 
     /// The payload of outstanding request `key`.
+    #[inline]
     pub fn get(&self, key: RequestKey) -> Option<&T> {
         self.entry(key)?.payload.as_ref()
     }
 
     /// The payload of outstanding request `key`, to change (say, to one
     /// that drops the completion).
+    #[inline]
     pub fn get_mut(&mut self, key: RequestKey) -> Option<&mut T> {
         let e = self.slots.get_mut(key.index())?;
         if e.generation != key.generation() {
@@ -296,6 +311,7 @@ impl<T> TrackedQueue<T> {
 impl<T> Deref for TrackedQueue<T> {
     type Target = MatchedQueue;
 
+    #[inline]
     fn deref(&self) -> &MatchedQueue {
         &self.mq
     }
@@ -306,6 +322,7 @@ impl<T> Deref for TrackedQueue<T> {
 /// returns. (Swapping the queue for another is impossible: a process has at
 /// most one.)
 impl<T> DerefMut for TrackedQueue<T> {
+    #[inline]
     fn deref_mut(&mut self) -> &mut MatchedQueue {
         &mut self.mq
     }
