@@ -321,7 +321,7 @@ struct Local {
 }
 
 /// The engine of one rank, shared by the device handle and its requests.
-pub(crate) struct Engine {
+pub struct Engine {
     fab: Fabric,
     tracker: Arc<Tracker>,
     local: Mutex<Local>,
@@ -398,14 +398,6 @@ impl Engine {
             closed: AtomicBool::new(false),
             boot,
         })
-    }
-
-    pub(crate) fn rank(&self) -> Rank {
-        self.fab.rank
-    }
-
-    pub(crate) fn size(&self) -> usize {
-        self.fab.size
     }
 
     pub(crate) fn options(&self) -> &IbvOptions {

@@ -120,10 +120,7 @@ use std::sync::Arc;
 
 use xdev::bootstrap::Bootstrap;
 use xdev::registry::{Entry, Placement};
-use xdev::{
-    Buffer, Config, Context, Device, Error, Pattern, Peeked, Rank, Request, Result, Source, Status,
-    Tag, TagSel,
-};
+use xdev::{Buffer, Config, Device, Error, Result};
 
 use self::engine::Engine;
 pub use self::options::IbvOptions;
@@ -179,71 +176,10 @@ impl IbvDevice {
     }
 }
 
-impl Device for IbvDevice {
-    fn name(&self) -> &'static str {
-        "ibv"
-    }
-
-    fn id(&self) -> Rank {
-        self.engine.rank()
-    }
-
-    fn size(&self) -> usize {
-        self.engine.size()
-    }
-
-    fn send(&self, buf: &[u8], dest: Rank, tag: Tag, context: Context) -> Result<()> {
-        self.engine.blocking_send(buf, dest, tag, context, false)
-    }
-
-    fn ssend(&self, buf: &[u8], dest: Rank, tag: Tag, context: Context) -> Result<()> {
-        self.engine.blocking_send(buf, dest, tag, context, true)
-    }
-
-    fn recv(
-        &self,
-        buf: &mut [u8],
-        source: Source,
-        tag: TagSel,
-        context: Context,
-    ) -> Result<Status> {
-        self.engine
-            .recv_into(buf, Pattern::new(source, tag, context))
-    }
-
-    fn isend(&self, buf: Buffer, dest: Rank, tag: Tag, context: Context) -> Request {
-        self.engine.start_send(buf, dest, tag, context, false)
-    }
-
-    fn issend(&self, buf: Buffer, dest: Rank, tag: Tag, context: Context) -> Request {
-        self.engine.start_send(buf, dest, tag, context, true)
-    }
-
-    fn irecv(&self, buf: Buffer, source: Source, tag: TagSel, context: Context) -> Request {
-        self.engine
-            .start_recv(buf, Pattern::new(source, tag, context))
-    }
-
-    fn probe(&self, source: Source, tag: TagSel, context: Context) -> Result<Status> {
-        self.engine
-            .probe(Pattern::new(source, tag, context), true)?
-            .ok_or(Error::Closed)
-    }
-
-    fn iprobe(&self, source: Source, tag: TagSel, context: Context) -> Result<Option<Status>> {
-        self.engine.probe(Pattern::new(source, tag, context), false)
-    }
-
-    fn peek(&self) -> Result<Option<Peeked>> {
-        self.engine.peek()
-    }
-
-    fn progress(&self) {
-        xdev::Progress::progress(&*self.engine)
-    }
-
-    fn finish(&self) -> Result<()> {
-        self.engine.finish()
+impl xdev::Face for IbvDevice {
+    type Engine = Engine;
+    fn engine(&self) -> &Arc<Engine> {
+        &self.engine
     }
 }
 

@@ -8,25 +8,41 @@ use std::sync::Arc;
 use xdev::matching::PostedId;
 use xdev::target::{BlockingRecv, BlockingSend, SendOwner, Target};
 use xdev::{
-    check_recv, check_send, Buffer, Context, Envelope, Error, Pattern, Peeked, Rank, Request,
-    RequestKind, Result, Source, Status, Tag,
+    Buffer, Context, Envelope, Error, Pattern, Peeked, Rank, Request, RequestKind, Result, Source,
+    Status, Tag, Tracker, Transport,
 };
 
 #[cfg(test)]
 use super::PANIC_AFTER_PUBLISH;
 use super::{Engine, Local, Outgoing};
 
-impl Engine {
-    pub(crate) fn blocking_send(
-        &self,
+impl Transport for Engine {
+    const NAME: &'static str = "ibv";
+
+    fn rank(&self) -> Rank {
+        self.fab.rank
+    }
+
+    fn size(&self) -> usize {
+        self.fab.size
+    }
+
+    fn tracker(&self) -> &Tracker {
+        &self.tracker
+    }
+
+    fn check_open(&self) -> Result<()> {
+        Engine::check_open(self)
+    }
+
+    fn blocking_send(
+        self: &Arc<Self>,
         buf: &[u8],
         dest: Rank,
         tag: Tag,
         context: Context,
         sync: bool,
     ) -> Result<()> {
-        check_send(dest, tag, self.fab.size)?;
-        self.check_open()?;
         // Made before the send is published: on any exit, an unwind
         // included, it waits until the NIC and the peer are done with `buf`.
         let settle = SettleSend {
@@ -69,7 +85,7 @@ impl Engine {
         w.outcome()
     }
 
-    pub(crate) fn start_send(
+    fn start_send(
         self: &Arc<Self>,
         buf: Buffer,
         dest: Rank,
@@ -82,12 +98,6 @@ impl Engine {
             tag,
             context,
         };
-        if let Err(e) = check_send(dest, tag, self.fab.size).and_then(|_| self.check_open()) {
-            let core = self
-                .tracker
-                .rejected(RequestKind::Send, buf, Status::failed(env, e));
-            return Request::new(core, self.clone());
-        }
         let core = self.tracker.start(RequestKind::Send, buf);
         // SAFETY: the request owns the buffer; it is neither moved nor freed
         // while the core lives, and the engine keeps the core while it
@@ -122,20 +132,12 @@ impl Engine {
         Request::new(core, self.clone())
     }
 
-    pub(crate) fn start_recv(self: &Arc<Self>, buf: Buffer, pattern: Pattern) -> Request {
+    fn start_recv(self: &Arc<Self>, buf: Buffer, pattern: Pattern) -> Request {
         let env = Envelope {
             source: self.fab.rank,
             tag: -1,
             context: pattern.context,
         };
-        if let Err(e) =
-            check_recv(pattern.source, pattern.tag, self.fab.size).and_then(|_| self.check_open())
-        {
-            let core = self
-                .tracker
-                .rejected(RequestKind::Recv, buf, Status::failed(env, e));
-            return Request::new(core, self.clone());
-        }
         let core = self.tracker.start(RequestKind::Recv, buf);
         let mut l = self.lock();
         if self.closing.load(Ordering::Acquire) {
@@ -153,9 +155,7 @@ impl Engine {
         Request::new(core, self.clone())
     }
 
-    pub(crate) fn recv_into(&self, buf: &mut [u8], pattern: Pattern) -> Result<Status> {
-        check_recv(pattern.source, pattern.tag, self.fab.size)?;
-        self.check_open()?;
+    fn recv_into(self: &Arc<Self>, buf: &mut [u8], pattern: Pattern) -> Result<Status> {
         let b = BlockingRecv::new(buf);
         // Made before the receive is posted: on any exit, an unwind
         // included, it takes the receive back out of the engine (and stops
@@ -187,9 +187,7 @@ impl Engine {
         Err(Error::Closed)
     }
 
-    pub(crate) fn probe(&self, pattern: Pattern, block: bool) -> Result<Option<Status>> {
-        check_recv(pattern.source, pattern.tag, self.fab.size)?;
-        self.check_open()?;
+    fn probe(&self, pattern: Pattern, block: bool) -> Result<Option<Status>> {
         let mut found = None;
         let mut look = |_: &Self, l: &mut Local| -> Result<bool> {
             found = l
@@ -216,7 +214,7 @@ impl Engine {
         Ok(found)
     }
 
-    pub(crate) fn peek(&self) -> Result<Option<Peeked>> {
+    fn peek(&self) -> Result<Option<Peeked>> {
         let mut found = None;
         self.block_until(true, |eng, _| {
             found = eng.tracker.pop_completed();
@@ -225,7 +223,7 @@ impl Engine {
         Ok(found.or_else(|| self.tracker.pop_completed()))
     }
 
-    pub(crate) fn finish(&self) -> Result<()> {
+    fn finish(&self) -> Result<()> {
         if self.closing.swap(true, Ordering::AcqRel) {
             return Ok(());
         }
