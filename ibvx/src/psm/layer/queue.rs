@@ -458,6 +458,7 @@ impl<'env> Scope<'_, 'env> {
 
     /// Waits for every request posted so far; the first failed status is
     /// the error (a truncated receive is not one).
+    #[inline]
     pub fn wait_all(&mut self) -> Result<()> {
         let mut result = Ok(());
         for req in self.pending.drain(..) {
