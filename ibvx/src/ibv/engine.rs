@@ -35,7 +35,7 @@
 //!
 //! This file holds the state (the fabric, per-peer and per-send records,
 //! everything behind the engine lock), completing sends and receives, and
-//! failing a peer. The parts, each an `impl Engine` that imports only from
+//! failing a peer. The parts, each an `impl IbvEngine` that imports only from
 //! here: `send` (credits, the send backlog, `CREDIT`, starting a send),
 //! `post` (work requests: frames from send slots, RDMA writes and
 //! `RNDZ_END`, receive slots re-posted), `recv` (frames decoded and
@@ -145,7 +145,7 @@ impl Fabric {
     ///
     /// The caller must not post a slot that is already posted: a slot is
     /// posted once at start-up and re-posted only after its completion was
-    /// handled (`Engine::repost`).
+    /// handled (`IbvEngine::repost`).
     pub(crate) fn post_recv_slot(&self, p: Rank, slot: u32) -> crate::verbs::Result<()> {
         let qp = self.qps[p].as_ref().expect("no QP to self");
         let sge = self.recv_mr.sge(self.recv_offset(p, slot), self.slot_len);
@@ -321,7 +321,7 @@ struct Local {
 }
 
 /// The engine of one rank, shared by the device handle and its requests.
-pub struct Engine {
+pub struct IbvEngine {
     fab: Fabric,
     tracker: Arc<Tracker>,
     local: Mutex<Local>,
@@ -336,7 +336,7 @@ pub struct Engine {
     boot: Bootstrap,
 }
 
-impl Engine {
+impl IbvEngine {
     pub(crate) fn new(
         fab: Fabric,
         send_mr: MemoryRegion<'static>,
@@ -368,7 +368,7 @@ impl Engine {
         }
         // SAFETY: `fd` is a fresh descriptor owned by nobody else.
         let wake = unsafe { OwnedFd::from_raw_fd(fd) };
-        Ok(Engine {
+        Ok(IbvEngine {
             tracker: Arc::new(Tracker::new()),
             local: Mutex::new(Local {
                 matching: MatchingEngine::new(),
@@ -508,7 +508,7 @@ impl Engine {
     }
 }
 
-impl Drop for Engine {
+impl Drop for IbvEngine {
     fn drop(&mut self) {
         // Sends whose data a peer or the NIC may still read (the device was
         // dropped without finish while a peer was slow): keep their buffers

@@ -122,14 +122,14 @@ use xdev::bootstrap::Bootstrap;
 use xdev::registry::{Entry, Placement};
 use xdev::{Buffer, Config, Device, Error, Result};
 
-use self::engine::Engine;
+use self::engine::IbvEngine;
 pub use self::options::IbvOptions;
 pub use self::regcache::{CacheLimits, CacheStats, Lease, RegistrationCache};
 pub use self::setup::PeerRecord;
 
 /// One rank of a job over RDMA verbs (RC queue pairs): an xdev [`Device`].
 pub struct IbvDevice {
-    engine: Arc<Engine>,
+    engine: Arc<IbvEngine>,
     device_name: String,
 }
 
@@ -177,8 +177,8 @@ impl IbvDevice {
 }
 
 impl xdev::Face for IbvDevice {
-    type Engine = Engine;
-    fn engine(&self) -> &Arc<Engine> {
+    type Engine = IbvEngine;
+    fn engine(&self) -> &Arc<IbvEngine> {
         &self.engine
     }
 }

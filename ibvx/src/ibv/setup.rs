@@ -5,7 +5,7 @@
 use xdev::bootstrap::Bootstrap;
 use xdev::{Config, Error, Rank, Result};
 
-use super::engine::{Engine, Fabric};
+use super::engine::{Fabric, IbvEngine};
 use super::options::IbvOptions;
 use super::regcache::{CacheLimits, RegistrationCache};
 use crate::verbs::{
@@ -114,7 +114,7 @@ fn verbs_error(what: &str) -> impl Fn(verbs::Error) -> Error + '_ {
 /// the RDMA device and port, builds the fabric, exchanges [`PeerRecord`]s,
 /// connects every queue pair and waits for all ranks. Returns the engine and
 /// the RDMA device's name.
-pub(super) fn wire_up(config: &Config, boot: Bootstrap) -> Result<(Engine, String)> {
+pub(super) fn wire_up(config: &Config, boot: Bootstrap) -> Result<(IbvEngine, String)> {
     config.validate()?;
     let opts = IbvOptions::from_config(config)?;
     let (rank, size) = (config.rank, config.size);
@@ -132,7 +132,7 @@ pub(super) fn wire_up(config: &Config, boot: Bootstrap) -> Result<(Engine, Strin
     connect_all(&fab.qps, &records, &port, &psns, rank)?;
     // Nobody sends before every queue pair is connected.
     boot.barrier()?;
-    let engine = Engine::new(fab, send_mr, boot)?;
+    let engine = IbvEngine::new(fab, send_mr, boot)?;
     Ok((engine, device_name))
 }
 

@@ -14,9 +14,9 @@ use xdev::{
 
 #[cfg(test)]
 use super::PANIC_AFTER_PUBLISH;
-use super::{Engine, Local, Outgoing};
+use super::{IbvEngine, Local, Outgoing};
 
-impl Transport for Engine {
+impl Transport for IbvEngine {
     const NAME: &'static str = "ibv";
 
     fn rank(&self) -> Rank {
@@ -32,7 +32,7 @@ impl Transport for Engine {
     }
 
     fn check_open(&self) -> Result<()> {
-        Engine::check_open(self)
+        IbvEngine::check_open(self)
     }
 
     fn blocking_send(
@@ -258,7 +258,7 @@ impl Transport for Engine {
 /// it, an RDMA write) until its completion, so a call that unwinds waits
 /// for that here.
 struct SettleSend<'e> {
-    engine: &'e Engine,
+    engine: &'e IbvEngine,
     waiter: std::cell::RefCell<Option<Arc<BlockingSend>>>,
 }
 
@@ -276,7 +276,7 @@ impl Drop for SettleSend<'_> {
 /// unwinding, so that the engine never keeps a pointer into a buffer whose
 /// borrow ended.
 struct Unpost<'e> {
-    engine: &'e Engine,
+    engine: &'e IbvEngine,
     recv: &'e Arc<BlockingRecv>,
     id: Option<PostedId>,
 }

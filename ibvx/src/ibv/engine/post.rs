@@ -4,11 +4,11 @@
 
 use xdev::{Error, Rank, Result};
 
-use super::{Control, Engine, Local, Stage, MAX_WRITE, WR_SLOT, WR_WRITE};
+use super::{Control, IbvEngine, Local, Stage, MAX_WRITE, WR_SLOT, WR_WRITE};
 use crate::ibv::wire::{self, Body, Header, FLAG_FAILED, MAX_CONTROL_LEN};
 use crate::verbs::{RemoteAddr, SendFlags, SendOp, SendRequest};
 
-impl Engine {
+impl IbvEngine {
     /// Posts one message to `dest` from a send slot, with the credit owed
     /// to it. The caller checked [`can_post`](Self::can_post). `completes`
     /// is the send that this message's completion finishes.

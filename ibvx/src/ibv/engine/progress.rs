@@ -12,7 +12,7 @@ use xdev::{Error, Progress, Rank, RequestCore, Result};
 
 #[cfg(test)]
 use super::WR_RAW;
-use super::{Engine, Local, POLL_BATCH, WR_KIND, WR_SLOT, WR_WRITE};
+use super::{IbvEngine, Local, POLL_BATCH, WR_KIND, WR_SLOT, WR_WRITE};
 use crate::ibv::wire;
 use crate::verbs::WorkCompletion;
 
@@ -44,7 +44,7 @@ fn wr_error(wc: &WorkCompletion, peer: Rank, what: &str) -> Error {
     }
 }
 
-impl Engine {
+impl IbvEngine {
     /// Polls both completion queues and moves queued work; true if anything
     /// happened.
     pub(super) fn progress_locked(&self, l: &mut Local) -> bool {
@@ -342,7 +342,7 @@ impl Engine {
     }
 }
 
-impl Progress for Engine {
+impl Progress for IbvEngine {
     fn progress(&self) {
         if let Ok(mut l) = self.local.try_lock() {
             self.progress_locked(&mut l);

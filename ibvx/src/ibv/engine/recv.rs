@@ -7,11 +7,11 @@ use xdev::matching::{Posted, PostedId};
 use xdev::target::Target;
 use xdev::{Envelope, Pattern, Rank, Source, Status};
 
-use super::{Control, Engine, Local, Stage, Unexpected};
+use super::{Control, IbvEngine, Local, Stage, Unexpected};
 use crate::ibv::wire::{self, Body, Header, FLAG_SYNC};
 use crate::verbs::RemoteAddr;
 
-impl Engine {
+impl IbvEngine {
     /// Handles one frame from `src` and says what kind it was. Errors are
     /// protocol violations.
     pub(super) fn on_frame(

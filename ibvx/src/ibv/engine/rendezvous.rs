@@ -7,7 +7,7 @@
 use xdev::target::Target;
 use xdev::{Envelope, Error, Rank, Status};
 
-use super::{rndv_window, Control, Engine, Incoming, Local, Stage, Unexpected};
+use super::{rndv_window, Control, IbvEngine, Incoming, Local, Stage, Unexpected};
 use crate::ibv::wire::{Header, FLAG_FAILED};
 use crate::verbs::RemoteAddr;
 
@@ -15,7 +15,7 @@ fn registration_error(e: crate::verbs::Error) -> Error {
     Error::ResourceExhausted(format!("memory registration failed: {e}"))
 }
 
-impl Engine {
+impl IbvEngine {
     /// `RNDZ_START`: a sender's rendezvous, answered at once if a posted
     /// receive matches, else held unexpected (within the rendezvous window).
     pub(super) fn on_rndz_start(

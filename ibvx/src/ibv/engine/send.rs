@@ -9,11 +9,11 @@ use xdev::target::SendOwner;
 use xdev::{Context, Envelope, Rank, Result, Tag};
 
 use super::{
-    rndv_window, Control, Engine, Local, OutSend, Outgoing, Peer, Stage, Unexpected, MAX_WRITE,
+    rndv_window, Control, IbvEngine, Local, OutSend, Outgoing, Peer, Stage, Unexpected, MAX_WRITE,
 };
 use crate::ibv::wire::{Body, Header, FLAG_SYNC};
 
-impl Engine {
+impl IbvEngine {
     /// Whether a message to `dest` can be posted now (`credit_only`: a
     /// `CREDIT`, which may use the last credit).
     pub(super) fn can_post(&self, l: &Local, dest: Rank, wrs: u32, credit_only: bool) -> bool {

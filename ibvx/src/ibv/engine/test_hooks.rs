@@ -6,10 +6,10 @@ use std::time::{Duration, Instant};
 
 use xdev::Rank;
 
-use super::{Engine, WR_RAW};
+use super::{IbvEngine, WR_RAW};
 use crate::verbs::{RemoteAddr, SendFlags, SendOp, SendRequest};
 
-impl Engine {
+impl IbvEngine {
     /// Sends `frame` to `peer` as it is, as a hostile or broken peer would
     /// (no credit accounting of its content).
     #[cfg(test)]
