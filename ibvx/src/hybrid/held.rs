@@ -9,7 +9,7 @@ use xdev::matching::FxMap;
 use xdev::{Buffer, Context, Rank, Request, RequestKind, Source, Status, TagSel};
 
 use super::route::Route;
-use super::{lock, Hybrid};
+use super::{lock, HybridEngine};
 
 /// A receive not yet given to a device (see the module documentation).
 pub(super) struct HeldRecv {
@@ -29,7 +29,7 @@ pub(super) struct Held {
     pub(super) remote_first: bool,
 }
 
-impl Hybrid {
+impl HybridEngine {
     /// Whether a receive in `context` must be held (see the module docs).
     pub(super) fn must_hold(&self, held: &Held, source: Source, context: Context) -> bool {
         self.remote.is_some() && (source == Source::Any || held.queues.contains_key(&context))

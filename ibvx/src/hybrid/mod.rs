@@ -55,14 +55,14 @@ use xdev::registry::{Entry, Placement};
 use xdev::Device;
 
 pub use options::HybridOptions;
-use state::Hybrid;
+use state::HybridEngine;
 
 /// The longest sleep between two polls of a wait that involves both devices.
 pub const MAX_POLL_SLEEP: Duration = Duration::from_micros(200);
 
 /// The hybrid xdev device (see the module documentation).
 pub struct HybridDevice {
-    inner: Arc<Hybrid>,
+    inner: Arc<HybridEngine>,
     /// The host group's bootstrap service, on the group's lowest rank. Only
     /// needed while the group's shared-memory device opens; kept so that
     /// ranks still reading their last reply are not cut off.

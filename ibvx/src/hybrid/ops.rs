@@ -12,16 +12,16 @@ use xdev::{
 use super::held::HeldRecv;
 use super::lend::lend_and_wait;
 use super::route::Route;
-use super::{lock, Hybrid, HybridDevice};
+use super::{lock, HybridDevice, HybridEngine};
 
 impl Face for HybridDevice {
-    type Engine = Hybrid;
-    fn engine(&self) -> &Arc<Hybrid> {
+    type Engine = HybridEngine;
+    fn engine(&self) -> &Arc<HybridEngine> {
         &self.inner
     }
 }
 
-impl Transport for Hybrid {
+impl Transport for HybridEngine {
     const NAME: &'static str = "hybrid";
 
     fn rank(&self) -> Rank {
@@ -37,7 +37,7 @@ impl Transport for Hybrid {
     }
 
     fn check_open(&self) -> Result<()> {
-        Hybrid::check_open(self)
+        HybridEngine::check_open(self)
     }
 
     fn blocking_send(
@@ -48,7 +48,7 @@ impl Transport for Hybrid {
         cx: Context,
         sync: bool,
     ) -> Result<()> {
-        Hybrid::blocking_send(self, buf, dest, tag, cx, sync)
+        HybridEngine::blocking_send(self, buf, dest, tag, cx, sync)
     }
 
     fn start_send(
@@ -145,7 +145,7 @@ impl Transport for Hybrid {
     }
 }
 
-impl Hybrid {
+impl HybridEngine {
     /// `iprobe`: every device that may hold a match, once, without blocking.
     fn iprobe(&self, pattern: Pattern) -> Result<Option<Status>> {
         let h = self;

@@ -6,9 +6,9 @@ use std::time::Duration;
 use shm_ipc::doorbell::Backoff;
 use xdev::{Pattern, Progress, RequestCore, RequestKind, Status};
 
-use super::{lock, Hybrid, MAX_POLL_SLEEP};
+use super::{lock, HybridEngine, MAX_POLL_SLEEP};
 
-impl Hybrid {
+impl HybridEngine {
     /// One round of progress on both devices and the held receives.
     pub(super) fn poll(&self) {
         self.advance_all();
@@ -39,7 +39,7 @@ impl Hybrid {
     }
 }
 
-impl Progress for Hybrid {
+impl Progress for HybridEngine {
     fn progress(&self) {
         self.poll();
     }

@@ -11,7 +11,7 @@ use xdev::{
 };
 
 use super::lend::lend_and_wait;
-use super::Hybrid;
+use super::HybridEngine;
 
 /// Which device reaches a rank.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -85,7 +85,7 @@ impl RankMap {
     }
 }
 
-impl Hybrid {
+impl HybridEngine {
     pub(super) fn check_open(&self) -> Result<()> {
         if self.closed.load(Ordering::Acquire) {
             Err(Error::Closed)

@@ -12,7 +12,7 @@ use xdev::{Config, Device, Error, Rank, Result, Tracker};
 
 use super::held::Held;
 use super::route::{RankMap, Route};
-use super::{Hybrid, HybridDevice, HybridOptions};
+use super::{HybridDevice, HybridEngine, HybridOptions};
 use crate::{IbvDevice, PsmDevice};
 
 /// Host groups from every rank's host key: for each rank, the index of its
@@ -216,7 +216,7 @@ impl HybridDevice {
             }
         );
         Ok(HybridDevice {
-            inner: Arc::new(Hybrid {
+            inner: Arc::new(HybridEngine {
                 rank,
                 size,
                 routes,

@@ -11,7 +11,7 @@ use super::route::{RankMap, Route};
 
 /// The hybrid device's engine: the two devices it routes between, the
 /// receives it holds, and its tracker.
-pub struct Hybrid {
+pub struct HybridEngine {
     pub(super) rank: Rank,
     pub(super) size: usize,
     pub(super) routes: Vec<Route>,
