@@ -4,9 +4,9 @@
 
 use std::cell::Cell;
 
-use xdev::{check_recv, check_send, Context, Error, Pattern, Rank, Result, Source, Status, Tag};
+use xdev::{Context, Error, Pattern, Rank, Result, Source, Status, Tag};
 
-use super::engine::{lost, tag, Engine, Slot};
+use super::engine::{lost, tag, PsmEngine, Slot};
 use super::layer::RequestKey;
 
 /// Settles a blocking call's PSM2 request when the call ends before its
@@ -17,7 +17,7 @@ use super::layer::RequestKey;
 ///
 /// (The device's unwind guard; `Settle` in every device.)
 struct Settle<'e> {
-    engine: &'e Engine,
+    engine: &'e PsmEngine,
     key: RequestKey,
     recv: bool,
     dest: Option<Rank>,
@@ -58,7 +58,7 @@ fn abandon(l: &mut super::engine::Inner, key: RequestKey) {
     }
 }
 
-impl Engine {
+impl PsmEngine {
     /// Cancels blocking receive `key` if PSM2 has not matched it: true if
     /// it is gone (or the queue closed).
     fn cancel_blocking(&self, key: RequestKey) -> bool {
@@ -77,8 +77,6 @@ impl Engine {
         ctx: Context,
         sync: bool,
     ) -> Result<()> {
-        check_send(dest, t, self.size)?;
-        self.check_open()?;
         let Some(key) = self.post_blocking_send(data, (dest, t, ctx), sync)? else {
             return Ok(()); // done already
         };
@@ -167,8 +165,6 @@ impl Engine {
     }
 
     pub(super) fn blocking_recv(&self, buf: &mut [u8], p: Pattern) -> Result<Status> {
-        check_recv(p.source, p.tag, self.size)?;
-        self.check_open()?;
         let cap = buf.len();
         let key = {
             let mut l = self.lock();

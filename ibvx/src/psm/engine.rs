@@ -55,7 +55,7 @@ pub(super) struct Inner {
     pub(super) kept: Vec<xdev::CoreRef>,
 }
 
-pub(super) struct Engine {
+pub struct PsmEngine {
     pub(super) lib: &'static Library,
     pub(super) rank: Rank,
     pub(super) size: usize,
@@ -105,7 +105,7 @@ pub(super) fn lost(rank: Rank) -> Error {
     }
 }
 
-impl Engine {
+impl PsmEngine {
     pub(super) fn lock(&self) -> RankGuard<'_, Inner> {
         self.inner.lock()
     }
@@ -382,7 +382,7 @@ impl Engine {
     }
 }
 
-impl Progress for Engine {
+impl Progress for PsmEngine {
     fn progress(&self) {
         if let Some(mut l) = self.inner.try_lock() {
             self.progress_locked(&mut l);
@@ -413,7 +413,7 @@ impl Progress for Engine {
     }
 }
 
-impl Drop for Engine {
+impl Drop for PsmEngine {
     fn drop(&mut self) {
         // Unfinished device: the queue's drop finalizes it and force-closes
         // the endpoint, so PSM2 lets go of every buffer, before the request

@@ -53,21 +53,18 @@
 //! * this file: the face ([`Device`] for [`PsmDevice`]), and [`RawPsm`] for
 //!   the raw-PSM2 benchmark.
 
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use xdev::registry::{Entry, Placement};
-use xdev::{
-    check_recv, check_send, Buffer, Context, Device, Envelope, Error, Pattern, Peeked, Rank,
-    Registry, Request, RequestKind, Result, Source, Status, Tag, TagSel,
-};
+use xdev::{Device, Error, Rank, Registry, Result};
 
 mod blocking;
 mod engine;
 pub mod layer;
+mod ops;
 mod setup;
 
-use engine::{lost, Engine, Slot};
+use engine::PsmEngine;
 pub use layer::PsmMode;
 
 /// Bootstrap key prefix (then the rank) under which each rank stores its
@@ -84,7 +81,7 @@ pub const DEFAULT_RNDV_SHM_BYTES: u32 = 4096;
 
 /// One rank over PSM2's matched queues: an xdev [`Device`].
 pub struct PsmDevice {
-    engine: Arc<Engine>,
+    engine: Arc<PsmEngine>,
 }
 
 impl PsmDevice {
@@ -114,7 +111,7 @@ impl PsmDevice {
 /// The matched queue of an open [`PsmDevice`] (see
 /// [`PsmDevice::raw_handles`]), for raw PSM2 traffic beside the device.
 pub struct RawPsm {
-    engine: Arc<Engine>,
+    engine: Arc<PsmEngine>,
 }
 
 impl RawPsm {
@@ -136,229 +133,10 @@ impl RawPsm {
     }
 }
 
-impl Device for PsmDevice {
-    fn name(&self) -> &'static str {
-        "psm"
-    }
-
-    fn id(&self) -> Rank {
-        self.engine.rank
-    }
-
-    fn size(&self) -> usize {
-        self.engine.size
-    }
-
-    fn send(&self, buf: &[u8], dest: Rank, tag: Tag, context: Context) -> Result<()> {
-        self.engine.blocking_send(buf, dest, tag, context, false)
-    }
-
-    fn ssend(&self, buf: &[u8], dest: Rank, tag: Tag, context: Context) -> Result<()> {
-        self.engine.blocking_send(buf, dest, tag, context, true)
-    }
-
-    fn recv(
-        &self,
-        buf: &mut [u8],
-        source: Source,
-        tag: TagSel,
-        context: Context,
-    ) -> Result<Status> {
-        self.engine
-            .blocking_recv(buf, Pattern::new(source, tag, context))
-    }
-
-    fn isend(&self, buf: Buffer, dest: Rank, tag: Tag, context: Context) -> Request {
-        self.start_send(buf, dest, tag, context, false)
-    }
-
-    fn issend(&self, buf: Buffer, dest: Rank, tag: Tag, context: Context) -> Request {
-        self.start_send(buf, dest, tag, context, true)
-    }
-
-    fn irecv(&self, buf: Buffer, source: Source, tag: TagSel, context: Context) -> Request {
-        self.start_recv(buf, Pattern::new(source, tag, context))
-    }
-
-    fn probe(&self, source: Source, tag: TagSel, context: Context) -> Result<Status> {
-        let eng = &self.engine;
-        check_recv(source, tag, eng.size)?;
-        eng.check_open()?;
-        let p = Pattern::new(source, tag, context);
-        let mut found = None;
-        eng.block_until(true, |eng, l| {
-            found = eng.iprobe_locked(l, &p);
-            if found.is_none() {
-                if let Source::Rank(s) = source {
-                    if l.gone[s] {
-                        return Err(lost(s));
-                    }
-                }
-            }
-            Ok(found.is_some())
-        })?;
-        found.ok_or(Error::Closed)
-    }
-
-    fn iprobe(&self, source: Source, tag: TagSel, context: Context) -> Result<Option<Status>> {
-        let eng = &self.engine;
-        check_recv(source, tag, eng.size)?;
-        eng.check_open()?;
-        let mut l = eng.lock();
-        eng.progress_locked(&mut l);
-        Ok(eng.iprobe_locked(&mut l, &Pattern::new(source, tag, context)))
-    }
-
-    fn peek(&self) -> Result<Option<Peeked>> {
-        let eng = &self.engine;
-        let mut found = None;
-        eng.block_until(true, |eng, _| {
-            found = eng.tracker.pop_completed();
-            Ok(found.is_some() || eng.tracker.outstanding() == 0)
-        })?;
-        Ok(found.or_else(|| eng.tracker.pop_completed()))
-    }
-
-    fn progress(&self) {
-        xdev::Progress::progress(&*self.engine)
-    }
-
-    fn finish(&self) -> Result<()> {
-        self.finish_engine()
-    }
-}
-
-impl PsmDevice {
-    fn start_send(
-        &self,
-        buf: Buffer,
-        dest: Rank,
-        tag: Tag,
-        context: Context,
-        sync: bool,
-    ) -> Request {
-        let eng = &self.engine;
-        let env = Envelope {
-            source: dest,
-            tag,
-            context,
-        };
-        let reject = |buf, e| {
-            let core = eng
-                .tracker
-                .rejected(RequestKind::Send, buf, Status::failed(env, e));
-            Request::new(core, eng.clone())
-        };
-        if let Err(e) = check_send(dest, tag, eng.size).and_then(|_| eng.check_open()) {
-            return reject(buf, e);
-        }
-        let mut l = eng.lock();
-        if l.gone[dest] {
-            drop(l);
-            return reject(buf, lost(dest));
-        }
-        let core = eng.tracker.start(RequestKind::Send, buf);
-        let (at, len) = (core.buffer_ptr(), core.buffer_len());
-        let slot = Slot::Request {
-            core: core.clone(),
-            send: Some((env, len)),
-            source: None,
-        };
-        // SAFETY: the core owns its buffer until completed; it is completed
-        // only when the request left the queue (or its buffer is kept
-        // forever: `Inner::kept`), and the slot holds a reference to it.
-        let posted = unsafe { eng.post_send(&mut l, (at, len), (dest, tag, context), sync, slot) };
-        if let Err(e) = posted {
-            eng.tracker.complete(&core, Status::failed(env, e));
-        }
-        drop(l);
-        Request::new(core, eng.clone())
-    }
-
-    fn start_recv(&self, buf: Buffer, pattern: Pattern) -> Request {
-        let eng = &self.engine;
-        let env = Envelope {
-            source: eng.rank,
-            tag: -1,
-            context: pattern.context,
-        };
-        let reject = |buf, e| {
-            let core = eng
-                .tracker
-                .rejected(RequestKind::Recv, buf, Status::failed(env, e));
-            Request::new(core, eng.clone())
-        };
-        let checked = check_recv(pattern.source, pattern.tag, eng.size);
-        if let Err(e) = checked.and_then(|_| eng.check_open()) {
-            return reject(buf, e);
-        }
-        let mut l = eng.lock();
-        let source = match pattern.source {
-            Source::Rank(s) => Some(s),
-            Source::Any => None,
-        };
-        if let Some(s) = source.filter(|&s| l.gone[s]) {
-            drop(l);
-            return reject(buf, lost(s));
-        }
-        let core = eng.tracker.start(RequestKind::Recv, buf);
-        let at = (core.buffer_ptr(), core.buffer_len());
-        let slot = Slot::Request {
-            core: core.clone(),
-            send: None,
-            source,
-        };
-        // SAFETY: the core owns its buffer, which nothing touches until the
-        // core is completed: only once the request left the queue (a
-        // completion, a cancel, the close), and the slot holds a reference.
-        match unsafe { eng.post_recv(&mut l, at, &pattern, slot) } {
-            Ok(key) => core.set_token(key.to_u64()),
-            Err(e) => {
-                eng.tracker.complete(&core, Status::failed(env, e));
-            }
-        }
-        drop(l);
-        Request::new(core, eng.clone())
-    }
-
-    fn finish_engine(&self) -> Result<()> {
-        let eng = &self.engine;
-        if eng.closing.swap(true, Ordering::AcqRel) {
-            return Ok(());
-        }
-        // Our sends first (those to departed peers fail and stay kept).
-        let r = eng.block_until(true, |eng, l| {
-            eng.check_departures(l);
-            Ok(eng.tracker.outstanding_sends() == 0)
-        });
-        let mut l = eng.lock();
-        let mut ended = Vec::new();
-        if let Some(mut q) = l.queue.take() {
-            // Posted receives PSM2 has not matched go back to it before the
-            // close (they end with Closed below, with the rest).
-            let recvs: Vec<_> = q
-                .iter()
-                .filter(|(_, s)| matches!(s, Slot::Request { send: None, .. }))
-                .map(|(k, _)| k)
-                .collect();
-            ended.extend(recvs.into_iter().filter_map(|k| q.cancel(k)));
-            // Receives that had matched finish inside the close; what is
-            // still outstanding can no longer complete.
-            ended.extend(q.close(setup::PSM_TIMEOUT));
-        }
-        for s in ended {
-            if let Slot::Request { core, .. } = s {
-                let env = Envelope {
-                    source: eng.rank,
-                    tag: -1,
-                    context: 0,
-                };
-                eng.tracker
-                    .complete(&core, Status::failed(env, Error::Closed));
-            }
-        }
-        drop(l);
-        r
+impl xdev::Face for PsmDevice {
+    type Engine = PsmEngine;
+    fn engine(&self) -> &Arc<PsmEngine> {
+        &self.engine
     }
 }
 

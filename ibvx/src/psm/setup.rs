@@ -9,7 +9,7 @@ use std::time::Duration;
 use xdev::bootstrap::Bootstrap;
 use xdev::{Config, Error, Rank, Result, Tracker};
 
-use super::engine::{Engine, Inner, KeyMap};
+use super::engine::{Inner, KeyMap, PsmEngine};
 use super::layer::{Endpoint, JobKey, Library, MatchedQueue, PsmMode, TrackedQueue};
 use super::{PsmDevice, DEFAULT_RNDV_SHM_BYTES, PSM2_EPID_KEY};
 
@@ -136,7 +136,7 @@ impl PsmDevice {
         mq.endpoint_mut().connect(&epids, PSM_TIMEOUT)?;
         barrier_polling(&mq, &boot)?;
         Ok(PsmDevice {
-            engine: Arc::new(Engine {
+            engine: Arc::new(PsmEngine {
                 lib,
                 rank,
                 size,

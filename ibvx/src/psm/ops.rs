@@ -1,0 +1,205 @@
+//! The operations of the psm device: what [`xdev::Face`] calls, with
+//! arguments it has checked.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use xdev::{
+    Buffer, Context, Envelope, Error, Pattern, Peeked, Rank, Request, RequestKind, Result, Source,
+    Status, Tag, Tracker, Transport,
+};
+
+use super::engine::{lost, PsmEngine, Slot};
+use super::setup;
+
+impl Transport for PsmEngine {
+    const NAME: &'static str = "psm";
+
+    fn rank(&self) -> Rank {
+        self.rank
+    }
+
+    fn size(&self) -> usize {
+        self.size
+    }
+
+    fn tracker(&self) -> &Tracker {
+        &self.tracker
+    }
+
+    fn check_open(&self) -> Result<()> {
+        PsmEngine::check_open(self)
+    }
+
+    fn blocking_send(
+        self: &Arc<Self>,
+        buf: &[u8],
+        dest: Rank,
+        tag: Tag,
+        cx: Context,
+        sync: bool,
+    ) -> Result<()> {
+        PsmEngine::blocking_send(self, buf, dest, tag, cx, sync)
+    }
+
+    fn recv_into(self: &Arc<Self>, buf: &mut [u8], pattern: Pattern) -> Result<Status> {
+        self.blocking_recv(buf, pattern)
+    }
+
+    fn start_send(
+        self: &Arc<Self>,
+        buf: Buffer,
+        dest: Rank,
+        tag: Tag,
+        context: Context,
+        sync: bool,
+    ) -> Request {
+        let eng = self;
+        let env = Envelope {
+            source: dest,
+            tag,
+            context,
+        };
+        let reject = |buf, e| {
+            let core = eng
+                .tracker
+                .rejected(RequestKind::Send, buf, Status::failed(env, e));
+            Request::new(core, eng.clone())
+        };
+        let mut l = eng.lock();
+        if l.gone[dest] {
+            drop(l);
+            return reject(buf, lost(dest));
+        }
+        let core = eng.tracker.start(RequestKind::Send, buf);
+        let (at, len) = (core.buffer_ptr(), core.buffer_len());
+        let slot = Slot::Request {
+            core: core.clone(),
+            send: Some((env, len)),
+            source: None,
+        };
+        // SAFETY: the core owns its buffer until completed; it is completed
+        // only when the request left the queue (or its buffer is kept
+        // forever: `Inner::kept`), and the slot holds a reference to it.
+        let posted = unsafe { eng.post_send(&mut l, (at, len), (dest, tag, context), sync, slot) };
+        if let Err(e) = posted {
+            eng.tracker.complete(&core, Status::failed(env, e));
+        }
+        drop(l);
+        Request::new(core, eng.clone())
+    }
+
+    fn start_recv(self: &Arc<Self>, buf: Buffer, pattern: Pattern) -> Request {
+        let eng = self;
+        let env = Envelope {
+            source: eng.rank,
+            tag: -1,
+            context: pattern.context,
+        };
+        let reject = |buf, e| {
+            let core = eng
+                .tracker
+                .rejected(RequestKind::Recv, buf, Status::failed(env, e));
+            Request::new(core, eng.clone())
+        };
+        let mut l = eng.lock();
+        let source = match pattern.source {
+            Source::Rank(s) => Some(s),
+            Source::Any => None,
+        };
+        if let Some(s) = source.filter(|&s| l.gone[s]) {
+            drop(l);
+            return reject(buf, lost(s));
+        }
+        let core = eng.tracker.start(RequestKind::Recv, buf);
+        let at = (core.buffer_ptr(), core.buffer_len());
+        let slot = Slot::Request {
+            core: core.clone(),
+            send: None,
+            source,
+        };
+        // SAFETY: the core owns its buffer, which nothing touches until the
+        // core is completed: only once the request left the queue (a
+        // completion, a cancel, the close), and the slot holds a reference.
+        match unsafe { eng.post_recv(&mut l, at, &pattern, slot) } {
+            Ok(key) => core.set_token(key.to_u64()),
+            Err(e) => {
+                eng.tracker.complete(&core, Status::failed(env, e));
+            }
+        }
+        drop(l);
+        Request::new(core, eng.clone())
+    }
+
+    fn probe(&self, pattern: Pattern, block: bool) -> Result<Option<Status>> {
+        let eng = self;
+        if !block {
+            let mut l = eng.lock();
+            eng.progress_locked(&mut l);
+            return Ok(eng.iprobe_locked(&mut l, &pattern));
+        }
+        let mut found = None;
+        eng.block_until(true, |eng, l| {
+            found = eng.iprobe_locked(l, &pattern);
+            if found.is_none() {
+                if let Source::Rank(s) = pattern.source {
+                    if l.gone[s] {
+                        return Err(lost(s));
+                    }
+                }
+            }
+            Ok(found.is_some())
+        })?;
+        Ok(found)
+    }
+
+    fn peek(&self) -> Result<Option<Peeked>> {
+        let eng = self;
+        let mut found = None;
+        eng.block_until(true, |eng, _| {
+            found = eng.tracker.pop_completed();
+            Ok(found.is_some() || eng.tracker.outstanding() == 0)
+        })?;
+        Ok(found.or_else(|| eng.tracker.pop_completed()))
+    }
+
+    fn finish(&self) -> Result<()> {
+        let eng = self;
+        if eng.closing.swap(true, Ordering::AcqRel) {
+            return Ok(());
+        }
+        // Our sends first (those to departed peers fail and stay kept).
+        let r = eng.block_until(true, |eng, l| {
+            eng.check_departures(l);
+            Ok(eng.tracker.outstanding_sends() == 0)
+        });
+        let mut l = eng.lock();
+        let mut ended = Vec::new();
+        if let Some(mut q) = l.queue.take() {
+            // Posted receives PSM2 has not matched go back to it before the
+            // close (they end with Closed below, with the rest).
+            let recvs: Vec<_> = q
+                .iter()
+                .filter(|(_, s)| matches!(s, Slot::Request { send: None, .. }))
+                .map(|(k, _)| k)
+                .collect();
+            ended.extend(recvs.into_iter().filter_map(|k| q.cancel(k)));
+            // Receives that had matched finish inside the close; what is
+            // still outstanding can no longer complete.
+            ended.extend(q.close(setup::PSM_TIMEOUT));
+        }
+        for s in ended {
+            if let Slot::Request { core, .. } = s {
+                let env = Envelope {
+                    source: eng.rank,
+                    tag: -1,
+                    context: 0,
+                };
+                eng.tracker
+                    .complete(&core, Status::failed(env, Error::Closed));
+            }
+        }
+        drop(l);
+        r
+    }
+}
