@@ -17,6 +17,32 @@ use crate::{
     Request, RequestKind, Result, Source, Status, Tag, TagSel, Tracker,
 };
 
+/// Where a send goes and how it completes: what `send`, `ssend`, `isend`
+/// and `issend` hand a transport.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SendTo {
+    /// The destination rank.
+    pub dest: Rank,
+    /// The message's tag.
+    pub tag: Tag,
+    /// The message's context.
+    pub context: Context,
+    /// `ssend`/`issend`: complete only once the receiver matched it.
+    pub sync: bool,
+}
+
+impl SendTo {
+    /// The envelope of the send's status (its destination in `source`, as
+    /// every device reports a send).
+    pub fn envelope(&self) -> Envelope {
+        Envelope {
+            source: self.dest,
+            tag: self.tag,
+            context: self.context,
+        }
+    }
+}
+
 /// What a transport's engine implements to be a device ([`Face`]).
 ///
 /// Every call gets arguments the face has checked: a destination and a
@@ -36,23 +62,9 @@ pub trait Transport: Progress + Sized + 'static {
     fn check_open(&self) -> Result<()>;
     /// Sends `buf` and returns once it may be reused (`sync`: once the
     /// receiver matched it).
-    fn blocking_send(
-        self: &Arc<Self>,
-        buf: &[u8],
-        dest: Rank,
-        tag: Tag,
-        cx: Context,
-        sync: bool,
-    ) -> Result<()>;
+    fn blocking_send(self: &Arc<Self>, buf: &[u8], to: SendTo) -> Result<()>;
     /// Starts sending `buf`, which moves into the request.
-    fn start_send(
-        self: &Arc<Self>,
-        buf: Buffer,
-        dest: Rank,
-        tag: Tag,
-        cx: Context,
-        sync: bool,
-    ) -> Request;
+    fn start_send(self: &Arc<Self>, buf: Buffer, to: SendTo) -> Request;
     /// Receives the first message that matches `pattern` into `buf`.
     fn recv_into(self: &Arc<Self>, buf: &mut [u8], pattern: Pattern) -> Result<Status>;
     /// Starts a receive into `buf`, which moves into the request.
@@ -114,13 +126,25 @@ impl<D: Face> crate::Device for D {
     fn send(&self, buf: &[u8], dest: Rank, tag: Tag, context: Context) -> Result<()> {
         check_send(dest, tag, self.engine().size())?;
         self.engine().check_open()?;
-        self.engine().blocking_send(buf, dest, tag, context, false)
+        let to = SendTo {
+            dest,
+            tag,
+            context,
+            sync: false,
+        };
+        self.engine().blocking_send(buf, to)
     }
 
     fn ssend(&self, buf: &[u8], dest: Rank, tag: Tag, context: Context) -> Result<()> {
         check_send(dest, tag, self.engine().size())?;
         self.engine().check_open()?;
-        self.engine().blocking_send(buf, dest, tag, context, true)
+        let to = SendTo {
+            dest,
+            tag,
+            context,
+            sync: true,
+        };
+        self.engine().blocking_send(buf, to)
     }
 
     fn recv(
@@ -137,11 +161,23 @@ impl<D: Face> crate::Device for D {
     }
 
     fn isend(&self, buf: Buffer, dest: Rank, tag: Tag, context: Context) -> Request {
-        start_send(self, buf, dest, tag, context, false)
+        let to = SendTo {
+            dest,
+            tag,
+            context,
+            sync: false,
+        };
+        start_send(self, buf, to)
     }
 
     fn issend(&self, buf: Buffer, dest: Rank, tag: Tag, context: Context) -> Request {
-        start_send(self, buf, dest, tag, context, true)
+        let to = SendTo {
+            dest,
+            tag,
+            context,
+            sync: true,
+        };
+        start_send(self, buf, to)
     }
 
     fn irecv(&self, buf: Buffer, source: Source, tag: TagSel, context: Context) -> Request {
@@ -187,25 +223,13 @@ impl<D: Face> crate::Device for D {
 }
 
 /// `isend` and `issend`: checked, then started by the engine.
-fn start_send<D: Face + ?Sized>(
-    dev: &D,
-    buf: Buffer,
-    dest: Rank,
-    tag: Tag,
-    cx: Context,
-    sync: bool,
-) -> Request {
+fn start_send<D: Face + ?Sized>(dev: &D, buf: Buffer, to: SendTo) -> Request {
     let engine = dev.engine();
-    let checked = check_send(dest, tag, engine.size());
+    let checked = check_send(to.dest, to.tag, engine.size());
     if let Err(e) = checked.and_then(|_| engine.check_open()) {
-        let env = Envelope {
-            source: dest,
-            tag,
-            context: cx,
-        };
-        return refused(engine, RequestKind::Send, buf, env, e);
+        return refused(engine, RequestKind::Send, buf, to.envelope(), e);
     }
-    engine.start_send(buf, dest, tag, cx, sync)
+    engine.start_send(buf, to)
 }
 
 #[cfg(test)]

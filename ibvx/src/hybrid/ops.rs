@@ -5,7 +5,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use xdev::{
-    Buffer, Context, Error, Face, Pattern, Peeked, Rank, Request, Result, Source, Status, Tag,
+    Buffer, Context, Error, Face, Pattern, Peeked, Rank, Request, Result, SendTo, Source, Status,
     Tracker, Transport,
 };
 
@@ -40,25 +40,23 @@ impl Transport for HybridEngine {
         HybridEngine::check_open(self)
     }
 
-    fn blocking_send(
-        self: &Arc<Self>,
-        buf: &[u8],
-        dest: Rank,
-        tag: Tag,
-        cx: Context,
-        sync: bool,
-    ) -> Result<()> {
+    fn blocking_send(self: &Arc<Self>, buf: &[u8], to: SendTo) -> Result<()> {
+        let SendTo {
+            dest,
+            tag,
+            context: cx,
+            sync,
+        } = to;
         HybridEngine::blocking_send(self, buf, dest, tag, cx, sync)
     }
 
-    fn start_send(
-        self: &Arc<Self>,
-        buf: Buffer,
-        dest: Rank,
-        tag: Tag,
-        cx: Context,
-        sync: bool,
-    ) -> Request {
+    fn start_send(self: &Arc<Self>, buf: Buffer, to: SendTo) -> Request {
+        let SendTo {
+            dest,
+            tag,
+            context: cx,
+            sync,
+        } = to;
         self.isend(buf, dest, tag, cx, sync)
     }
 

@@ -5,8 +5,8 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use xdev::{
-    Buffer, Context, Envelope, Error, Pattern, Peeked, Rank, Request, RequestKind, Result, Source,
-    Status, Tag, Tracker, Transport,
+    Buffer, Envelope, Error, Pattern, Peeked, Rank, Request, RequestKind, Result, SendTo, Source,
+    Status, Tracker, Transport,
 };
 
 use super::engine::{lost, PsmEngine, Slot};
@@ -31,14 +31,13 @@ impl Transport for PsmEngine {
         PsmEngine::check_open(self)
     }
 
-    fn blocking_send(
-        self: &Arc<Self>,
-        buf: &[u8],
-        dest: Rank,
-        tag: Tag,
-        cx: Context,
-        sync: bool,
-    ) -> Result<()> {
+    fn blocking_send(self: &Arc<Self>, buf: &[u8], to: SendTo) -> Result<()> {
+        let SendTo {
+            dest,
+            tag,
+            context: cx,
+            sync,
+        } = to;
         PsmEngine::blocking_send(self, buf, dest, tag, cx, sync)
     }
 
@@ -46,20 +45,15 @@ impl Transport for PsmEngine {
         self.blocking_recv(buf, pattern)
     }
 
-    fn start_send(
-        self: &Arc<Self>,
-        buf: Buffer,
-        dest: Rank,
-        tag: Tag,
-        context: Context,
-        sync: bool,
-    ) -> Request {
-        let eng = self;
-        let env = Envelope {
-            source: dest,
+    fn start_send(self: &Arc<Self>, buf: Buffer, to: SendTo) -> Request {
+        let SendTo {
+            dest,
             tag,
             context,
-        };
+            sync,
+        } = to;
+        let eng = self;
+        let env = to.envelope();
         let reject = |buf, e| {
             let core = eng
                 .tracker

@@ -38,24 +38,13 @@ impl Transport for Counting {
         }
         Ok(())
     }
-    fn blocking_send(
-        self: &Arc<Self>,
-        _: &[u8],
-        _: Rank,
-        _: Tag,
-        _: Context,
-        _: bool,
-    ) -> Result<()> {
+    fn blocking_send(self: &Arc<Self>, _: &[u8], _: SendTo) -> Result<()> {
         self.calls.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
-    fn start_send(self: &Arc<Self>, buf: Buffer, d: Rank, t: Tag, c: Context, _: bool) -> Request {
+    fn start_send(self: &Arc<Self>, buf: Buffer, to: SendTo) -> Request {
         self.calls.fetch_add(1, Ordering::Relaxed);
-        let env = Envelope {
-            source: d,
-            tag: t,
-            context: c,
-        };
+        let env = to.envelope();
         let n = buf.len();
         self.tracker
             .completed(RequestKind::Send, buf, Status::ok(env, n))

@@ -8,8 +8,8 @@ use std::sync::Arc;
 use xdev::matching::PostedId;
 use xdev::target::{BlockingRecv, BlockingSend, SendOwner, Target};
 use xdev::{
-    Buffer, Context, Envelope, Error, Pattern, Peeked, Rank, Request, RequestKind, Result, Source,
-    Status, Tag, Tracker, Transport,
+    Buffer, Envelope, Error, Pattern, Peeked, Rank, Request, RequestKind, Result, SendTo, Source,
+    Status, Tracker, Transport,
 };
 
 #[cfg(test)]
@@ -35,14 +35,13 @@ impl Transport for IbvEngine {
         IbvEngine::check_open(self)
     }
 
-    fn blocking_send(
-        self: &Arc<Self>,
-        buf: &[u8],
-        dest: Rank,
-        tag: Tag,
-        context: Context,
-        sync: bool,
-    ) -> Result<()> {
+    fn blocking_send(self: &Arc<Self>, buf: &[u8], to: SendTo) -> Result<()> {
+        let SendTo {
+            dest,
+            tag,
+            context,
+            sync,
+        } = to;
         // Made before the send is published: on any exit, an unwind
         // included, it waits until the NIC and the peer are done with `buf`.
         let settle = SettleSend {
@@ -85,19 +84,14 @@ impl Transport for IbvEngine {
         w.outcome()
     }
 
-    fn start_send(
-        self: &Arc<Self>,
-        buf: Buffer,
-        dest: Rank,
-        tag: Tag,
-        context: Context,
-        sync: bool,
-    ) -> Request {
-        let env = Envelope {
-            source: dest,
+    fn start_send(self: &Arc<Self>, buf: Buffer, to: SendTo) -> Request {
+        let SendTo {
+            dest,
             tag,
             context,
-        };
+            sync,
+        } = to;
+        let env = to.envelope();
         let core = self.tracker.start(RequestKind::Send, buf);
         // SAFETY: the request owns the buffer; it is neither moved nor freed
         // while the core lives, and the engine keeps the core while it
