@@ -112,7 +112,7 @@ impl Report {
             Some(f) if f > 0.0 => {
                 let mark = Self::disturbed(test, l, size, f);
                 *marked |= !mark.is_empty();
-                format!("| {}{mark} | {:.2} ", fmt_value(v), v / f)
+                format!("| {}{mark} | {} ", fmt_value(v), fmt_ratio(v / f))
             }
             _ => format!("| {} | – ", fmt_value(v)),
         }
@@ -172,7 +172,7 @@ impl Report {
                         Some(f) if f > 0.0 => {
                             let mark = Self::disturbed(test, l, size, f);
                             marked |= !mark.is_empty();
-                            let _ = write!(s, "| {}{mark} | {:.2} ", fmt_value(v), v / f);
+                            let _ = write!(s, "| {}{mark} | {} ", fmt_value(v), fmt_ratio(v / f));
                         }
                         _ => {
                             let _ = write!(s, "| {} | – ", fmt_value(v));
@@ -184,7 +184,7 @@ impl Report {
             if let Some((a, b)) = relative {
                 match (a.points.get(&size), b.points.get(&size)) {
                     (Some(x), Some(y)) if *y > 0.0 => {
-                        let _ = write!(s, "| {:.2} ", x / y);
+                        let _ = write!(s, "| {} ", fmt_ratio(x / y));
                     }
                     _ => s.push_str("| – "),
                 }
@@ -225,7 +225,7 @@ impl Report {
             match self.relative_lines(&lines) {
                 Some((a, b)) => match (a.points.get(&size), b.points.get(&size)) {
                     (Some(x), Some(y)) if *y > 0.0 => {
-                        let _ = writeln!(s, "| {:.2} |", x / y);
+                        let _ = writeln!(s, "| {} |", fmt_ratio(x / y));
                     }
                     _ => s.push_str("| – |\n"),
                 },
@@ -240,6 +240,18 @@ impl Report {
     }
 }
 
+/// A ratio with two decimals, or two significant digits below 0.01 (a run
+/// disturbed by other load can be far below the floor, and "0.00" would
+/// read as no figure at all).
+fn fmt_ratio(r: f64) -> String {
+    if r >= 0.01 || r <= 0.0 || !r.is_finite() {
+        format!("{r:.2}")
+    } else {
+        let decimals = (-r.log10()).ceil() as usize + 1;
+        format!("{r:.decimals$}")
+    }
+}
+
 /// A figure with sensible precision.
 fn fmt_value(v: f64) -> String {
     if v >= 100.0 {
@@ -250,3 +262,6 @@ fn fmt_value(v: f64) -> String {
         format!("{v:.3}")
     }
 }
+
+#[cfg(test)]
+mod tests;
