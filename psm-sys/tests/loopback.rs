@@ -61,47 +61,67 @@ fn child_mq_loopback() {
         "the parent sets PSM2_DEVICES"
     );
     let psm = Psm2::load().expect("libpsm2 loads in the child");
-    let describe = |e: psm2_error_t| {
-        // SAFETY: psm2_error_get_string accepts any code and returns a
-        // pointer to a static NUL-terminated string (or NULL).
-        let s = unsafe { (psm.psm2_error_get_string)(e) };
-        if s.is_null() {
-            format!("{}", e.0)
-        } else {
-            // SAFETY: non-null, NUL-terminated, static (see above).
-            let text = unsafe { CStr::from_ptr(s) };
-            format!("{} ({})", e.0, text.to_string_lossy())
-        }
-    };
-    let check = |what: &str, e: psm2_error_t| {
-        assert_eq!(e, psm2_error::PSM2_OK, "{what}: {}", describe(e));
-        println!("{what}: ok");
-    };
+    let init = init(psm);
+    let (ep, epid, mq) = open_endpoint(psm);
+    let addr = connect_to_self(psm, ep, epid);
+    let sent = send_to_self(psm, ep, mq, addr);
+    check_stats(psm, mq, sent);
+    close(psm, ep, mq, addr, init);
+    println!("{CHILD_OK}");
+}
 
+/// `e` as its number and, when libpsm2 has one, its description.
+fn describe(psm: &Psm2, e: psm2_error_t) -> String {
+    // SAFETY: psm2_error_get_string accepts any code and returns a
+    // pointer to a static NUL-terminated string (or NULL).
+    let s = unsafe { (psm.psm2_error_get_string)(e) };
+    if s.is_null() {
+        format!("{}", e.0)
+    } else {
+        // SAFETY: non-null, NUL-terminated, static (see above).
+        let text = unsafe { CStr::from_ptr(s) };
+        format!("{} ({})", e.0, text.to_string_lossy())
+    }
+}
+
+/// Asserts that `what` returned PSM2_OK, and says so.
+fn check(psm: &Psm2, what: &str, e: psm2_error_t) {
+    assert_eq!(e, psm2_error::PSM2_OK, "{what}: {}", describe(psm, e));
+    println!("{what}: ok");
+}
+
+/// Registers the no-handler error handler and runs `psm2_init`, which may
+/// fail only as it does without hfi hardware; returns its result.
+fn init(psm: &Psm2) -> psm2_error_t {
     // SAFETY: a global (NULL endpoint) handler may be registered before
     // psm2_init; the sentinel asks PSM2 to return errors instead of exiting.
     let e = unsafe { (psm.psm2_error_register_handler)(ptr::null_mut(), errhandler_no_handler()) };
-    check("psm2_error_register_handler(NULL, NO_HANDLER)", e);
+    check(psm, "psm2_error_register_handler(NULL, NO_HANDLER)", e);
 
     let (mut major, mut minor) = (PSM2_VERNO_MAJOR as i32, PSM2_VERNO_MINOR as i32);
     // SAFETY: both pointers are valid for the call.
     let init = unsafe { (psm.psm2_init)(&mut major, &mut minor) };
     println!(
         "psm2_init: {} (library API {major}.{minor})",
-        describe(init)
+        describe(psm, init)
     );
     // Without hfi hardware psm2_init fails with PSM2_INTERNAL_ERR, yet shm
     // endpoints work (crate docs); with hardware it succeeds.
     assert!(
         init == psm2_error::PSM2_OK || init == psm2_error::PSM2_INTERNAL_ERR,
         "psm2_init: {}",
-        describe(init)
+        describe(psm, init)
     );
+    init
+}
 
+/// Opens an endpoint with the default options under a fresh job key, and
+/// its matched queue.
+fn open_endpoint(psm: &Psm2) -> (psm2_ep_t, psm2_epid_t, psm2_mq_t) {
     let mut opts = std::mem::MaybeUninit::<psm2_ep_open_opts>::zeroed();
     // SAFETY: `opts` is valid for writes of one psm2_ep_open_opts.
     let e = unsafe { (psm.psm2_ep_open_opts_get_defaults)(opts.as_mut_ptr()) };
-    check("psm2_ep_open_opts_get_defaults", e);
+    check(psm, "psm2_ep_open_opts_get_defaults", e);
     // SAFETY: zero-initialised, then filled by PSM2; all fields are integers.
     let opts = unsafe { opts.assume_init() };
 
@@ -112,15 +132,19 @@ fn child_mq_loopback() {
     let mut epid: psm2_epid_t = 0;
     // SAFETY: job key, options and out-pointers are valid for the call.
     let e = unsafe { (psm.psm2_ep_open)(job_key.as_ptr(), &opts, &mut ep, &mut epid) };
-    check("psm2_ep_open", e);
+    check(psm, "psm2_ep_open", e);
     assert!(!ep.is_null() && epid != 0);
     println!("epid {epid:#x}");
 
     let mut mq: psm2_mq_t = ptr::null_mut();
     // SAFETY: `ep` is open; no options are passed; `mq` is a valid out-pointer.
     let e = unsafe { (psm.psm2_mq_init)(ep, PSM2_MQ_ORDERMASK_ALL, ptr::null(), 0, &mut mq) };
-    check("psm2_mq_init", e);
+    check(psm, "psm2_mq_init", e);
+    (ep, epid, mq)
+}
 
+/// Connects the open endpoint `ep` to its own `epid`; returns the epaddr.
+fn connect_to_self(psm: &Psm2, ep: psm2_ep_t, epid: psm2_epid_t) -> psm2_epaddr_t {
     let mut addr: psm2_epaddr_t = ptr::null_mut();
     let mut conn_err = psm2_error::PSM2_INTERNAL_ERR;
     // SAFETY: one epid in, one error and one epaddr out, all valid; no mask.
@@ -135,9 +159,14 @@ fn child_mq_loopback() {
             5_000_000_000,
         )
     };
-    check("psm2_ep_connect(own epid)", e);
-    check("psm2_ep_connect(own epid) per-epid error", conn_err);
+    check(psm, "psm2_ep_connect(own epid)", e);
+    check(psm, "psm2_ep_connect(own epid) per-epid error", conn_err);
+    addr
+}
 
+/// Posts a tagged receive and a send of a payload to `addr` (ourselves),
+/// waits for both and checks what arrived; returns the payload's length.
+fn send_to_self(psm: &Psm2, ep: psm2_ep_t, mq: psm2_mq_t, addr: psm2_epaddr_t) -> usize {
     let payload = *b"psm-sys says hi";
     let mut received = [0u8; 64];
     let mut tag = psm2_mq_tag_t {
@@ -161,7 +190,7 @@ fn child_mq_loopback() {
             &mut recv_req,
         )
     };
-    check("psm2_mq_irecv2", e);
+    check(psm, "psm2_mq_irecv2", e);
     // SAFETY: `payload` outlives the request (it is waited for below); `addr`
     // is the connected epaddr.
     let e = unsafe {
@@ -176,45 +205,61 @@ fn child_mq_loopback() {
             &mut send_req,
         )
     };
-    check("psm2_mq_isend2", e);
+    check(psm, "psm2_mq_isend2", e);
 
-    let complete = |req: &mut psm2_mq_req_t, what: &str| -> psm2_mq_status2_t {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let mut status = std::mem::MaybeUninit::<psm2_mq_status2_t>::zeroed();
-            // SAFETY: `ep` is open.
-            let _ = unsafe { (psm.psm2_poll)(ep) };
-            // SAFETY: `req` is a live request; `status` is valid for writes.
-            let e = unsafe { (psm.psm2_mq_test2)(req, status.as_mut_ptr()) };
-            if e == psm2_error::PSM2_OK {
-                assert_eq!(
-                    *req, PSM2_MQ_REQINVALID,
-                    "{what}: completed request is reset"
-                );
-                println!("{what}: complete");
-                // SAFETY: zero-initialised, then filled by PSM2 on completion.
-                return unsafe { status.assume_init() };
-            }
-            assert_eq!(
-                e,
-                psm2_error::PSM2_MQ_NO_COMPLETIONS,
-                "{what}: {}",
-                describe(e)
-            );
-            assert!(
-                Instant::now() < deadline,
-                "{what}: no completion within 10 s"
-            );
-        }
-    };
-    let send_status = complete(&mut send_req, "send");
+    let send_status = complete(psm, ep, &mut send_req, "send");
     assert_eq!(send_status.error_code, psm2_error::PSM2_OK);
-    let status = complete(&mut recv_req, "receive");
+    let status = complete(psm, ep, &mut recv_req, "receive");
+    check_received(psm, &status, addr, &payload, &received);
+    payload.len()
+}
+
+/// Polls `ep` until the request `req` completes (within 10 s); returns its
+/// status.
+fn complete(psm: &Psm2, ep: psm2_ep_t, req: &mut psm2_mq_req_t, what: &str) -> psm2_mq_status2_t {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let mut status = std::mem::MaybeUninit::<psm2_mq_status2_t>::zeroed();
+        // SAFETY: `ep` is open.
+        let _ = unsafe { (psm.psm2_poll)(ep) };
+        // SAFETY: `req` is a live request; `status` is valid for writes.
+        let e = unsafe { (psm.psm2_mq_test2)(req, status.as_mut_ptr()) };
+        if e == psm2_error::PSM2_OK {
+            assert_eq!(
+                *req, PSM2_MQ_REQINVALID,
+                "{what}: completed request is reset"
+            );
+            println!("{what}: complete");
+            // SAFETY: zero-initialised, then filled by PSM2 on completion.
+            return unsafe { status.assume_init() };
+        }
+        assert_eq!(
+            e,
+            psm2_error::PSM2_MQ_NO_COMPLETIONS,
+            "{what}: {}",
+            describe(psm, e)
+        );
+        assert!(
+            Instant::now() < deadline,
+            "{what}: no completion within 10 s"
+        );
+    }
+}
+
+/// The receive's `status` and the `received` bytes: `payload`, with its
+/// tag, from `addr`.
+fn check_received(
+    psm: &Psm2,
+    status: &psm2_mq_status2_t,
+    addr: psm2_epaddr_t,
+    payload: &[u8],
+    received: &[u8],
+) {
     assert_eq!(
         status.error_code,
         psm2_error::PSM2_OK,
         "{}",
-        describe(status.error_code)
+        describe(psm, status.error_code)
     );
     assert_eq!(status.msg_length as usize, payload.len());
     assert_eq!(status.nbytes as usize, payload.len());
@@ -225,8 +270,11 @@ fn child_mq_loopback() {
         (0xdead_beef, 0x0123_4567, 0x89ab_cdef)
     );
     assert_eq!(status.msg_peer, addr, "message comes from our own epaddr");
-    assert_eq!(&received[..payload.len()], &payload[..]);
+    assert_eq!(&received[..payload.len()], payload);
+}
 
+/// The queue's statistics count at least the `sent` bytes as received.
+fn check_stats(psm: &Psm2, mq: psm2_mq_t, sent: usize) {
     let mut stats = std::mem::MaybeUninit::<psm2_mq_stats_t>::zeroed();
     // SAFETY: `mq` is live; `stats` is valid for writes.
     unsafe { (psm.psm2_mq_get_stats)(mq, stats.as_mut_ptr()) };
@@ -236,8 +284,12 @@ fn child_mq_loopback() {
         "stats: rx_user_num {} rx_user_bytes {} tx_num {}",
         stats.rx_user_num, stats.rx_user_bytes, stats.tx_num
     );
-    assert!(stats.rx_user_bytes >= payload.len() as u64);
+    assert!(stats.rx_user_bytes >= sent as u64);
+}
 
+/// Disconnects `addr`, finalizes `mq`, closes `ep`, and finalizes PSM2 if
+/// `init` succeeded.
+fn close(psm: &Psm2, ep: psm2_ep_t, mq: psm2_mq_t, mut addr: psm2_epaddr_t, init: psm2_error_t) {
     let mut disc_err = psm2_error::PSM2_INTERNAL_ERR;
     // SAFETY: one connected epaddr in, one error out; no mask.
     let e = unsafe {
@@ -251,18 +303,17 @@ fn child_mq_loopback() {
             1_000_000_000,
         )
     };
-    check("psm2_ep_disconnect2", e);
+    check(psm, "psm2_ep_disconnect2", e);
     // SAFETY: no request is pending on `mq`.
     let e = unsafe { (psm.psm2_mq_finalize)(mq) };
-    check("psm2_mq_finalize", e);
+    check(psm, "psm2_mq_finalize", e);
     // SAFETY: `ep` is open and no longer used after this call.
     let e = unsafe { (psm.psm2_ep_close)(ep, PSM2_EP_CLOSE_GRACEFUL as i32, 0) };
-    check("psm2_ep_close", e);
+    check(psm, "psm2_ep_close", e);
     if init == psm2_error::PSM2_OK {
         // SAFETY: init succeeded and every endpoint is closed. (After a
         // failed init psm2_finalize crashes; see the crate docs.)
         let e = unsafe { (psm.psm2_finalize)() };
-        check("psm2_finalize", e);
+        check(psm, "psm2_finalize", e);
     }
-    println!("{CHILD_OK}");
 }
