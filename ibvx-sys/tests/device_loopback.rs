@@ -66,6 +66,29 @@ struct PortInfo {
 /// # Safety
 /// `qp` is a live RC QP of the device `port` was queried on.
 unsafe fn connect(verbs: &Verbs, qp: *mut ibv_qp, remote_qpn: u32, port: &PortInfo) {
+    // SAFETY: `qp` is a live RC QP of the device `port` was queried on (the
+    // caller's contract), moved through the states in order.
+    unsafe {
+        modify_to_init(verbs, qp);
+        modify_to_rtr(verbs, qp, remote_qpn, port);
+        modify_to_rts(verbs, qp);
+    }
+
+    let mut got = ibv_qp_attr::default();
+    let mut init = ibv_qp_init_attr::default();
+    // SAFETY: live QP, valid out-parameters.
+    check(
+        unsafe { (verbs.ibv_query_qp)(qp, &mut got, IBV_QP_STATE as c_int, &mut init) },
+        "ibv_query_qp",
+    );
+    assert_eq!(got.qp_state, IBV_QPS_RTS);
+}
+
+/// RESET -> INIT on port `PORT`, local write access.
+///
+/// # Safety
+/// `qp` is a live RC QP.
+unsafe fn modify_to_init(verbs: &Verbs, qp: *mut ibv_qp) {
     let mut attr = ibv_qp_attr {
         qp_state: IBV_QPS_INIT,
         pkey_index: 0,
@@ -79,7 +102,13 @@ unsafe fn connect(verbs: &Verbs, qp: *mut ibv_qp, remote_qpn: u32, port: &PortIn
         unsafe { (verbs.ibv_modify_qp)(qp, &mut attr, mask as c_int) },
         "ibv_modify_qp(INIT)",
     );
+}
 
+/// INIT -> RTR, with the path to `remote_qpn` on the local port.
+///
+/// # Safety
+/// `qp` is a live RC QP in INIT of the device `port` was queried on.
+unsafe fn modify_to_rtr(verbs: &Verbs, qp: *mut ibv_qp, remote_qpn: u32, port: &PortInfo) {
     let mut attr = ibv_qp_attr {
         qp_state: IBV_QPS_RTR,
         path_mtu: port.attr.active_mtu,
@@ -116,7 +145,13 @@ unsafe fn connect(verbs: &Verbs, qp: *mut ibv_qp, remote_qpn: u32, port: &PortIn
         unsafe { (verbs.ibv_modify_qp)(qp, &mut attr, mask as c_int) },
         "ibv_modify_qp(RTR)",
     );
+}
 
+/// RTR -> RTS.
+///
+/// # Safety
+/// `qp` is a live RC QP in RTR.
+unsafe fn modify_to_rts(verbs: &Verbs, qp: *mut ibv_qp) {
     let mut attr = ibv_qp_attr {
         qp_state: IBV_QPS_RTS,
         timeout: 14,
@@ -137,15 +172,6 @@ unsafe fn connect(verbs: &Verbs, qp: *mut ibv_qp, remote_qpn: u32, port: &PortIn
         unsafe { (verbs.ibv_modify_qp)(qp, &mut attr, mask as c_int) },
         "ibv_modify_qp(RTS)",
     );
-
-    let mut got = ibv_qp_attr::default();
-    let mut init = ibv_qp_init_attr::default();
-    // SAFETY: live QP, valid out-parameters.
-    check(
-        unsafe { (verbs.ibv_query_qp)(qp, &mut got, IBV_QP_STATE as c_int, &mut init) },
-        "ibv_query_qp",
-    );
-    assert_eq!(got.qp_state, IBV_QPS_RTS);
 }
 
 /// Polls `cq` through the inline `ibv_poll_cq` until `want` completions
@@ -189,6 +215,37 @@ fn find(wcs: &[ibv_wc], wr_id: u64) -> ibv_wc {
         .unwrap_or_else(|| panic!("no completion for wr_id {wr_id:#x}"))
 }
 
+/// The two connected QPs, their CQ, channel and SRQ, and the registered
+/// buffer of four slots: what both exchanges use.
+struct Loopback {
+    cq: *mut ibv_cq,
+    channel: *mut ibv_comp_channel,
+    srq: *mut ibv_srq,
+    qp_a: *mut ibv_qp,
+    qp_b: *mut ibv_qp,
+    qpn_a: u32,
+    qpn_b: u32,
+    /// Start of the registered buffer.
+    base: *mut u8,
+    lkey: u32,
+}
+
+impl Loopback {
+    /// The start of buffer slot `i`.
+    fn slot(&self, i: usize) -> *mut u8 {
+        self.base.wrapping_add(i * SLOT)
+    }
+
+    /// An SGE over the first `len` bytes of slot `i`.
+    fn sge(&self, i: usize, len: usize) -> ibv_sge {
+        ibv_sge {
+            addr: self.slot(i) as u64,
+            length: len as u32,
+            lkey: self.lkey,
+        }
+    }
+}
+
 #[test]
 fn rc_loopback_send_recv_through_ops_table() {
     let verbs = match Verbs::load() {
@@ -198,6 +255,64 @@ fn rc_loopback_send_recv_through_ops_table() {
             return;
         }
     };
+    let Some((ctx, name)) = open_device(verbs) else {
+        return;
+    };
+    // SAFETY: live context.
+    let port = unsafe { query_port_info(verbs, ctx, &name) };
+
+    // SAFETY: live context.
+    let pd = non_null(unsafe { (verbs.ibv_alloc_pd)(ctx) }, "ibv_alloc_pd");
+    let mut buf = vec![0u8; 4 * SLOT];
+    let base = buf.as_mut_ptr();
+    // SAFETY: `buf` outlives the MR (deregistered before `buf` is dropped)
+    // and is only accessed through `base` from here on.
+    let mr = non_null(
+        unsafe { verbs.reg_mr(pd, base.cast::<c_void>(), buf.len(), IBV_ACCESS_LOCAL_WRITE) },
+        "ibv_reg_mr",
+    );
+    // SAFETY: live MR.
+    let lkey = unsafe { (*mr).lkey };
+    // SAFETY: live context and PD.
+    let (channel, cq, srq) = unsafe { create_queues(verbs, ctx, pd) };
+    // SAFETY: live PD, CQ and SRQ of one context.
+    let (qp_a, qp_b) = unsafe { create_qps(verbs, pd, cq, srq) };
+    // SAFETY: live QPs.
+    let (qpn_a, qpn_b) = unsafe { ((*qp_a).qp_num, (*qp_b).qp_num) };
+    // SAFETY: live RC QPs of this device.
+    unsafe {
+        connect(verbs, qp_a, qpn_b, &port);
+        connect(verbs, qp_b, qpn_a, &port);
+    }
+    let lb = Loopback {
+        cq,
+        channel,
+        srq,
+        qp_a,
+        qp_b,
+        qpn_a,
+        qpn_b,
+        base,
+        lkey,
+    };
+
+    // SAFETY: `lb` holds live, connected objects and the registered buffer,
+    // which only the exchanges touch.
+    unsafe {
+        exchange_through_srq(verbs, &lb);
+        exchange_with_cq_event(verbs, &lb);
+    }
+    println!("{name}: both messages delivered");
+
+    // SAFETY: nothing is in flight; every object is destroyed here once.
+    unsafe { destroy(verbs, ctx, pd, mr, &lb) };
+    drop(buf);
+}
+
+/// Opens `RXE_DEVICE`, or the first device listed; returns the context and
+/// the device's name. Prints the skip message and returns `None` when there
+/// is no device.
+fn open_device(verbs: &Verbs) -> Option<(*mut ibv_context, String)> {
     let mut num: c_int = 0;
     // SAFETY: valid out-parameter.
     let list = unsafe { (verbs.ibv_get_device_list)(&mut num) };
@@ -207,7 +322,7 @@ fn rc_loopback_send_recv_through_ops_table() {
             unsafe { (verbs.ibv_free_device_list)(list) };
         }
         println!("{SKIP}");
-        return;
+        return None;
     }
     // SAFETY: `list` holds `num` devices followed by NULL.
     let devices: Vec<*mut ibv_device> =
@@ -232,7 +347,15 @@ fn rc_loopback_send_recv_through_ops_table() {
     );
     // SAFETY: the opened context stays valid after the list is freed.
     unsafe { (verbs.ibv_free_device_list)(list) };
+    Some((ctx, name))
+}
 
+/// Checks that port `PORT` of device `name` is active and reads the GID at
+/// `RXE_GID_INDEX` (default 1), which must be set when the port needs a GRH.
+///
+/// # Safety
+/// `ctx` is a live context.
+unsafe fn query_port_info(verbs: &Verbs, ctx: *mut ibv_context, name: &str) -> PortInfo {
     let gid_index: u8 = std::env::var("RXE_GID_INDEX")
         .map(|v| v.parse().expect("RXE_GID_INDEX must be a small integer"))
         .unwrap_or(1);
@@ -269,25 +392,23 @@ fn rc_loopback_send_recv_through_ops_table() {
         "device {name}: port {PORT} active, mtu enum {}, lid {}, gid[{gid_index}] {raw_gid:02x?}, grh {use_grh}",
         port_attr.active_mtu, port_attr.lid
     );
-    let port = PortInfo {
+    PortInfo {
         attr: port_attr,
         gid,
         gid_index,
         use_grh,
-    };
+    }
+}
 
-    // SAFETY: live context.
-    let pd = non_null(unsafe { (verbs.ibv_alloc_pd)(ctx) }, "ibv_alloc_pd");
-    let mut buf = vec![0u8; 4 * SLOT];
-    let base = buf.as_mut_ptr();
-    // SAFETY: `buf` outlives the MR (deregistered before `buf` is dropped)
-    // and is only accessed through `base` from here on.
-    let mr = non_null(
-        unsafe { verbs.reg_mr(pd, base.cast::<c_void>(), buf.len(), IBV_ACCESS_LOCAL_WRITE) },
-        "ibv_reg_mr",
-    );
-    // SAFETY: live MR.
-    let lkey = unsafe { (*mr).lkey };
+/// A completion channel, a CQ of 16 entries on it, and an SRQ of 4.
+///
+/// # Safety
+/// `ctx` is a live context and `pd` a live PD of it.
+unsafe fn create_queues(
+    verbs: &Verbs,
+    ctx: *mut ibv_context,
+    pd: *mut ibv_pd,
+) -> (*mut ibv_comp_channel, *mut ibv_cq, *mut ibv_srq) {
     // SAFETY: live context.
     let channel = non_null(
         unsafe { (verbs.ibv_create_comp_channel)(ctx) },
@@ -311,6 +432,19 @@ fn rc_loopback_send_recv_through_ops_table() {
         unsafe { (verbs.ibv_create_srq)(pd, &mut srq_init) },
         "ibv_create_srq",
     );
+    (channel, cq, srq)
+}
+
+/// QPs A and B, both on `cq`: A receives on its own RQ, B through `srq`.
+///
+/// # Safety
+/// `pd`, `cq` and `srq` are live objects of one context.
+unsafe fn create_qps(
+    verbs: &Verbs,
+    pd: *mut ibv_pd,
+    cq: *mut ibv_cq,
+    srq: *mut ibv_srq,
+) -> (*mut ibv_qp, *mut ibv_qp) {
     let qp_init = |srq: *mut ibv_srq| ibv_qp_init_attr {
         send_cq: cq,
         recv_cq: cq,
@@ -337,27 +471,20 @@ fn rc_loopback_send_recv_through_ops_table() {
         unsafe { (verbs.ibv_create_qp)(pd, &mut qp_init(srq)) },
         "ibv_create_qp(B)",
     );
-    // SAFETY: live QPs.
-    let (qpn_a, qpn_b) = unsafe { ((*qp_a).qp_num, (*qp_b).qp_num) };
-    // SAFETY: live RC QPs of this device.
-    unsafe {
-        connect(verbs, qp_a, qpn_b, &port);
-        connect(verbs, qp_b, qpn_a, &port);
-    }
+    (qp_a, qp_b)
+}
 
-    let slot = |i: usize| base.wrapping_add(i * SLOT);
-    let sge = |i: usize, len: usize| ibv_sge {
-        addr: slot(i) as u64,
-        length: len as u32,
-        lkey,
-    };
-    let (send_a, recv_a, send_b, recv_b) = (0, 1, 2, 3);
-
-    // Exchange 1: A -> B, received through the SRQ; completions by busy polling.
+/// Exchange 1: A -> B, received through the SRQ; completions by busy polling.
+///
+/// # Safety
+/// `lb` holds live objects, its QPs connected, and its registered buffer
+/// is used by no work request.
+unsafe fn exchange_through_srq(verbs: &Verbs, lb: &Loopback) {
+    let (send_a, recv_b) = (0, 3);
     let msg1 = b"ibvx-sys loopback: A to B through the SRQ";
     // SAFETY: slot `send_a` is in `buf` and no work request uses it yet.
-    unsafe { ptr::copy_nonoverlapping(msg1.as_ptr(), slot(send_a), msg1.len()) };
-    let mut rsge = sge(recv_b, SLOT);
+    unsafe { ptr::copy_nonoverlapping(msg1.as_ptr(), lb.slot(send_a), msg1.len()) };
+    let mut rsge = lb.sge(recv_b, SLOT);
     let mut rwr = ibv_recv_wr {
         wr_id: WR_RECV_B,
         next: ptr::null_mut(),
@@ -367,10 +494,10 @@ fn rc_loopback_send_recv_through_ops_table() {
     let mut bad_r: *mut ibv_recv_wr = ptr::null_mut();
     // SAFETY: live SRQ; the WR and its SGE outlive the call and describe registered memory.
     check(
-        unsafe { ibv_post_srq_recv(srq, &mut rwr, &mut bad_r) },
+        unsafe { ibv_post_srq_recv(lb.srq, &mut rwr, &mut bad_r) },
         "ibv_post_srq_recv",
     );
-    let mut ssge = sge(send_a, msg1.len());
+    let mut ssge = lb.sge(send_a, msg1.len());
     let mut swr = ibv_send_wr {
         wr_id: WR_SEND_A,
         sg_list: &mut ssge,
@@ -382,41 +509,48 @@ fn rc_loopback_send_recv_through_ops_table() {
     let mut bad_s: *mut ibv_send_wr = ptr::null_mut();
     // SAFETY: live QP in RTS; the WR and its SGE describe registered memory.
     check(
-        unsafe { ibv_post_send(qp_a, &mut swr, &mut bad_s) },
+        unsafe { ibv_post_send(lb.qp_a, &mut swr, &mut bad_s) },
         "ibv_post_send(A)",
     );
     // SAFETY: live CQ.
-    let wcs = unsafe { poll_until(verbs, cq, 2) };
+    let wcs = unsafe { poll_until(verbs, lb.cq, 2) };
     let s = find(&wcs, WR_SEND_A);
-    assert_eq!((s.opcode, s.qp_num), (IBV_WC_SEND, qpn_a));
+    assert_eq!((s.opcode, s.qp_num), (IBV_WC_SEND, lb.qpn_a));
     let r = find(&wcs, WR_RECV_B);
     assert_eq!(
         (r.opcode, r.qp_num, r.byte_len as usize),
-        (IBV_WC_RECV, qpn_b, msg1.len())
+        (IBV_WC_RECV, lb.qpn_b, msg1.len())
     );
     // SAFETY: the receive completed, so the device is done writing the slot.
-    let got1 = unsafe { std::slice::from_raw_parts(slot(recv_b), msg1.len()) };
+    let got1 = unsafe { std::slice::from_raw_parts(lb.slot(recv_b), msg1.len()) };
     assert_eq!(got1, msg1);
+}
 
-    // Exchange 2: B -> A into A's RQ; completion signalled through the channel.
+/// Exchange 2: B -> A into A's RQ; completion signalled through the channel.
+///
+/// # Safety
+/// As for `exchange_through_srq`, which has completed.
+unsafe fn exchange_with_cq_event(verbs: &Verbs, lb: &Loopback) {
+    let (recv_a, send_b) = (1, 2);
     // SAFETY: live CQ.
-    check(unsafe { ibv_req_notify_cq(cq, 0) }, "ibv_req_notify_cq");
+    check(unsafe { ibv_req_notify_cq(lb.cq, 0) }, "ibv_req_notify_cq");
     let msg2 = b"ibvx-sys loopback: B to A through the RQ, with a CQ event";
     // SAFETY: slot `send_b` is in `buf` and unused.
-    unsafe { ptr::copy_nonoverlapping(msg2.as_ptr(), slot(send_b), msg2.len()) };
-    let mut rsge = sge(recv_a, SLOT);
+    unsafe { ptr::copy_nonoverlapping(msg2.as_ptr(), lb.slot(send_b), msg2.len()) };
+    let mut rsge = lb.sge(recv_a, SLOT);
     let mut rwr = ibv_recv_wr {
         wr_id: WR_RECV_A,
         next: ptr::null_mut(),
         sg_list: &mut rsge,
         num_sge: 1,
     };
+    let mut bad_r: *mut ibv_recv_wr = ptr::null_mut();
     // SAFETY: live QP (own RQ); valid WR over registered memory.
     check(
-        unsafe { ibv_post_recv(qp_a, &mut rwr, &mut bad_r) },
+        unsafe { ibv_post_recv(lb.qp_a, &mut rwr, &mut bad_r) },
         "ibv_post_recv",
     );
-    let mut ssge = sge(send_b, msg2.len());
+    let mut ssge = lb.sge(send_b, msg2.len());
     let mut swr = ibv_send_wr {
         wr_id: WR_SEND_B,
         sg_list: &mut ssge,
@@ -425,11 +559,34 @@ fn rc_loopback_send_recv_through_ops_table() {
         send_flags: IBV_SEND_SIGNALED,
         ..Default::default()
     };
+    let mut bad_s: *mut ibv_send_wr = ptr::null_mut();
     // SAFETY: live QP in RTS; valid WR over registered memory.
     check(
-        unsafe { ibv_post_send(qp_b, &mut swr, &mut bad_s) },
+        unsafe { ibv_post_send(lb.qp_b, &mut swr, &mut bad_s) },
         "ibv_post_send(B)",
     );
+    // SAFETY: live channel and CQ, armed above.
+    unsafe { wait_cq_event(verbs, lb.channel, lb.cq) };
+    // SAFETY: live CQ.
+    let wcs = unsafe { poll_until(verbs, lb.cq, 2) };
+    let s = find(&wcs, WR_SEND_B);
+    assert_eq!((s.opcode, s.qp_num), (IBV_WC_SEND, lb.qpn_b));
+    let r = find(&wcs, WR_RECV_A);
+    assert_eq!(
+        (r.opcode, r.qp_num, r.byte_len as usize),
+        (IBV_WC_RECV, lb.qpn_a, msg2.len())
+    );
+    // SAFETY: the receive completed.
+    let got2 = unsafe { std::slice::from_raw_parts(lb.slot(recv_a), msg2.len()) };
+    assert_eq!(got2, msg2);
+}
+
+/// Waits (up to `TIMEOUT`) for the event of `cq` on `channel`, takes it and
+/// acknowledges it.
+///
+/// # Safety
+/// `channel` and `cq` are live, `cq` attached to `channel`.
+unsafe fn wait_cq_event(verbs: &Verbs, channel: *mut ibv_comp_channel, cq: *mut ibv_cq) {
     let mut pfd = libc::pollfd {
         // SAFETY: live channel.
         fd: unsafe { (*channel).fd },
@@ -449,33 +606,31 @@ fn rc_loopback_send_recv_through_ops_table() {
     assert_eq!(ev_cq, cq);
     // SAFETY: acknowledges the one event just received.
     unsafe { (verbs.ibv_ack_cq_events)(cq, 1) };
-    // SAFETY: live CQ.
-    let wcs = unsafe { poll_until(verbs, cq, 2) };
-    let s = find(&wcs, WR_SEND_B);
-    assert_eq!((s.opcode, s.qp_num), (IBV_WC_SEND, qpn_b));
-    let r = find(&wcs, WR_RECV_A);
-    assert_eq!(
-        (r.opcode, r.qp_num, r.byte_len as usize),
-        (IBV_WC_RECV, qpn_a, msg2.len())
-    );
-    // SAFETY: the receive completed.
-    let got2 = unsafe { std::slice::from_raw_parts(slot(recv_a), msg2.len()) };
-    assert_eq!(got2, msg2);
-    println!("{name}: both messages delivered");
+}
 
+/// Destroys every object of the test, children first.
+///
+/// # Safety
+/// Every object is live and idle, and used no more after this call.
+unsafe fn destroy(
+    verbs: &Verbs,
+    ctx: *mut ibv_context,
+    pd: *mut ibv_pd,
+    mr: *mut ibv_mr,
+    lb: &Loopback,
+) {
     // SAFETY: each object is live, idle, and destroyed once, children first.
     unsafe {
-        check((verbs.ibv_destroy_qp)(qp_a), "ibv_destroy_qp(A)");
-        check((verbs.ibv_destroy_qp)(qp_b), "ibv_destroy_qp(B)");
-        check((verbs.ibv_destroy_srq)(srq), "ibv_destroy_srq");
-        check((verbs.ibv_destroy_cq)(cq), "ibv_destroy_cq");
+        check((verbs.ibv_destroy_qp)(lb.qp_a), "ibv_destroy_qp(A)");
+        check((verbs.ibv_destroy_qp)(lb.qp_b), "ibv_destroy_qp(B)");
+        check((verbs.ibv_destroy_srq)(lb.srq), "ibv_destroy_srq");
+        check((verbs.ibv_destroy_cq)(lb.cq), "ibv_destroy_cq");
         check(
-            (verbs.ibv_destroy_comp_channel)(channel),
+            (verbs.ibv_destroy_comp_channel)(lb.channel),
             "ibv_destroy_comp_channel",
         );
         check((verbs.ibv_dereg_mr)(mr), "ibv_dereg_mr");
         check((verbs.ibv_dealloc_pd)(pd), "ibv_dealloc_pd");
         check((verbs.ibv_close_device)(ctx), "ibv_close_device");
     }
-    drop(buf);
 }
