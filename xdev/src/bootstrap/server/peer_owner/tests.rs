@@ -1,3 +1,5 @@
+use std::net::{TcpListener, TcpStream};
+
 use super::*;
 
 #[test]
