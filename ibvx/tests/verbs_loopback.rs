@@ -105,7 +105,19 @@ fn send_write_and_immediates_through_the_safe_layer() {
     assert_eq!(a_mem.addr() % 4096, 0);
     assert!(a_mem.access().contains(Access::REMOTE_WRITE));
 
-    // send -> recv
+    send_then_recv(&p, &mut a_mem, &mut b_mem);
+    send_with_imm_gathered(&p, &mut a_mem, &b_mem);
+    let dst = b_mem.remote(4096);
+    rdma_write(&p, &mut a_mem, &b_mem, dst);
+    rdma_write_with_imm(&p, &a_mem, dst);
+    unsignaled_sends(&p, &a_mem, &b_mem);
+    drop(b_mem);
+    // the borrow ended with the region
+    b_backing[0] = 1;
+}
+
+/// send -> recv
+fn send_then_recv(p: &Pair, a_mem: &mut MemoryRegion, b_mem: &mut MemoryRegion) {
     let msg = b"through the safe verbs layer";
     b_mem.fill(0, 4096, |_| 0xee);
     // SAFETY: (this argument covers every post in this test) `a_mem` and
@@ -139,13 +151,15 @@ fn send_write_and_immediates_through_the_safe_layer() {
     let mut got = vec![0u8; msg.len()];
     b_mem.read(0, &mut got);
     assert_eq!(&got, msg);
+}
 
-    // send with immediate, two scatter/gather entries gathered into one
-    // SAFETY: see the first post.
+/// send with immediate, two scatter/gather entries gathered into one
+fn send_with_imm_gathered(p: &Pair, a_mem: &mut MemoryRegion, b_mem: &MemoryRegion) {
+    // SAFETY: see the first post (in `send_then_recv`).
     unsafe { p.b.post_recv(11, &[b_mem.sge(0, 4096)]) }.unwrap();
     a_mem.write(100, b"abc");
     a_mem.write(200, b"def");
-    // SAFETY: see the first post.
+    // SAFETY: see the first post (in `send_then_recv`).
     unsafe {
         p.a.post_send(&SendRequest {
             wr_id: 2,
@@ -157,7 +171,7 @@ fn send_write_and_immediates_through_the_safe_layer() {
     .unwrap_or_else(|e| {
         // a provider with one send SGE refuses; fall back to one entry
         println!("two SGEs refused ({e}); sending one");
-        // SAFETY: see the first post.
+        // SAFETY: see the first post (in `send_then_recv`).
         unsafe {
             p.a.post_send(&SendRequest {
                 wr_id: 2,
@@ -176,12 +190,14 @@ fn send_write_and_immediates_through_the_safe_layer() {
     let mut got = vec![0u8; r.byte_len() as usize];
     b_mem.read(0, &mut got);
     assert!(got == b"abcdef" || got == b"abc", "{got:?}");
+}
 
-    // RDMA write: no completion at the target, data visible by polling
-    let dst = b_mem.remote(4096);
+/// RDMA write to `dst` (offset 4096 of `b_mem`): no completion at the
+/// target, data visible by polling
+fn rdma_write(p: &Pair, a_mem: &mut MemoryRegion, b_mem: &MemoryRegion, dst: RemoteAddr) {
     a_mem.fill(1024, 1000, |i| (i % 251) as u8);
     a_mem.store_u8(2023, 0x5c);
-    // SAFETY: see the first post.
+    // SAFETY: see the first post (in `send_then_recv`).
     unsafe {
         p.a.post_send(&SendRequest {
             wr_id: 3,
@@ -203,9 +219,12 @@ fn send_write_and_immediates_through_the_safe_layer() {
     assert!(got.iter().enumerate().all(|(i, &v)| v == (i % 251) as u8));
     let mut none = [WorkCompletion::default(); 1];
     assert_eq!(p.cq_b.poll(&mut none).unwrap(), 0);
+}
 
-    // RDMA write with immediate: consumes a receive (even an empty one)
-    // SAFETY: an empty receive names no memory; the write as the first post.
+/// RDMA write with immediate: consumes a receive (even an empty one)
+fn rdma_write_with_imm(p: &Pair, a_mem: &MemoryRegion, dst: RemoteAddr) {
+    // SAFETY: an empty receive names no memory; the write as the first post
+    // (in `send_then_recv`).
     unsafe {
         p.b.post_recv(12, &[]).unwrap();
         p.a.post_send(&SendRequest {
@@ -223,11 +242,13 @@ fn send_write_and_immediates_through_the_safe_layer() {
         (r.wr_id(), r.opcode(), r.imm_data()),
         (12, WcOpcode::RecvRdmaWithImm, Some(42))
     );
+}
 
-    // unsignaled sends produce no completion; a later signaled one does
+/// unsignaled sends produce no completion; a later signaled one does
+fn unsignaled_sends(p: &Pair, a_mem: &MemoryRegion, b_mem: &MemoryRegion) {
     for id in 5..8 {
-        // SAFETY: see the first post; the unsignaled sends are complete
-        // once the signaled one after them is.
+        // SAFETY: see the first post (in `send_then_recv`); the unsignaled
+        // sends are complete once the signaled one after them is.
         unsafe {
             p.b.post_recv(100 + id, &[b_mem.sge(0, 64)]).unwrap();
             p.a.post_send(&SendRequest {
@@ -247,9 +268,6 @@ fn send_write_and_immediates_through_the_safe_layer() {
     assert_eq!(s[0].wr_id(), 7);
     let r = poll_n(&p.cq_b, 3);
     assert_eq!(by_id(&r, 107).byte_len(), 8);
-    drop(b_mem);
-    // the borrow ended with the region
-    b_backing[0] = 1;
 }
 
 #[test]
