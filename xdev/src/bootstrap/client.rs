@@ -11,7 +11,9 @@ use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
 use super::auth::{self, Claim};
-use super::wire::{self, Message, MAX_FRAME_LEN, MAX_HANDSHAKE_FRAME_LEN, PROTOCOL_VERSION};
+use super::wire::{
+    self, Message, MAX_FRAME_LEN, MAX_HANDSHAKE_FRAME_LEN, NONCE_LEN, PROTOCOL_VERSION,
+};
 use super::{JobEnv, Secret, SERVICE, XDEV_BOOTSTRAP, XDEV_SECRET};
 use crate::{Error, Rank, Result};
 
@@ -136,126 +138,26 @@ impl Tcp {
         job: &str,
         secret: &Secret,
     ) -> Result<Tcp> {
-        if size == 0 || size > u32::MAX as usize {
-            return Err(Error::Config(format!(
-                "bootstrap: job size {size} is outside 1..={}",
-                u32::MAX
-            )));
-        }
-        if rank > u32::MAX as usize {
-            return Err(Error::InvalidRank { rank, size });
-        }
-        let addrs: Vec<SocketAddr> = addr
-            .to_socket_addrs()
-            .map_err(|e| Error::transport("bootstrap: resolving the service address", e))?
-            .collect();
-        if addrs.is_empty() {
-            return Err(Error::Config(
-                "bootstrap: the service address resolves to nothing".into(),
-            ));
-        }
+        check_rank_and_size(rank, size)?;
+        let addrs = resolve(addr)?;
         let deadline = Instant::now() + CONNECT_TIMEOUT;
         let (stream, peer) = connect_any(&addrs, deadline)?;
         let left = deadline
             .saturating_duration_since(Instant::now())
             .max(Duration::from_millis(100));
-        let setup = |e| {
-            Error::transport(
-                format!("bootstrap: configuring the connection to {peer}"),
-                e,
-            )
-        };
+        let setup = |e| setup_failed(peer, e);
         stream.set_nodelay(true).map_err(setup)?;
         super::keepalive::watch_peer(&stream).map_err(setup)?;
         stream.set_read_timeout(Some(left)).map_err(setup)?;
         stream.set_write_timeout(Some(left)).map_err(setup)?;
 
-        let mut s = &stream;
-        let server_nonce = match wire::read_message(&mut s, MAX_HANDSHAKE_FRAME_LEN, SERVICE)? {
-            Some(Message::Challenge { version, nonce }) if version == PROTOCOL_VERSION => nonce,
-            Some(Message::Challenge { version, .. }) => {
-                return Err(service_error(format!(
-                    "the bootstrap service at {peer} speaks protocol version {version}, not {PROTOCOL_VERSION}"
-                )))
-            }
-            Some(other) => {
-                return Err(service_error(format!(
-                    "the bootstrap service at {peer} sent {} instead of a challenge",
-                    other.name()
-                )))
-            }
-            None => {
-                return Err(Error::transport(
-                    format!("bootstrap: {peer} closed the connection before the handshake"),
-                    io::Error::from(io::ErrorKind::UnexpectedEof),
-                ))
-            }
-        };
-        let client_nonce = auth::random()?;
-        let claim = Claim {
-            server_nonce: &server_nonce,
-            client_nonce: &client_nonce,
-            rank: rank as u32,
-            size: size as u32,
-            job,
-        };
-        wire::write_message(
-            &mut s,
-            &Message::Auth {
-                version: PROTOCOL_VERSION,
-                rank: rank as u32,
-                size: size as u32,
-                nonce: client_nonce,
-                mac: auth::client_mac(secret, &claim),
-                job: job.to_owned(),
-            },
-        )?;
-        match wire::read_message(&mut s, MAX_HANDSHAKE_FRAME_LEN, SERVICE)? {
-            Some(Message::Welcome { mac }) => {
-                if !auth::verify_server(secret, &claim, &mac) {
-                    return Err(service_error(format!(
-                        "the bootstrap service at {peer} could not prove it knows the job secret"
-                    )));
-                }
-            }
-            Some(Message::Refused { reason }) => {
-                return Err(Error::Config(format!(
-                    "bootstrap service at {peer} refused rank {rank} of job {job:?}: {reason}"
-                )))
-            }
-            Some(other) => {
-                return Err(service_error(format!(
-                    "the bootstrap service at {peer} answered the handshake with {}",
-                    other.name()
-                )))
-            }
-            None => {
-                return Err(Error::transport(
-                    format!("bootstrap: {peer} closed the connection during the handshake"),
-                    io::Error::from(io::ErrorKind::UnexpectedEof),
-                ))
-            }
-        }
+        handshake(&stream, peer, rank, size, job, secret)?;
         stream.set_read_timeout(None).map_err(setup)?;
         stream
             .set_write_timeout(Some(WRITE_TIMEOUT))
             .map_err(setup)?;
 
-        let shared = Arc::new(Shared {
-            state: Mutex::new(State {
-                size,
-                pending: HashMap::new(),
-                departures: Vec::new(),
-                lost: None,
-            }),
-            cond: Condvar::new(),
-        });
-        let read_half = stream.try_clone().map_err(setup)?;
-        let sh = shared.clone();
-        let reader = thread::Builder::new()
-            .name(format!("xdev-bootstrap-{rank}"))
-            .spawn(move || reader_loop(&sh, read_half))
-            .map_err(|e| Error::transport("bootstrap: starting the reader thread", e))?;
+        let (shared, reader) = start_reader(&stream, peer, rank, size)?;
         Ok(Tcp {
             rank,
             size,
@@ -501,6 +403,153 @@ impl std::fmt::Debug for Tcp {
     }
 }
 
+/// Checks a job size and rank before any connection is made.
+fn check_rank_and_size(rank: Rank, size: usize) -> Result<()> {
+    if size == 0 || size > u32::MAX as usize {
+        return Err(Error::Config(format!(
+            "bootstrap: job size {size} is outside 1..={}",
+            u32::MAX
+        )));
+    }
+    if rank > u32::MAX as usize {
+        return Err(Error::InvalidRank { rank, size });
+    }
+    Ok(())
+}
+
+/// The addresses the service's address resolves to (at least one).
+fn resolve<A: ToSocketAddrs>(addr: A) -> Result<Vec<SocketAddr>> {
+    let addrs: Vec<SocketAddr> = addr
+        .to_socket_addrs()
+        .map_err(|e| Error::transport("bootstrap: resolving the service address", e))?
+        .collect();
+    if addrs.is_empty() {
+        return Err(Error::Config(
+            "bootstrap: the service address resolves to nothing".into(),
+        ));
+    }
+    Ok(addrs)
+}
+
+/// The error for a failure to configure the connection to `peer`.
+fn setup_failed(peer: SocketAddr, e: io::Error) -> Error {
+    Error::transport(
+        format!("bootstrap: configuring the connection to {peer}"),
+        e,
+    )
+}
+
+/// Runs the client's side of the handshake on `stream`: answers the
+/// service's challenge with this rank's claim and checks that the service's
+/// `Welcome` proves it knows the secret.
+fn handshake(
+    stream: &TcpStream,
+    peer: SocketAddr,
+    rank: Rank,
+    size: usize,
+    job: &str,
+    secret: &Secret,
+) -> Result<()> {
+    let mut s = stream;
+    let server_nonce = read_challenge(&mut s, peer)?;
+    let client_nonce = auth::random()?;
+    let claim = Claim {
+        server_nonce: &server_nonce,
+        client_nonce: &client_nonce,
+        rank: rank as u32,
+        size: size as u32,
+        job,
+    };
+    wire::write_message(
+        &mut s,
+        &Message::Auth {
+            version: PROTOCOL_VERSION,
+            rank: rank as u32,
+            size: size as u32,
+            nonce: client_nonce,
+            mac: auth::client_mac(secret, &claim),
+            job: job.to_owned(),
+        },
+    )?;
+    read_welcome(&mut s, peer, secret, &claim)
+}
+
+/// Reads the service's `Challenge` and returns its nonce.
+fn read_challenge(s: &mut &TcpStream, peer: SocketAddr) -> Result<[u8; NONCE_LEN]> {
+    match wire::read_message(s, MAX_HANDSHAKE_FRAME_LEN, SERVICE)? {
+        Some(Message::Challenge { version, nonce }) if version == PROTOCOL_VERSION => Ok(nonce),
+        Some(Message::Challenge { version, .. }) => Err(service_error(format!(
+            "the bootstrap service at {peer} speaks protocol version {version}, not {PROTOCOL_VERSION}"
+        ))),
+        Some(other) => Err(service_error(format!(
+            "the bootstrap service at {peer} sent {} instead of a challenge",
+            other.name()
+        ))),
+        None => Err(Error::transport(
+            format!("bootstrap: {peer} closed the connection before the handshake"),
+            io::Error::from(io::ErrorKind::UnexpectedEof),
+        )),
+    }
+}
+
+/// Reads the service's answer to the claim: a `Welcome` whose MAC proves it
+/// knows the secret, or the reason it refused.
+fn read_welcome(
+    s: &mut &TcpStream,
+    peer: SocketAddr,
+    secret: &Secret,
+    claim: &Claim<'_>,
+) -> Result<()> {
+    let (rank, job) = (claim.rank, claim.job);
+    match wire::read_message(s, MAX_HANDSHAKE_FRAME_LEN, SERVICE)? {
+        Some(Message::Welcome { mac }) => {
+            if !auth::verify_server(secret, claim, &mac) {
+                return Err(service_error(format!(
+                    "the bootstrap service at {peer} could not prove it knows the job secret"
+                )));
+            }
+            Ok(())
+        }
+        Some(Message::Refused { reason }) => Err(Error::Config(format!(
+            "bootstrap service at {peer} refused rank {rank} of job {job:?}: {reason}"
+        ))),
+        Some(other) => Err(service_error(format!(
+            "the bootstrap service at {peer} answered the handshake with {}",
+            other.name()
+        ))),
+        None => Err(Error::transport(
+            format!("bootstrap: {peer} closed the connection during the handshake"),
+            io::Error::from(io::ErrorKind::UnexpectedEof),
+        )),
+    }
+}
+
+/// Starts the thread that reads what the service sends on `stream`, with
+/// the state it shares with the handle.
+fn start_reader(
+    stream: &TcpStream,
+    peer: SocketAddr,
+    rank: Rank,
+    size: usize,
+) -> Result<(Arc<Shared>, JoinHandle<()>)> {
+    let shared = Arc::new(Shared {
+        state: Mutex::new(State {
+            size,
+            pending: HashMap::new(),
+            departures: Vec::new(),
+            lost: None,
+        }),
+        cond: Condvar::new(),
+    });
+    let read_half = stream.try_clone().map_err(|e| setup_failed(peer, e))?;
+    let sh = shared.clone();
+    let reader = thread::Builder::new()
+        .name(format!("xdev-bootstrap-{rank}"))
+        .spawn(move || reader_loop(&sh, read_half))
+        .map_err(|e| Error::transport("bootstrap: starting the reader thread", e))?;
+    Ok((shared, reader))
+}
+
 /// Tries every address until one accepts, retrying until `deadline`.
 fn connect_any(addrs: &[SocketAddr], deadline: Instant) -> Result<(TcpStream, SocketAddr)> {
     loop {
@@ -557,20 +606,8 @@ fn reader_loop(shared: &Shared, stream: TcpStream) {
 /// protocol; the connection is then dropped.
 fn dispatch(shared: &Shared, msg: Message) -> Result<()> {
     let mut st = lock(&shared.state);
-    let size = st.size;
     let (id, result) = match msg {
-        Message::Departed { rank, clean } => {
-            let rank = rank as usize;
-            if rank >= size {
-                return Err(service_error(format!(
-                    "departure notice for rank {rank} of a {size}-rank job"
-                )));
-            }
-            if !st.departures.iter().any(|d| d.rank == rank) {
-                st.departures.push(Departure { rank, clean });
-            }
-            return Ok(());
-        }
+        Message::Departed { rank, clean } => return st.record_departure(rank, clean),
         Message::Done { id } => (id, Ok(Reply::Done)),
         Message::Value { id, value } => (id, Ok(Reply::Value(value))),
         Message::Failed { id, failure } => (id, Err(failure.into_error())),
@@ -580,39 +617,10 @@ fn dispatch(shared: &Shared, msg: Message) -> Result<()> {
             count,
             value,
         } => {
-            let (index, count) = (index as usize, count as usize);
-            if count != size || index >= count {
-                return Err(service_error(format!(
-                    "allgather part {index} of {count} in a {size}-rank job"
-                )));
+            if st.gather_part(id, index, count, value)? {
+                drop(st);
+                shared.cond.notify_all();
             }
-            let entry = match st.pending.get_mut(&id) {
-                None => return Ok(()),
-                Some(e) => e,
-            };
-            if matches!(entry, Pending::Waiting(Kind::Allgather)) {
-                *entry = Pending::Gathering {
-                    parts: vec![None; size],
-                    got: 0,
-                };
-            }
-            let Pending::Gathering { parts, got } = entry else {
-                return Err(service_error(
-                    "allgather data for a request that is not an allgather",
-                ));
-            };
-            if parts[index].is_some() {
-                return Err(service_error(format!("allgather part {index} sent twice")));
-            }
-            parts[index] = Some(value);
-            *got += 1;
-            if *got < size {
-                return Ok(());
-            }
-            let all = std::mem::take(parts).into_iter().flatten().collect();
-            *entry = Pending::Done(Ok(Reply::Gathered(all)));
-            drop(st);
-            shared.cond.notify_all();
             return Ok(());
         }
         other => {
@@ -641,4 +649,59 @@ fn dispatch(shared: &Shared, msg: Message) -> Result<()> {
     drop(st);
     shared.cond.notify_all();
     Ok(())
+}
+
+impl State {
+    /// Records the service's notice that `rank` has left (once per rank).
+    fn record_departure(&mut self, rank: u32, clean: bool) -> Result<()> {
+        let size = self.size;
+        let rank = rank as usize;
+        if rank >= size {
+            return Err(service_error(format!(
+                "departure notice for rank {rank} of a {size}-rank job"
+            )));
+        }
+        if !self.departures.iter().any(|d| d.rank == rank) {
+            self.departures.push(Departure { rank, clean });
+        }
+        Ok(())
+    }
+
+    /// Files part `index` of `count` of allgather `id`; returns whether the
+    /// allgather is now complete (its caller is then to be woken).
+    fn gather_part(&mut self, id: u32, index: u32, count: u32, value: Vec<u8>) -> Result<bool> {
+        let size = self.size;
+        let (index, count) = (index as usize, count as usize);
+        if count != size || index >= count {
+            return Err(service_error(format!(
+                "allgather part {index} of {count} in a {size}-rank job"
+            )));
+        }
+        let entry = match self.pending.get_mut(&id) {
+            None => return Ok(false),
+            Some(e) => e,
+        };
+        if matches!(entry, Pending::Waiting(Kind::Allgather)) {
+            *entry = Pending::Gathering {
+                parts: vec![None; size],
+                got: 0,
+            };
+        }
+        let Pending::Gathering { parts, got } = entry else {
+            return Err(service_error(
+                "allgather data for a request that is not an allgather",
+            ));
+        };
+        if parts[index].is_some() {
+            return Err(service_error(format!("allgather part {index} sent twice")));
+        }
+        parts[index] = Some(value);
+        *got += 1;
+        if *got < size {
+            return Ok(false);
+        }
+        let all = std::mem::take(parts).into_iter().flatten().collect();
+        *entry = Pending::Done(Ok(Reply::Gathered(all)));
+        Ok(true)
+    }
 }
