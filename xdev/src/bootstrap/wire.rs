@@ -398,6 +398,27 @@ pub fn gathered_head(id: u32, index: u32, count: u32, len: usize) -> Result<Vec<
 /// with [`Error::ResourceExhausted`] for a value over [`MAX_VALUE_LEN`];
 /// reason texts over [`MAX_TEXT_LEN`] are cut.
 pub fn encode(msg: &Message) -> Result<Vec<u8>> {
+    match msg {
+        Message::Challenge { .. }
+        | Message::Auth { .. }
+        | Message::Welcome { .. }
+        | Message::Refused { .. } => encode_handshake(msg),
+        Message::Put { .. }
+        | Message::Get { .. }
+        | Message::Cancel { .. }
+        | Message::Barrier { .. }
+        | Message::Allgather { .. }
+        | Message::Goodbye => encode_request(msg),
+        Message::Done { .. }
+        | Message::Value { .. }
+        | Message::Gathered { .. }
+        | Message::Failed { .. }
+        | Message::Departed { .. } => encode_reply(msg),
+    }
+}
+
+/// Encodes a handshake message (`Challenge`, `Auth`, `Welcome`, `Refused`).
+fn encode_handshake(msg: &Message) -> Result<Vec<u8>> {
     Ok(match msg {
         Message::Challenge { version, nonce } => {
             let mut f = FrameBuf::new(op::CHALLENGE, 2 + NONCE_LEN);
@@ -433,6 +454,14 @@ pub fn encode(msg: &Message) -> Result<Vec<u8>> {
             f.str(reason);
             f.finish()
         }
+        _ => unreachable!("{} is not a handshake message", msg.name()),
+    })
+}
+
+/// Encodes a client's request (`Put`, `Get`, `Cancel`, `Barrier`,
+/// `Allgather`, `Goodbye`).
+fn encode_request(msg: &Message) -> Result<Vec<u8>> {
+    Ok(match msg {
         Message::Put { id, key, value } => {
             check_key(key)?;
             check_value(value)?;
@@ -463,6 +492,14 @@ pub fn encode(msg: &Message) -> Result<Vec<u8>> {
             f.finish()
         }
         Message::Goodbye => FrameBuf::new(op::GOODBYE, 0).finish(),
+        _ => unreachable!("{} is not a request", msg.name()),
+    })
+}
+
+/// Encodes what the service sends after the handshake: an answer to a
+/// request (`Done`, `Value`, `Gathered`, `Failed`) or a `Departed` notice.
+fn encode_reply(msg: &Message) -> Result<Vec<u8>> {
+    Ok(match msg {
         Message::Done { id } => {
             let mut f = FrameBuf::new(op::DONE, 4);
             f.u32(*id);
@@ -497,6 +534,7 @@ pub fn encode(msg: &Message) -> Result<Vec<u8>> {
             f.u32(*rank).u8(u8::from(*clean));
             f.finish()
         }
+        _ => unreachable!("{} is not a reply or notice", msg.name()),
     })
 }
 
