@@ -51,6 +51,10 @@ static COLLECTIVES: AtomicU64 = AtomicU64::new(0);
 /// Serializes the collectives of the process's fence-based handles.
 static COLLECTIVE: Mutex<()> = Mutex::new(());
 
+/// What a fence-based allgather read: every rank's contribution, and every
+/// rank's pid record when this allgather published them.
+type Gathered = (Vec<Vec<u8>>, Option<Vec<Vec<u8>>>);
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
@@ -330,69 +334,92 @@ impl Bootstrap {
         // host need to watch each other's processes (see `pidwatch`).
         let watch = (!pidwatch::started()).then(pidwatch::my_record);
         let (all, records) = match &self.backend {
-            Backend::Pmix(s) => {
-                let key = format!("ag.{n}");
-                s.put(&key, value)?;
-                if let Some(mine) = &watch {
-                    s.put("pid", mine)?;
-                }
-                s.fence()?;
-                let all = (0..self.size)
-                    .map(|r| {
-                        s.get_from(r as u32, &key, false)?
-                            .ok_or_else(|| missing_part(r, n))
-                    })
-                    .collect::<Result<Vec<_>>>()?;
-                let records = watch.as_ref().map(|_| {
-                    (0..self.size)
-                        .map(|r| {
-                            s.get_from(r as u32, "pid", true)
-                                .ok()
-                                .flatten()
-                                .unwrap_or_default()
-                        })
-                        .collect::<Vec<_>>()
-                });
-                (all, records)
-            }
-            Backend::Pmi(s) => {
-                s.put(&format!("ag.{n}.{}", self.rank), value)?;
-                if let Some(mine) = &watch {
-                    s.put(&format!("pid.{}", self.rank), mine)?;
-                }
-                s.fence()?;
-                let all = (0..self.size)
-                    .map(|r| {
-                        s.get(&format!("ag.{n}.{r}"))?
-                            .ok_or_else(|| missing_part(r, n))
-                    })
-                    .collect::<Result<Vec<_>>>()?;
-                let records = watch.as_ref().map(|_| {
-                    (0..self.size)
-                        .map(|r| {
-                            s.get(&format!("pid.{r}"))
-                                .ok()
-                                .flatten()
-                                .unwrap_or_default()
-                        })
-                        .collect::<Vec<_>>()
-                });
-                // PMI keys are not tied to their putter: any rank can put
-                // `ag.N.R`. The rank that owns a record is the one that can
-                // tell it was replaced, so it checks what the store now
-                // holds before anyone may use it (see `owned_record_intact`).
-                owned_record_intact(self.rank, &format!("ag.{n}.{}", self.rank), value, &all)?;
-                if let (Some(mine), Some(records)) = (&watch, &records) {
-                    owned_record_intact(self.rank, &format!("pid.{}", self.rank), mine, records)?;
-                }
-                (all, records)
-            }
+            Backend::Pmix(s) => self.allgather_pmix(s, n, value, watch.as_deref())?,
+            Backend::Pmi(s) => self.allgather_pmi(s, n, value, watch.as_deref())?,
             Backend::Tcp(_) => unreachable!("handled above"),
         };
         if let (Some(mine), Some(records)) = (watch, records) {
             pidwatch::start(pidwatch::peers_to_watch(self.rank, &mine, &records));
         }
         Ok(all)
+    }
+
+    /// Allgather `n` over PMIx: each rank puts its contribution (and, with
+    /// `watch`, its pid record) under its own name, fences, and reads every
+    /// rank's; returns the contributions and the records read.
+    fn allgather_pmix(
+        &self,
+        s: &pmix::Session,
+        n: u64,
+        value: &[u8],
+        watch: Option<&[u8]>,
+    ) -> Result<Gathered> {
+        let key = format!("ag.{n}");
+        s.put(&key, value)?;
+        if let Some(mine) = watch {
+            s.put("pid", mine)?;
+        }
+        s.fence()?;
+        let all = (0..self.size)
+            .map(|r| {
+                s.get_from(r as u32, &key, false)?
+                    .ok_or_else(|| missing_part(r, n))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let records = watch.map(|_| {
+            (0..self.size)
+                .map(|r| {
+                    s.get_from(r as u32, "pid", true)
+                        .ok()
+                        .flatten()
+                        .unwrap_or_default()
+                })
+                .collect::<Vec<_>>()
+        });
+        Ok((all, records))
+    }
+
+    /// Allgather `n` over PMI: each rank puts its contribution (and, with
+    /// `watch`, its pid record) under a key naming its rank, fences, reads
+    /// every rank's, and checks that its own were not replaced; returns the
+    /// contributions and the records read.
+    fn allgather_pmi(
+        &self,
+        s: &pmi::Session,
+        n: u64,
+        value: &[u8],
+        watch: Option<&[u8]>,
+    ) -> Result<Gathered> {
+        s.put(&format!("ag.{n}.{}", self.rank), value)?;
+        if let Some(mine) = watch {
+            s.put(&format!("pid.{}", self.rank), mine)?;
+        }
+        s.fence()?;
+        let all = (0..self.size)
+            .map(|r| {
+                s.get(&format!("ag.{n}.{r}"))?
+                    .ok_or_else(|| missing_part(r, n))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let records = watch.map(|_| {
+            (0..self.size)
+                .map(|r| {
+                    s.get(&format!("pid.{r}"))
+                        .ok()
+                        .flatten()
+                        .unwrap_or_default()
+                })
+                .collect::<Vec<_>>()
+        });
+        // PMI keys are not tied to their putter: any rank can put
+        // `ag.N.R`. The rank that owns a record is the one that can
+        // tell it was replaced, so it checks what the store now
+        // holds before anyone may use it (see `owned_record_intact`).
+        owned_record_intact(self.rank, &format!("ag.{n}.{}", self.rank), value, &all)?;
+        if let (Some(mine), Some(records)) = (watch, &records) {
+            owned_record_intact(self.rank, &format!("pid.{}", self.rank), mine, records)?;
+        }
+        Ok((all, records))
     }
 
     /// The ranks known to have gone, in the order they were reported: under
