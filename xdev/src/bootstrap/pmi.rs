@@ -444,131 +444,22 @@ extern "C" fn finalize_at_exit() {
     }
 }
 
-impl Session {
-    fn init(wire: Wire) -> Result<Session> {
-        let var = |n: &str| std::env::var(n).ok();
-        let fd_text = var(PMI_FD).ok_or_else(|| Error::Config(format!("{PMI_FD} is not set")))?;
-        let fd: RawFd = fd_text
-            .trim()
-            .parse()
-            .map_err(|_| Error::Config(format!("{PMI_FD}={fd_text:?} is not a file descriptor")))?;
-        // SAFETY: `stat` is plain old data, for which all zeroes is a value.
-        let mut st: libc::stat = unsafe { std::mem::zeroed() };
-        // SAFETY: `st` is a valid, writable stat buffer; fstat on any
-        // integer is sound (it fails for one that is not an open fd).
-        if fd < 0 || unsafe { libc::fstat(fd, &mut st) } != 0 {
-            return Err(Error::Config(format!(
-                "{PMI_FD}={fd} is not an open file descriptor (started by a PMI launcher?)"
-            )));
-        }
-        if st.st_mode & libc::S_IFMT != libc::S_IFSOCK {
-            return Err(Error::Config(format!(
-                "{PMI_FD}={fd} is not a socket (started by a PMI launcher?)"
-            )));
-        }
-        // SAFETY: the launcher gave this process the socket `fd` for PMI and
-        // nothing else in the process uses it; this session takes it over
-        // (one session per process, see `session`). Children must not
-        // inherit it.
-        let stream = unsafe { UnixStream::from_raw_fd(fd) };
-        // SAFETY: fcntl on the fd we now own.
-        unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
-        let writer = stream
-            .try_clone()
-            .map_err(|e| io_err("duplicating PMI_FD", e))?;
-        let timeouts = |t: Option<Duration>| -> Result<()> {
-            stream
-                .set_read_timeout(t)
-                .and_then(|()| stream.set_write_timeout(t))
-                .map_err(|e| io_err("setting PMI_FD's timeouts", e))
-        };
-        timeouts(Some(INIT_TIMEOUT))?;
-        let mut conn = Conn {
-            reader: BufReader::new(
-                stream
-                    .try_clone()
-                    .map_err(|e| io_err("duplicating PMI_FD", e))?,
-            ),
-            writer,
-        };
-        let s = match wire {
-            Wire::Pmi1 => {
-                let r = conn.request(
-                    wire,
-                    "init",
-                    &[("pmi_version", "1"), ("pmi_subversion", "1")],
-                )?;
-                expect(&r, "response_to_init", "PMI-1 init")?;
-                let r = conn.request(wire, "get_maxes", &[])?;
-                expect(&r, "maxes", "PMI-1 get_maxes")?;
-                let keylen_max =
-                    parse_number("keylen_max", field(&r, "keylen_max").unwrap_or("64"))?;
-                let vallen_max =
-                    parse_number("vallen_max", field(&r, "vallen_max").unwrap_or("1024"))?;
-                let r = conn.request(wire, "get_my_kvsname", &[])?;
-                expect(&r, "my_kvsname", "PMI-1 get_my_kvsname")?;
-                let job = field(&r, "kvsname")
-                    .ok_or_else(|| pmi_err("my_kvsname without kvsname"))?
-                    .to_string();
-                let size = parse_number(
-                    PMI_SIZE,
-                    &var(PMI_SIZE)
-                        .ok_or_else(|| Error::Config(format!("{PMI_SIZE} is not set")))?,
-                )?;
-                let rank = parse_number(
-                    PMI_RANK,
-                    &var(PMI_RANK)
-                        .ok_or_else(|| Error::Config(format!("{PMI_RANK} is not set")))?,
-                )?;
-                (rank, size, job, keylen_max, vallen_max)
-            }
-            Wire::Pmi2 => {
-                let jobid = var(PMI_JOBID).unwrap_or_default();
-                let rank_env = var(PMI_RANK).unwrap_or_else(|| "0".into());
-                // A PMI-2 client announces itself with a PMI-1 line, then
-                // speaks PMI-2 frames.
-                let r = conn.request(
-                    Wire::Pmi1,
-                    "init",
-                    &[("pmi_version", "2"), ("pmi_subversion", "0")],
-                )?;
-                expect(&r, "response_to_init", "PMI-2 init")?;
-                if field(&r, "pmi_version") != Some("2") {
-                    return Err(pmi_err(format!(
-                        "the launcher does not speak PMI-2 (it answered pmi_version={})",
-                        field(&r, "pmi_version").unwrap_or("?")
-                    )));
-                }
-                let r = conn.request(
-                    wire,
-                    "fullinit",
-                    &[
-                        ("pmijobid", &jobid),
-                        ("pmirank", &rank_env),
-                        ("threaded", "FALSE"),
-                    ],
-                )?;
-                expect(&r, "fullinit-response", "PMI-2 fullinit")?;
-                let rank = parse_number("rank", field(&r, "rank").unwrap_or(&rank_env))?;
-                let size = parse_number(
-                    "size",
-                    field(&r, "size")
-                        .map(str::to_string)
-                        .or_else(|| var(PMI_SIZE))
-                        .as_deref()
-                        .unwrap_or(""),
-                )?;
-                let r = conn.request(wire, "job-getid", &[])?;
-                expect(&r, "job-getid-response", "PMI-2 job-getid")?;
-                let job = field(&r, "jobid")
-                    .map(str::to_string)
-                    .filter(|j| !j.is_empty())
-                    .unwrap_or(jobid);
-                // Slurm's and MPICH's PMI-2 limits (PMI2_MAX_KEYLEN/VALLEN).
-                (rank, size, job, 64, 1024)
-            }
-        };
-        let (rank, size, job, keylen_max, vallen_max) = s;
+/// What the launcher told this process at `init`: its place in the job and
+/// the launcher's limits on keys and values.
+struct Placement {
+    rank: Rank,
+    size: usize,
+    job: String,
+    keylen_max: usize,
+    vallen_max: usize,
+}
+
+impl Placement {
+    /// Checks that the rank is in the job, the job's name fits, and the
+    /// launcher's limits leave room for this backend's keys and values.
+    fn check(&self) -> Result<()> {
+        let (rank, size, job) = (self.rank, self.size, &self.job);
+        let (keylen_max, vallen_max) = (self.keylen_max, self.vallen_max);
         if size == 0 || rank >= size {
             return Err(Error::Config(format!(
                 "PMI says rank {rank} of {size}: out of range"
@@ -582,8 +473,177 @@ impl Session {
                 "the launcher's limits (keys {keylen_max}, values {vallen_max} bytes) are too small"
             )));
         }
+        Ok(())
+    }
+}
+
+/// The environment variable `name`, if set (and Unicode).
+fn env_var(name: &str) -> Option<String> {
+    std::env::var(name).ok()
+}
+
+/// Takes over the launcher's socket named in [`PMI_FD`], once it is seen to
+/// be an open socket, and keeps children from inheriting it.
+fn take_pmi_fd() -> Result<UnixStream> {
+    let fd_text = env_var(PMI_FD).ok_or_else(|| Error::Config(format!("{PMI_FD} is not set")))?;
+    let fd: RawFd = fd_text
+        .trim()
+        .parse()
+        .map_err(|_| Error::Config(format!("{PMI_FD}={fd_text:?} is not a file descriptor")))?;
+    // SAFETY: `stat` is plain old data, for which all zeroes is a value.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: `st` is a valid, writable stat buffer; fstat on any
+    // integer is sound (it fails for one that is not an open fd).
+    if fd < 0 || unsafe { libc::fstat(fd, &mut st) } != 0 {
+        return Err(Error::Config(format!(
+            "{PMI_FD}={fd} is not an open file descriptor (started by a PMI launcher?)"
+        )));
+    }
+    if st.st_mode & libc::S_IFMT != libc::S_IFSOCK {
+        return Err(Error::Config(format!(
+            "{PMI_FD}={fd} is not a socket (started by a PMI launcher?)"
+        )));
+    }
+    // SAFETY: the launcher gave this process the socket `fd` for PMI and
+    // nothing else in the process uses it; this session takes it over
+    // (one session per process, see `session`). Children must not
+    // inherit it.
+    let stream = unsafe { UnixStream::from_raw_fd(fd) };
+    // SAFETY: fcntl on the fd we now own.
+    unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
+    Ok(stream)
+}
+
+/// Sets both timeouts of the launcher's socket (`None`: none).
+fn set_timeouts(stream: &UnixStream, t: Option<Duration>) -> Result<()> {
+    stream
+        .set_read_timeout(t)
+        .and_then(|()| stream.set_write_timeout(t))
+        .map_err(|e| io_err("setting PMI_FD's timeouts", e))
+}
+
+impl Conn {
+    /// PMI-1's `init`, `get_maxes` and `get_my_kvsname`; the rank and size
+    /// come from [`PMI_RANK`] and [`PMI_SIZE`].
+    fn init_pmi1(&mut self) -> Result<Placement> {
+        let wire = Wire::Pmi1;
+        let r = self.request(
+            wire,
+            "init",
+            &[("pmi_version", "1"), ("pmi_subversion", "1")],
+        )?;
+        expect(&r, "response_to_init", "PMI-1 init")?;
+        let r = self.request(wire, "get_maxes", &[])?;
+        expect(&r, "maxes", "PMI-1 get_maxes")?;
+        let keylen_max = parse_number("keylen_max", field(&r, "keylen_max").unwrap_or("64"))?;
+        let vallen_max = parse_number("vallen_max", field(&r, "vallen_max").unwrap_or("1024"))?;
+        let r = self.request(wire, "get_my_kvsname", &[])?;
+        expect(&r, "my_kvsname", "PMI-1 get_my_kvsname")?;
+        let job = field(&r, "kvsname")
+            .ok_or_else(|| pmi_err("my_kvsname without kvsname"))?
+            .to_string();
+        let size = parse_number(
+            PMI_SIZE,
+            &env_var(PMI_SIZE).ok_or_else(|| Error::Config(format!("{PMI_SIZE} is not set")))?,
+        )?;
+        let rank = parse_number(
+            PMI_RANK,
+            &env_var(PMI_RANK).ok_or_else(|| Error::Config(format!("{PMI_RANK} is not set")))?,
+        )?;
+        Ok(Placement {
+            rank,
+            size,
+            job,
+            keylen_max,
+            vallen_max,
+        })
+    }
+
+    /// PMI-2's announcement (a PMI-1 `init` line asking for version 2), then
+    /// `fullinit` and `job-getid`.
+    fn init_pmi2(&mut self) -> Result<Placement> {
+        let wire = Wire::Pmi2;
+        let jobid = env_var(PMI_JOBID).unwrap_or_default();
+        let rank_env = env_var(PMI_RANK).unwrap_or_else(|| "0".into());
+        // A PMI-2 client announces itself with a PMI-1 line, then
+        // speaks PMI-2 frames.
+        let r = self.request(
+            Wire::Pmi1,
+            "init",
+            &[("pmi_version", "2"), ("pmi_subversion", "0")],
+        )?;
+        expect(&r, "response_to_init", "PMI-2 init")?;
+        if field(&r, "pmi_version") != Some("2") {
+            return Err(pmi_err(format!(
+                "the launcher does not speak PMI-2 (it answered pmi_version={})",
+                field(&r, "pmi_version").unwrap_or("?")
+            )));
+        }
+        let r = self.request(
+            wire,
+            "fullinit",
+            &[
+                ("pmijobid", &jobid),
+                ("pmirank", &rank_env),
+                ("threaded", "FALSE"),
+            ],
+        )?;
+        expect(&r, "fullinit-response", "PMI-2 fullinit")?;
+        let rank = parse_number("rank", field(&r, "rank").unwrap_or(&rank_env))?;
+        let size = parse_number(
+            "size",
+            field(&r, "size")
+                .map(str::to_string)
+                .or_else(|| env_var(PMI_SIZE))
+                .as_deref()
+                .unwrap_or(""),
+        )?;
+        let r = self.request(wire, "job-getid", &[])?;
+        expect(&r, "job-getid-response", "PMI-2 job-getid")?;
+        let job = field(&r, "jobid")
+            .map(str::to_string)
+            .filter(|j| !j.is_empty())
+            .unwrap_or(jobid);
+        // Slurm's and MPICH's PMI-2 limits (PMI2_MAX_KEYLEN/VALLEN).
+        Ok(Placement {
+            rank,
+            size,
+            job,
+            keylen_max: 64,
+            vallen_max: 1024,
+        })
+    }
+}
+
+impl Session {
+    fn init(wire: Wire) -> Result<Session> {
+        let stream = take_pmi_fd()?;
+        let writer = stream
+            .try_clone()
+            .map_err(|e| io_err("duplicating PMI_FD", e))?;
+        set_timeouts(&stream, Some(INIT_TIMEOUT))?;
+        let mut conn = Conn {
+            reader: BufReader::new(
+                stream
+                    .try_clone()
+                    .map_err(|e| io_err("duplicating PMI_FD", e))?,
+            ),
+            writer,
+        };
+        let placement = match wire {
+            Wire::Pmi1 => conn.init_pmi1()?,
+            Wire::Pmi2 => conn.init_pmi2()?,
+        };
+        placement.check()?;
+        let Placement {
+            rank,
+            size,
+            job,
+            keylen_max,
+            vallen_max,
+        } = placement;
         // Collectives may legitimately wait for slow peers.
-        timeouts(None)?;
+        set_timeouts(&stream, None)?;
         Ok(Session {
             wire,
             rank,
