@@ -142,10 +142,7 @@ fn parse(args: Vec<OsString>) -> Result<Option<Opts>, String> {
             "-h" | "--help" => return Ok(None),
             "-n" | "--np" => {
                 let v = value("a number of ranks")?;
-                match v.parse::<usize>() {
-                    Ok(k) if k >= 1 && k <= u32::MAX as usize => n = Some(k),
-                    _ => return Err(format!("{name} {v:?}: expected a number of ranks >= 1")),
-                }
+                n = Some(parse_ranks(&name, &v)?);
             }
             "--device" => {
                 let v = value("a device name")?;
@@ -159,42 +156,18 @@ fn parse(args: Vec<OsString>) -> Result<Option<Opts>, String> {
             "--serve" => serve = true,
             "--bind" => {
                 let v = value("an address")?;
-                bind = match (v.parse::<SocketAddr>(), v.parse::<IpAddr>()) {
-                    (Ok(a), _) => a,
-                    (_, Ok(ip)) => SocketAddr::new(ip, 0),
-                    _ => return Err(format!("--bind {v:?}: expected IP:PORT or IP")),
-                };
+                bind = parse_bind(&v)?;
             }
             "--timeout" => {
                 let v = value("a number of seconds")?;
-                match v.parse::<f64>() {
-                    Ok(t) if t > 0.0 && t < 1e9 => timeout = Some(Duration::from_secs_f64(t)),
-                    _ => {
-                        return Err(format!(
-                            "--timeout {v:?}: expected a positive number of seconds"
-                        ))
-                    }
-                }
+                timeout = Some(parse_timeout(&v)?);
             }
             _ => return Err(format!("unknown option {s:?}")),
         }
     }
     program.extend(it);
     let n = n.ok_or("-n N is required")?;
-    if serve {
-        if !program.is_empty() {
-            return Err("--serve starts no program".into());
-        }
-        if label {
-            return Err("--label has no effect with --serve".into());
-        }
-        if keep_going {
-            return Err("--keep-going has no effect with --serve".into());
-        }
-    } else if program.is_empty() {
-        return Err("no program to run".into());
-    }
-    Ok(Some(Opts {
+    let opts = Opts {
         n,
         device,
         label,
@@ -203,7 +176,55 @@ fn parse(args: Vec<OsString>) -> Result<Option<Opts>, String> {
         timeout,
         serve,
         program,
-    }))
+    };
+    check_mode(&opts)?;
+    Ok(Some(opts))
+}
+
+/// The value of `-n`/`--np` (given as `name`): a number of ranks, at least 1.
+fn parse_ranks(name: &str, v: &str) -> Result<usize, String> {
+    match v.parse::<usize>() {
+        Ok(k) if k >= 1 && k <= u32::MAX as usize => Ok(k),
+        _ => Err(format!("{name} {v:?}: expected a number of ranks >= 1")),
+    }
+}
+
+/// The value of `--bind`: IP:PORT, or IP for any free port.
+fn parse_bind(v: &str) -> Result<SocketAddr, String> {
+    match (v.parse::<SocketAddr>(), v.parse::<IpAddr>()) {
+        (Ok(a), _) => Ok(a),
+        (_, Ok(ip)) => Ok(SocketAddr::new(ip, 0)),
+        _ => Err(format!("--bind {v:?}: expected IP:PORT or IP")),
+    }
+}
+
+/// The value of `--timeout`: a positive number of seconds.
+fn parse_timeout(v: &str) -> Result<Duration, String> {
+    match v.parse::<f64>() {
+        Ok(t) if t > 0.0 && t < 1e9 => Ok(Duration::from_secs_f64(t)),
+        _ => Err(format!(
+            "--timeout {v:?}: expected a positive number of seconds"
+        )),
+    }
+}
+
+/// Checks that the options fit the mode: serve mode starts no program and
+/// takes no launch-only option; launch mode needs a program.
+fn check_mode(opts: &Opts) -> Result<(), String> {
+    if opts.serve {
+        if !opts.program.is_empty() {
+            return Err("--serve starts no program".into());
+        }
+        if opts.label {
+            return Err("--label has no effect with --serve".into());
+        }
+        if opts.keep_going {
+            return Err("--keep-going has no effect with --serve".into());
+        }
+    } else if opts.program.is_empty() {
+        return Err("no program to run".into());
+    }
+    Ok(())
 }
 
 fn main() {
@@ -462,14 +483,58 @@ fn launch(opts: &Opts) -> i32 {
             return 1;
         }
     };
-    let mut addr = server.addr();
+    let addr = address_for_ranks(server.addr());
+    let (done_tx, done_rx) = mpsc::channel();
+    let mut children = match spawn_ranks(opts, &job, addr, &secret, &done_tx) {
+        Ok(children) => children,
+        Err(code) => return code,
+    };
+    drop(done_tx);
+
+    let mut reaped: Vec<Option<ExitStatus>> = vec![None; opts.n];
+    // When each rank was seen gone (for the clean-up of its segments).
+    let mut gone_at: Vec<Option<SystemTime>> = vec![None; opts.n];
+    let outcome = watch_ranks(opts, &mut children, &mut reaped, &mut gone_at);
+    let code = report_and_stop(opts, outcome, &mut children, &mut reaped);
+    // Let the label threads print what the ranks wrote last; a grandchild
+    // that keeps a pipe open does not hold the launcher up for long.
+    if opts.label {
+        wait_for_labels(&done_rx, 2 * children.len());
+    }
+    // PSM2 names its segments after each endpoint's epid, which psm ranks
+    // stored in the bootstrap: remove what a crashed one left.
+    // (Only a rank's own record counts, and a segment still in use stays.)
+    xdev::launch::remove_psm2_shm_of_job(&server, &gone_at);
+    drop(server);
+    // Ranks unlink their shared-memory segments once all have attached; a
+    // rank that died before that leaves its segment behind: remove it.
+    xdev::bootstrap::remove_job_shm(&job);
+    code
+}
+
+/// The address ranks on this host reach the service at: `addr`, or
+/// loopback where the service listens on every address.
+fn address_for_ranks(mut addr: SocketAddr) -> SocketAddr {
     if addr.ip().is_unspecified() {
         addr.set_ip(match addr.ip() {
             IpAddr::V4(_) => IpAddr::V4(Ipv4Addr::LOCALHOST),
             IpAddr::V6(_) => IpAddr::V6(Ipv6Addr::LOCALHOST),
         });
     }
-    let (done_tx, done_rx) = mpsc::channel();
+    addr
+}
+
+/// Starts the N ranks, each in its own process group, with `--label`'s
+/// forwarding threads (each says on `done` when its stream ends). When one
+/// cannot be started, stops those already running and returns the exit
+/// code (127 for a program not found, else 126).
+fn spawn_ranks(
+    opts: &Opts,
+    job: &str,
+    addr: SocketAddr,
+    secret: &Secret,
+    done: &mpsc::Sender<()>,
+) -> Result<Vec<Child>, i32> {
     let mut children: Vec<Child> = Vec::with_capacity(opts.n);
     for rank in 0..opts.n {
         let mut cmd = xdev::launch::rank_command(
@@ -477,9 +542,9 @@ fn launch(opts: &Opts) -> i32 {
             &opts.program[1..],
             rank,
             opts.n,
-            &job,
+            job,
             addr,
-            &secret,
+            secret,
         );
         cmd.process_group(0);
         match &opts.device {
@@ -492,10 +557,10 @@ fn launch(opts: &Opts) -> i32 {
         match cmd.spawn() {
             Ok(mut child) => {
                 if let Some(out) = child.stdout.take() {
-                    forward(rank, out, false, done_tx.clone());
+                    forward(rank, out, false, done.clone());
                 }
                 if let Some(err) = child.stderr.take() {
-                    forward(rank, err, true, done_tx.clone());
+                    forward(rank, err, true, done.clone());
                 }
                 children.push(child);
             }
@@ -506,76 +571,102 @@ fn launch(opts: &Opts) -> i32 {
                 );
                 let mut reaped = vec![None; children.len()];
                 stop_all(&mut children, &mut reaped, libc::SIGTERM);
-                return if e.kind() == std::io::ErrorKind::NotFound {
+                return Err(if e.kind() == std::io::ErrorKind::NotFound {
                     127
                 } else {
                     126
-                };
+                });
             }
         }
     }
-    drop(done_tx);
+    Ok(children)
+}
 
+/// Watches the ranks until the job ends: all ranks exited, one failed
+/// (without `--keep-going`), a signal came, or the timeout passed.
+fn watch_ranks(
+    opts: &Opts,
+    children: &mut [Child],
+    reaped: &mut [Option<ExitStatus>],
+    gone_at: &mut [Option<SystemTime>],
+) -> Outcome {
     let deadline = opts.timeout.map(|t| Instant::now() + t);
-    let mut reaped: Vec<Option<ExitStatus>> = vec![None; opts.n];
-    // When each rank was seen gone (for the clean-up of its segments).
-    let mut gone_at: Vec<Option<SystemTime>> = vec![None; opts.n];
     // With --keep-going: the first failure, reported when all have ended.
     let mut first_failure: Option<(usize, ExitStatus)> = None;
-    let outcome = loop {
-        let mut failed = None;
-        for (rank, (c, st)) in children.iter_mut().zip(reaped.iter_mut()).enumerate() {
-            if st.is_some() {
-                continue;
-            }
-            match c.try_wait() {
-                Ok(Some(s)) => {
-                    *st = Some(s);
-                    gone_at[rank] = Some(SystemTime::now());
-                    if !s.success() && failed.is_none() {
-                        failed = Some((rank, s));
-                    }
-                }
-                Ok(None) => {}
-                Err(e) => {
-                    eprintln!("xdev-run: cannot wait for rank {rank}: {e}");
-                    let s = ExitStatus::from_raw(1 << 8);
-                    *st = Some(s);
-                    gone_at[rank] = Some(SystemTime::now());
-                    failed = failed.or(Some((rank, s)));
-                }
-            }
-        }
-        if let Some((rank, s)) = failed {
+    loop {
+        if let Some((rank, s)) = reap_exited(children, reaped, gone_at) {
             if !opts.keep_going {
-                break Outcome::RankFailed(rank, s);
+                return Outcome::RankFailed(rank, s);
             }
             let (_, how) = describe(s);
             eprintln!("xdev-run: rank {rank} {how}; the others go on (--keep-going)");
             first_failure = first_failure.or(Some((rank, s)));
         }
         if reaped.iter().all(Option::is_some) {
-            break match first_failure {
+            return match first_failure {
                 Some((rank, s)) => Outcome::KeptGoing(rank, s),
                 None => Outcome::Success,
             };
         }
         let sig = SIGNALLED.load(Ordering::SeqCst);
         if sig != 0 {
-            break Outcome::Signalled(sig);
+            return Outcome::Signalled(sig);
         }
         if deadline.is_some_and(|d| Instant::now() >= d) {
-            break Outcome::Timeout;
+            return Outcome::Timeout;
         }
         thread::sleep(POLL);
-    };
+    }
+}
+
+/// Reaps the ranks that have exited since the last look, noting when each
+/// was seen gone; returns the first of them that failed.
+fn reap_exited(
+    children: &mut [Child],
+    reaped: &mut [Option<ExitStatus>],
+    gone_at: &mut [Option<SystemTime>],
+) -> Option<(usize, ExitStatus)> {
+    let mut failed = None;
+    for (rank, (c, st)) in children.iter_mut().zip(reaped.iter_mut()).enumerate() {
+        if st.is_some() {
+            continue;
+        }
+        match c.try_wait() {
+            Ok(Some(s)) => {
+                *st = Some(s);
+                gone_at[rank] = Some(SystemTime::now());
+                if !s.success() && failed.is_none() {
+                    failed = Some((rank, s));
+                }
+            }
+            Ok(None) => {}
+            Err(e) => {
+                eprintln!("xdev-run: cannot wait for rank {rank}: {e}");
+                let s = ExitStatus::from_raw(1 << 8);
+                *st = Some(s);
+                gone_at[rank] = Some(SystemTime::now());
+                failed = failed.or(Some((rank, s)));
+            }
+        }
+    }
+    failed
+}
+
+/// Says how the job ended, stops the ranks still running where the outcome
+/// asks for it, and returns xdev-run's exit code.
+fn report_and_stop(
+    opts: &Opts,
+    outcome: Outcome,
+    children: &mut [Child],
+    reaped: &mut [Option<ExitStatus>],
+) -> i32 {
     let left = reaped.iter().filter(|s| s.is_none()).count();
     let stopping = if left > 0 {
         format!("; stopping the {left} rank(s) still running")
     } else {
         String::new()
     };
-    let code = match outcome {
+    match outcome {
         Outcome::Success => 0,
         Outcome::KeptGoing(rank, s) => {
             let (code, how) = describe(s);
@@ -585,7 +676,7 @@ fn launch(opts: &Opts) -> i32 {
         Outcome::RankFailed(rank, s) => {
             let (code, how) = describe(s);
             eprintln!("xdev-run: rank {rank} {how}{stopping}");
-            stop_all(&mut children, &mut reaped, libc::SIGTERM);
+            stop_all(children, reaped, libc::SIGTERM);
             code
         }
         Outcome::Timeout => {
@@ -593,7 +684,7 @@ fn launch(opts: &Opts) -> i32 {
                 "xdev-run: timeout: the job did not finish within {:?}{stopping}",
                 opts.timeout.unwrap_or_default()
             );
-            stop_all(&mut children, &mut reaped, libc::SIGTERM);
+            stop_all(children, reaped, libc::SIGTERM);
             124
         }
         Outcome::Signalled(sig) => {
@@ -606,29 +697,20 @@ fn launch(opts: &Opts) -> i32 {
                     String::new()
                 }
             );
-            stop_all(&mut children, &mut reaped, sig);
+            stop_all(children, reaped, sig);
             128 + sig
         }
-    };
-    // Let the label threads print what the ranks wrote last; a grandchild
-    // that keeps a pipe open does not hold the launcher up for long.
-    if opts.label {
-        let until = Instant::now() + GRACE;
-        let streams = 2 * children.len();
-        for _ in 0..streams {
-            let left = until.saturating_duration_since(Instant::now());
-            if done_rx.recv_timeout(left).is_err() {
-                break;
-            }
+    }
+}
+
+/// Waits up to [`GRACE`] for the `streams` label threads to forward the
+/// last of the ranks' output.
+fn wait_for_labels(done: &mpsc::Receiver<()>, streams: usize) {
+    let until = Instant::now() + GRACE;
+    for _ in 0..streams {
+        let left = until.saturating_duration_since(Instant::now());
+        if done.recv_timeout(left).is_err() {
+            break;
         }
     }
-    // PSM2 names its segments after each endpoint's epid, which psm ranks
-    // stored in the bootstrap: remove what a crashed one left.
-    // (Only a rank's own record counts, and a segment still in use stays.)
-    xdev::launch::remove_psm2_shm_of_job(&server, &gone_at);
-    drop(server);
-    // Ranks unlink their shared-memory segments once all have attached; a
-    // rank that died before that leaves its segment behind: remove it.
-    xdev::bootstrap::remove_job_shm(&job);
-    code
 }
