@@ -152,7 +152,7 @@ pub(crate) unsafe trait Medium: Send + Sync + Sized + 'static {
     // ---------------------------------------------------- sending
 
     /// Whether a rendezvous to `d` may start now (else it waits, in order).
-    fn may_start_rndv(_l: &Local<Self>, _d: Rank) -> bool {
+    fn may_start_rndv(_e: &Engine<Self>, _l: &Local<Self>, _d: Rank) -> bool {
         true
     }
     /// Publishes a send that waits for its receiver (rendezvous or

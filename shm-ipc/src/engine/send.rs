@@ -40,7 +40,7 @@ impl<M: Medium> Engine<M> {
         if waits && out.eager_only {
             return Sent::Full;
         }
-        if !eager && !M::may_start_rndv(l, dest) {
+        if !eager && !M::may_start_rndv(self, l, dest) {
             // The receiver holds a window's worth of ours: wait (in order,
             // like a full ring) until one finishes.
             return Sent::Full;
