@@ -20,7 +20,9 @@ use std::sync::Arc;
 
 use xdev::matching::{MatchingEngine, PostedId};
 use xdev::target::{lost, BlockingRecv, Pending, Target};
-use xdev::{Context, CoreRef, Envelope, Error, Pattern, Rank, Result, Source, Status, Tag, Tracker};
+use xdev::{
+    Context, CoreRef, Envelope, Error, Pattern, Rank, Result, Source, Status, Tag, Tracker,
+};
 
 use crate::doorbell::DoorbellRef;
 use crate::futex::Scope;
@@ -95,8 +97,7 @@ pub(crate) unsafe trait Medium: Send + Sync + Sized + 'static {
     ///
     /// # Safety
     /// Called at most once per ring message, `msg` at the head of `s`'s ring.
-    unsafe fn take_rndv(e: &Engine<Self>, l: &Local<Self>, s: Rank, msg: &Incoming)
-        -> Self::Rndv;
+    unsafe fn take_rndv(e: &Engine<Self>, l: &Local<Self>, s: Rank, msg: &Incoming) -> Self::Rndv;
     /// Checks a message read from `s`'s ring (`Err`: a protocol violation).
     fn admit(_e: &Engine<Self>, _l: &mut Local<Self>, _s: Rank, _h: &Header) -> Result<(), String> {
         Ok(())
@@ -156,17 +157,8 @@ pub(crate) unsafe trait Medium: Send + Sync + Sized + 'static {
         true
     }
     /// Publishes a send that waits for its receiver (rendezvous or
-    /// synchronous): `header` and `payload` are made, the cookie is the
-    /// medium's. `request`: the send's request, or `None` for a blocking
-    /// send, whose waiter comes back in `Sent::Waiting`.
-    fn publish(
-        e: &Engine<Self>,
-        l: &mut Local<Self>,
-        out: &Outgoing<'_>,
-        header: Header,
-        payload: &[u8],
-        request: Option<&CoreRef>,
-    ) -> Sent<Self::Waiter>;
+    /// synchronous); see [`Publication`].
+    fn publish(e: &Engine<Self>, l: &mut Local<Self>, p: Publication<'_>) -> Sent<Self::Waiter>;
     /// Waits until a published blocking send is done.
     fn wait_send(e: &Engine<Self>, w: &Self::Waiter) -> Result<()>;
     /// Ends a blocking send's call, an unwind included: returns once the
@@ -200,14 +192,8 @@ pub(crate) unsafe trait Medium: Send + Sync + Sized + 'static {
 /// A message the receiver keeps before a receive matches it (the unexpected
 /// queue's entry).
 pub(crate) enum Unexpected<M: Medium> {
-    Eager {
-        data: Vec<u8>,
-        sync: Option<M::Ack>,
-    },
-    Rndv {
-        len: usize,
-        start: M::Rndv,
-    },
+    Eager { data: Vec<u8>, sync: Option<M::Ack> },
+    Rndv { len: usize, start: M::Rndv },
 }
 
 impl<M: Medium> Unexpected<M> {
@@ -248,6 +234,17 @@ impl Outgoing<'_> {
             context: self.context,
         }
     }
+}
+
+/// A send that waits for its receiver, ready to publish: `header` and
+/// `payload` are made, the cookie is the medium's to set.
+pub(crate) struct Publication<'a> {
+    pub(crate) out: &'a Outgoing<'a>,
+    pub(crate) header: Header,
+    pub(crate) payload: &'a [u8],
+    /// The send's request, or `None` for a blocking send, whose waiter
+    /// comes back in `Sent::Waiting`.
+    pub(crate) request: Option<&'a CoreRef>,
 }
 
 /// What became of a send.
@@ -368,6 +365,18 @@ impl<M: Medium> Local<M> {
     }
 }
 
+/// The `ring_bytes` option of `config` (`default` if unset): bytes per
+/// pair ring, between 4 KiB and 1 GiB.
+pub(crate) fn ring_bytes_option(config: &xdev::Config, default: usize) -> Result<usize> {
+    let ring_bytes: usize = config.option("ring_bytes", default)?;
+    if !(4096..=(1 << 30)).contains(&ring_bytes) {
+        return Err(Error::Config(
+            "ring_bytes must be between 4 KiB and 1 GiB".into(),
+        ));
+    }
+    Ok(ring_bytes)
+}
+
 /// The limits of a rank, fixed at start-up.
 pub(crate) struct Limits {
     pub(crate) rank: Rank,
@@ -469,6 +478,21 @@ impl<M: Medium> Engine<M> {
         } else {
             Ok(())
         }
+    }
+
+    /// Makes progress until `done` (with `until_closed`, or until the
+    /// engine closed).
+    pub(crate) fn wait_until(&self, until_closed: bool, done: impl Fn() -> bool) -> Result<()> {
+        self.block_until(
+            until_closed,
+            |eng, l| {
+                if !done() {
+                    eng.progress_locked(l, None);
+                }
+                Ok(done())
+            },
+            &done,
+        )
     }
 
     /// Rings rank `r`'s doorbell.
@@ -591,11 +615,23 @@ macro_rules! device_over_engine {
                 self.engine.size
             }
 
-            fn send(&self, buf: &[u8], dest: xdev::Rank, tag: xdev::Tag, cx: xdev::Context) -> xdev::Result<()> {
+            fn send(
+                &self,
+                buf: &[u8],
+                dest: xdev::Rank,
+                tag: xdev::Tag,
+                cx: xdev::Context,
+            ) -> xdev::Result<()> {
                 self.engine.blocking_send(buf, dest, tag, cx, false)
             }
 
-            fn ssend(&self, buf: &[u8], dest: xdev::Rank, tag: xdev::Tag, cx: xdev::Context) -> xdev::Result<()> {
+            fn ssend(
+                &self,
+                buf: &[u8],
+                dest: xdev::Rank,
+                tag: xdev::Tag,
+                cx: xdev::Context,
+            ) -> xdev::Result<()> {
                 self.engine.blocking_send(buf, dest, tag, cx, true)
             }
 
@@ -606,28 +642,59 @@ macro_rules! device_over_engine {
                 tag: xdev::TagSel,
                 cx: xdev::Context,
             ) -> xdev::Result<xdev::Status> {
-                self.engine.recv_into(buf, xdev::Pattern::new(source, tag, cx))
+                self.engine
+                    .recv_into(buf, xdev::Pattern::new(source, tag, cx))
             }
 
-            fn isend(&self, buf: xdev::Buffer, dest: xdev::Rank, tag: xdev::Tag, cx: xdev::Context) -> xdev::Request {
+            fn isend(
+                &self,
+                buf: xdev::Buffer,
+                dest: xdev::Rank,
+                tag: xdev::Tag,
+                cx: xdev::Context,
+            ) -> xdev::Request {
                 self.engine.start_send(buf, dest, tag, cx, false)
             }
 
-            fn issend(&self, buf: xdev::Buffer, dest: xdev::Rank, tag: xdev::Tag, cx: xdev::Context) -> xdev::Request {
+            fn issend(
+                &self,
+                buf: xdev::Buffer,
+                dest: xdev::Rank,
+                tag: xdev::Tag,
+                cx: xdev::Context,
+            ) -> xdev::Request {
                 self.engine.start_send(buf, dest, tag, cx, true)
             }
 
-            fn irecv(&self, buf: xdev::Buffer, source: xdev::Source, tag: xdev::TagSel, cx: xdev::Context) -> xdev::Request {
-                self.engine.start_recv(buf, xdev::Pattern::new(source, tag, cx))
+            fn irecv(
+                &self,
+                buf: xdev::Buffer,
+                source: xdev::Source,
+                tag: xdev::TagSel,
+                cx: xdev::Context,
+            ) -> xdev::Request {
+                self.engine
+                    .start_recv(buf, xdev::Pattern::new(source, tag, cx))
             }
 
-            fn probe(&self, source: xdev::Source, tag: xdev::TagSel, cx: xdev::Context) -> xdev::Result<xdev::Status> {
+            fn probe(
+                &self,
+                source: xdev::Source,
+                tag: xdev::TagSel,
+                cx: xdev::Context,
+            ) -> xdev::Result<xdev::Status> {
                 let pattern = xdev::Pattern::new(source, tag, cx);
                 self.engine.probe(pattern, true)?.ok_or(xdev::Error::Closed)
             }
 
-            fn iprobe(&self, source: xdev::Source, tag: xdev::TagSel, cx: xdev::Context) -> xdev::Result<Option<xdev::Status>> {
-                self.engine.probe(xdev::Pattern::new(source, tag, cx), false)
+            fn iprobe(
+                &self,
+                source: xdev::Source,
+                tag: xdev::TagSel,
+                cx: xdev::Context,
+            ) -> xdev::Result<Option<xdev::Status>> {
+                self.engine
+                    .probe(xdev::Pattern::new(source, tag, cx), false)
             }
 
             fn peek(&self) -> xdev::Result<Option<xdev::Peeked>> {

@@ -167,7 +167,8 @@ impl<M: Medium> Engine<M> {
         let mut l = self.lock();
         if self.closing.load(Ordering::Acquire) {
             // `finish` may be past its wait for queued sends (see `start_recv`).
-            self.tracker.complete(core, Status::failed(env, Error::Closed));
+            self.tracker
+                .complete(core, Status::failed(env, Error::Closed));
         } else if l.gone[dest] {
             let err = gone_error(&l, dest);
             self.tracker.complete(core, Status::failed(env, err));
@@ -180,7 +181,13 @@ impl<M: Medium> Engine<M> {
     }
 
     /// A request that failed before it started.
-    fn refused(self: &Arc<Self>, kind: RequestKind, buf: Buffer, env: Envelope, e: Error) -> Request {
+    fn refused(
+        self: &Arc<Self>,
+        kind: RequestKind,
+        buf: Buffer,
+        env: Envelope,
+        e: Error,
+    ) -> Request {
         let core = self.tracker.rejected(kind, buf, Status::failed(env, e));
         Request::new(core, self.clone())
     }

@@ -171,16 +171,7 @@ impl<M: Medium> Progress for Engine<M> {
     }
 
     fn wait(&self, core: &RequestCore) {
-        let _ = self.block_until(
-            true,
-            |eng, l| {
-                if !core.is_done() {
-                    eng.progress_locked(l, None);
-                }
-                Ok(core.is_done())
-            },
-            || core.is_done(),
-        );
+        let _ = self.wait_until(true, || core.is_done());
         // A closed device completes every request it holds (receives fail with
         // Closed); spin out the tiny window before that completion lands.
         while !core.is_done() {

@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 use xdev::target::Pending;
 use xdev::{CoreRef, Error, Rank, Status};
 
-use super::{gone_error, Engine, Local, Medium, Outgoing, Sent};
+use super::{gone_error, Engine, Local, Medium, Outgoing, Publication, Sent};
 use crate::ring::Header;
 use crate::wire::{ENTRY_CHARGE, FLAG_SYNC, KIND_EAGER, KIND_RNDV};
 
@@ -65,7 +65,13 @@ impl<M: Medium> Engine<M> {
         let addr = (out.data.as_ptr() as u64).to_le_bytes();
         let payload = if eager { out.data } else { &addr[..] };
         if waits {
-            return M::publish(self, l, out, header, payload, request);
+            let p = Publication {
+                out,
+                header,
+                payload,
+                request,
+            };
+            return M::publish(self, l, p);
         }
         match self.push_message(l, dest, &header, payload) {
             Ok(true) => Sent::Complete,

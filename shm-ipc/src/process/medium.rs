@@ -8,12 +8,12 @@ use std::sync::{Arc, Mutex};
 
 use xdev::bootstrap::Bootstrap;
 use xdev::target::{BlockingRecv, BlockingSend, SendOwner, Target};
-use xdev::{CoreRef, Envelope, Error, Rank, Result, Status};
+use xdev::{Envelope, Error, Rank, Result, Status};
 
 use super::rendezvous::{InStream, Later, OutSend, PendingCopy, RndvStart, SplitRecv};
 use super::{ProcessOptions, RendezvousPath};
 use crate::doorbell::DoorbellRef;
-use crate::engine::{Direct, Engine, Local, Medium, Outcome, Outgoing, Sent};
+use crate::engine::{Direct, Engine, Local, Medium, Outcome, Publication, Sent};
 use crate::futex::Scope;
 use crate::liveness::PeerWatch;
 use crate::lock::RankGuard;
@@ -253,13 +253,12 @@ unsafe impl Medium for ProcessMedium {
     }
 
     fn abandon(e: &Eng, mut l: RankGuard<'_, Loc>, b: &Arc<BlockingRecv>) {
-        let abandoned: Vec<(Rank, u64)> = l
-            .m
-            .streams_in
-            .iter()
-            .filter(|(_, s)| s.target.is(b))
-            .map(|(k, _)| *k)
-            .collect();
+        let abandoned: Vec<(Rank, u64)> =
+            l.m.streams_in
+                .iter()
+                .filter(|(_, s)| s.target.is(b))
+                .map(|(k, _)| *k)
+                .collect();
         for k in abandoned {
             l.m.streams_in.remove(&k);
             Self::stream_ended(&mut l, k.0);
@@ -283,15 +282,8 @@ unsafe impl Medium for ProcessMedium {
         l.m.rndv_out[d] < e.m.sh.opts.rndv_window
     }
 
-    fn publish(
-        e: &Eng,
-        l: &mut Loc,
-        out: &Outgoing<'_>,
-        header: Header,
-        payload: &[u8],
-        request: Option<&CoreRef>,
-    ) -> Sent<Arc<BlockingSend>> {
-        Self::publish_send(e, l, out, header, payload, request)
+    fn publish(e: &Eng, l: &mut Loc, p: Publication<'_>) -> Sent<Arc<BlockingSend>> {
+        Self::publish_send(e, l, p)
     }
 
     fn wait_send(e: &Eng, w: &Arc<BlockingSend>) -> Result<()> {
@@ -368,7 +360,12 @@ unsafe impl Medium for ProcessMedium {
 
     fn finished(&self) {
         // No more reads of our memory are needed.
-        drop(self.ptracer.lock().unwrap_or_else(|p| p.into_inner()).take());
+        drop(
+            self.ptracer
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .take(),
+        );
     }
 
     fn before_drop(&self) {

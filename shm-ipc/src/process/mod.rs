@@ -5,7 +5,7 @@
 //! its [inbox segment](crate::segment) (one ring per sender, its doorbell,
 //! its state word and the eager credit it returns), publishes the name, its
 //! pid and a probe address with an allgather, maps every peer's inbox, starts
-//! a [`PeerWatch`] on the peers' pids, and after a barrier unlinks its own
+//! a [`PeerWatch`](crate::liveness::PeerWatch) on the peers' pids, and after a barrier unlinks its own
 //! segment. Then:
 //!
 //! * **Eager** (payload up to `eager_limit`): the payload is written into the
@@ -32,14 +32,14 @@
 //!   replies in a per-destination control queue, fragments in the stream
 //!   queue. Unexpected eager data is bounded per sender by `credit_bytes`
 //!   (enforced by the sender, checked by the receiver).
-//! * **Dead peers**: the [`PeerWatch`] thread notices a peer's exit at once
+//! * **Dead peers**: the [`PeerWatch`](crate::liveness::PeerWatch) thread notices a peer's exit at once
 //!   (pidfd), a peer that finishes marks its state word; either way every
 //!   rank's waits are woken, requests involving the peer fail with
-//!   [`Error::PeerLost`], new operations to it fail at once, and what it sent
+//!   [`Error::PeerLost`](xdev::Error::PeerLost), new operations to it fail at once, and what it sent
 //!   before is still delivered.
 //! * **Hostile peers**: everything read from shared memory is validated
 //!   (ring headers, reply ids, fragment offsets, credit counters, segment
-//!   headers); a violation fails that peer with [`Error::Protocol`] and its
+//!   headers); a violation fails that peer with [`Error::Protocol`](xdev::Error::Protocol) and its
 //!   ring is not read again. Rendezvous addresses are only ever used in
 //!   `process_vm_readv` on the sender's address space, checked by the kernel.
 //!

@@ -40,7 +40,7 @@ impl std::str::FromStr for CmaMode {
     }
 }
 
-/// The rendezvous path found at start-up (see [`ProcessDevice::rendezvous`]).
+/// The rendezvous path found at start-up (see [`ProcessDevice::rendezvous`](super::ProcessDevice::rendezvous)).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum RendezvousPath {
     /// One copy with `process_vm_readv`.
@@ -115,12 +115,7 @@ impl ProcessOptions {
     /// Defaults for `config.size`, overridden by its options.
     pub fn from_config(config: &Config) -> Result<Self> {
         let d = Self::for_size(config.size);
-        let ring_bytes: usize = config.option("ring_bytes", d.ring_bytes)?;
-        if !(4096..=(1 << 30)).contains(&ring_bytes) {
-            return Err(Error::Config(
-                "ring_bytes must be between 4 KiB and 1 GiB".into(),
-            ));
-        }
+        let ring_bytes = crate::engine::ring_bytes_option(config, d.ring_bytes)?;
         let cma = match config.options.get("cma") {
             None => d.cma,
             Some(v) => v.parse().map_err(Error::Config)?,

@@ -6,10 +6,10 @@
 use std::sync::Arc;
 
 use xdev::target::{lost, BlockingRecv, BlockingSend, SendOwner, Target};
-use xdev::{CoreRef, Envelope, Error, Rank, Result, Status};
+use xdev::{Envelope, Error, Rank, Result, Status};
 
 use super::medium::{Eng, Loc, ProcessMedium};
-use crate::engine::{Direct, Outcome, Outgoing, Sent};
+use crate::engine::{Direct, Outcome, Publication, Sent};
 use crate::ring::Header;
 use crate::wire::{FLAG_FAILED, KIND_DATA, KIND_FIN, KIND_PULL, KIND_RNDV, KIND_WRITE, SPLIT_PAGE};
 
@@ -384,11 +384,14 @@ impl ProcessMedium {
     pub(super) fn publish_send(
         e: &Eng,
         l: &mut Loc,
-        out: &Outgoing<'_>,
-        mut header: Header,
-        payload: &[u8],
-        request: Option<&CoreRef>,
+        p: Publication<'_>,
     ) -> Sent<Arc<BlockingSend>> {
+        let Publication {
+            out,
+            mut header,
+            payload,
+            request,
+        } = p;
         let id = l.m.next_id;
         header.cookie = id;
         let rndv = header.kind == KIND_RNDV;
@@ -431,16 +434,7 @@ impl ProcessMedium {
         if w.is_done() {
             return;
         }
-        let _ = e.block_until(
-            false,
-            |eng, l| {
-                if !w.is_done() {
-                    eng.progress_locked(l, None);
-                }
-                Ok(w.is_done())
-            },
-            || w.is_done(),
-        );
+        let _ = e.wait_until(false, || w.is_done());
     }
 
     /// Pushes fragments of `PULL`ed sends while their rings have room.

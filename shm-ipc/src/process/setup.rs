@@ -225,16 +225,15 @@ fn exchange(
         } else {
             // The serving process must be the one the record names (the
             // kernel says who serves), and the inbox's header must name it.
-            let fds =
-                crate::fd_pass::take(&i.segment, segment::SHARED_FDS, i.pid).map_err(|e| {
-                    match e.kind() {
-                        std::io::ErrorKind::PermissionDenied => Error::Protocol {
-                            rank: r,
-                            what: format!("rank {r}'s record: {e}"),
-                        },
-                        _ => Error::transport(format!("receiving rank {r}'s inbox"), e),
-                    }
-                })?;
+            let fds = crate::fd_pass::take(&i.segment, segment::SHARED_FDS, i.pid).map_err(
+                |e| match e.kind() {
+                    std::io::ErrorKind::PermissionDenied => Error::Protocol {
+                        rank: r,
+                        what: format!("rank {r}'s record: {e}"),
+                    },
+                    _ => Error::transport(format!("receiving rank {r}'s inbox"), e),
+                },
+            )?;
             Some(Inbox::attach(fds, r, rank, i.pid, layout)?)
         });
     }
@@ -245,9 +244,7 @@ fn exchange(
     // goes anywhere (SECURITY.md, "Whom a rank trusts").
     server
         .join()
-        .map_err(|_| {
-            Error::transport("handing out the inbox", std::io::Error::other("panicked"))
-        })?
+        .map_err(|_| Error::transport("handing out the inbox", std::io::Error::other("panicked")))?
         .map_err(|e| match e.kind() {
             std::io::ErrorKind::PermissionDenied => Error::Protocol {
                 rank,
@@ -301,9 +298,9 @@ fn choose_path(sh: &Shared, infos: &[PeerInfo], cma_wanted: bool) -> RendezvousP
             Ok(()) => {
                 RendezvousPath::Pipelined(format!("CMA probe of rank {p} read the wrong value"))
             }
-            Err(e) => RendezvousPath::Pipelined(format!(
-                "process_vm_readv from rank {p} refused: {e}"
-            )),
+            Err(e) => {
+                RendezvousPath::Pipelined(format!("process_vm_readv from rank {p} refused: {e}"))
+            }
         }
     }
 }

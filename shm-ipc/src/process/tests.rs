@@ -17,8 +17,7 @@ fn pair(options: &[(&str, &str)]) -> (ProcessDevice, ProcessDevice) {
     );
     let secret = Secret::generate().unwrap();
     let server =
-        BootstrapServer::start("127.0.0.1:0".parse().unwrap(), 2, &job, secret.clone())
-            .unwrap();
+        BootstrapServer::start("127.0.0.1:0".parse().unwrap(), 2, &job, secret.clone()).unwrap();
     let addr = server.addr();
     let mut devs: Vec<ProcessDevice> = std::thread::scope(|s| {
         let hs: Vec<_> = (0..2)
@@ -45,7 +44,11 @@ fn pair(options: &[(&str, &str)]) -> (ProcessDevice, ProcessDevice) {
 /// protocol (a buggy or hostile peer).
 fn raw_push(from: &ProcessDevice, to: Rank, h: Header, payload: &[u8]) -> bool {
     let mut l = from.engine.lock();
-    let ok = from.engine.producer(&mut l, to).try_push(&h, payload).unwrap();
+    let ok = from
+        .engine
+        .producer(&mut l, to)
+        .try_push(&h, payload)
+        .unwrap();
     from.engine.m.sh.wake(to);
     ok
 }
@@ -100,8 +103,8 @@ fn an_irecv_leaves_its_cma_copy_to_the_next_progress() {
             while !d0.engine.m.sh.mine.ring(1).has_message() {}
         }
         // Round 2: another receive is posted first (the queued path).
-        let other = (round == 2)
-            .then(|| d0.irecv(Buffer::zeroed(8), Source::Rank(1), TagSel::Tag(6), 3));
+        let other =
+            (round == 2).then(|| d0.irecv(Buffer::zeroed(8), Source::Rank(1), TagSel::Tag(6), 3));
         let r = d0.irecv(
             Buffer::zeroed(big.len()),
             Source::Rank(1),
@@ -221,8 +224,7 @@ fn finish_racing_with_posts_leaves_no_request_behind() {
                     let mut reqs = Vec::new();
                     go.wait();
                     loop {
-                        let r =
-                            d0.irecv(Buffer::zeroed(8), Source::Rank(1), TagSel::Tag(tag), 0);
+                        let r = d0.irecv(Buffer::zeroed(8), Source::Rank(1), TagSel::Tag(tag), 0);
                         match r.test() {
                             Ok(c) if c.status.error == Some(Error::Closed) => break,
                             Ok(c) => panic!("unexpected completion {:?}", c.status),
@@ -339,8 +341,7 @@ fn ptrace_is_allowed_only_while_cma_is_used() {
             };
             // SAFETY: the local iovec points at our own `got`; the remote
             // one is checked by the kernel.
-            let n =
-                unsafe { libc::process_vm_readv(libc::getppid(), &local, 1, &remote, 1, 0) };
+            let n = unsafe { libc::process_vm_readv(libc::getppid(), &local, 1, &remote, 1, 0) };
             let code = if n == 8 && got == 0x5eed_cafe { 0 } else { 1 };
             // SAFETY: ends the forked child without running anything else.
             unsafe { libc::_exit(code) };

@@ -9,9 +9,8 @@ use xdev::target::{lost, Target};
 use xdev::{CoreRef, Envelope, Rank, Result, Status, Tracker};
 
 use super::{ThreadMedium, World};
-use crate::engine::{Direct, Engine, Local, Outcome, Outgoing, Sent};
+use crate::engine::{Direct, Engine, Local, Outcome, Publication, Sent};
 use crate::futex::Scope;
-use crate::ring::Header;
 
 const OFFERED: u8 = 0;
 const CLAIMED: u8 = 1;
@@ -156,7 +155,13 @@ impl ThreadMedium {
 
     /// A rendezvous left for later, matched to `target`: a request's copy
     /// waits for the next progress, a blocking receive's is done now.
-    pub(super) fn settle_pull(e: &Eng, l: &mut Loc, env: Envelope, hand: Arc<Handoff>, target: Target) {
+    pub(super) fn settle_pull(
+        e: &Eng,
+        l: &mut Loc,
+        env: Envelope,
+        hand: Arc<Handoff>,
+        target: Target,
+    ) {
         if matches!(target, Target::Request(_)) {
             l.m.pulls.push_back(PendingPull { env, hand, target });
         } else {
@@ -166,11 +171,7 @@ impl ThreadMedium {
         }
     }
 
-    pub(super) fn pull_into(
-        env: Envelope,
-        hand: Arc<Handoff>,
-        d: &mut Direct<'_, Arc<Handoff>>,
-    ) {
+    pub(super) fn pull_into(env: Envelope, hand: Arc<Handoff>, d: &mut Direct<'_, Arc<Handoff>>) {
         d.status = Some(hand.pull(env, d.buf.as_mut_ptr(), d.buf.len()));
     }
 
@@ -187,14 +188,9 @@ impl ThreadMedium {
     }
 
     /// Publishes a send that waits: its handoff goes into the ring.
-    pub(super) fn publish_handoff(
-        e: &Eng,
-        l: &mut Loc,
-        out: &Outgoing<'_>,
-        mut header: Header,
-        payload: &[u8],
-        request: Option<&CoreRef>,
-    ) -> Sent<Arc<Handoff>> {
+    pub(super) fn publish_handoff(e: &Eng, l: &mut Loc, p: Publication<'_>) -> Sent<Arc<Handoff>> {
+        let (out, request) = (p.out, p.request);
+        let mut header = p.header;
         let hand = Arc::new(Handoff {
             state: AtomicU8::new(OFFERED),
             data: out.data.as_ptr(),
@@ -207,7 +203,7 @@ impl ThreadMedium {
             sender: e.rank,
         });
         header.cookie = hand.clone().into_cookie();
-        let pushed = e.push_message(l, out.dest, &header, payload);
+        let pushed = e.push_message(l, out.dest, &header, p.payload);
         if pushed != Ok(true) {
             // SAFETY: the cookie was made just above and never published.
             drop(unsafe { Handoff::from_cookie(header.cookie) });

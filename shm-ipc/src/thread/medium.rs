@@ -11,11 +11,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use xdev::target::BlockingRecv;
-use xdev::{CoreRef, Envelope, Error, Rank, Result};
+use xdev::{Envelope, Error, Rank, Result};
 
 use super::{Handoff, PendingPull, World, CLOSED, DEAD};
 use crate::doorbell::DoorbellRef;
-use crate::engine::{Direct, Engine, Local, Medium, Outcome, Outgoing, Sent, Unexpected};
+use crate::engine::{Direct, Engine, Local, Medium, Outcome, Publication, Sent, Unexpected};
 use crate::futex::Scope;
 use crate::lock::RankGuard;
 use crate::ring::{Header, Incoming, RingRef};
@@ -96,7 +96,9 @@ unsafe impl Medium for ThreadMedium {
 
     fn returned_credit(&self, d: Rank) -> u64 {
         // Acquire pairs with the receiver's Release store of its credit.
-        self.world.ranks[d].freed[self.rank].0.load(Ordering::Acquire)
+        self.world.ranks[d].freed[self.rank]
+            .0
+            .load(Ordering::Acquire)
     }
 
     fn return_credit(&self, s: Rank, bytes: u64) {
@@ -205,15 +207,8 @@ unsafe impl Medium for ThreadMedium {
 
     fn abandon(_: &Eng, _: RankGuard<'_, Loc>, _: &Arc<BlockingRecv>) {}
 
-    fn publish(
-        e: &Eng,
-        l: &mut Loc,
-        out: &Outgoing<'_>,
-        header: Header,
-        payload: &[u8],
-        request: Option<&CoreRef>,
-    ) -> Sent<Arc<Handoff>> {
-        Self::publish_handoff(e, l, out, header, payload, request)
+    fn publish(e: &Eng, l: &mut Loc, p: Publication<'_>) -> Sent<Arc<Handoff>> {
+        Self::publish_handoff(e, l, p)
     }
 
     fn wait_send(e: &Eng, h: &Arc<Handoff>) -> Result<()> {

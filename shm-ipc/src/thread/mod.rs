@@ -89,12 +89,7 @@ impl ThreadOptions {
     /// Defaults for `config.size`, overridden by its options.
     pub fn from_config(config: &Config) -> Result<Self> {
         let d = Self::for_size(config.size);
-        let ring_bytes: usize = config.option("ring_bytes", d.ring_bytes)?;
-        if !(4096..=(1 << 30)).contains(&ring_bytes) {
-            return Err(Error::Config(
-                "ring_bytes must be between 4 KiB and 1 GiB".into(),
-            ));
-        }
+        let ring_bytes = crate::engine::ring_bytes_option(config, d.ring_bytes)?;
         Ok(ThreadOptions {
             eager_limit: config.option("eager_limit", d.eager_limit)?,
             ring_bytes,

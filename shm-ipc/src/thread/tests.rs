@@ -25,14 +25,9 @@ fn an_irecv_leaves_its_rendezvous_copy_to_the_next_progress() {
                 }
             }
             // Round 2: another receive is posted first (the queued path).
-            let other = (round == 2)
-                .then(|| dev.irecv(Buffer::zeroed(8), Source::Rank(1), TagSel::Tag(6), 3));
-            let r = dev.irecv(
-                Buffer::zeroed(big.len()),
-                Source::Rank(1),
-                TagSel::Tag(5),
-                3,
-            );
+            let (source, tag5, tag6) = (Source::Rank(1), TagSel::Tag(5), TagSel::Tag(6));
+            let other = (round == 2).then(|| dev.irecv(Buffer::zeroed(8), source, tag6, 3));
+            let r = dev.irecv(Buffer::zeroed(big.len()), source, tag5, 3);
             assert_eq!(dev.engine.lock().m.pulls.len(), 1, "round {round}");
             let Err(r) = r.take_if_done() else {
                 panic!("round {round}: copied inside irecv");
