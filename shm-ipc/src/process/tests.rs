@@ -5,6 +5,9 @@ use xdev::{Buffer, Error, Rank, Request, Source, Status, TagSel};
 
 use crate::ring::Header;
 use crate::wire::*;
+
+#[path = "../../tests/common/race.rs"]
+mod race;
 use xdev::bootstrap::{BootstrapServer, Secret};
 
 /// Two ranks of one job as two devices in this process (threads).
@@ -216,46 +219,7 @@ fn large_done(d: &ProcessDevice) -> bool {
 fn finish_racing_with_posts_leaves_no_request_behind() {
     for i in 0..200 {
         let (d0, d1) = pair(&[]);
-        let go = std::sync::Barrier::new(3);
-        let posted = std::thread::scope(|s| {
-            let poster = |tag: i32| {
-                let (d0, go) = (&d0, &go);
-                move || {
-                    let mut reqs = Vec::new();
-                    go.wait();
-                    loop {
-                        let r = d0.irecv(Buffer::zeroed(8), Source::Rank(1), TagSel::Tag(tag), 0);
-                        match r.test() {
-                            Ok(c) if c.status.error == Some(Error::Closed) => break,
-                            Ok(c) => panic!("unexpected completion {:?}", c.status),
-                            Err(r) => reqs.push(r),
-                        }
-                    }
-                    reqs
-                }
-            };
-            let a = s.spawn(poster(1));
-            let b = s.spawn(poster(2));
-            go.wait();
-            let _ = d0.finish();
-            let mut all = a.join().unwrap();
-            all.extend(b.join().unwrap());
-            all
-        });
-        for mut r in posted {
-            let t = std::time::Instant::now();
-            loop {
-                match r.test() {
-                    Ok(_) => break,
-                    Err(back) => r = back,
-                }
-                assert!(
-                    t.elapsed() < std::time::Duration::from_secs(5),
-                    "iteration {i}: a request posted during finish never completed"
-                );
-                std::thread::yield_now();
-            }
-        }
+        race::finish_while_posting(&d0, 1, i);
         let _ = d1.finish();
     }
 }
