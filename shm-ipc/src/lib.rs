@@ -11,6 +11,7 @@
 
 pub mod cma;
 pub mod doorbell;
+mod engine;
 mod fd_pass;
 pub mod futex;
 pub mod liveness;
@@ -20,6 +21,7 @@ pub mod ring;
 pub mod segment;
 mod sync;
 pub mod thread;
+mod wire;
 
 pub use doorbell::{Backoff, Doorbell, DoorbellRef};
 pub use process::{ProcessDevice, ProcessOptions, RendezvousPath};

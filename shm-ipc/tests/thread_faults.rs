@@ -7,6 +7,9 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use shm_ipc::ThreadDevice;
+
+#[path = "common/race.rs"]
+mod race;
 use xdev::conformance::Watchdog;
 use xdev::{Buffer, Config, Device, Error, Registry, Source, TagSel, ANY_SOURCE, ANY_TAG};
 
@@ -253,47 +256,7 @@ fn finish_racing_with_posts_leaves_no_request_behind() {
     for i in 0..5_000 {
         let job = job(&format!("finish-race-{i}"));
         let dev = open(&job, 0, 1);
-        let go = Barrier::new(3);
-        let posted = thread::scope(|s| {
-            let poster = |tag: i32| {
-                let (dev, go) = (&dev, &go);
-                move || {
-                    let mut reqs = Vec::new();
-                    go.wait();
-                    loop {
-                        let r = dev.irecv(Buffer::zeroed(8), Source::Rank(0), TagSel::Tag(tag), 0);
-                        match r.test() {
-                            Ok(c) if c.status.error == Some(Error::Closed) => break,
-                            Ok(c) => panic!("unexpected completion {:?}", c.status),
-                            Err(r) => reqs.push(r),
-                        }
-                    }
-                    reqs
-                }
-            };
-            let a = s.spawn(poster(1));
-            let b = s.spawn(poster(2));
-            go.wait();
-            let _ = dev.finish();
-            let mut all = a.join().unwrap();
-            all.extend(b.join().unwrap());
-            all
-        });
-        for r in posted {
-            let t = Instant::now();
-            let mut r = r;
-            loop {
-                match r.test() {
-                    Ok(_) => break,
-                    Err(back) => r = back,
-                }
-                assert!(
-                    t.elapsed() < Duration::from_secs(5),
-                    "iteration {i}: a request posted during finish never completed"
-                );
-                thread::yield_now();
-            }
-        }
+        race::finish_while_posting(&dev, 0, i);
     }
 }
 

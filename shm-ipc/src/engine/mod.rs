@@ -1,0 +1,724 @@
+//! The shared-memory engine, written once for both devices: matching, the
+//! unexpected queue, eager delivery and its credit, the send backlog, the
+//! drain budget, departures and blocking with spin-then-sleep, `finish`.
+//!
+//! What differs between the thread device and the process device is a
+//! [`Medium`]: how a rank reaches its rings, doorbells and peers' states, and
+//! how a rendezvous moves (a hand-off between threads of one process; CMA,
+//! a split copy or the pipelined stream between processes), with the
+//! per-rank state that only one of them has ([`Medium::State`]).
+//!
+//! * [`recv`]: draining rings, delivery, the unexpected queue.
+//! * [`send`]: eager sends into the pair's ring, the backlog.
+//! * [`progress`]: progress rounds, departures, waits.
+//! * [`ops`]: the operations a device calls.
+
+use std::cell::RefCell;
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use xdev::matching::{MatchingEngine, PostedId};
+use xdev::target::{lost, BlockingRecv, Pending, Target};
+use xdev::{
+    Context, CoreRef, Envelope, Error, Pattern, Rank, Result, Source, Status, Tag, Tracker,
+};
+
+use crate::doorbell::DoorbellRef;
+use crate::futex::Scope;
+use crate::lock::{RankGuard, RankLock};
+use crate::ring::{Consumer, Header, Incoming, Producer, RingRef};
+
+mod ops;
+mod progress;
+mod recv;
+mod send;
+
+/// What a shared-memory device does its own way; the [`Engine`] does the
+/// rest.
+///
+/// # Safety
+///
+/// [`inbox_ring`](Medium::inbox_ring) and [`outbox_ring`](Medium::outbox_ring)
+/// return rings that stay valid for as long as the medium lives, whose only
+/// consumer (an inbox ring) or only producer (an outbox ring) is the rank
+/// that owns the medium: the engine makes one `Consumer` or `Producer` of
+/// each and keeps it while the medium lives.
+pub(crate) unsafe trait Medium: Send + Sync + Sized + 'static {
+    /// Per-rank protocol state only this device has, behind the rank lock.
+    type State: Send;
+    /// What acknowledges a synchronous eager message once it is matched.
+    type Ack: Send;
+    /// A rendezvous start as the receiver keeps it.
+    type Rndv: Send;
+    /// A matched rendezvous whose transfer is not done yet.
+    type Later: Send;
+    /// What a blocking send waits on once it is published.
+    type Waiter: Clone;
+    /// The device's name, for messages.
+    const NAME: &'static str;
+    /// Whether the peers are threads of this process, whose rings are
+    /// trusted: a malformed ring is then a bug (a panic), not a protocol
+    /// violation by a peer.
+    const TRUSTED: bool;
+    /// The futex scope of the doorbells.
+    const SCOPE: Scope;
+
+    // ---------------------------------------------------- rings and peers
+
+    /// The ring from sender `s` to this rank, if it exists yet.
+    fn inbox_ring(&self, s: Rank) -> Option<RingRef<'_>>;
+    /// The ring from this rank to `d` (made on first use where rings are).
+    fn outbox_ring(&self, d: Rank) -> RingRef<'_>;
+    /// Rank `r`'s doorbell.
+    fn doorbell(&self, r: Rank) -> DoorbellRef<'_>;
+    /// This rank's count of departures (bumped when a peer leaves).
+    fn departures(&self, order: Ordering) -> u64;
+    /// Whether peer `r` finished or died.
+    fn peer_gone(&self, r: Rank) -> bool;
+    /// The eager credit `d` returned to this rank so far (as `d` wrote it).
+    fn returned_credit(&self, d: Rank) -> u64;
+    /// Returns eager credit to sender `s`: `bytes` in all so far.
+    fn return_credit(&self, s: Rank, bytes: u64);
+    /// A lock-free hint that one of this rank's rings holds a message worth
+    /// a step.
+    fn any_message(&self) -> bool;
+    /// Marks this rank closed (or dead) for every peer, and wakes them.
+    fn depart(&self, dead: bool);
+
+    // ---------------------------------------------------- receiving
+
+    /// The acknowledgement that a synchronous eager message carries.
+    ///
+    /// # Safety
+    /// Called at most once per ring message.
+    unsafe fn take_ack(h: &Header) -> Self::Ack;
+    /// The rendezvous start that a `KIND_RNDV` message carries.
+    ///
+    /// # Safety
+    /// Called at most once per ring message, `msg` at the head of `s`'s ring.
+    unsafe fn take_rndv(e: &Engine<Self>, l: &Local<Self>, s: Rank, msg: &Incoming) -> Self::Rndv;
+    /// Checks a message read from `s`'s ring (`Err`: a protocol violation).
+    fn admit(_e: &Engine<Self>, _l: &mut Local<Self>, _s: Rank, _h: &Header) -> Result<(), String> {
+        Ok(())
+    }
+    /// Undoes [`admit`](Medium::admit) for a message left in the ring.
+    fn unadmit(_l: &mut Local<Self>, _s: Rank, _h: &Header) {}
+    /// Whether a message nothing matches may be held as unexpected now
+    /// (`false`: leave it in the ring).
+    fn hold(_e: &Engine<Self>, _l: &mut Local<Self>, _s: Rank, _h: &Header) -> bool {
+        true
+    }
+    /// An unexpected rendezvous from `s` was taken out of the queue.
+    fn rndv_taken(_e: &Engine<Self>, _l: &mut Local<Self>, _s: Rank) {}
+    /// A receive is being posted: rings left alone may hold its message.
+    fn unstall(_e: &Engine<Self>, _l: &mut Local<Self>) {}
+    /// Acknowledges a matched synchronous eager message from `s`.
+    fn acknowledge(e: &Engine<Self>, l: &mut Local<Self>, s: Rank, ack: Self::Ack);
+    /// The receiver's side of a matched rendezvous of `len` bytes, into
+    /// `dst` (valid for `cap` bytes while the receive is in the engine).
+    #[allow(clippy::too_many_arguments)]
+    fn rendezvous(
+        e: &Engine<Self>,
+        l: &mut Local<Self>,
+        env: Envelope,
+        len: usize,
+        r: Self::Rndv,
+        dst: *mut u8,
+        cap: usize,
+    ) -> Outcome<Self::Later>;
+    /// Goes on with a matched rendezvous for a queued or posted receive.
+    fn settle(e: &Engine<Self>, l: &mut Local<Self>, env: Envelope, x: Self::Later, t: Target);
+    /// Goes on with a matched rendezvous for a blocking receive's own
+    /// buffer (`d`).
+    fn settle_blocking(
+        e: &Engine<Self>,
+        l: &mut Local<Self>,
+        env: Envelope,
+        x: Self::Later,
+        d: &mut Direct<'_, Self::Later>,
+    );
+    /// Handles a message of another kind than `EAGER` and `RNDV` (`Err`: a
+    /// protocol violation).
+    fn control(
+        e: &Engine<Self>,
+        l: &mut Local<Self>,
+        s: Rank,
+        msg: &Incoming,
+    ) -> Result<(), String>;
+    /// Takes a blocking receive `b` that its call abandons out of whatever
+    /// still delivers into it (the call does not return before this does).
+    fn abandon(_e: &Engine<Self>, _l: RankGuard<'_, Local<Self>>, _b: &Arc<BlockingRecv>) {}
+
+    // ---------------------------------------------------- sending
+
+    /// Whether a rendezvous to `d` may start now (else it waits, in order).
+    fn may_start_rndv(_e: &Engine<Self>, _l: &Local<Self>, _d: Rank) -> bool {
+        true
+    }
+    /// Publishes a send that waits for its receiver (rendezvous or
+    /// synchronous); see [`Publication`].
+    fn publish(e: &Engine<Self>, l: &mut Local<Self>, p: Publication<'_>) -> Sent<Self::Waiter>;
+    /// Waits until a published blocking send is done.
+    fn wait_send(e: &Engine<Self>, w: &Self::Waiter) -> Result<()>;
+    /// Ends a blocking send's call, an unwind included: returns once the
+    /// receiver can no longer read the caller's buffer.
+    fn settle_send(e: &Engine<Self>, w: Self::Waiter);
+
+    // ---------------------------------------------------- progress, finish
+
+    /// The medium's own queues, once per progress round.
+    fn flush(e: &Engine<Self>, l: &mut Local<Self>) -> bool;
+    /// Whether the medium's queues wait for ring room.
+    fn queued(_l: &Local<Self>) -> bool {
+        false
+    }
+    /// Fails what the medium holds that involves `d`.
+    fn fail_peer(e: &Engine<Self>, l: &mut Local<Self>, d: Rank, err: &Error);
+    /// Whether everything `finish` waits for besides the sends is through.
+    fn settled(_l: &Local<Self>) -> bool {
+        true
+    }
+    /// `finish`, under the lock, before it empties the queues.
+    fn close(e: &Engine<Self>, l: &mut Local<Self>);
+    /// `finish`, after the rank departed.
+    fn finished(&self) {}
+    /// The engine is dropped: first thing.
+    fn before_drop(&self) {}
+    /// The engine is dropped: last thing, under the lock.
+    fn release(e: &Engine<Self>, l: &mut Local<Self>);
+}
+
+/// A message the receiver keeps before a receive matches it (the unexpected
+/// queue's entry).
+pub(crate) enum Unexpected<M: Medium> {
+    Eager { data: Vec<u8>, sync: Option<M::Ack> },
+    Rndv { len: usize, start: M::Rndv },
+}
+
+impl<M: Medium> Unexpected<M> {
+    fn len(&self) -> usize {
+        match self {
+            Unexpected::Eager { data, .. } => data.len(),
+            Unexpected::Rndv { len, .. } => *len,
+        }
+    }
+}
+
+/// The outcome of delivering a matched message.
+pub(crate) enum Outcome<L> {
+    Done(Status),
+    /// A rendezvous whose transfer goes on (the medium's).
+    Later(L),
+}
+
+/// One message to send.
+#[derive(Copy, Clone)]
+pub(crate) struct Outgoing<'a> {
+    pub(crate) dest: Rank,
+    pub(crate) tag: Tag,
+    pub(crate) context: Context,
+    pub(crate) data: &'a [u8],
+    pub(crate) sync: bool,
+    /// Send only as a plain eager message (else report `Full`, pushing
+    /// nothing): the caller has no request yet to own a send that waits.
+    pub(crate) eager_only: bool,
+}
+
+impl Outgoing<'_> {
+    /// The envelope the send's status reports (source = destination).
+    pub(crate) fn env(&self) -> Envelope {
+        Envelope {
+            source: self.dest,
+            tag: self.tag,
+            context: self.context,
+        }
+    }
+}
+
+/// A send that waits for its receiver, ready to publish: `header` and
+/// `payload` are made, the cookie is the medium's to set.
+pub(crate) struct Publication<'a> {
+    pub(crate) out: &'a Outgoing<'a>,
+    pub(crate) header: Header,
+    pub(crate) payload: &'a [u8],
+    /// The send's request, or `None` for a blocking send, whose waiter
+    /// comes back in `Sent::Waiting`.
+    pub(crate) request: Option<&'a CoreRef>,
+}
+
+/// What became of a send.
+pub(crate) enum Sent<W> {
+    /// Eager, not synchronous: the buffer may be reused.
+    Complete,
+    /// Waits for the receiver; a blocking send's waiter.
+    Waiting(Option<W>),
+    /// No room (in the ring, or in the rendezvous window): nothing was sent.
+    Full,
+    /// Refused (the peer is gone, the device is closing).
+    Refused(Error),
+}
+
+/// A blocking receive queued in the engine (as a posted receive, or in a
+/// transfer when `None`), for its `Unpost` guard.
+pub(crate) type Queued = RefCell<Option<(Arc<BlockingRecv>, Option<PostedId>)>>;
+
+/// A receive that can complete straight from the ring (the caller's buffer).
+pub(crate) struct Direct<'a, L> {
+    pub(crate) pattern: Pattern,
+    pub(crate) buf: &'a mut [u8],
+    pub(crate) status: Option<Status>,
+    /// A blocking receive's transfer that goes on (a stream or split copy
+    /// into `buf`).
+    pub(crate) stream: Option<Arc<BlockingRecv>>,
+    /// For a blocking receive: its `Unpost` guard's slot, which a transfer
+    /// into `buf` is recorded in the moment it is registered (so that an
+    /// unwind between then and the caller's own bookkeeping still takes it
+    /// out of the engine).
+    pub(crate) guard: Option<&'a Queued>,
+    /// For a non-blocking receive: a rendezvous that matched is not started
+    /// here but left to the caller (`start_recv`), which settles it into its
+    /// request.
+    pub(crate) deferred: Option<(Envelope, L)>,
+    /// A non-blocking receive (see `deferred`).
+    pub(crate) defer: bool,
+}
+
+impl<'a, L> Direct<'a, L> {
+    pub(crate) fn new(pattern: Pattern, buf: &'a mut [u8], defer: bool) -> Self {
+        Direct {
+            pattern,
+            buf,
+            status: None,
+            stream: None,
+            guard: None,
+            deferred: None,
+            defer,
+        }
+    }
+
+    fn resolved(&self) -> bool {
+        self.status.is_some() || self.stream.is_some() || self.deferred.is_some()
+    }
+}
+
+/// One rank's private protocol state, behind the rank lock.
+///
+/// A producer's waiting-for-room flag, once set (by a backlog, a queued
+/// reply or stream, or a blocking send that found its ring full), is never
+/// cleared: clearing it safely would need a count of every kind of waiter
+/// on that ring, and a flag set for nothing only costs the consumer a
+/// doorbell ring per pop, which wakes us only while we sleep.
+pub(crate) struct Local<M: Medium> {
+    consumers: Vec<Option<Consumer>>,
+    producers: Vec<Option<Producer>>,
+    pub(crate) matching: MatchingEngine<Unexpected<M>, Target>,
+    pub(crate) backlog: Vec<VecDeque<Pending>>,
+    pub(crate) backlog_total: usize,
+    pub(crate) eager_sent: Vec<u64>,
+    pub(crate) freed_seen: Vec<u64>,
+    pub(crate) freed_local: Vec<u64>,
+    pub(crate) departures_seen: u64,
+    /// Bumped by every progress round that did something.
+    pub(crate) events: u64,
+    pub(crate) gone: Vec<bool>,
+    /// Why each gone peer is gone (what its operations fail with).
+    pub(crate) gone_why: Vec<Option<Error>>,
+    /// Peers whose ring is no longer read (protocol violation).
+    pub(crate) broken: Vec<bool>,
+    /// Payload buffers of delivered unexpected eager messages, reused for
+    /// the next ones (at most [`SPARE_PAYLOADS`](crate::wire::SPARE_PAYLOADS),
+    /// each at most the eager limit).
+    pub(crate) spare_payloads: Vec<Vec<u8>>,
+    /// Set while a posting call (`start_recv`) works under the lock: a
+    /// rendezvous it matches is not copied there but left to the next
+    /// progress (a posting call that copied would keep its caller from
+    /// posting the sends its peer is waiting for, so that the two ranks of a
+    /// bidirectional exchange would copy in turn instead of together).
+    pub(crate) defer_copies: bool,
+    /// The medium's own.
+    pub(crate) m: M::State,
+}
+
+impl<M: Medium> Local<M> {
+    /// The state of a rank in a job of `size` ranks.
+    pub(crate) fn new(size: usize, m: M::State) -> Self {
+        let n = size;
+        Local {
+            consumers: (0..n).map(|_| None).collect(),
+            producers: (0..n).map(|_| None).collect(),
+            matching: MatchingEngine::new(),
+            backlog: (0..n).map(|_| VecDeque::new()).collect(),
+            backlog_total: 0,
+            eager_sent: vec![0; n],
+            freed_seen: vec![0; n],
+            freed_local: vec![0; n],
+            departures_seen: 0,
+            events: 0,
+            gone: vec![false; n],
+            gone_why: vec![None; n],
+            broken: vec![false; n],
+            spare_payloads: Vec::new(),
+            defer_copies: false,
+            m,
+        }
+    }
+}
+
+/// The `ring_bytes` option of `config` (`default` if unset): bytes per
+/// pair ring, between 4 KiB and 1 GiB.
+pub(crate) fn ring_bytes_option(config: &xdev::Config, default: usize) -> Result<usize> {
+    let ring_bytes: usize = config.option("ring_bytes", default)?;
+    if !(4096..=(1 << 30)).contains(&ring_bytes) {
+        return Err(Error::Config(
+            "ring_bytes must be between 4 KiB and 1 GiB".into(),
+        ));
+    }
+    Ok(ring_bytes)
+}
+
+/// The limits of a rank, fixed at start-up.
+pub(crate) struct Limits {
+    pub(crate) rank: Rank,
+    pub(crate) size: usize,
+    /// The eager limit in force (capped by what one ring message carries).
+    pub(crate) eager_max: usize,
+    /// Eager bytes (with charges) a sender may have unreceived at one
+    /// receiver.
+    pub(crate) credit_bytes: u64,
+}
+
+/// The engine of one rank: shared by the device handle and its requests.
+pub(crate) struct Engine<M: Medium> {
+    pub(crate) m: M,
+    pub(crate) rank: Rank,
+    pub(crate) size: usize,
+    pub(crate) eager_max: usize,
+    pub(crate) credit_bytes: u64,
+    pub(crate) tracker: Arc<Tracker>,
+    pub(crate) local: RankLock<Local<M>>,
+    pub(crate) closing: AtomicBool,
+    pub(crate) closed: AtomicBool,
+}
+
+/// Takes a blocking receive out of the engine when its call ends, even by
+/// unwinding, so that the device never keeps a pointer into a buffer whose
+/// borrow ended.
+pub(crate) struct Unpost<'e, M: Medium> {
+    engine: &'e Engine<M>,
+    queued: Queued,
+}
+
+impl<M: Medium> Drop for Unpost<'_, M> {
+    fn drop(&mut self) {
+        if let Some((b, id)) = self.queued.get_mut().take() {
+            let mut l = self.engine.lock();
+            if let Some(id) = id {
+                l.matching.cancel(id);
+            }
+            if !b.is_done() {
+                M::abandon(self.engine, l, &b);
+            }
+        }
+    }
+}
+
+/// Settles a blocking send on every exit, an unwind included: from the
+/// moment the send is published until the receiver is done with it, the
+/// receiver may read the caller's buffer, so the call must not return
+/// before then (see [`Medium::settle_send`]).
+pub(crate) struct SettleSend<'e, M: Medium> {
+    engine: &'e Engine<M>,
+    waiter: RefCell<Option<M::Waiter>>,
+}
+
+impl<M: Medium> Drop for SettleSend<'_, M> {
+    fn drop(&mut self) {
+        if let Some(w) = self.waiter.get_mut().take() {
+            M::settle_send(self.engine, w);
+        }
+    }
+}
+
+/// What operations involving gone peer `s` fail with.
+pub(crate) fn gone_error<M: Medium>(l: &Local<M>, s: Rank) -> Error {
+    l.gone_why[s]
+        .clone()
+        .unwrap_or_else(|| lost(s, "peer finished or died"))
+}
+
+impl<M: Medium> Engine<M> {
+    /// The engine of rank `limits.rank` over `m`.
+    pub(crate) fn new(m: M, limits: Limits, state: M::State) -> Self {
+        Engine {
+            m,
+            rank: limits.rank,
+            size: limits.size,
+            eager_max: limits.eager_max,
+            credit_bytes: limits.credit_bytes,
+            tracker: Arc::new(Tracker::new()),
+            local: RankLock::new(Local::new(limits.size, state)),
+            closing: AtomicBool::new(false),
+            closed: AtomicBool::new(false),
+        }
+    }
+
+    /// The device's name.
+    pub(crate) fn name(&self) -> &'static str {
+        M::NAME
+    }
+
+    pub(crate) fn lock(&self) -> RankGuard<'_, Local<M>> {
+        self.local.lock()
+    }
+
+    pub(crate) fn check_open(&self) -> Result<()> {
+        if self.closing.load(Ordering::Acquire) {
+            Err(Error::Closed)
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Makes progress until `done` (with `until_closed`, or until the
+    /// engine closed).
+    pub(crate) fn wait_until(&self, until_closed: bool, done: impl Fn() -> bool) -> Result<()> {
+        self.block_until(
+            until_closed,
+            |eng, l| {
+                if !done() {
+                    eng.progress_locked(l, None);
+                }
+                Ok(done())
+            },
+            &done,
+        )
+    }
+
+    /// Rings rank `r`'s doorbell.
+    pub(crate) fn wake(&self, r: Rank) {
+        self.m.doorbell(r).ring(M::SCOPE);
+    }
+
+    /// The consumer of the ring from `s`, if that ring exists yet.
+    pub(crate) fn consumer<'l>(&self, l: &'l mut Local<M>, s: Rank) -> Option<&'l mut Consumer> {
+        if l.consumers[s].is_none() {
+            let ring = self.m.inbox_ring(s)?;
+            // SAFETY: per `Medium`'s contract the ring lives as long as the
+            // medium, which the engine (and so `Local`) does not outlive,
+            // and this rank is its only consumer.
+            l.consumers[s] = Some(unsafe { Consumer::new(ring) });
+        }
+        l.consumers[s].as_mut()
+    }
+
+    /// The producer of the ring to `d`.
+    pub(crate) fn producer<'l>(&self, l: &'l mut Local<M>, d: Rank) -> &'l mut Producer {
+        l.producers[d].get_or_insert_with(|| {
+            // SAFETY: per `Medium`'s contract the ring lives as long as the
+            // medium, which the engine (and so `Local`) does not outlive,
+            // and this rank is its only producer.
+            unsafe { Producer::new(self.m.outbox_ring(d)) }
+        })
+    }
+
+    /// The consumer of a ring a message was just peeked from.
+    pub(crate) fn consumer_of(l: &Local<M>, s: Rank) -> &Consumer {
+        l.consumers[s].as_ref().expect("consumer exists")
+    }
+
+    /// Pushes into `d`'s ring. A ring whose consumer position is impossible
+    /// (written by a broken or hostile peer) is a protocol violation: the
+    /// peer is failed and its error returned.
+    pub(crate) fn try_push(
+        &self,
+        l: &mut Local<M>,
+        d: Rank,
+        h: &Header,
+        payload: &[u8],
+    ) -> Result<bool> {
+        match self.producer(l, d).try_push(h, payload) {
+            Ok(pushed) => Ok(pushed),
+            Err(e) => {
+                self.violation(l, d, format!("its ring's consumer position: {e}"));
+                Err(gone_error(l, d))
+            }
+        }
+    }
+
+    /// Returns eager credit for `len` payload bytes to sender `s`.
+    pub(crate) fn credit(&self, l: &mut Local<M>, s: Rank, len: u64) {
+        l.freed_local[s] += len + crate::wire::ENTRY_CHARGE;
+        self.m.return_credit(s, l.freed_local[s]);
+    }
+
+    pub(crate) fn complete_target(&self, t: Target, st: Status) {
+        t.complete(&self.tracker, st);
+    }
+
+    /// A peer broke the protocol: stop reading its ring, fail what involves
+    /// it. (With trusted peers, a bug.)
+    pub(crate) fn violation(&self, l: &mut Local<M>, s: Rank, what: String) {
+        if M::TRUSTED {
+            // Only our own process writes these rings; corruption is a bug.
+            panic!("{} ring with rank {s} corrupt: {what}", M::NAME);
+        }
+        l.broken[s] = true;
+        if !l.gone[s] {
+            self.fail_peer(l, s, Error::Protocol { rank: s, what });
+        }
+    }
+
+    /// Fails everything that involves `d` with `err` and marks it gone.
+    pub(crate) fn fail_peer(&self, l: &mut Local<M>, d: Rank, err: Error) {
+        l.gone[d] = true;
+        l.gone_why[d] = Some(err.clone());
+        for t in l
+            .matching
+            .remove_posted_where(|p, _| p.source == Source::Rank(d))
+        {
+            let env = Envelope {
+                source: d,
+                tag: -1,
+                context: 0,
+            };
+            self.complete_target(t, Status::failed(env, err.clone()));
+        }
+        for p in std::mem::take(&mut l.backlog[d]) {
+            l.backlog_total -= 1;
+            let env = Envelope {
+                source: d,
+                tag: p.tag,
+                context: p.context,
+            };
+            self.tracker
+                .complete(&p.core, Status::failed(env, err.clone()));
+        }
+        M::fail_peer(self, l, d, &err);
+    }
+}
+
+/// `impl Device` for a device whose `engine` field is an `Arc<Engine<_>>`:
+/// every method is a forward to the engine.
+macro_rules! device_over_engine {
+    ($device:ty) => {
+        impl xdev::Device for $device {
+            fn name(&self) -> &'static str {
+                self.engine.name()
+            }
+
+            fn id(&self) -> xdev::Rank {
+                self.engine.rank
+            }
+
+            fn size(&self) -> usize {
+                self.engine.size
+            }
+
+            fn send(
+                &self,
+                buf: &[u8],
+                dest: xdev::Rank,
+                tag: xdev::Tag,
+                cx: xdev::Context,
+            ) -> xdev::Result<()> {
+                self.engine.blocking_send(buf, dest, tag, cx, false)
+            }
+
+            fn ssend(
+                &self,
+                buf: &[u8],
+                dest: xdev::Rank,
+                tag: xdev::Tag,
+                cx: xdev::Context,
+            ) -> xdev::Result<()> {
+                self.engine.blocking_send(buf, dest, tag, cx, true)
+            }
+
+            fn recv(
+                &self,
+                buf: &mut [u8],
+                source: xdev::Source,
+                tag: xdev::TagSel,
+                cx: xdev::Context,
+            ) -> xdev::Result<xdev::Status> {
+                self.engine
+                    .recv_into(buf, xdev::Pattern::new(source, tag, cx))
+            }
+
+            fn isend(
+                &self,
+                buf: xdev::Buffer,
+                dest: xdev::Rank,
+                tag: xdev::Tag,
+                cx: xdev::Context,
+            ) -> xdev::Request {
+                self.engine.start_send(buf, dest, tag, cx, false)
+            }
+
+            fn issend(
+                &self,
+                buf: xdev::Buffer,
+                dest: xdev::Rank,
+                tag: xdev::Tag,
+                cx: xdev::Context,
+            ) -> xdev::Request {
+                self.engine.start_send(buf, dest, tag, cx, true)
+            }
+
+            fn irecv(
+                &self,
+                buf: xdev::Buffer,
+                source: xdev::Source,
+                tag: xdev::TagSel,
+                cx: xdev::Context,
+            ) -> xdev::Request {
+                self.engine
+                    .start_recv(buf, xdev::Pattern::new(source, tag, cx))
+            }
+
+            fn probe(
+                &self,
+                source: xdev::Source,
+                tag: xdev::TagSel,
+                cx: xdev::Context,
+            ) -> xdev::Result<xdev::Status> {
+                let pattern = xdev::Pattern::new(source, tag, cx);
+                self.engine.probe(pattern, true)?.ok_or(xdev::Error::Closed)
+            }
+
+            fn iprobe(
+                &self,
+                source: xdev::Source,
+                tag: xdev::TagSel,
+                cx: xdev::Context,
+            ) -> xdev::Result<Option<xdev::Status>> {
+                self.engine
+                    .probe(xdev::Pattern::new(source, tag, cx), false)
+            }
+
+            fn peek(&self) -> xdev::Result<Option<xdev::Peeked>> {
+                self.engine.peek()
+            }
+
+            fn progress(&self) {
+                xdev::Progress::progress(&*self.engine)
+            }
+
+            fn finish(&self) -> xdev::Result<()> {
+                self.engine.finish()
+            }
+        }
+    };
+}
+pub(crate) use device_over_engine;
+
+/// Switches for tests that unwind out of the engine at chosen points.
+#[cfg(test)]
+pub(crate) mod test_hooks {
+    thread_local! {
+        /// Panics in a blocking send right after it was published.
+        pub(crate) static PANIC_AFTER_PUBLISH: std::cell::Cell<bool> =
+            const { std::cell::Cell::new(false) };
+    }
+}

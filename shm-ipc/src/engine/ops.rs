@@ -1,0 +1,475 @@
+//! The operations a device calls: blocking and non-blocking sends and
+//! receives, probes, `peek` and `finish`.
+
+use std::cell::Cell;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use xdev::matching::Posted;
+use xdev::target::{lost, BlockingRecv, Pending, Target};
+use xdev::{
+    check_recv, check_send, Buffer, Context, CoreRef, Envelope, Error, Pattern, Peeked, Rank,
+    Request, RequestKind, Result, Source, Status, Tag,
+};
+
+use super::{gone_error, Direct, Engine, Local, Medium, Outgoing, Sent, SettleSend, Unpost};
+
+impl<M: Medium> Engine<M> {
+    /// Sends `buf` and returns once it may be reused (`sync`: once the
+    /// receiver matched it).
+    pub(crate) fn blocking_send(
+        &self,
+        buf: &[u8],
+        dest: Rank,
+        tag: Tag,
+        context: Context,
+        sync: bool,
+    ) -> Result<()> {
+        check_send(dest, tag, self.size)?;
+        self.check_open()?;
+        if dest != self.rank && self.m.peer_gone(dest) {
+            return Err(lost(dest, "peer finished or died"));
+        }
+        // Holds the send's waiter from the moment the send is published
+        // (there is one only when it must wait for its receiver).
+        let settle = SettleSend {
+            engine: self,
+            waiter: Default::default(),
+        };
+        let out = Outgoing {
+            dest,
+            tag,
+            context,
+            data: buf,
+            sync,
+            eager_only: false,
+        };
+        // While the ring is full: the consumer position it was full against.
+        let full_at = Cell::new(None);
+        let ring = self.m.outbox_ring(dest);
+        self.block_until(
+            true,
+            |eng, l| {
+                if !l.backlog[dest].is_empty() {
+                    eng.progress_locked(l, None);
+                    if !l.backlog[dest].is_empty() {
+                        return Ok(false); // keep order behind queued isends
+                    }
+                }
+                if l.gone[dest] {
+                    return Err(gone_error(l, dest));
+                }
+                let sent = eng.push(l, &out, None);
+                full_at.set(None);
+                match sent {
+                    Sent::Complete => Ok(true),
+                    Sent::Waiting(w) => {
+                        *settle.waiter.borrow_mut() = w;
+                        Ok(true)
+                    }
+                    Sent::Refused(e) => Err(e),
+                    Sent::Full => {
+                        // Flag first, then note what the ring was full
+                        // against: `ready` re-checks it after the doorbell
+                        // is armed, and a pop that frees room rings us.
+                        let p = eng.producer(l, dest);
+                        p.set_waiting(true);
+                        full_at.set(Some(p.consumer_position_seen()));
+                        eng.progress_locked(l, None);
+                        Ok(false)
+                    }
+                }
+            },
+            || full_at.get().is_some_and(|t| ring.consumer_position() != t),
+        )?;
+        let Some(waiter) = settle.waiter.borrow().clone() else {
+            return Ok(()); // eager: the buffer may be reused
+        };
+        #[cfg(test)]
+        if super::test_hooks::PANIC_AFTER_PUBLISH.with(|p| p.replace(false)) {
+            panic!("injected: unwinding out of a published blocking send");
+        }
+        // `waiter` is tied to the caller's borrowed `buf`: whatever happens
+        // (even a panic), `settle` makes sure the receiver is done with it
+        // or locked out before we return.
+        M::wait_send(self, &waiter)
+    }
+
+    /// Starts sending `buf`, which moves into the request.
+    pub(crate) fn start_send(
+        self: &Arc<Self>,
+        buf: Buffer,
+        dest: Rank,
+        tag: Tag,
+        context: Context,
+        sync: bool,
+    ) -> Request {
+        let env = Envelope {
+            source: dest,
+            tag,
+            context,
+        };
+        let rejected = check_send(dest, tag, self.size)
+            .and_then(|_| self.check_open())
+            .and_then(|_| {
+                if dest != self.rank && self.m.peer_gone(dest) {
+                    Err(lost(dest, "peer finished or died"))
+                } else {
+                    Ok(())
+                }
+            });
+        if let Err(e) = rejected {
+            return self.refused(RequestKind::Send, buf, env, e);
+        }
+        if !sync && buf.len() <= self.eager_max {
+            // The common small send: into the ring first, then a request
+            // born complete (no request core to publish, no locked
+            // instruction after the ring push, so a window of sends overlaps
+            // its publications).
+            let mut l = self.lock();
+            if l.backlog[dest].is_empty() {
+                let out = Outgoing {
+                    dest,
+                    tag,
+                    context,
+                    data: &buf,
+                    sync,
+                    eager_only: true,
+                };
+                if let Sent::Complete = self.push(&mut l, &out, None) {
+                    drop(l);
+                    let len = buf.len();
+                    return self
+                        .tracker
+                        .completed(RequestKind::Send, buf, Status::ok(env, len));
+                }
+            }
+        }
+        let core = self.tracker.start(RequestKind::Send, buf);
+        self.queue_send(&core, dest, tag, context, sync);
+        Request::new(core, self.clone())
+    }
+
+    /// Starts a send whose request exists: into the ring, or into the
+    /// backlog to `dest`.
+    fn queue_send(&self, core: &CoreRef, dest: Rank, tag: Tag, context: Context, sync: bool) {
+        let env = Envelope {
+            source: dest,
+            tag,
+            context,
+        };
+        let p = Pending {
+            core: core.clone(),
+            tag,
+            context,
+            sync,
+        };
+        let mut l = self.lock();
+        if self.closing.load(Ordering::Acquire) {
+            // `finish` may be past its wait for queued sends (see `start_recv`).
+            self.tracker
+                .complete(core, Status::failed(env, Error::Closed));
+        } else if l.gone[dest] {
+            let err = gone_error(&l, dest);
+            self.tracker.complete(core, Status::failed(env, err));
+        } else if !(l.backlog[dest].is_empty() && self.push_pending(&mut l, dest, &p)) {
+            l.backlog[dest].push_back(p);
+            l.backlog_total += 1;
+            // Never cleared (see `Local`).
+            self.producer(&mut l, dest).set_waiting(true);
+        }
+    }
+
+    /// A request that failed before it started.
+    fn refused(
+        self: &Arc<Self>,
+        kind: RequestKind,
+        buf: Buffer,
+        env: Envelope,
+        e: Error,
+    ) -> Request {
+        let core = self.tracker.rejected(kind, buf, Status::failed(env, e));
+        Request::new(core, self.clone())
+    }
+
+    /// Receives the first message that matches `pattern` into `buf`.
+    pub(crate) fn recv_into(&self, buf: &mut [u8], pattern: Pattern) -> Result<Status> {
+        check_recv(pattern.source, pattern.tag, self.size)?;
+        self.check_open()?;
+        // The guard first: everything that can lend `buf` to the engine
+        // records itself in it the moment it does.
+        let unpost = Unpost {
+            engine: self,
+            queued: Default::default(),
+        };
+        let queued = &unpost.queued;
+        let mut direct = Direct::new(pattern, buf, false);
+        direct.guard = Some(queued);
+        let r = self.block_until(
+            true,
+            |eng, l| {
+                if let Some((b, _)) = &*queued.borrow() {
+                    eng.progress_locked(l, None);
+                    return Ok(b.is_done());
+                }
+                if l.matching.posted_len() == 0 {
+                    if let Some(done) = eng.recv_direct(l, &mut direct)? {
+                        return Ok(done);
+                    }
+                }
+                // Other receives are posted: queue behind them to keep order.
+                let b = BlockingRecv::new(direct.buf);
+                match l.matching.post(pattern, Target::Blocking(b.clone())) {
+                    Posted::Matched { env, msg, recv } => {
+                        let (p, n) = recv.dst();
+                        let out = eng.deliver_unexpected(l, env, msg, p, n);
+                        eng.settle(l, env, out, recv);
+                        let done = b.is_done();
+                        *queued.borrow_mut() = Some((b, None));
+                        Ok(done)
+                    }
+                    Posted::Queued(id) => {
+                        M::unstall(eng, l);
+                        *queued.borrow_mut() = Some((b, Some(id)));
+                        Ok(false)
+                    }
+                }
+            },
+            || queued.borrow().as_ref().is_some_and(|(b, _)| b.is_done()),
+        );
+        // Never read a queued entry's outcome while it can still be written:
+        // dropping `unpost` takes it out of the engine first.
+        let queued_recv = queued.borrow().as_ref().map(|(b, _)| b.clone());
+        let direct_status = direct.status.take();
+        drop(unpost);
+        if let Some(b) = queued_recv {
+            if b.is_done() {
+                return b.outcome();
+            }
+            r?;
+            return Err(Error::Closed);
+        }
+        r?;
+        direct_status
+            .map(|s| s.into_result())
+            .unwrap_or(Err(Error::Closed))
+    }
+
+    /// One step of a blocking receive while nothing else is posted: from the
+    /// unexpected queue, or straight from the rings. `Some(done)` ends the
+    /// step; `None`: other receives were posted meanwhile.
+    fn recv_direct(
+        &self,
+        l: &mut Local<M>,
+        direct: &mut Direct<'_, M::Later>,
+    ) -> Result<Option<bool>> {
+        // A stalled ring's head may be the message we want.
+        M::unstall(self, l);
+        if !self.direct_from_unexpected(l, direct) {
+            self.progress_locked(l, Some(direct));
+            // Progress may have queued a match as unexpected (a departed
+            // peer's ring is drained to its end).
+            if !direct.resolved() {
+                self.direct_from_unexpected(l, direct);
+            }
+        }
+        if direct.status.is_some() {
+            return Ok(Some(true));
+        }
+        if let Some(b) = direct.stream.take() {
+            if let Some(g) = direct.guard {
+                *g.borrow_mut() = Some((b, None));
+            }
+            return Ok(Some(false));
+        }
+        if let Source::Rank(s) = direct.pattern.source {
+            if l.gone[s] && s != self.rank {
+                return Err(gone_error(l, s));
+            }
+        }
+        if l.matching.posted_len() == 0 {
+            return Ok(Some(false));
+        }
+        Ok(None)
+    }
+
+    /// Starts a receive into `buf`, which moves into the request.
+    pub(crate) fn start_recv(self: &Arc<Self>, buf: Buffer, pattern: Pattern) -> Request {
+        let env = Envelope {
+            source: self.rank,
+            tag: -1,
+            context: pattern.context,
+        };
+        let checked = check_recv(pattern.source, pattern.tag, self.size);
+        if let Err(e) = checked.and_then(|_| self.check_open()) {
+            return self.refused(RequestKind::Recv, buf, env, e);
+        }
+        let mut l = self.lock();
+        if self.closing.load(Ordering::Acquire) {
+            // `finish` began after our first check; it sets `closing` before
+            // it empties the queues under this lock, so nothing posted now
+            // would be completed.
+            drop(l);
+            return self.refused(RequestKind::Recv, buf, env, Error::Closed);
+        }
+        // A rendezvous this call matches is not copied here (see
+        // `Local::defer_copies`). Every exit below clears the flag.
+        l.defer_copies = true;
+        let r = if l.matching.posted_len() == 0 {
+            match self.start_recv_here(&mut l, buf, pattern) {
+                Ok(r) => r,
+                Err(buf) => self.post_recv(&mut l, buf, pattern),
+            }
+        } else {
+            self.post_recv(&mut l, buf, pattern)
+        };
+        l.defer_copies = false;
+        drop(l);
+        r
+    }
+
+    /// The common case of `start_recv`: nothing else is posted (so this
+    /// receive may take the first match) and the message is already here, in
+    /// the unexpected queue or at the head of its sender's ring. An eager
+    /// message is copied straight into `buf` and the request is born
+    /// complete; a rendezvous is settled into the request made for it.
+    /// `Err`: no message here.
+    fn start_recv_here(
+        self: &Arc<Self>,
+        l: &mut Local<M>,
+        mut buf: Buffer,
+        pattern: Pattern,
+    ) -> std::result::Result<Request, Buffer> {
+        let mut direct = Direct::new(pattern, &mut buf, true);
+        if !self.direct_from_unexpected(l, &mut direct) {
+            if let Source::Rank(s) = pattern.source {
+                if s != self.rank && !l.gone[s] {
+                    M::unstall(self, l);
+                    self.drain(l, s, Some(&mut direct), true);
+                }
+            }
+        }
+        let (status, deferred) = (direct.status, direct.deferred);
+        if let Some(status) = status {
+            return Ok(self.tracker.completed(RequestKind::Recv, buf, status));
+        }
+        let Some((env, x)) = deferred else {
+            return Err(buf);
+        };
+        // (The pool's lock is a leaf: taking it under ours is fine.)
+        let core = self.tracker.start(RequestKind::Recv, buf);
+        M::settle(self, l, env, x, Target::Request(core.clone()));
+        Ok(Request::new(core, self.clone()))
+    }
+
+    /// Posts a receive request (matched against the unexpected queue first).
+    fn post_recv(self: &Arc<Self>, l: &mut Local<M>, buf: Buffer, pattern: Pattern) -> Request {
+        let core = self.tracker.start(RequestKind::Recv, buf);
+        match l.matching.post(pattern, Target::Request(core.clone())) {
+            Posted::Matched { env, msg, recv } => {
+                let (p, n) = recv.dst();
+                let out = self.deliver_unexpected(l, env, msg, p, n);
+                self.settle(l, env, out, recv);
+            }
+            Posted::Queued(id) => {
+                core.set_token(id.as_u64());
+                M::unstall(self, l);
+                // A receive naming a peer that already left fails at once
+                // (after what it sent has been drained).
+                if let Source::Rank(s) = pattern.source {
+                    let leave_unmatched = !l.gone[s];
+                    self.drain(l, s, None, leave_unmatched);
+                    if l.gone[s] && s != self.rank && !core.is_done() {
+                        if let Some(t) = l.matching.cancel(id) {
+                            let env = Envelope {
+                                source: s,
+                                tag: -1,
+                                context: pattern.context,
+                            };
+                            let err = gone_error(l, s);
+                            self.complete_target(t, Status::failed(env, err));
+                        }
+                    }
+                }
+            }
+        }
+        Request::new(core, self.clone())
+    }
+
+    /// The status of the first message that matches `pattern`, without
+    /// receiving it; `block`: wait for one (then `None` only if the engine
+    /// closed meanwhile).
+    pub(crate) fn probe(&self, pattern: Pattern, block: bool) -> Result<Option<Status>> {
+        check_recv(pattern.source, pattern.tag, self.size)?;
+        self.check_open()?;
+        if !block {
+            let mut l = self.lock();
+            return Ok(self.probe_once(&mut l, &pattern));
+        }
+        let mut found = None;
+        self.block_until(
+            true,
+            |eng, l| {
+                found = eng.probe_once(l, &pattern);
+                if found.is_none() {
+                    if let Source::Rank(s) = pattern.source {
+                        if l.gone[s] && s != eng.rank {
+                            return Err(gone_error(l, s));
+                        }
+                    }
+                }
+                Ok(found.is_some())
+            },
+            || false,
+        )?;
+        Ok(found)
+    }
+
+    /// See [`xdev::Device::peek`].
+    pub(crate) fn peek(&self) -> Result<Option<Peeked>> {
+        let mut found = None;
+        self.block_until(
+            true,
+            |eng, l| {
+                eng.progress_locked(l, None);
+                found = eng.tracker.pop_completed();
+                Ok(found.is_some() || eng.tracker.outstanding() == 0)
+            },
+            || false,
+        )?;
+        Ok(found.or_else(|| self.tracker.pop_completed()))
+    }
+
+    /// See [`xdev::Device::finish`].
+    pub(crate) fn finish(&self) -> Result<()> {
+        if self.closing.swap(true, Ordering::AcqRel) {
+            return Ok(());
+        }
+        // Our sends (requests and blocking ones) and the medium's replies
+        // must be through: a peer that got our data must not see us leave
+        // before our answers.
+        let r = self.block_until(
+            false,
+            |eng, l| {
+                eng.progress_locked(l, None);
+                Ok(eng.tracker.outstanding_sends() == 0 && l.backlog_total == 0 && M::settled(l))
+            },
+            || false,
+        );
+        let mut l = self.lock();
+        M::close(self, &mut l);
+        for t in l.matching.remove_posted_where(|_, _| true) {
+            let env = Envelope {
+                source: self.rank,
+                tag: -1,
+                context: 0,
+            };
+            self.complete_target(t, Status::failed(env, Error::Closed));
+        }
+        l.matching.drain_unexpected();
+        drop(l);
+        self.depart(false);
+        self.m.finished();
+        r
+    }
+}

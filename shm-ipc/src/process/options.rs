@@ -1,0 +1,146 @@
+//! The process device's options: [`ProcessOptions`], [`CmaMode`], and the
+//! [`RendezvousPath`] found at start-up.
+
+use xdev::{Config, Error, Result};
+
+use crate::ring::INLINE;
+
+/// How rendezvous data moves.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum CmaMode {
+    /// Use `process_vm_readv` where the kernel allows it and it is fast
+    /// enough here: at start-up the device times a 1 MiB CMA copy against a
+    /// 1 MiB `memcpy` ([`crate::cma::calibrate`]) and uses CMA only if it
+    /// reaches [`CMA_MIN_SPEED`] of the copy's speed. (The pipelined copy
+    /// through the segment runs both cores at about `memcpy` speed; under
+    /// virtualization CMA's page pinning can make it several times slower:
+    /// on the 2-core test VM CMA reached about 0.2 of `memcpy` and the
+    /// pipelined path was 2.3 times faster at 4 MiB.) Default.
+    Auto,
+    /// Use CMA whenever the kernel allows it (one copy, the sender's core
+    /// stays free, the sender need not make progress).
+    On,
+    /// Never use CMA: always the pipelined copy through the segment.
+    Off,
+}
+
+/// With `cma=auto`, CMA is used only if its measured speed is at least this
+/// fraction of `memcpy`'s.
+pub const CMA_MIN_SPEED: f64 = 0.5;
+
+impl std::str::FromStr for CmaMode {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "auto" => Ok(CmaMode::Auto),
+            "on" => Ok(CmaMode::On),
+            "off" => Ok(CmaMode::Off),
+            _ => Err(format!("cma must be auto, on or off, not {s:?}")),
+        }
+    }
+}
+
+/// The rendezvous path found at start-up (see [`ProcessDevice::rendezvous`](super::ProcessDevice::rendezvous)).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RendezvousPath {
+    /// One copy with `process_vm_readv`.
+    Cma,
+    /// Fragments through the ring (two copies, pipelined), and why.
+    Pipelined(String),
+}
+
+/// Tunables of the process device. Every field can be set through
+/// [`Config::options`] under the same name; all ranks must agree on
+/// `ring_bytes` and `credit_bytes`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProcessOptions {
+    /// Largest payload sent eagerly (default 16 KiB, capped by the ring).
+    ///
+    /// Chosen by `xdev-bench --device shm --test latency --option
+    /// eager_limit=N` for N = 4, 8, 16 and 32 KiB on the 2-core test machine
+    /// (rendezvous by the pipelined copy, the default path there): eager
+    /// beats rendezvous at 8 KiB (0.44 vs 0.82 us) and at 16 KiB (0.67 vs
+    /// 1.10 us); 32 KiB cannot be eager with the default 64 KiB rings (one
+    /// message carries at most 32,728 bytes), and raising the limit to that
+    /// changed nothing measurable at 16 KiB.
+    pub eager_limit: usize,
+    /// Bytes per pair ring (default as the thread device: 64 KiB up to 22
+    /// ranks, then 32 MiB / n², at least 8 KiB). Each rank's inbox holds
+    /// `size` rings.
+    pub ring_bytes: usize,
+    /// Eager bytes (plus 64 per message) a sender may have unreceived at one
+    /// receiver before it switches to rendezvous (default 4 × `ring_bytes`).
+    pub credit_bytes: usize,
+    /// CMA use (default `auto`).
+    pub cma: CmaMode,
+    /// Fragment size of the pipelined rendezvous (default a quarter of the
+    /// ring, so that several fragments are in flight).
+    pub fragment_bytes: usize,
+    /// Rendezvous sends a rank has started towards one destination and not
+    /// yet seen finished (default 65,536; a held header costs the receiver
+    /// about 100 bytes). More wait in the sender's queue to that
+    /// destination, in order, and later sends to it (of any context) wait
+    /// behind them. A receiver so holds at most this many of one sender's
+    /// rendezvous headers, matched or not; a sender that exceeds it breaks
+    /// the protocol (`Error::Protocol`), which bounds what a hostile peer
+    /// can make a receiver keep.
+    pub rndv_window: usize,
+    /// CMA copies of at least this many bytes are split with the sender
+    /// (default 64 KiB; 0: never): the receiver reads the first half while
+    /// the sender writes the second half into the receiver's buffer
+    /// (`process_vm_writev`), so both cores copy. A one-way stream then
+    /// runs at about two copies' speed instead of one. Not done while the
+    /// receiver has rendezvous sends of its own out to that sender (a
+    /// two-way exchange, where both cores already copy). Measured here at
+    /// 32, 64 and 128 KiB: the split wins one-way from 32 KiB (latency 5.0
+    /// vs 7.3 us, bw 11.4 vs 7.3 GB/s at 32 KiB).
+    pub cma_split_bytes: usize,
+}
+
+impl ProcessOptions {
+    /// Defaults for a world of `size` ranks.
+    pub fn for_size(size: usize) -> Self {
+        let t = crate::ThreadOptions::for_size(size);
+        ProcessOptions {
+            eager_limit: 16 << 10,
+            ring_bytes: t.ring_bytes,
+            credit_bytes: t.credit_bytes,
+            cma: CmaMode::Auto,
+            fragment_bytes: t.ring_bytes / 4,
+            rndv_window: 65_536,
+            cma_split_bytes: 64 << 10,
+        }
+    }
+
+    /// Defaults for `config.size`, overridden by its options.
+    pub fn from_config(config: &Config) -> Result<Self> {
+        let d = Self::for_size(config.size);
+        let ring_bytes = crate::engine::ring_bytes_option(config, d.ring_bytes)?;
+        let cma = match config.options.get("cma") {
+            None => d.cma,
+            Some(v) => v.parse().map_err(Error::Config)?,
+        };
+        let o = ProcessOptions {
+            eager_limit: config.option("eager_limit", d.eager_limit)?,
+            ring_bytes,
+            credit_bytes: config.option("credit_bytes", 4 * ring_bytes)?,
+            cma,
+            fragment_bytes: config.option("fragment_bytes", ring_bytes / 4)?,
+            rndv_window: config.option("rndv_window", d.rndv_window)?,
+            cma_split_bytes: config.option("cma_split_bytes", d.cma_split_bytes)?,
+        };
+        if o.rndv_window == 0 {
+            return Err(Error::Config("rndv_window must be at least 1".into()));
+        }
+        if o.fragment_bytes < INLINE {
+            return Err(Error::Config(format!(
+                "fragment_bytes must be at least {INLINE}"
+            )));
+        }
+        Ok(o)
+    }
+
+    pub(super) fn nslots(&self) -> usize {
+        (self.ring_bytes / crate::ring::SLOT).next_power_of_two()
+    }
+}
