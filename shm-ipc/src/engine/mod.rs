@@ -44,7 +44,7 @@ mod send;
 /// consumer (an inbox ring) or only producer (an outbox ring) is the rank
 /// that owns the medium: the engine makes one `Consumer` or `Producer` of
 /// each and keeps it while the medium lives.
-pub(crate) unsafe trait Medium: Send + Sync + Sized + 'static {
+pub unsafe trait Medium: Send + Sync + Sized + 'static {
     /// Per-rank protocol state only this device has, behind the rank lock.
     type State: Send;
     /// What acknowledges a synchronous eager message once it is matched.
@@ -191,7 +191,7 @@ pub(crate) unsafe trait Medium: Send + Sync + Sized + 'static {
 
 /// A message the receiver keeps before a receive matches it (the unexpected
 /// queue's entry).
-pub(crate) enum Unexpected<M: Medium> {
+pub enum Unexpected<M: Medium> {
     Eager { data: Vec<u8>, sync: Option<M::Ack> },
     Rndv { len: usize, start: M::Rndv },
 }
@@ -206,7 +206,7 @@ impl<M: Medium> Unexpected<M> {
 }
 
 /// The outcome of delivering a matched message.
-pub(crate) enum Outcome<L> {
+pub enum Outcome<L> {
     Done(Status),
     /// A rendezvous whose transfer goes on (the medium's).
     Later(L),
@@ -214,7 +214,7 @@ pub(crate) enum Outcome<L> {
 
 /// One message to send.
 #[derive(Copy, Clone)]
-pub(crate) struct Outgoing<'a> {
+pub struct Outgoing<'a> {
     pub(crate) dest: Rank,
     pub(crate) tag: Tag,
     pub(crate) context: Context,
@@ -238,7 +238,7 @@ impl Outgoing<'_> {
 
 /// A send that waits for its receiver, ready to publish: `header` and
 /// `payload` are made, the cookie is the medium's to set.
-pub(crate) struct Publication<'a> {
+pub struct Publication<'a> {
     pub(crate) out: &'a Outgoing<'a>,
     pub(crate) header: Header,
     pub(crate) payload: &'a [u8],
@@ -248,7 +248,7 @@ pub(crate) struct Publication<'a> {
 }
 
 /// What became of a send.
-pub(crate) enum Sent<W> {
+pub enum Sent<W> {
     /// Eager, not synchronous: the buffer may be reused.
     Complete,
     /// Waits for the receiver; a blocking send's waiter.
@@ -261,10 +261,10 @@ pub(crate) enum Sent<W> {
 
 /// A blocking receive queued in the engine (as a posted receive, or in a
 /// transfer when `None`), for its `Unpost` guard.
-pub(crate) type Queued = RefCell<Option<(Arc<BlockingRecv>, Option<PostedId>)>>;
+pub type Queued = RefCell<Option<(Arc<BlockingRecv>, Option<PostedId>)>>;
 
 /// A receive that can complete straight from the ring (the caller's buffer).
-pub(crate) struct Direct<'a, L> {
+pub struct Direct<'a, L> {
     pub(crate) pattern: Pattern,
     pub(crate) buf: &'a mut [u8],
     pub(crate) status: Option<Status>,
@@ -309,7 +309,7 @@ impl<'a, L> Direct<'a, L> {
 /// cleared: clearing it safely would need a count of every kind of waiter
 /// on that ring, and a flag set for nothing only costs the consumer a
 /// doorbell ring per pop, which wakes us only while we sleep.
-pub(crate) struct Local<M: Medium> {
+pub struct Local<M: Medium> {
     consumers: Vec<Option<Consumer>>,
     producers: Vec<Option<Producer>>,
     pub(crate) matching: MatchingEngine<Unexpected<M>, Target>,
@@ -378,7 +378,7 @@ pub(crate) fn ring_bytes_option(config: &xdev::Config, default: usize) -> Result
 }
 
 /// The limits of a rank, fixed at start-up.
-pub(crate) struct Limits {
+pub struct Limits {
     pub(crate) rank: Rank,
     pub(crate) size: usize,
     /// The eager limit in force (capped by what one ring message carries).
@@ -389,7 +389,7 @@ pub(crate) struct Limits {
 }
 
 /// The engine of one rank: shared by the device handle and its requests.
-pub(crate) struct Engine<M: Medium> {
+pub struct Engine<M: Medium> {
     pub(crate) m: M,
     pub(crate) rank: Rank,
     pub(crate) size: usize,
@@ -404,7 +404,7 @@ pub(crate) struct Engine<M: Medium> {
 /// Takes a blocking receive out of the engine when its call ends, even by
 /// unwinding, so that the device never keeps a pointer into a buffer whose
 /// borrow ended.
-pub(crate) struct Unpost<'e, M: Medium> {
+pub struct Unpost<'e, M: Medium> {
     engine: &'e Engine<M>,
     queued: Queued,
 }
@@ -427,7 +427,7 @@ impl<M: Medium> Drop for Unpost<'_, M> {
 /// moment the send is published until the receiver is done with it, the
 /// receiver may read the caller's buffer, so the call must not return
 /// before then (see [`Medium::settle_send`]).
-pub(crate) struct SettleSend<'e, M: Medium> {
+pub struct SettleSend<'e, M: Medium> {
     engine: &'e Engine<M>,
     waiter: RefCell<Option<M::Waiter>>,
 }
@@ -464,10 +464,6 @@ impl<M: Medium> Engine<M> {
     }
 
     /// The device's name.
-    pub(crate) fn name(&self) -> &'static str {
-        M::NAME
-    }
-
     pub(crate) fn lock(&self) -> RankGuard<'_, Local<M>> {
         self.local.lock()
     }
@@ -597,121 +593,6 @@ impl<M: Medium> Engine<M> {
         M::fail_peer(self, l, d, &err);
     }
 }
-
-/// `impl Device` for a device whose `engine` field is an `Arc<Engine<_>>`:
-/// every method is a forward to the engine.
-macro_rules! device_over_engine {
-    ($device:ty) => {
-        impl xdev::Device for $device {
-            fn name(&self) -> &'static str {
-                self.engine.name()
-            }
-
-            fn id(&self) -> xdev::Rank {
-                self.engine.rank
-            }
-
-            fn size(&self) -> usize {
-                self.engine.size
-            }
-
-            fn send(
-                &self,
-                buf: &[u8],
-                dest: xdev::Rank,
-                tag: xdev::Tag,
-                cx: xdev::Context,
-            ) -> xdev::Result<()> {
-                self.engine.blocking_send(buf, dest, tag, cx, false)
-            }
-
-            fn ssend(
-                &self,
-                buf: &[u8],
-                dest: xdev::Rank,
-                tag: xdev::Tag,
-                cx: xdev::Context,
-            ) -> xdev::Result<()> {
-                self.engine.blocking_send(buf, dest, tag, cx, true)
-            }
-
-            fn recv(
-                &self,
-                buf: &mut [u8],
-                source: xdev::Source,
-                tag: xdev::TagSel,
-                cx: xdev::Context,
-            ) -> xdev::Result<xdev::Status> {
-                self.engine
-                    .recv_into(buf, xdev::Pattern::new(source, tag, cx))
-            }
-
-            fn isend(
-                &self,
-                buf: xdev::Buffer,
-                dest: xdev::Rank,
-                tag: xdev::Tag,
-                cx: xdev::Context,
-            ) -> xdev::Request {
-                self.engine.start_send(buf, dest, tag, cx, false)
-            }
-
-            fn issend(
-                &self,
-                buf: xdev::Buffer,
-                dest: xdev::Rank,
-                tag: xdev::Tag,
-                cx: xdev::Context,
-            ) -> xdev::Request {
-                self.engine.start_send(buf, dest, tag, cx, true)
-            }
-
-            fn irecv(
-                &self,
-                buf: xdev::Buffer,
-                source: xdev::Source,
-                tag: xdev::TagSel,
-                cx: xdev::Context,
-            ) -> xdev::Request {
-                self.engine
-                    .start_recv(buf, xdev::Pattern::new(source, tag, cx))
-            }
-
-            fn probe(
-                &self,
-                source: xdev::Source,
-                tag: xdev::TagSel,
-                cx: xdev::Context,
-            ) -> xdev::Result<xdev::Status> {
-                let pattern = xdev::Pattern::new(source, tag, cx);
-                self.engine.probe(pattern, true)?.ok_or(xdev::Error::Closed)
-            }
-
-            fn iprobe(
-                &self,
-                source: xdev::Source,
-                tag: xdev::TagSel,
-                cx: xdev::Context,
-            ) -> xdev::Result<Option<xdev::Status>> {
-                self.engine
-                    .probe(xdev::Pattern::new(source, tag, cx), false)
-            }
-
-            fn peek(&self) -> xdev::Result<Option<xdev::Peeked>> {
-                self.engine.peek()
-            }
-
-            fn progress(&self) {
-                xdev::Progress::progress(&*self.engine)
-            }
-
-            fn finish(&self) -> xdev::Result<()> {
-                self.engine.finish()
-            }
-        }
-    };
-}
-pub(crate) use device_over_engine;
 
 /// Switches for tests that unwind out of the engine at chosen points.
 #[cfg(test)]

@@ -8,25 +8,39 @@ use std::sync::Arc;
 use xdev::matching::Posted;
 use xdev::target::{lost, BlockingRecv, Pending, Target};
 use xdev::{
-    check_recv, check_send, Buffer, Context, CoreRef, Envelope, Error, Pattern, Peeked, Rank,
-    Request, RequestKind, Result, Source, Status, Tag,
+    Buffer, Context, CoreRef, Envelope, Error, Pattern, Peeked, Rank, Request, RequestKind, Result,
+    SendTo, Source, Status, Tag, Tracker, Transport,
 };
 
 use super::{gone_error, Direct, Engine, Local, Medium, Outgoing, Sent, SettleSend, Unpost};
 
-impl<M: Medium> Engine<M> {
+impl<M: Medium> Transport for Engine<M> {
+    const NAME: &'static str = M::NAME;
+
+    fn rank(&self) -> Rank {
+        self.rank
+    }
+
+    fn size(&self) -> usize {
+        self.size
+    }
+
+    fn tracker(&self) -> &Tracker {
+        &self.tracker
+    }
+
+    fn check_open(&self) -> Result<()> {
+        Engine::check_open(self)
+    }
     /// Sends `buf` and returns once it may be reused (`sync`: once the
     /// receiver matched it).
-    pub(crate) fn blocking_send(
-        &self,
-        buf: &[u8],
-        dest: Rank,
-        tag: Tag,
-        context: Context,
-        sync: bool,
-    ) -> Result<()> {
-        check_send(dest, tag, self.size)?;
-        self.check_open()?;
+    fn blocking_send(self: &Arc<Self>, buf: &[u8], to: SendTo) -> Result<()> {
+        let SendTo {
+            dest,
+            tag,
+            context,
+            sync,
+        } = to;
         if dest != self.rank && self.m.peer_gone(dest) {
             return Err(lost(dest, "peer finished or died"));
         }
@@ -96,29 +110,16 @@ impl<M: Medium> Engine<M> {
     }
 
     /// Starts sending `buf`, which moves into the request.
-    pub(crate) fn start_send(
-        self: &Arc<Self>,
-        buf: Buffer,
-        dest: Rank,
-        tag: Tag,
-        context: Context,
-        sync: bool,
-    ) -> Request {
-        let env = Envelope {
-            source: dest,
+    fn start_send(self: &Arc<Self>, buf: Buffer, to: SendTo) -> Request {
+        let SendTo {
+            dest,
             tag,
             context,
-        };
-        let rejected = check_send(dest, tag, self.size)
-            .and_then(|_| self.check_open())
-            .and_then(|_| {
-                if dest != self.rank && self.m.peer_gone(dest) {
-                    Err(lost(dest, "peer finished or died"))
-                } else {
-                    Ok(())
-                }
-            });
-        if let Err(e) = rejected {
+            sync,
+        } = to;
+        let env = to.envelope();
+        if dest != self.rank && self.m.peer_gone(dest) {
+            let e = lost(dest, "peer finished or died");
             return self.refused(RequestKind::Send, buf, env, e);
         }
         if !sync && buf.len() <= self.eager_max {
@@ -150,52 +151,8 @@ impl<M: Medium> Engine<M> {
         Request::new(core, self.clone())
     }
 
-    /// Starts a send whose request exists: into the ring, or into the
-    /// backlog to `dest`.
-    fn queue_send(&self, core: &CoreRef, dest: Rank, tag: Tag, context: Context, sync: bool) {
-        let env = Envelope {
-            source: dest,
-            tag,
-            context,
-        };
-        let p = Pending {
-            core: core.clone(),
-            tag,
-            context,
-            sync,
-        };
-        let mut l = self.lock();
-        if self.closing.load(Ordering::Acquire) {
-            // `finish` may be past its wait for queued sends (see `start_recv`).
-            self.tracker
-                .complete(core, Status::failed(env, Error::Closed));
-        } else if l.gone[dest] {
-            let err = gone_error(&l, dest);
-            self.tracker.complete(core, Status::failed(env, err));
-        } else if !(l.backlog[dest].is_empty() && self.push_pending(&mut l, dest, &p)) {
-            l.backlog[dest].push_back(p);
-            l.backlog_total += 1;
-            // Never cleared (see `Local`).
-            self.producer(&mut l, dest).set_waiting(true);
-        }
-    }
-
-    /// A request that failed before it started.
-    fn refused(
-        self: &Arc<Self>,
-        kind: RequestKind,
-        buf: Buffer,
-        env: Envelope,
-        e: Error,
-    ) -> Request {
-        let core = self.tracker.rejected(kind, buf, Status::failed(env, e));
-        Request::new(core, self.clone())
-    }
-
     /// Receives the first message that matches `pattern` into `buf`.
-    pub(crate) fn recv_into(&self, buf: &mut [u8], pattern: Pattern) -> Result<Status> {
-        check_recv(pattern.source, pattern.tag, self.size)?;
-        self.check_open()?;
+    fn recv_into(self: &Arc<Self>, buf: &mut [u8], pattern: Pattern) -> Result<Status> {
         // The guard first: everything that can lend `buf` to the engine
         // records itself in it the moment it does.
         let unpost = Unpost {
@@ -255,6 +212,156 @@ impl<M: Medium> Engine<M> {
             .unwrap_or(Err(Error::Closed))
     }
 
+    /// Starts a receive into `buf`, which moves into the request.
+    fn start_recv(self: &Arc<Self>, buf: Buffer, pattern: Pattern) -> Request {
+        let env = Envelope {
+            source: self.rank,
+            tag: -1,
+            context: pattern.context,
+        };
+        let mut l = self.lock();
+        if self.closing.load(Ordering::Acquire) {
+            // `finish` began after our first check; it sets `closing` before
+            // it empties the queues under this lock, so nothing posted now
+            // would be completed.
+            drop(l);
+            return self.refused(RequestKind::Recv, buf, env, Error::Closed);
+        }
+        // A rendezvous this call matches is not copied here (see
+        // `Local::defer_copies`). Every exit below clears the flag.
+        l.defer_copies = true;
+        let r = if l.matching.posted_len() == 0 {
+            match self.start_recv_here(&mut l, buf, pattern) {
+                Ok(r) => r,
+                Err(buf) => self.post_recv(&mut l, buf, pattern),
+            }
+        } else {
+            self.post_recv(&mut l, buf, pattern)
+        };
+        l.defer_copies = false;
+        drop(l);
+        r
+    }
+
+    /// The status of the first message that matches `pattern`, without
+    /// receiving it; `block`: wait for one (then `None` only if the engine
+    /// closed meanwhile).
+    fn probe(&self, pattern: Pattern, block: bool) -> Result<Option<Status>> {
+        if !block {
+            let mut l = self.lock();
+            return Ok(self.probe_once(&mut l, &pattern));
+        }
+        let mut found = None;
+        self.block_until(
+            true,
+            |eng, l| {
+                found = eng.probe_once(l, &pattern);
+                if found.is_none() {
+                    if let Source::Rank(s) = pattern.source {
+                        if l.gone[s] && s != eng.rank {
+                            return Err(gone_error(l, s));
+                        }
+                    }
+                }
+                Ok(found.is_some())
+            },
+            || false,
+        )?;
+        Ok(found)
+    }
+
+    /// See [`xdev::Device::peek`].
+    fn peek(&self) -> Result<Option<Peeked>> {
+        let mut found = None;
+        self.block_until(
+            true,
+            |eng, l| {
+                eng.progress_locked(l, None);
+                found = eng.tracker.pop_completed();
+                Ok(found.is_some() || eng.tracker.outstanding() == 0)
+            },
+            || false,
+        )?;
+        Ok(found.or_else(|| self.tracker.pop_completed()))
+    }
+
+    /// See [`xdev::Device::finish`].
+    fn finish(&self) -> Result<()> {
+        if self.closing.swap(true, Ordering::AcqRel) {
+            return Ok(());
+        }
+        // Our sends (requests and blocking ones) and the medium's replies
+        // must be through: a peer that got our data must not see us leave
+        // before our answers.
+        let r = self.block_until(
+            false,
+            |eng, l| {
+                eng.progress_locked(l, None);
+                Ok(eng.tracker.outstanding_sends() == 0 && l.backlog_total == 0 && M::settled(l))
+            },
+            || false,
+        );
+        let mut l = self.lock();
+        M::close(self, &mut l);
+        for t in l.matching.remove_posted_where(|_, _| true) {
+            let env = Envelope {
+                source: self.rank,
+                tag: -1,
+                context: 0,
+            };
+            self.complete_target(t, Status::failed(env, Error::Closed));
+        }
+        l.matching.drain_unexpected();
+        drop(l);
+        self.depart(false);
+        self.m.finished();
+        r
+    }
+}
+
+impl<M: Medium> Engine<M> {
+    /// Starts a send whose request exists: into the ring, or into the
+    /// backlog to `dest`.
+    fn queue_send(&self, core: &CoreRef, dest: Rank, tag: Tag, context: Context, sync: bool) {
+        let env = Envelope {
+            source: dest,
+            tag,
+            context,
+        };
+        let p = Pending {
+            core: core.clone(),
+            tag,
+            context,
+            sync,
+        };
+        let mut l = self.lock();
+        if self.closing.load(Ordering::Acquire) {
+            // `finish` may be past its wait for queued sends (see `start_recv`).
+            self.tracker
+                .complete(core, Status::failed(env, Error::Closed));
+        } else if l.gone[dest] {
+            let err = gone_error(&l, dest);
+            self.tracker.complete(core, Status::failed(env, err));
+        } else if !(l.backlog[dest].is_empty() && self.push_pending(&mut l, dest, &p)) {
+            l.backlog[dest].push_back(p);
+            l.backlog_total += 1;
+            // Never cleared (see `Local`).
+            self.producer(&mut l, dest).set_waiting(true);
+        }
+    }
+
+    /// A request that failed before it started.
+    fn refused(
+        self: &Arc<Self>,
+        kind: RequestKind,
+        buf: Buffer,
+        env: Envelope,
+        e: Error,
+    ) -> Request {
+        let core = self.tracker.rejected(kind, buf, Status::failed(env, e));
+        Request::new(core, self.clone())
+    }
+
     /// One step of a blocking receive while nothing else is posted: from the
     /// unexpected queue, or straight from the rings. `Some(done)` ends the
     /// step; `None`: other receives were posted meanwhile.
@@ -291,41 +398,6 @@ impl<M: Medium> Engine<M> {
             return Ok(Some(false));
         }
         Ok(None)
-    }
-
-    /// Starts a receive into `buf`, which moves into the request.
-    pub(crate) fn start_recv(self: &Arc<Self>, buf: Buffer, pattern: Pattern) -> Request {
-        let env = Envelope {
-            source: self.rank,
-            tag: -1,
-            context: pattern.context,
-        };
-        let checked = check_recv(pattern.source, pattern.tag, self.size);
-        if let Err(e) = checked.and_then(|_| self.check_open()) {
-            return self.refused(RequestKind::Recv, buf, env, e);
-        }
-        let mut l = self.lock();
-        if self.closing.load(Ordering::Acquire) {
-            // `finish` began after our first check; it sets `closing` before
-            // it empties the queues under this lock, so nothing posted now
-            // would be completed.
-            drop(l);
-            return self.refused(RequestKind::Recv, buf, env, Error::Closed);
-        }
-        // A rendezvous this call matches is not copied here (see
-        // `Local::defer_copies`). Every exit below clears the flag.
-        l.defer_copies = true;
-        let r = if l.matching.posted_len() == 0 {
-            match self.start_recv_here(&mut l, buf, pattern) {
-                Ok(r) => r,
-                Err(buf) => self.post_recv(&mut l, buf, pattern),
-            }
-        } else {
-            self.post_recv(&mut l, buf, pattern)
-        };
-        l.defer_copies = false;
-        drop(l);
-        r
     }
 
     /// The common case of `start_recv`: nothing else is posted (so this
@@ -394,82 +466,5 @@ impl<M: Medium> Engine<M> {
             }
         }
         Request::new(core, self.clone())
-    }
-
-    /// The status of the first message that matches `pattern`, without
-    /// receiving it; `block`: wait for one (then `None` only if the engine
-    /// closed meanwhile).
-    pub(crate) fn probe(&self, pattern: Pattern, block: bool) -> Result<Option<Status>> {
-        check_recv(pattern.source, pattern.tag, self.size)?;
-        self.check_open()?;
-        if !block {
-            let mut l = self.lock();
-            return Ok(self.probe_once(&mut l, &pattern));
-        }
-        let mut found = None;
-        self.block_until(
-            true,
-            |eng, l| {
-                found = eng.probe_once(l, &pattern);
-                if found.is_none() {
-                    if let Source::Rank(s) = pattern.source {
-                        if l.gone[s] && s != eng.rank {
-                            return Err(gone_error(l, s));
-                        }
-                    }
-                }
-                Ok(found.is_some())
-            },
-            || false,
-        )?;
-        Ok(found)
-    }
-
-    /// See [`xdev::Device::peek`].
-    pub(crate) fn peek(&self) -> Result<Option<Peeked>> {
-        let mut found = None;
-        self.block_until(
-            true,
-            |eng, l| {
-                eng.progress_locked(l, None);
-                found = eng.tracker.pop_completed();
-                Ok(found.is_some() || eng.tracker.outstanding() == 0)
-            },
-            || false,
-        )?;
-        Ok(found.or_else(|| self.tracker.pop_completed()))
-    }
-
-    /// See [`xdev::Device::finish`].
-    pub(crate) fn finish(&self) -> Result<()> {
-        if self.closing.swap(true, Ordering::AcqRel) {
-            return Ok(());
-        }
-        // Our sends (requests and blocking ones) and the medium's replies
-        // must be through: a peer that got our data must not see us leave
-        // before our answers.
-        let r = self.block_until(
-            false,
-            |eng, l| {
-                eng.progress_locked(l, None);
-                Ok(eng.tracker.outstanding_sends() == 0 && l.backlog_total == 0 && M::settled(l))
-            },
-            || false,
-        );
-        let mut l = self.lock();
-        M::close(self, &mut l);
-        for t in l.matching.remove_posted_where(|_, _| true) {
-            let env = Envelope {
-                source: self.rank,
-                tag: -1,
-                context: 0,
-            };
-            self.complete_target(t, Status::failed(env, Error::Closed));
-        }
-        l.matching.drain_unexpected();
-        drop(l);
-        self.depart(false);
-        self.m.finished();
-        r
     }
 }

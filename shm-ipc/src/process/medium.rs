@@ -25,7 +25,7 @@ pub(super) type Eng = Engine<ProcessMedium>;
 pub(super) type Loc = Local<ProcessMedium>;
 
 /// Everything fixed after start-up, shared by the engine and the watch thread.
-pub(crate) struct Shared {
+pub struct Shared {
     pub(super) rank: Rank,
     pub(super) size: usize,
     pub(super) opts: ProcessOptions,
@@ -56,7 +56,7 @@ impl Shared {
 }
 
 /// How one rank of a job of processes reaches the others.
-pub(crate) struct ProcessMedium {
+pub struct ProcessMedium {
     pub(super) sh: Arc<Shared>,
     pub(super) watch: Mutex<Option<PeerWatch>>,
     pub(super) rendezvous: RendezvousPath,
@@ -70,7 +70,7 @@ pub(crate) struct ProcessMedium {
 }
 
 /// The process device's own per-rank state, behind the rank lock.
-pub(crate) struct ProcessState {
+pub struct ProcessState {
     /// Replies waiting for ring room, per destination.
     pub(super) control: Vec<VecDeque<Header>>,
     pub(super) control_total: usize,

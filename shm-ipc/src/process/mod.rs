@@ -98,7 +98,12 @@ impl ProcessDevice {
     }
 }
 
-crate::engine::device_over_engine!(ProcessDevice);
+impl xdev::Face for ProcessDevice {
+    type Engine = Engine<ProcessMedium>;
+    fn engine(&self) -> &Arc<Engine<ProcessMedium>> {
+        &self.engine
+    }
+}
 
 /// Adds the `shm` device to `registry`.
 pub fn register(registry: &mut Registry) {

@@ -38,14 +38,14 @@ unsafe impl Sync for OutSend {}
 
 /// A rendezvous start as the receiver keeps it: the sender's send id and
 /// buffer address.
-pub(crate) struct RndvStart {
+pub struct RndvStart {
     pub(super) id: u64,
     pub(super) addr: u64,
 }
 
 /// A split CMA copy under way: we read the head, the sender writes the
 /// tail.
-pub(crate) struct SplitStart {
+pub struct SplitStart {
     /// The sender's send id.
     pub(super) id: u64,
     /// The sender's buffer (for reading the tail ourselves if it could
@@ -75,7 +75,7 @@ pub(super) struct InStream {
 }
 
 /// A matched rendezvous whose transfer goes on.
-pub(crate) enum Later {
+pub enum Later {
     /// A pipelined rendezvous: data will arrive in fragments.
     Stream { id: u64, len: usize },
     /// A CMA rendezvous matched inside a posting call: the copy is left to

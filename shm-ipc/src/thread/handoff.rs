@@ -24,7 +24,7 @@ const REVOKED: u8 = 3;
 /// and marks it `DONE` after; a sender that gives up on a lost peer revokes it
 /// (`OFFERED -> REVOKED`), and if the claim won, waits for `DONE`. So `data` is
 /// never read after the sender stops guaranteeing it.
-pub(crate) struct Handoff {
+pub struct Handoff {
     state: AtomicU8,
     data: *const u8,
     len: usize,

@@ -22,7 +22,7 @@ use crate::ring::{Header, Incoming, RingRef};
 use crate::wire::{FLAG_SYNC, KIND_RNDV};
 
 /// How one rank of a thread world reaches the others.
-pub(crate) struct ThreadMedium {
+pub struct ThreadMedium {
     pub(super) world: Arc<World>,
     pub(super) rank: Rank,
     /// Per sender: its ring is left alone because this rank holds
@@ -33,7 +33,7 @@ pub(crate) struct ThreadMedium {
 }
 
 /// The thread device's own per-rank state, behind the rank lock.
-pub(crate) struct ThreadState {
+pub struct ThreadState {
     /// Our handoffs not seen done yet (revoked if their receiver leaves).
     pub(super) handoffs: Vec<Arc<Handoff>>,
     pub(super) handoffs_compact_at: usize,

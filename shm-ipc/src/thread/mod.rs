@@ -268,7 +268,12 @@ impl ThreadDevice {
     }
 }
 
-crate::engine::device_over_engine!(ThreadDevice);
+impl xdev::Face for ThreadDevice {
+    type Engine = Engine<ThreadMedium>;
+    fn engine(&self) -> &Arc<Engine<ThreadMedium>> {
+        &self.engine
+    }
+}
 
 /// Starts a world of N rank threads, each with its own [`ThreadDevice`].
 ///
