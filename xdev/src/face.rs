@@ -32,6 +32,11 @@ pub struct SendTo {
 }
 
 impl SendTo {
+    /// Destination, tag, context and sync, in that order.
+    pub fn parts(self) -> (Rank, Tag, Context, bool) {
+        (self.dest, self.tag, self.context, self.sync)
+    }
+
     /// The envelope of the send's status (its destination in `source`, as
     /// every device reports a send).
     pub fn envelope(&self) -> Envelope {

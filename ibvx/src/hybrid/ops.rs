@@ -41,22 +41,12 @@ impl Transport for HybridEngine {
     }
 
     fn blocking_send(self: &Arc<Self>, buf: &[u8], to: SendTo) -> Result<()> {
-        let SendTo {
-            dest,
-            tag,
-            context: cx,
-            sync,
-        } = to;
+        let (dest, tag, cx, sync) = to.parts();
         HybridEngine::blocking_send(self, buf, dest, tag, cx, sync)
     }
 
     fn start_send(self: &Arc<Self>, buf: Buffer, to: SendTo) -> Request {
-        let SendTo {
-            dest,
-            tag,
-            context: cx,
-            sync,
-        } = to;
+        let (dest, tag, cx, sync) = to.parts();
         self.isend(buf, dest, tag, cx, sync)
     }
 

@@ -32,12 +32,7 @@ impl Transport for PsmEngine {
     }
 
     fn blocking_send(self: &Arc<Self>, buf: &[u8], to: SendTo) -> Result<()> {
-        let SendTo {
-            dest,
-            tag,
-            context: cx,
-            sync,
-        } = to;
+        let (dest, tag, cx, sync) = to.parts();
         PsmEngine::blocking_send(self, buf, dest, tag, cx, sync)
     }
 
@@ -46,12 +41,7 @@ impl Transport for PsmEngine {
     }
 
     fn start_send(self: &Arc<Self>, buf: Buffer, to: SendTo) -> Request {
-        let SendTo {
-            dest,
-            tag,
-            context,
-            sync,
-        } = to;
+        let (dest, tag, context, sync) = to.parts();
         let eng = self;
         let env = to.envelope();
         let reject = |buf, e| {

@@ -35,12 +35,7 @@ impl<M: Medium> Transport for Engine<M> {
     /// Sends `buf` and returns once it may be reused (`sync`: once the
     /// receiver matched it).
     fn blocking_send(self: &Arc<Self>, buf: &[u8], to: SendTo) -> Result<()> {
-        let SendTo {
-            dest,
-            tag,
-            context,
-            sync,
-        } = to;
+        let (dest, tag, context, sync) = to.parts();
         if dest != self.rank && self.m.peer_gone(dest) {
             return Err(lost(dest, "peer finished or died"));
         }
@@ -111,12 +106,7 @@ impl<M: Medium> Transport for Engine<M> {
 
     /// Starts sending `buf`, which moves into the request.
     fn start_send(self: &Arc<Self>, buf: Buffer, to: SendTo) -> Request {
-        let SendTo {
-            dest,
-            tag,
-            context,
-            sync,
-        } = to;
+        let (dest, tag, context, sync) = to.parts();
         let env = to.envelope();
         if dest != self.rank && self.m.peer_gone(dest) {
             let e = lost(dest, "peer finished or died");

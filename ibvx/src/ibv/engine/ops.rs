@@ -36,12 +36,7 @@ impl Transport for IbvEngine {
     }
 
     fn blocking_send(self: &Arc<Self>, buf: &[u8], to: SendTo) -> Result<()> {
-        let SendTo {
-            dest,
-            tag,
-            context,
-            sync,
-        } = to;
+        let (dest, tag, context, sync) = to.parts();
         // Made before the send is published: on any exit, an unwind
         // included, it waits until the NIC and the peer are done with `buf`.
         let settle = SettleSend {
@@ -85,12 +80,7 @@ impl Transport for IbvEngine {
     }
 
     fn start_send(self: &Arc<Self>, buf: Buffer, to: SendTo) -> Request {
-        let SendTo {
-            dest,
-            tag,
-            context,
-            sync,
-        } = to;
+        let (dest, tag, context, sync) = to.parts();
         let env = to.envelope();
         let core = self.tracker.start(RequestKind::Send, buf);
         // SAFETY: the request owns the buffer; it is neither moved nor freed
