@@ -10,6 +10,7 @@
 //! small set of calls below. A device's own extras (options, leased
 //! memory, statistics) stay methods of its device type.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use crate::{
@@ -48,6 +49,41 @@ impl SendTo {
     }
 }
 
+/// What the face needs of every engine whatever its transport: this rank,
+/// the job's size, the tracker whose requests the engine completes, and the
+/// flag `finish` sets when it begins.
+#[derive(Clone, Copy)]
+pub struct Seat<'e> {
+    /// This rank.
+    pub rank: Rank,
+    /// The number of ranks in the job.
+    pub size: usize,
+    /// The tracker whose requests this engine completes.
+    pub tracker: &'e Tracker,
+    closing: &'e AtomicBool,
+}
+
+impl<'e> Seat<'e> {
+    /// An engine's seat (`closing`: set once `finish` began).
+    pub fn new(rank: Rank, size: usize, tracker: &'e Tracker, closing: &'e AtomicBool) -> Self {
+        Seat {
+            rank,
+            size,
+            tracker,
+            closing,
+        }
+    }
+
+    /// `Err(Error::Closed)` once `finish` began.
+    pub fn check_open(&self) -> Result<()> {
+        if self.closing.load(Ordering::Acquire) {
+            Err(Error::Closed)
+        } else {
+            Ok(())
+        }
+    }
+}
+
 /// What a transport's engine implements to be a device ([`Face`]).
 ///
 /// Every call gets arguments the face has checked: a destination and a
@@ -57,14 +93,8 @@ impl SendTo {
 pub trait Transport: Progress + Sized + 'static {
     /// The device's name, as the registry knows it.
     const NAME: &'static str;
-    /// This rank.
-    fn rank(&self) -> Rank;
-    /// The number of ranks in the job.
-    fn size(&self) -> usize;
-    /// The tracker whose requests this engine completes.
-    fn tracker(&self) -> &Tracker;
-    /// `Err(Error::Closed)` once `finish` began.
-    fn check_open(&self) -> Result<()>;
+    /// This rank's place in the job, its tracker and its closing flag.
+    fn seat(&self) -> Seat<'_>;
     /// Sends `buf` and returns once it may be reused (`sync`: once the
     /// receiver matched it).
     fn blocking_send(self: &Arc<Self>, buf: &[u8], to: SendTo) -> Result<()>;
@@ -111,7 +141,10 @@ fn refused<T: Transport>(
     env: Envelope,
     e: Error,
 ) -> Request {
-    let core = engine.tracker().rejected(kind, buf, Status::failed(env, e));
+    let core = engine
+        .seat()
+        .tracker
+        .rejected(kind, buf, Status::failed(env, e));
     Request::new(core, engine.clone())
 }
 
@@ -121,16 +154,16 @@ impl<D: Face> crate::Device for D {
     }
 
     fn id(&self) -> Rank {
-        self.engine().rank()
+        self.engine().seat().rank
     }
 
     fn size(&self) -> usize {
-        self.engine().size()
+        self.engine().seat().size
     }
 
     fn send(&self, buf: &[u8], dest: Rank, tag: Tag, context: Context) -> Result<()> {
-        check_send(dest, tag, self.engine().size())?;
-        self.engine().check_open()?;
+        check_send(dest, tag, self.engine().seat().size)?;
+        self.engine().seat().check_open()?;
         let to = SendTo {
             dest,
             tag,
@@ -141,8 +174,8 @@ impl<D: Face> crate::Device for D {
     }
 
     fn ssend(&self, buf: &[u8], dest: Rank, tag: Tag, context: Context) -> Result<()> {
-        check_send(dest, tag, self.engine().size())?;
-        self.engine().check_open()?;
+        check_send(dest, tag, self.engine().seat().size)?;
+        self.engine().seat().check_open()?;
         let to = SendTo {
             dest,
             tag,
@@ -159,8 +192,8 @@ impl<D: Face> crate::Device for D {
         tag: TagSel,
         context: Context,
     ) -> Result<Status> {
-        check_recv(source, tag, self.engine().size())?;
-        self.engine().check_open()?;
+        check_recv(source, tag, self.engine().seat().size)?;
+        self.engine().seat().check_open()?;
         self.engine()
             .recv_into(buf, Pattern::new(source, tag, context))
     }
@@ -186,10 +219,10 @@ impl<D: Face> crate::Device for D {
     }
 
     fn irecv(&self, buf: Buffer, source: Source, tag: TagSel, context: Context) -> Request {
-        let checked = check_recv(source, tag, self.engine().size());
-        if let Err(e) = checked.and_then(|_| self.engine().check_open()) {
+        let checked = check_recv(source, tag, self.engine().seat().size);
+        if let Err(e) = checked.and_then(|_| self.engine().seat().check_open()) {
             let env = Envelope {
-                source: self.engine().rank(),
+                source: self.engine().seat().rank,
                 tag: -1,
                 context,
             };
@@ -200,16 +233,16 @@ impl<D: Face> crate::Device for D {
     }
 
     fn probe(&self, source: Source, tag: TagSel, context: Context) -> Result<Status> {
-        check_recv(source, tag, self.engine().size())?;
-        self.engine().check_open()?;
+        check_recv(source, tag, self.engine().seat().size)?;
+        self.engine().seat().check_open()?;
         self.engine()
             .probe(Pattern::new(source, tag, context), true)?
             .ok_or(Error::Closed)
     }
 
     fn iprobe(&self, source: Source, tag: TagSel, context: Context) -> Result<Option<Status>> {
-        check_recv(source, tag, self.engine().size())?;
-        self.engine().check_open()?;
+        check_recv(source, tag, self.engine().seat().size)?;
+        self.engine().seat().check_open()?;
         self.engine()
             .probe(Pattern::new(source, tag, context), false)
     }
@@ -230,8 +263,8 @@ impl<D: Face> crate::Device for D {
 /// `isend` and `issend`: checked, then started by the engine.
 fn start_send<D: Face + ?Sized>(dev: &D, buf: Buffer, to: SendTo) -> Request {
     let engine = dev.engine();
-    let checked = check_send(to.dest, to.tag, engine.size());
-    if let Err(e) = checked.and_then(|_| engine.check_open()) {
+    let checked = check_send(to.dest, to.tag, engine.seat().size);
+    if let Err(e) = checked.and_then(|_| engine.seat().check_open()) {
         return refused(engine, RequestKind::Send, buf, to.envelope(), e);
     }
     engine.start_send(buf, to)

@@ -27,7 +27,7 @@ mod types;
 pub use buffer::{Buffer, BufferStorage};
 pub use device::{check_recv, check_send, check_tag, Config, Device};
 pub use error::{Error, Result};
-pub use face::{Face, SendTo, Transport};
+pub use face::{Face, Seat, SendTo, Transport};
 pub use registry::Registry;
 pub use request::{
     Completion, CoreRef, Peeked, Progress, Request, RequestCore, RequestId, RequestKind, Tracker,

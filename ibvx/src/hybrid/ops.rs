@@ -5,8 +5,8 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use xdev::{
-    Buffer, Context, Error, Face, Pattern, Peeked, Rank, Request, Result, SendTo, Source, Status,
-    Tracker, Transport,
+    Buffer, Context, Error, Face, Pattern, Peeked, Request, Result, Seat, SendTo, Source, Status,
+    Transport,
 };
 
 use super::held::HeldRecv;
@@ -24,20 +24,8 @@ impl Face for HybridDevice {
 impl Transport for HybridEngine {
     const NAME: &'static str = "hybrid";
 
-    fn rank(&self) -> Rank {
-        self.rank
-    }
-
-    fn size(&self) -> usize {
-        self.size
-    }
-
-    fn tracker(&self) -> &Tracker {
-        &self.tracker
-    }
-
-    fn check_open(&self) -> Result<()> {
-        HybridEngine::check_open(self)
+    fn seat(&self) -> Seat<'_> {
+        Seat::new(self.rank, self.size, &self.tracker, &self.closed)
     }
 
     fn blocking_send(self: &Arc<Self>, buf: &[u8], to: SendTo) -> Result<()> {

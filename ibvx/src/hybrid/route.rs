@@ -2,7 +2,6 @@
 //! job's, and relaying a request started on a device below to the request
 //! this layer hands out (sends go straight through).
 
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use xdev::{
@@ -86,14 +85,6 @@ impl RankMap {
 }
 
 impl HybridEngine {
-    pub(super) fn check_open(&self) -> Result<()> {
-        if self.closed.load(Ordering::Acquire) {
-            Err(Error::Closed)
-        } else {
-            Ok(())
-        }
-    }
-
     /// The device for `route`, and how its ranks map to the job's.
     pub(super) fn device(&self, route: Route) -> (&dyn Device, &RankMap) {
         match (route, &self.remote) {

@@ -46,7 +46,9 @@
 
 use std::collections::VecDeque;
 use std::os::fd::{FromRawFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
+#[cfg(test)]
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Instant;
 
@@ -410,14 +412,6 @@ impl IbvEngine {
 
     fn lock(&self) -> MutexGuard<'_, Local> {
         self.local.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    fn check_open(&self) -> Result<()> {
-        if self.closing.load(Ordering::Acquire) {
-            Err(Error::Closed)
-        } else {
-            Ok(())
-        }
     }
 
     fn gone_error(l: &Local, p: Rank) -> Option<Error> {

@@ -2,7 +2,7 @@
 //! cancellation and waiting. Every PSM2 call goes through the safe layer
 //! ([`super::layer`]).
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -108,14 +108,6 @@ pub(super) fn lost(rank: Rank) -> Error {
 impl PsmEngine {
     pub(super) fn lock(&self) -> RankGuard<'_, Inner> {
         self.inner.lock()
-    }
-
-    pub(super) fn check_open(&self) -> Result<()> {
-        if self.closing.load(Ordering::Acquire) {
-            Err(Error::Closed)
-        } else {
-            Ok(())
-        }
     }
 
     /// The xdev status of a completed receive into `cap` bytes, or of a

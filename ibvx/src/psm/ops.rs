@@ -5,8 +5,8 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use xdev::{
-    Buffer, Envelope, Error, Pattern, Peeked, Rank, Request, RequestKind, Result, SendTo, Source,
-    Status, Tracker, Transport,
+    Buffer, Envelope, Error, Pattern, Peeked, Request, RequestKind, Result, Seat, SendTo, Source,
+    Status, Transport,
 };
 
 use super::engine::{lost, PsmEngine, Slot};
@@ -15,20 +15,8 @@ use super::setup;
 impl Transport for PsmEngine {
     const NAME: &'static str = "psm";
 
-    fn rank(&self) -> Rank {
-        self.rank
-    }
-
-    fn size(&self) -> usize {
-        self.size
-    }
-
-    fn tracker(&self) -> &Tracker {
-        &self.tracker
-    }
-
-    fn check_open(&self) -> Result<()> {
-        PsmEngine::check_open(self)
+    fn seat(&self) -> Seat<'_> {
+        Seat::new(self.rank, self.size, &self.tracker, &self.closing)
     }
 
     fn blocking_send(self: &Arc<Self>, buf: &[u8], to: SendTo) -> Result<()> {

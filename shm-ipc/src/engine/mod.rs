@@ -468,14 +468,6 @@ impl<M: Medium> Engine<M> {
         self.local.lock()
     }
 
-    pub(crate) fn check_open(&self) -> Result<()> {
-        if self.closing.load(Ordering::Acquire) {
-            Err(Error::Closed)
-        } else {
-            Ok(())
-        }
-    }
-
     /// Makes progress until `done` (with `until_closed`, or until the
     /// engine closed).
     pub(crate) fn wait_until(&self, until_closed: bool, done: impl Fn() -> bool) -> Result<()> {

@@ -9,7 +9,7 @@ use xdev::matching::Posted;
 use xdev::target::{lost, BlockingRecv, Pending, Target};
 use xdev::{
     Buffer, Context, CoreRef, Envelope, Error, Pattern, Peeked, Rank, Request, RequestKind, Result,
-    SendTo, Source, Status, Tag, Tracker, Transport,
+    Seat, SendTo, Source, Status, Tag, Transport,
 };
 
 use super::{gone_error, Direct, Engine, Local, Medium, Outgoing, Sent, SettleSend, Unpost};
@@ -17,20 +17,8 @@ use super::{gone_error, Direct, Engine, Local, Medium, Outgoing, Sent, SettleSen
 impl<M: Medium> Transport for Engine<M> {
     const NAME: &'static str = M::NAME;
 
-    fn rank(&self) -> Rank {
-        self.rank
-    }
-
-    fn size(&self) -> usize {
-        self.size
-    }
-
-    fn tracker(&self) -> &Tracker {
-        &self.tracker
-    }
-
-    fn check_open(&self) -> Result<()> {
-        Engine::check_open(self)
+    fn seat(&self) -> Seat<'_> {
+        Seat::new(self.rank, self.size, &self.tracker, &self.closing)
     }
     /// Sends `buf` and returns once it may be reused (`sync`: once the
     /// receiver matched it).

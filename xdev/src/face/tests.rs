@@ -23,20 +23,8 @@ impl Progress for Counting {
 
 impl Transport for Counting {
     const NAME: &'static str = "counting";
-    fn rank(&self) -> Rank {
-        0
-    }
-    fn size(&self) -> usize {
-        2
-    }
-    fn tracker(&self) -> &Tracker {
-        &self.tracker
-    }
-    fn check_open(&self) -> Result<()> {
-        if self.closed.load(Ordering::Relaxed) {
-            return Err(Error::Closed);
-        }
-        Ok(())
+    fn seat(&self) -> Seat<'_> {
+        Seat::new(0, 2, &self.tracker, &self.closed)
     }
     fn blocking_send(self: &Arc<Self>, _: &[u8], _: SendTo) -> Result<()> {
         self.calls.fetch_add(1, Ordering::Relaxed);

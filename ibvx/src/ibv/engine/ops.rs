@@ -8,8 +8,8 @@ use std::sync::Arc;
 use xdev::matching::PostedId;
 use xdev::target::{BlockingRecv, BlockingSend, SendOwner, Target};
 use xdev::{
-    Buffer, Envelope, Error, Pattern, Peeked, Rank, Request, RequestKind, Result, SendTo, Source,
-    Status, Tracker, Transport,
+    Buffer, Envelope, Error, Pattern, Peeked, Request, RequestKind, Result, Seat, SendTo, Source,
+    Status, Transport,
 };
 
 #[cfg(test)]
@@ -19,20 +19,8 @@ use super::{IbvEngine, Local, Outgoing};
 impl Transport for IbvEngine {
     const NAME: &'static str = "ibv";
 
-    fn rank(&self) -> Rank {
-        self.fab.rank
-    }
-
-    fn size(&self) -> usize {
-        self.fab.size
-    }
-
-    fn tracker(&self) -> &Tracker {
-        &self.tracker
-    }
-
-    fn check_open(&self) -> Result<()> {
-        IbvEngine::check_open(self)
+    fn seat(&self) -> Seat<'_> {
+        Seat::new(self.fab.rank, self.fab.size, &self.tracker, &self.closing)
     }
 
     fn blocking_send(self: &Arc<Self>, buf: &[u8], to: SendTo) -> Result<()> {
