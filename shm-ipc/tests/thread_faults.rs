@@ -8,9 +8,7 @@ use std::time::{Duration, Instant};
 
 use shm_ipc::ThreadDevice;
 
-#[path = "common/race.rs"]
-mod race;
-use xdev::conformance::Watchdog;
+use xdev::conformance::{finish_while_posting, Watchdog};
 use xdev::{Buffer, Config, Device, Error, Registry, Source, TagSel, ANY_SOURCE, ANY_TAG};
 
 fn job(name: &str) -> String {
@@ -256,7 +254,8 @@ fn finish_racing_with_posts_leaves_no_request_behind() {
     for i in 0..5_000 {
         let job = job(&format!("finish-race-{i}"));
         let dev = open(&job, 0, 1);
-        race::finish_while_posting(&dev, 0, i);
+        let what = format!("iteration {i}");
+        let _ = finish_while_posting(&dev, 0, Duration::ZERO, Duration::from_secs(5), &what);
     }
 }
 

@@ -12,6 +12,9 @@
 //! nothing else uses them. Cases need at least two ranks where they say so and
 //! degrade to a self-check on one rank.
 
+mod race;
+pub use race::finish_while_posting;
+
 use std::fmt;
 use std::time::{Duration, Instant};
 

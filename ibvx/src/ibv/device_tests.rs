@@ -535,47 +535,14 @@ fn finish_racing_with_posts_leaves_no_request_behind() {
     }
     for i in 0..40 {
         let j = job(2, &[]);
-        let a = &j.devs[0];
-        let go = std::sync::Barrier::new(3);
-        let posted = std::thread::scope(|s| {
-            let poster = |tag: i32| {
-                let (a, go) = (a, &go);
-                move || {
-                    let mut reqs = Vec::new();
-                    go.wait();
-                    loop {
-                        let r = a.irecv(Buffer::zeroed(8), Source::Rank(1), TagSel::Tag(tag), 0);
-                        match r.test() {
-                            Ok(c) if c.status.error == Some(Error::Closed) => break,
-                            Ok(c) => panic!("unexpected completion {:?}", c.status),
-                            Err(r) => reqs.push(r),
-                        }
-                    }
-                    reqs
-                }
-            };
-            let x = s.spawn(poster(1));
-            let y = s.spawn(poster(2));
-            go.wait();
-            let _ = a.finish();
-            let mut all = x.join().unwrap();
-            all.extend(y.join().unwrap());
-            all
-        });
-        for mut r in posted {
-            let t = Instant::now();
-            loop {
-                match r.test() {
-                    Ok(_) => break,
-                    Err(back) => r = back,
-                }
-                assert!(
-                    t.elapsed() < Duration::from_secs(10),
-                    "iteration {i}: a request posted during finish never completed"
-                );
-                std::thread::yield_now();
-            }
-        }
+        let what = format!("iteration {i}");
+        let _ = xdev::conformance::finish_while_posting(
+            &j.devs[0],
+            1,
+            Duration::ZERO,
+            Duration::from_secs(10),
+            &what,
+        );
         let _ = j.devs[1].finish();
     }
 }

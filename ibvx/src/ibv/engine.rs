@@ -55,7 +55,7 @@ use std::time::Instant;
 use xdev::bootstrap::Bootstrap;
 use xdev::matching::{FxMap, MatchingEngine};
 use xdev::target::{SendOwner, Target};
-use xdev::{Context, Envelope, Error, Rank, Result, Source, Status, Tag, Tracker};
+use xdev::{Context, Envelope, Error, Rank, Result, SendTo, Source, Status, Tag, Tracker};
 
 use super::options::IbvOptions;
 use super::regcache::{Registration, RegistrationCache};
@@ -217,11 +217,8 @@ unsafe impl Send for OutSend {}
 /// One message to send.
 #[derive(Copy, Clone)]
 struct Outgoing<'a> {
-    dest: Rank,
-    tag: Tag,
-    context: Context,
+    to: SendTo,
     data: &'a [u8],
-    sync: bool,
 }
 
 /// A rendezvous receive waiting for `RNDZ_END`: the peer may write `target`

@@ -1,12 +1,12 @@
 //! Unit tests of the psm device (one-rank jobs in this process).
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::*;
 use xdev::bootstrap::Bootstrap;
 use xdev::bootstrap::{BootstrapServer, Secret};
 use xdev::{Buffer, Device};
-use xdev::{Config, Error, Source, TagSel};
+use xdev::{Config, Source, TagSel};
 
 /// Held by every test of this binary that opens the process's one PSM2
 /// endpoint.
@@ -105,45 +105,12 @@ fn receives_posted_during_finish_all_complete() {
     // `finish` racing with receives posted from other threads: each
     // completes (Closed at the latest), and none reaches the closed
     // endpoint.
-    let go = std::sync::Barrier::new(3);
-    let posted = std::thread::scope(|s| {
-        let poster = |tag: i32| {
-            let (dev, go) = (&dev, &go);
-            move || {
-                let mut reqs = Vec::new();
-                go.wait();
-                loop {
-                    let r = dev.irecv(Buffer::zeroed(8), Source::Rank(0), TagSel::Tag(tag), 0);
-                    match r.test() {
-                        Ok(c) if c.status.error == Some(Error::Closed) => break,
-                        Ok(c) => panic!("unexpected completion {:?}", c.status),
-                        Err(r) => reqs.push(r),
-                    }
-                }
-                reqs
-            }
-        };
-        let a = s.spawn(poster(10));
-        let b = s.spawn(poster(11));
-        go.wait();
-        std::thread::sleep(Duration::from_millis(5));
-        dev.finish().unwrap();
-        let mut all = a.join().unwrap();
-        all.extend(b.join().unwrap());
-        all
-    });
-    for mut r in posted {
-        let t = Instant::now();
-        loop {
-            match r.test() {
-                Ok(_) => break,
-                Err(back) => r = back,
-            }
-            assert!(
-                t.elapsed() < Duration::from_secs(10),
-                "a receive posted during finish never completed"
-            );
-            std::thread::yield_now();
-        }
-    }
+    xdev::conformance::finish_while_posting(
+        &dev,
+        0,
+        Duration::from_millis(5),
+        Duration::from_secs(10),
+        "psm",
+    )
+    .unwrap();
 }

@@ -23,7 +23,7 @@ impl<M: Medium> Transport for Engine<M> {
     /// Sends `buf` and returns once it may be reused (`sync`: once the
     /// receiver matched it).
     fn blocking_send(self: &Arc<Self>, buf: &[u8], to: SendTo) -> Result<()> {
-        let (dest, tag, context, sync) = to.parts();
+        let dest = to.dest;
         if dest != self.rank && self.m.peer_gone(dest) {
             return Err(lost(dest, "peer finished or died"));
         }
@@ -34,11 +34,8 @@ impl<M: Medium> Transport for Engine<M> {
             waiter: Default::default(),
         };
         let out = Outgoing {
-            dest,
-            tag,
-            context,
+            to,
             data: buf,
-            sync,
             eager_only: false,
         };
         // While the ring is full: the consumer position it was full against.
@@ -108,11 +105,8 @@ impl<M: Medium> Transport for Engine<M> {
             let mut l = self.lock();
             if l.backlog[dest].is_empty() {
                 let out = Outgoing {
-                    dest,
-                    tag,
-                    context,
+                    to,
                     data: &buf,
-                    sync,
                     eager_only: true,
                 };
                 if let Sent::Complete = self.push(&mut l, &out, None) {

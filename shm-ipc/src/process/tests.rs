@@ -1,13 +1,12 @@
 use super::*;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use xdev::conformance::finish_while_posting;
 
 use xdev::{Buffer, Error, Rank, Request, Source, Status, TagSel};
 
 use crate::ring::Header;
 use crate::wire::*;
 
-#[path = "../../tests/common/race.rs"]
-mod race;
 use xdev::bootstrap::{BootstrapServer, Secret};
 
 /// Two ranks of one job as two devices in this process (threads).
@@ -219,7 +218,14 @@ fn large_done(d: &ProcessDevice) -> bool {
 fn finish_racing_with_posts_leaves_no_request_behind() {
     for i in 0..200 {
         let (d0, d1) = pair(&[]);
-        race::finish_while_posting(&d0, 1, i);
+        let what = format!("iteration {i}");
+        let _ = finish_while_posting(
+            &d0,
+            1,
+            std::time::Duration::ZERO,
+            std::time::Duration::from_secs(5),
+            &what,
+        );
         let _ = d1.finish();
     }
 }

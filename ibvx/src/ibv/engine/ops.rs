@@ -24,7 +24,6 @@ impl Transport for IbvEngine {
     }
 
     fn blocking_send(self: &Arc<Self>, buf: &[u8], to: SendTo) -> Result<()> {
-        let (dest, tag, context, sync) = to.parts();
         // Made before the send is published: on any exit, an unwind
         // included, it waits until the NIC and the peer are done with `buf`.
         let settle = SettleSend {
@@ -36,13 +35,7 @@ impl Transport for IbvEngine {
             // `finish` may be past its wait for our sends.
             return Err(Error::Closed);
         }
-        let out = Outgoing {
-            dest,
-            tag,
-            context,
-            data: buf,
-            sync,
-        };
+        let out = Outgoing { to, data: buf };
         let started = self.start(&mut l, out, || {
             let w = BlockingSend::new();
             *settle.waiter.borrow_mut() = Some(w.clone());
@@ -68,7 +61,6 @@ impl Transport for IbvEngine {
     }
 
     fn start_send(self: &Arc<Self>, buf: Buffer, to: SendTo) -> Request {
-        let (dest, tag, context, sync) = to.parts();
         let env = to.envelope();
         let core = self.tracker.start(RequestKind::Send, buf);
         // SAFETY: the request owns the buffer; it is neither moved nor freed
@@ -84,13 +76,7 @@ impl Transport for IbvEngine {
                 .complete(&core, Status::failed(env, Error::Closed));
             return Request::new(core, self.clone());
         }
-        let out = Outgoing {
-            dest,
-            tag,
-            context,
-            data,
-            sync,
-        };
+        let out = Outgoing { to, data };
         match self.start(&mut l, out, || SendOwner::Request(core.clone())) {
             Ok(true) => {}
             Ok(false) => {

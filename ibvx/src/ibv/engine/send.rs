@@ -130,13 +130,8 @@ impl IbvEngine {
         out: Outgoing<'_>,
         owner: impl FnOnce() -> SendOwner,
     ) -> Result<bool> {
-        let Outgoing {
-            dest,
-            tag,
-            context,
-            data,
-            sync,
-        } = out;
+        let Outgoing { to, data } = out;
+        let (dest, tag, context, sync) = to.parts();
         if dest == self.fab.rank {
             return Ok(self.send_local(l, tag, context, data, sync, owner));
         }

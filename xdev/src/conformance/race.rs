@@ -1,18 +1,24 @@
-//! `finish` racing with receives posted by other threads of the rank:
-//! shared by the thread device's fault tests and the process device's unit
-//! tests (included by path in both).
+//! `finish` racing with receives that other threads of the rank post: what
+//! each device's own tests check (the thread, shm, ibv and psm devices).
 
 use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
-use xdev::{Buffer, Device, Error, Rank, Source, TagSel};
+use crate::{Buffer, Device, Error, Rank, Result, Source, TagSel};
 
 /// Two threads post receives from `peer` on `dev` until one fails with
-/// `Closed`, while this thread calls `finish`; every request they posted
-/// must then end (`i`: the iteration, for the message).
-pub fn finish_while_posting(dev: &impl Device, peer: Rank, i: usize) {
+/// `Closed`, while this thread waits `pause` and calls `finish`; every
+/// request they posted must then complete within `limit` (panics naming
+/// `what` otherwise). Returns what `finish` returned.
+pub fn finish_while_posting(
+    dev: &dyn Device,
+    peer: Rank,
+    pause: Duration,
+    limit: Duration,
+    what: &str,
+) -> Result<()> {
     let go = Barrier::new(3);
-    let posted = std::thread::scope(|s| {
+    let (finished, posted) = std::thread::scope(|s| {
         let poster = |tag: i32| {
             let go = &go;
             move || {
@@ -22,7 +28,7 @@ pub fn finish_while_posting(dev: &impl Device, peer: Rank, i: usize) {
                     let r = dev.irecv(Buffer::zeroed(8), Source::Rank(peer), TagSel::Tag(tag), 0);
                     match r.test() {
                         Ok(c) if c.status.error == Some(Error::Closed) => break,
-                        Ok(c) => panic!("unexpected completion {:?}", c.status),
+                        Ok(c) => panic!("{what}: unexpected completion {:?}", c.status),
                         Err(r) => reqs.push(r),
                     }
                 }
@@ -32,10 +38,11 @@ pub fn finish_while_posting(dev: &impl Device, peer: Rank, i: usize) {
         let a = s.spawn(poster(1));
         let b = s.spawn(poster(2));
         go.wait();
-        let _ = dev.finish();
-        let mut all = a.join().unwrap();
-        all.extend(b.join().unwrap());
-        all
+        std::thread::sleep(pause);
+        let finished = dev.finish();
+        let mut all = a.join().expect("a posting thread panicked");
+        all.extend(b.join().expect("a posting thread panicked"));
+        (finished, all)
     });
     for mut r in posted {
         let t = Instant::now();
@@ -45,10 +52,11 @@ pub fn finish_while_posting(dev: &impl Device, peer: Rank, i: usize) {
                 Err(back) => r = back,
             }
             assert!(
-                t.elapsed() < Duration::from_secs(5),
-                "iteration {i}: a request posted during finish never completed"
+                t.elapsed() < limit,
+                "{what}: a request posted during finish never completed"
             );
             std::thread::yield_now();
         }
     }
+    finished
 }
