@@ -187,10 +187,17 @@ impl ProcessMedium {
     ) -> Outcome<Later> {
         let s = env.source;
         let RndvStart { id, addr } = r;
-        if !Self::may_copy_with(e, l, s) {
-            // A sender that left cannot have finished with this send
-            // outstanding: it died (or claims to have left; either way we
-            // copy nothing from a departed peer).
+        // A sender that left cannot have finished with this send
+        // outstanding: it died (or claims to have left; either way we copy
+        // nothing from a departed peer). Its process is asked (a system
+        // call) only when we are about to copy from it by CMA: the
+        // pipelined path takes the data from the ring.
+        let departed = if l.m.cma[s] {
+            !Self::may_copy_with(e, l, s)
+        } else {
+            l.gone[s] || e.m.sh.gone(s)
+        };
+        if departed {
             return Outcome::Done(Status::failed(env, lost(s, "sender died")));
         }
         let n = len.min(cap);
