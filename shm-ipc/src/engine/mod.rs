@@ -20,7 +20,9 @@ use std::sync::Arc;
 
 use xdev::matching::{MatchingEngine, PostedId};
 use xdev::target::{lost, BlockingRecv, Pending, Target};
-use xdev::{CoreRef, Envelope, Error, Pattern, Rank, Result, SendTo, Source, Status, Tracker};
+use xdev::{
+    Context, CoreRef, Envelope, Error, Pattern, Rank, Result, Source, Status, Tag, Tracker,
+};
 
 use crate::doorbell::DoorbellRef;
 use crate::futex::Scope;
@@ -213,8 +215,11 @@ pub enum Outcome<L> {
 /// One message to send.
 #[derive(Copy, Clone)]
 pub struct Outgoing<'a> {
-    pub(crate) to: SendTo,
+    pub(crate) dest: Rank,
+    pub(crate) tag: Tag,
+    pub(crate) context: Context,
     pub(crate) data: &'a [u8],
+    pub(crate) sync: bool,
     /// Send only as a plain eager message (else report `Full`, pushing
     /// nothing): the caller has no request yet to own a send that waits.
     pub(crate) eager_only: bool,
@@ -223,7 +228,11 @@ pub struct Outgoing<'a> {
 impl Outgoing<'_> {
     /// The envelope the send's status reports (source = destination).
     pub(crate) fn env(&self) -> Envelope {
-        self.to.envelope()
+        Envelope {
+            source: self.dest,
+            tag: self.tag,
+            context: self.context,
+        }
     }
 }
 

@@ -23,7 +23,7 @@ impl<M: Medium> Transport for Engine<M> {
     /// Sends `buf` and returns once it may be reused (`sync`: once the
     /// receiver matched it).
     fn blocking_send(self: &Arc<Self>, buf: &[u8], to: SendTo) -> Result<()> {
-        let dest = to.dest;
+        let (dest, tag, context, sync) = to.parts();
         if dest != self.rank && self.m.peer_gone(dest) {
             return Err(lost(dest, "peer finished or died"));
         }
@@ -34,8 +34,11 @@ impl<M: Medium> Transport for Engine<M> {
             waiter: Default::default(),
         };
         let out = Outgoing {
-            to,
+            dest,
+            tag,
+            context,
             data: buf,
+            sync,
             eager_only: false,
         };
         // While the ring is full: the consumer position it was full against.
@@ -105,8 +108,11 @@ impl<M: Medium> Transport for Engine<M> {
             let mut l = self.lock();
             if l.backlog[dest].is_empty() {
                 let out = Outgoing {
-                    to,
+                    dest,
+                    tag,
+                    context,
                     data: &buf,
+                    sync,
                     eager_only: true,
                 };
                 if let Sent::Complete = self.push(&mut l, &out, None) {

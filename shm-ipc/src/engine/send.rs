@@ -5,7 +5,7 @@
 use std::sync::atomic::Ordering;
 
 use xdev::target::Pending;
-use xdev::{CoreRef, Error, Rank, SendTo, Status};
+use xdev::{CoreRef, Error, Rank, Status};
 
 use super::{gone_error, Engine, Local, Medium, Outgoing, Publication, Sent};
 use crate::ring::Header;
@@ -33,10 +33,10 @@ impl<M: Medium> Engine<M> {
         out: &Outgoing<'_>,
         request: Option<&CoreRef>,
     ) -> Sent<M::Waiter> {
-        let dest = out.to.dest;
+        let dest = out.dest;
         let charge = out.data.len() as u64 + ENTRY_CHARGE;
         let eager = out.data.len() <= self.eager_max && self.has_credit(l, dest, charge);
-        let waits = out.to.sync || !eager;
+        let waits = out.sync || !eager;
         if waits && out.eager_only {
             return Sent::Full;
         }
@@ -55,9 +55,9 @@ impl<M: Medium> Engine<M> {
         }
         let header = Header {
             kind: if eager { KIND_EAGER } else { KIND_RNDV },
-            flags: if out.to.sync { FLAG_SYNC } else { 0 },
-            tag: out.to.tag,
-            context: out.to.context,
+            flags: if out.sync { FLAG_SYNC } else { 0 },
+            tag: out.tag,
+            context: out.context,
             aux: out.data.len() as u64,
             ..Header::default()
         };
@@ -104,15 +104,12 @@ impl<M: Medium> Engine<M> {
         // SAFETY: the request owns its buffer until completed, and it is not
         // completed before this send is pushed (complete) or answered.
         let data = unsafe { std::slice::from_raw_parts(p.core.buffer_ptr(), p.core.buffer_len()) };
-        let to = SendTo {
+        let out = Outgoing {
             dest,
             tag: p.tag,
             context: p.context,
-            sync: p.sync,
-        };
-        let out = Outgoing {
-            to,
             data,
+            sync: p.sync,
             eager_only: false,
         };
         match self.push(l, &out, Some(&p.core)) {

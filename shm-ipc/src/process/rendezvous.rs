@@ -405,13 +405,13 @@ impl ProcessMedium {
         if rndv {
             header.flags = 0;
         }
-        match e.push_message(l, out.to.dest, &header, payload) {
+        match e.push_message(l, out.dest, &header, payload) {
             Ok(true) => {}
             Ok(false) => return Sent::Full,
             Err(err) => return Sent::Refused(err),
         }
         if rndv {
-            l.m.rndv_out[out.to.dest] += 1;
+            l.m.rndv_out[out.dest] += 1;
         }
         l.m.next_id += 1;
         let (owner, waiter) = match request {
@@ -422,7 +422,7 @@ impl ProcessMedium {
             }
         };
         let send = OutSend {
-            dest: out.to.dest,
+            dest: out.dest,
             env: out.env(),
             data: out.data.as_ptr(),
             len: out.data.len(),

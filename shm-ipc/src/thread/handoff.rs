@@ -195,7 +195,7 @@ impl ThreadMedium {
             state: AtomicU8::new(OFFERED),
             data: out.data.as_ptr(),
             len: out.data.len(),
-            dest: out.to.dest,
+            dest: out.dest,
             status_env: out.env(),
             request: request.cloned(),
             tracker: e.tracker.clone(),
@@ -203,7 +203,7 @@ impl ThreadMedium {
             sender: e.rank,
         });
         header.cookie = hand.clone().into_cookie();
-        let pushed = e.push_message(l, out.to.dest, &header, p.payload);
+        let pushed = e.push_message(l, out.dest, &header, p.payload);
         if pushed != Ok(true) {
             // SAFETY: the cookie was made just above and never published.
             drop(unsafe { Handoff::from_cookie(header.cookie) });
