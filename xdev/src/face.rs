@@ -33,6 +33,16 @@ pub struct SendTo {
 }
 
 impl SendTo {
+    /// A send to `dest` with `tag` in `context` (`sync`: `ssend`/`issend`).
+    pub fn new(dest: Rank, tag: Tag, context: Context, sync: bool) -> Self {
+        SendTo {
+            dest,
+            tag,
+            context,
+            sync,
+        }
+    }
+
     /// Destination, tag, context and sync, in that order.
     pub fn parts(self) -> (Rank, Tag, Context, bool) {
         (self.dest, self.tag, self.context, self.sync)
@@ -162,27 +172,11 @@ impl<D: Face> crate::Device for D {
     }
 
     fn send(&self, buf: &[u8], dest: Rank, tag: Tag, context: Context) -> Result<()> {
-        check_send(dest, tag, self.engine().seat().size)?;
-        self.engine().seat().check_open()?;
-        let to = SendTo {
-            dest,
-            tag,
-            context,
-            sync: false,
-        };
-        self.engine().blocking_send(buf, to)
+        blocking_send(self, buf, SendTo::new(dest, tag, context, false))
     }
 
     fn ssend(&self, buf: &[u8], dest: Rank, tag: Tag, context: Context) -> Result<()> {
-        check_send(dest, tag, self.engine().seat().size)?;
-        self.engine().seat().check_open()?;
-        let to = SendTo {
-            dest,
-            tag,
-            context,
-            sync: true,
-        };
-        self.engine().blocking_send(buf, to)
+        blocking_send(self, buf, SendTo::new(dest, tag, context, true))
     }
 
     fn recv(
@@ -199,23 +193,11 @@ impl<D: Face> crate::Device for D {
     }
 
     fn isend(&self, buf: Buffer, dest: Rank, tag: Tag, context: Context) -> Request {
-        let to = SendTo {
-            dest,
-            tag,
-            context,
-            sync: false,
-        };
-        start_send(self, buf, to)
+        start_send(self, buf, SendTo::new(dest, tag, context, false))
     }
 
     fn issend(&self, buf: Buffer, dest: Rank, tag: Tag, context: Context) -> Request {
-        let to = SendTo {
-            dest,
-            tag,
-            context,
-            sync: true,
-        };
-        start_send(self, buf, to)
+        start_send(self, buf, SendTo::new(dest, tag, context, true))
     }
 
     fn irecv(&self, buf: Buffer, source: Source, tag: TagSel, context: Context) -> Request {
@@ -258,6 +240,14 @@ impl<D: Face> crate::Device for D {
     fn finish(&self) -> Result<()> {
         self.engine().finish()
     }
+}
+
+/// `send` and `ssend`: checked, then sent by the engine.
+fn blocking_send<D: Face + ?Sized>(dev: &D, buf: &[u8], to: SendTo) -> Result<()> {
+    let seat = dev.engine().seat();
+    check_send(to.dest, to.tag, seat.size)?;
+    seat.check_open()?;
+    dev.engine().blocking_send(buf, to)
 }
 
 /// `isend` and `issend`: checked, then started by the engine.
