@@ -39,25 +39,26 @@ impl Transport for HybridEngine {
     }
 
     fn recv_into(self: &Arc<Self>, buf: &mut [u8], pattern: Pattern) -> Result<Status> {
-        let h = self;
         let Pattern {
             source,
             tag,
             context,
         } = pattern;
-        if h.remote.is_none() {
+        if self.remote.is_none() {
             // One host: no receive is ever held; the device's own blocking path.
             let src = match source {
-                Source::Rank(s) => Source::Rank(h.reach(s).1),
+                Source::Rank(s) => Source::Rank(self.reach(s).1),
                 Source::Any => Source::Any,
             };
-            return h.local_map.result(h.local.recv(buf, src, tag, context));
+            return self
+                .local_map
+                .result(self.local.recv(buf, src, tag, context));
         }
         // SAFETY: `buf` is exclusively borrowed for this call, which waits
         // for the receive.
         unsafe {
             lend_and_wait(buf.as_mut_ptr(), buf.len(), |b| {
-                h.irecv(b, source, tag, context)
+                self.irecv(b, source, tag, context)
             })
         }
     }
@@ -70,26 +71,27 @@ impl Transport for HybridEngine {
         if !block {
             return self.iprobe(pattern);
         }
-        let h = self;
         let Pattern {
             source,
             tag,
             context,
         } = pattern;
-        match (source, &h.remote) {
+        match (source, &self.remote) {
             (Source::Rank(s), _) => {
-                let (dev, r, map) = h.reach(s);
+                let (dev, r, map) = self.reach(s);
                 map.result(dev.probe(Source::Rank(r), tag, context))
             }
-            (Source::Any, None) => h.local_map.result(h.local.probe(Source::Any, tag, context)),
-            (Source::Any, Some(_)) => h.poll_until(|_| self.iprobe(pattern).transpose()),
+            (Source::Any, None) => {
+                self.local_map
+                    .result(self.local.probe(Source::Any, tag, context))
+            }
+            (Source::Any, Some(_)) => self.poll_until(|_| self.iprobe(pattern).transpose()),
         }
         .map(Some)
     }
 
     fn peek(&self) -> Result<Option<Peeked>> {
-        let h = self;
-        Ok(h.poll_until(|h| match h.tracker.pop_completed() {
+        Ok(self.poll_until(|h| match h.tracker.pop_completed() {
             Some(p) => Some(Some(p)),
             None if h.tracker.outstanding() == 0 => Some(None),
             None => None,
@@ -97,26 +99,25 @@ impl Transport for HybridEngine {
     }
 
     fn finish(&self) -> Result<()> {
-        let h = self;
-        if h.closed.swap(true, Ordering::AcqRel) {
+        if self.closed.swap(true, Ordering::AcqRel) {
             return Ok(());
         }
-        let local = h.local.finish();
-        let remote = h.remote.as_ref().map_or(Ok(()), |r| r.finish());
+        let local = self.local.finish();
+        let remote = self.remote.as_ref().map_or(Ok(()), |r| r.finish());
         // Receives still held end like those the devices had: closed.
         let held: Vec<(Context, HeldRecv)> = {
-            let mut held = lock(&h.held);
+            let mut held = lock(&self.held);
             held.queues
                 .drain()
                 .flat_map(|(c, q)| q.into_iter().map(move |r| (c, r)))
                 .collect()
         };
         for (context, r) in held {
-            let env = h.failed_recv_env(context);
-            h.tracker
+            let env = self.failed_recv_env(context);
+            self.tracker
                 .complete_returning(&r.core, r.buf, Status::failed(env, Error::Closed));
         }
-        local.map_err(|e| h.local_map.error(e))?;
+        local.map_err(|e| self.local_map.error(e))?;
         remote
     }
 }
@@ -124,21 +125,20 @@ impl Transport for HybridEngine {
 impl HybridEngine {
     /// `iprobe`: every device that may hold a match, once, without blocking.
     fn iprobe(&self, pattern: Pattern) -> Result<Option<Status>> {
-        let h = self;
         let Pattern {
             source,
             tag,
             context,
         } = pattern;
-        h.advance_all();
+        self.advance_all();
         let both = [Route::Local(0), Route::Remote];
         let routes: &[Route] = match source {
-            Source::Rank(s) => std::slice::from_ref(&h.routes[s]),
-            Source::Any if h.remote.is_some() => &both,
+            Source::Rank(s) => std::slice::from_ref(&self.routes[s]),
+            Source::Any if self.remote.is_some() => &both,
             Source::Any => &both[..1],
         };
         for &route in routes {
-            let (dev, map) = h.device(route);
+            let (dev, map) = self.device(route);
             let src = match (source, route) {
                 (Source::Rank(_), Route::Local(i)) => Source::Rank(i),
                 _ => source,
