@@ -130,6 +130,13 @@ pub trait Device: Send + Sync {
     /// Blocks until one of this device's outstanding requests (whose handle is
     /// still held and unconsumed) completes, and says which. Each completion
     /// is reported once. `None` when nothing is outstanding.
+    ///
+    /// A request born complete (its operation ended inside the call that
+    /// started it, [`Request::was_born_complete`]: an eager `isend` whose
+    /// data already left, an `irecv` whose message was already there, a
+    /// refused call) is complete in the caller's hand and never outstanding,
+    /// so `peek` does not report it: a wait-any over a set of requests tests
+    /// them first (as MPJ Express's `Waitany` does), then peeks.
     fn peek(&self) -> Result<Option<Peeked>>;
 
     /// Advances the device's protocols once without blocking (completions,

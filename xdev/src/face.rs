@@ -151,11 +151,10 @@ fn refused<T: Transport>(
     env: Envelope,
     e: Error,
 ) -> Request {
-    let core = engine
+    engine
         .seat()
         .tracker
-        .rejected(kind, buf, Status::failed(env, e));
-    Request::new(core, engine.clone())
+        .rejected(kind, buf, Status::failed(env, e))
 }
 
 impl<D: Face> crate::Device for D {

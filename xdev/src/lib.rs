@@ -30,7 +30,8 @@ pub use error::{Error, Result};
 pub use face::{Face, Seat, SendTo, Transport};
 pub use registry::Registry;
 pub use request::{
-    Completion, CoreRef, Peeked, Progress, Request, RequestCore, RequestId, RequestKind, Tracker,
+    Completion, CoreRef, Failed, Peeked, Progress, Request, RequestCore, RequestId, RequestKind,
+    Tracker,
 };
 pub use types::{
     Context, Envelope, Pattern, Rank, Source, Status, Tag, TagSel, ANY_SOURCE, ANY_TAG, TAG_UB,

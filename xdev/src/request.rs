@@ -344,9 +344,18 @@ impl RequestCore {
     /// second call is ignored (its `below` is dropped, and with it only a
     /// handle).
     pub fn relay(&self, below: Request, hook: CompletionHook) {
-        let (core, engine) = below.into_parts();
-        if self.below().set((core.clone(), engine)).is_ok() {
-            core.on_complete(hook);
+        match below.into_parts() {
+            Ok((core, engine)) => {
+                if self.below().set((core.clone(), engine)).is_ok() {
+                    core.on_complete(hook);
+                }
+            }
+            // Born complete below: nothing to wait for or cancel there.
+            Err(completion) => {
+                if self.below().get().is_none() {
+                    run_hook(hook, completion);
+                }
+            }
         }
     }
 
@@ -491,10 +500,48 @@ pub trait Progress: Send + Sync {
 /// ```
 #[must_use = "a request must be waited or tested to get its buffer back"]
 pub struct Request {
+    inner: Inner,
+}
+
+/// The two shapes of a request: born complete, or in flight.
+enum Inner {
+    /// The operation ended inside the call that started it: the handle
+    /// itself carries the buffer and the status. No pooled core, no
+    /// reference count, no engine; `peek` does not report it (the caller
+    /// holds it complete).
+    Done {
+        id: RequestId,
+        buf: Buffer,
+        status: Status,
+    },
+    /// The device owns the buffer until the core completes.
+    InFlight(Held),
+}
+
+/// The handle's share of a request in flight: its core, and the engine that
+/// progresses, waits for and cancels it. Dropping it releases the handle
+/// (so `peek` no longer reports the request); the core stays with the
+/// device until the operation ends.
+struct Held {
     core: CoreRef,
-    /// `None` for a request born complete ([`Tracker::completed`]): it never
-    /// needs progress, a wait or a cancel.
-    engine: Option<Arc<dyn Progress>>,
+    engine: Arc<dyn Progress>,
+}
+
+impl Drop for Held {
+    #[inline]
+    fn drop(&mut self) {
+        self.core.release_handle();
+    }
+}
+
+impl Held {
+    /// Takes the completion of a done core and lets the handle go.
+    fn consume(self) -> Completion {
+        // Released first: after that, `peek` no longer reads the status we
+        // take, and the pool cannot reuse the core while we hold it.
+        self.core.release_handle();
+        self.core.take()
+    }
 }
 
 impl Request {
@@ -513,27 +560,41 @@ impl Request {
             .is_ok();
         assert!(first, "a request core has exactly one handle");
         Request {
-            core,
-            engine: Some(engine),
+            inner: Inner::InFlight(Held { core, engine }),
         }
     }
 
     /// The request id (as reported by `peek`).
     pub fn id(&self) -> RequestId {
-        self.core.id()
+        match &self.inner {
+            Inner::Done { id, .. } => *id,
+            Inner::InFlight(h) => h.core.id(),
+        }
+    }
+
+    /// Whether the request was born complete: its operation ended inside
+    /// the call that started it. `peek` reports only requests that were
+    /// not.
+    pub fn was_born_complete(&self) -> bool {
+        matches!(self.inner, Inner::Done { .. })
     }
 
     /// Drives progress once and says whether the operation has completed.
+    #[inline]
     pub fn is_complete(&self) -> bool {
-        if !self.core.is_done() {
-            if let Some(engine) = &self.engine {
-                engine.progress();
+        match &self.inner {
+            Inner::Done { .. } => true,
+            Inner::InFlight(h) => {
+                if !h.core.is_done() {
+                    h.engine.progress();
+                }
+                h.core.is_done()
             }
         }
-        self.core.is_done()
     }
 
     /// The completion if the operation has completed, else the request back.
+    #[inline]
     pub fn test(self) -> Result<Completion, Request> {
         if self.is_complete() {
             Ok(self.consume())
@@ -546,7 +607,11 @@ impl Request {
     /// request back; unlike [`test`](Request::test), drives no progress
     /// (for a layered device that just started this request below).
     pub fn take_if_done(self) -> Result<Completion, Request> {
-        if self.core.is_done() {
+        let done = match &self.inner {
+            Inner::Done { .. } => true,
+            Inner::InFlight(h) => h.core.is_done(),
+        };
+        if done {
             Ok(self.consume())
         } else {
             Err(self)
@@ -555,81 +620,115 @@ impl Request {
 
     /// Blocks until completion (spinning, then sleeping) and returns the
     /// buffer and status.
+    #[inline]
     pub fn wait(self) -> Completion {
-        if !self.core.is_done() {
-            if let Some(engine) = &self.engine {
-                engine.wait(&self.core);
+        match self.inner {
+            Inner::Done { buf, status, .. } => Completion { buf, status },
+            Inner::InFlight(h) => {
+                if !h.core.is_done() {
+                    h.engine.wait(&h.core);
+                }
+                // The buffer comes back only once the request is done, even
+                // if the engine's wait returned early.
+                while !h.core.is_done() {
+                    h.engine.progress();
+                    std::thread::yield_now();
+                }
+                h.consume()
             }
         }
-        // The buffer comes back only once the request is done, even if the
-        // engine's wait returned early.
-        while !self.core.is_done() {
-            if let Some(engine) = &self.engine {
-                engine.progress();
-            }
-            std::thread::yield_now();
+    }
+
+    /// Waits for the operation and returns its buffer and status, or the
+    /// error that ended it together with the buffer (so nothing is lost:
+    /// a truncated receive's first bytes are in it).
+    #[inline]
+    pub fn wait_ok(self) -> Result<(Buffer, Status), Failed> {
+        let Completion { buf, mut status } = self.wait();
+        match status.error.take() {
+            None => Ok((buf, status)),
+            Some(error) => Err(Failed { buf, status, error }),
         }
-        self.consume()
     }
 
     /// Cancels an unmatched receive. Returns true if it was cancelled; the
     /// request then completes at once with `status.cancelled` set. Sends and
     /// matched receives are not cancelled.
     pub fn cancel(&self) -> bool {
-        !self.core.is_done() && self.engine.as_ref().is_some_and(|e| e.cancel(&self.core))
+        match &self.inner {
+            Inner::Done { .. } => false,
+            Inner::InFlight(h) => !h.core.is_done() && h.engine.cancel(&h.core),
+        }
     }
 
     /// Takes the request apart (for [`RequestCore::relay`]): the core and
-    /// the engine that progresses, waits for and cancels it. The request is
-    /// no longer reported by its device's `peek`.
-    pub(crate) fn into_parts(self) -> (CoreRef, Arc<dyn Progress>) {
-        let this = std::mem::ManuallyDrop::new(self);
-        this.core.release_handle();
-        // SAFETY: `this` is never used or dropped again; each field is read
-        // out exactly once.
-        let (core, engine) = unsafe { (std::ptr::read(&this.core), std::ptr::read(&this.engine)) };
-        // A request born complete has no engine; it needs none (it is
-        // done), so any inert one serves.
-        let engine = engine.unwrap_or_else(|| Arc::new(Inert));
-        (core, engine)
-    }
-
-    fn consume(self) -> Completion {
-        let this = std::mem::ManuallyDrop::new(self);
-        // Released first: after that, `peek` no longer reads the status we
-        // take, and the pool cannot reuse the core while we hold it.
-        this.core.release_handle();
-        let completion = this.core.take();
-        // SAFETY: `this` is never used or dropped again; each field is read
-        // out and dropped exactly once.
-        unsafe {
-            drop(std::ptr::read(&this.core));
-            drop(std::ptr::read(&this.engine));
+    /// the engine that progresses, waits for and cancels it, or the
+    /// completion of a request born complete. The request is no longer
+    /// reported by its device's `peek`.
+    fn into_parts(self) -> Result<(CoreRef, Arc<dyn Progress>), Completion> {
+        match self.inner {
+            Inner::Done { buf, status, .. } => Err(Completion { buf, status }),
+            Inner::InFlight(h) => {
+                let h = std::mem::ManuallyDrop::new(h);
+                h.core.release_handle();
+                // SAFETY: `h` is never used or dropped again; each field is
+                // read out exactly once.
+                Ok(unsafe { (std::ptr::read(&h.core), std::ptr::read(&h.engine)) })
+            }
         }
-        completion
+    }
+
+    #[inline]
+    fn consume(self) -> Completion {
+        match self.inner {
+            Inner::Done { buf, status, .. } => Completion { buf, status },
+            Inner::InFlight(h) => h.consume(),
+        }
     }
 }
 
-/// The engine of a request born complete, when one is asked for.
-struct Inert;
+/// A request that ended with an error: the error, the status (with its
+/// `error` taken out) and the buffer, given back whatever happened.
+#[derive(Debug)]
+pub struct Failed {
+    /// The buffer given to the operation (a truncated receive's first
+    /// bytes are in it).
+    pub buf: Buffer,
+    /// The status, its `error` moved to [`error`](Failed::error).
+    pub status: Status,
+    /// What ended the operation.
+    pub error: crate::Error,
+}
 
-impl Progress for Inert {
-    fn progress(&self) {}
-    fn wait(&self, _: &RequestCore) {}
-    fn cancel(&self, _: &CoreRef) -> bool {
-        false
+impl From<Failed> for crate::Error {
+    fn from(f: Failed) -> Self {
+        f.error
     }
 }
 
-impl Drop for Request {
-    fn drop(&mut self) {
-        self.core.release_handle();
+impl fmt::Display for Failed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.error.fmt(f)
+    }
+}
+
+impl std::error::Error for Failed {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.error)
     }
 }
 
 impl fmt::Debug for Request {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.core.fmt(f)
+        match &self.inner {
+            Inner::Done { id, buf, status } => f
+                .debug_struct("Request")
+                .field("id", id)
+                .field("len", &buf.len())
+                .field("status", status)
+                .finish(),
+            Inner::InFlight(h) => h.core.fmt(f),
+        }
     }
 }
 
@@ -656,14 +755,21 @@ pub struct Peeked {
 pub struct Tracker {
     /// This tracker's identity, recorded in every core it starts.
     id: u64,
+    /// Ids of requests born complete (the pooled ones count from 1 up; these
+    /// from 2^63 up, so the two never meet).
+    born_ids: AtomicU64,
     pool: RankLock<Pool>,
 }
+
+/// The first id of a request born complete.
+const BORN_IDS: u64 = 1 << 63;
 
 impl Default for Tracker {
     fn default() -> Self {
         static TRACKERS: AtomicU64 = AtomicU64::new(1);
         Tracker {
             id: TRACKERS.fetch_add(1, Ordering::Relaxed),
+            born_ids: AtomicU64::new(BORN_IDS),
             pool: RankLock::new(Pool::new()),
         }
     }
@@ -681,22 +787,21 @@ impl Tracker {
         self.start_core(kind, Some(buf), None, false)
     }
 
-    /// A request born complete with `status`, owning `buf`: for an
-    /// operation that ended before a request was needed (a send copied out
-    /// at once, one rejected before it started).
-    pub fn finished(&self, kind: RequestKind, buf: Buffer, status: Status) -> CoreRef {
-        self.start_core(kind, Some(buf), Some(status), false)
-    }
-
-    /// The handle of a request born complete with `status`, owning `buf`
-    /// (see [`finished`](Tracker::finished)). It needs no engine, and its
-    /// handle is made here: the request costs no lock and one locked
-    /// instruction in all (when its handle lets go). The cheapest way to
-    /// answer an `isend` whose data already left, or an `irecv` whose
-    /// message was already there.
+    /// The handle of a request born complete with `status`, owning `buf`:
+    /// for an operation that ended inside the call that started it (an
+    /// `isend` whose data already left, an `irecv` whose message was
+    /// already there, one refused before it started). The handle carries
+    /// the buffer and the status itself: no core, no lock, no locked
+    /// instruction but the id's. It is never outstanding, and `peek` does
+    /// not report it.
+    #[inline]
     pub fn completed(&self, kind: RequestKind, buf: Buffer, status: Status) -> Request {
-        let core = self.start_core(kind, Some(buf), Some(status), true);
-        Request { core, engine: None }
+        let _ = kind;
+        // Relaxed: the id only needs to be unique.
+        let id = RequestId(self.born_ids.fetch_add(1, Ordering::Relaxed));
+        Request {
+            inner: Inner::Done { id, buf, status },
+        }
     }
 
     /// Starts a request that holds no buffer yet, for a device layered over
@@ -763,11 +868,11 @@ impl Tracker {
         }
     }
 
-    /// Starts and at once completes a request (for operations rejected before
-    /// they start, such as an invalid rank): the buffer comes back through the
-    /// handle as usual.
-    pub fn rejected(&self, kind: RequestKind, buf: Buffer, status: Status) -> CoreRef {
-        self.finished(kind, buf, status)
+    /// A request refused before it started (an invalid rank, a closed
+    /// device): born complete with `status`, its buffer given back through
+    /// the handle as usual (see [`completed`](Tracker::completed)).
+    pub fn rejected(&self, kind: RequestKind, buf: Buffer, status: Status) -> Request {
+        self.completed(kind, buf, status)
     }
 
     /// Reports the earliest-started completed request whose handle is still

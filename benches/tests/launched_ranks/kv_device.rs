@@ -7,8 +7,8 @@ use std::time::Duration;
 use xdev::bootstrap::Bootstrap;
 use xdev::registry::{Entry, Placement};
 use xdev::{
-    Buffer, Config, Context, Device, Envelope, Error, Peeked, Progress, Rank, Request, RequestCore,
-    RequestKind, Source, Status, Tag, TagSel, Tracker,
+    Buffer, Config, Context, Device, Envelope, Error, Peeked, Rank, Request, RequestKind, Source,
+    Status, Tag, TagSel, Tracker,
 };
 
 /// Only for these tests: a device between processes whose messages are
@@ -20,17 +20,6 @@ struct KvDevice {
     tracker: Tracker,
     sent: Mutex<HashMap<(Rank, Tag, Context), u64>>,
     taken: Mutex<HashMap<(Rank, Tag, Context), u64>>,
-}
-
-/// Requests of the KV device complete when they start.
-struct Inert;
-
-impl Progress for Inert {
-    fn progress(&self) {}
-    fn wait(&self, _: &RequestCore) {}
-    fn cancel(&self, _: &xdev::CoreRef) -> bool {
-        false
-    }
 }
 
 /// The registry entry of the KV test device.
@@ -133,10 +122,7 @@ impl Device for KvDevice {
             Ok(()) => Status::ok(env, buf.len()),
             Err(e) => Status::failed(env, e),
         };
-        Request::new(
-            self.tracker.rejected(RequestKind::Send, buf, st),
-            Arc::new(Inert),
-        )
+        self.tracker.rejected(RequestKind::Send, buf, st)
     }
     fn issend(&self, buf: Buffer, dest: Rank, tag: Tag, context: Context) -> Request {
         self.isend(buf, dest, tag, context)
@@ -152,10 +138,7 @@ impl Device for KvDevice {
                 };
                 Status::failed(env, e)
             });
-        Request::new(
-            self.tracker.rejected(RequestKind::Recv, buf, st),
-            Arc::new(Inert),
-        )
+        self.tracker.rejected(RequestKind::Recv, buf, st)
     }
     fn probe(&self, source: Source, tag: TagSel, context: Context) -> xdev::Result<Status> {
         let (src, tag) = Self::exact(source, tag)?;

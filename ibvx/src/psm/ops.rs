@@ -33,10 +33,8 @@ impl Transport for PsmEngine {
         let eng = self;
         let env = to.envelope();
         let reject = |buf, e| {
-            let core = eng
-                .tracker
-                .rejected(RequestKind::Send, buf, Status::failed(env, e));
-            Request::new(core, eng.clone())
+            eng.tracker
+                .rejected(RequestKind::Send, buf, Status::failed(env, e))
         };
         let mut l = eng.lock();
         if l.gone[dest] {
@@ -69,10 +67,8 @@ impl Transport for PsmEngine {
             context: pattern.context,
         };
         let reject = |buf, e| {
-            let core = eng
-                .tracker
-                .rejected(RequestKind::Recv, buf, Status::failed(env, e));
-            Request::new(core, eng.clone())
+            eng.tracker
+                .rejected(RequestKind::Recv, buf, Status::failed(env, e))
         };
         let mut l = eng.lock();
         let source = match pattern.source {

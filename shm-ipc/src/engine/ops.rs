@@ -336,8 +336,7 @@ impl<M: Medium> Engine<M> {
         env: Envelope,
         e: Error,
     ) -> Request {
-        let core = self.tracker.rejected(kind, buf, Status::failed(env, e));
-        Request::new(core, self.clone())
+        self.tracker.rejected(kind, buf, Status::failed(env, e))
     }
 
     /// One step of a blocking receive while nothing else is posted: from the

@@ -44,7 +44,7 @@ fn completion_returns_buffer_and_counts() {
 }
 
 #[test]
-fn a_request_born_complete_is_peeked_once_and_gives_its_buffer_back() {
+fn a_request_born_complete_carries_its_completion_and_is_never_peeked() {
     let t = Tracker::new();
     let early = t.completed(
         RequestKind::Send,
@@ -52,21 +52,47 @@ fn a_request_born_complete_is_peeked_once_and_gives_its_buffer_back() {
         Status::ok(env(), 3),
     );
     let dropped = t.completed(RequestKind::Send, Buffer::zeroed(1), Status::ok(env(), 1));
+    assert_ne!(early.id(), dropped.id(), "ids are unique");
     drop(dropped);
+    assert!(early.was_born_complete());
     assert_eq!(t.outstanding(), 0, "born complete: never outstanding");
-    let peeked = t.pop_completed().expect("a held, unconsumed completion");
-    assert_eq!((peeked.id, peeked.status.count), (early.id(), 3));
     assert!(
         t.pop_completed().is_none(),
-        "reported once, dropped ones never"
+        "peek reports only requests that were in flight"
     );
+    assert_eq!(t.pool.lock().all.len(), 0, "no pooled core was taken");
     assert!(!early.cancel(), "nothing to cancel");
     let c = early.test().expect("complete at once");
     assert_eq!((&c.buf[..], c.status.count), (&[7u8, 7, 7][..], 3));
-    // The status stays readable for peek until the core is reused, and
-    // a core whose handle consumed it is reused.
-    let again = t.completed(RequestKind::Recv, Buffer::zeroed(2), Status::ok(env(), 2));
-    assert_eq!(again.wait().buf.len(), 2);
+    // An in-flight request's id never meets a born-complete one's.
+    let core = t.start(RequestKind::Recv, Buffer::zeroed(2));
+    let r = Request::new(core.clone(), Arc::new(Inert));
+    assert!(!r.was_born_complete());
+    assert!(
+        r.id()
+            < t.completed(RequestKind::Recv, Buffer::zeroed(0), Status::ok(env(), 0))
+                .id()
+    );
+    t.complete(&core, Status::ok(env(), 2));
+    assert_eq!(r.wait().buf.len(), 2);
+}
+
+#[test]
+fn wait_ok_gives_the_buffer_back_with_the_error() {
+    let t = Tracker::new();
+    let env = env();
+    let st = Status::received(env, 9, 4);
+    let r = t.completed(RequestKind::Recv, Buffer::from(vec![1u8; 4]), st);
+    let failed = r.wait_ok().expect_err("truncated");
+    assert!(matches!(
+        failed.error,
+        crate::Error::Truncated { message_len: 9, .. }
+    ));
+    assert_eq!((&failed.buf[..], failed.status.count), (&[1u8; 4][..], 4));
+    assert!(failed.status.error.is_none(), "the error moved out");
+    let ok = t.completed(RequestKind::Send, Buffer::zeroed(3), Status::ok(env, 3));
+    let (buf, st) = ok.wait_ok().expect("ok");
+    assert_eq!((buf.len(), st.count), (3, 3));
 }
 
 #[test]
@@ -105,7 +131,10 @@ fn peek_reports_live_handles_once() {
         t.pop_completed().is_none(),
         "dropped handle is not peekable"
     );
-    let a_core = a.core.clone();
+    let Inner::InFlight(held) = &a.inner else {
+        panic!("started, not born complete");
+    };
+    let a_core = held.core.clone();
     t.complete(&a_core, Status::ok(env(), 1));
     assert_eq!(t.pop_completed().map(|p| p.id), Some(a.id()));
     assert!(t.pop_completed().is_none(), "reported once");
