@@ -46,12 +46,12 @@ fi
 step "shm-ipc ring hostile-peer property tests, debug build (integer overflow is a panic there)"
 timeout 900 cargo test -p shm-ipc --test ring_hostile
 
-step "loom model of the shm-ipc ring (shm-ipc/tests/ring_loom.rs)"
+step "loom models of the shm-ipc ring and the biased engine lock (shm-ipc/tests/{ring,biased}_loom.rs)"
 # --cfg loom changes every crate's build: its own target dir keeps the main
 # cache valid. The model itself runs in about a second; the bound is for the
 # cold build.
 CARGO_TARGET_DIR=target/loom RUSTFLAGS="${RUSTFLAGS:-} --cfg loom" \
-  timeout 900 cargo test -p shm-ipc --release --test ring_loom
+  timeout 900 cargo test -p shm-ipc --release --test ring_loom --test biased_loom
 
 step "launchers: conformance under mpirun.openmpi, mpirun.mpich, srun --mpi=pmix and --mpi=pmi2"; bash ci/launchers.sh
 

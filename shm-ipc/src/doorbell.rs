@@ -216,6 +216,22 @@ pub(crate) fn heavy_fence() {
     fence(Ordering::SeqCst);
 }
 
+/// [`heavy_fence`] for a lock ([`crate::biased`]), where a fence that does
+/// not pair with the other side's would break mutual exclusion, not just
+/// delay a wake-up: in asymmetric mode it retries `membarrier` until the
+/// kernel runs it (it is not expected to fail once registered), yielding
+/// between tries, and never falls back to a fence alone.
+#[cfg_attr(loom, allow(dead_code))]
+pub(crate) fn heavy_fence_strict() {
+    if !asymmetric() {
+        fence(Ordering::SeqCst);
+        return;
+    }
+    while crate::futex::membarrier_global_expedited().is_err() {
+        std::thread::yield_now();
+    }
+}
+
 /// Spin-then-sleep policy for one blocking wait.
 ///
 /// Defaults: 2,000 back-to-back polls (a few to tens of microseconds), then

@@ -9,6 +9,7 @@
 //! It is not a general IPC library: it implements the xdev contract and
 //! nothing else, and it does not cross hosts.
 
+pub mod biased;
 pub mod cma;
 pub mod doorbell;
 mod engine;

@@ -663,6 +663,16 @@ fn peek_wait_any(dev: &dyn Device) -> CaseResult {
         return Ok(());
     };
     if me == 0 {
+        // A request born complete is in hand, never outstanding: peek does
+        // not report it (one still in flight is reported, then waited).
+        let early = dev.isend(Buffer::from(vec![9u8; 4]), peer, 9, c);
+        if early.was_born_complete() {
+            ensure!(
+                dev.peek().map_err(e("peek"))?.is_none(),
+                "peek reported a request born complete"
+            );
+        }
+        wait_ok(early, "early send")?;
         let reqs: Vec<Request> = (1..=3)
             .map(|t| dev.irecv(Buffer::zeroed(4), Source::Rank(peer), TagSel::Tag(t), c))
             .collect();
@@ -696,6 +706,10 @@ fn peek_wait_any(dev: &dyn Device) -> CaseResult {
             .map_err(e("go"))?;
         dev.send(&[1; 4], peer, 1, c).map_err(e("send"))?;
         dev.send(&[3; 4], peer, 3, c).map_err(e("send"))?;
+        let mut early = [0u8; 4];
+        dev.recv(&mut early, Source::Rank(peer), TagSel::Tag(9), c)
+            .map_err(e("early"))?;
+        ensure!(early == [9; 4], "early payload {early:?}");
     }
     Ok(())
 }

@@ -24,9 +24,9 @@ use xdev::{
     Context, CoreRef, Envelope, Error, Pattern, Rank, Result, Source, Status, Tag, Tracker,
 };
 
+use crate::biased::{BiasedGuard as RankGuard, BiasedLock};
 use crate::doorbell::DoorbellRef;
 use crate::futex::Scope;
-use crate::lock::{RankGuard, RankLock};
 use crate::ring::{Consumer, Header, Incoming, Producer, RingRef};
 
 mod ops;
@@ -396,7 +396,7 @@ pub struct Engine<M: Medium> {
     pub(crate) eager_max: usize,
     pub(crate) credit_bytes: u64,
     pub(crate) tracker: Arc<Tracker>,
-    pub(crate) local: RankLock<Local<M>>,
+    pub(crate) local: BiasedLock<Local<M>>,
     pub(crate) closing: AtomicBool,
     pub(crate) closed: AtomicBool,
 }
@@ -457,7 +457,7 @@ impl<M: Medium> Engine<M> {
             eager_max: limits.eager_max,
             credit_bytes: limits.credit_bytes,
             tracker: Arc::new(Tracker::new()),
-            local: RankLock::new(Local::new(limits.size, state)),
+            local: BiasedLock::new(Local::new(limits.size, state)),
             closing: AtomicBool::new(false),
             closed: AtomicBool::new(false),
         }

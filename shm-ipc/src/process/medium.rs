@@ -12,11 +12,11 @@ use xdev::{Envelope, Error, Rank, Result, Status};
 
 use super::rendezvous::{InStream, Later, OutSend, PendingCopy, RndvStart, SplitRecv};
 use super::{ProcessOptions, RendezvousPath};
+use crate::biased::BiasedGuard as RankGuard;
 use crate::doorbell::DoorbellRef;
 use crate::engine::{Direct, Engine, Local, Medium, Outcome, Publication, Sent};
 use crate::futex::Scope;
 use crate::liveness::PeerWatch;
-use crate::lock::RankGuard;
 use crate::ring::{Header, Incoming, RingRef};
 use crate::segment::{state, Inbox};
 use crate::wire::{ENTRY_CHARGE, KIND_ACK, KIND_EAGER};

@@ -245,7 +245,11 @@ fn consumer_copies_stay_in_the_ring_for_every_length_and_position() {
                 }
                 c.pop(&m);
                 assert_eq!(c.tail, tail + slots_for(len));
-                for p in tail..c.tail {
+                // Continuation slots (payload in the first word) are zeroed;
+                // the first keeps its header's seq, which no later position
+                // can take for published.
+                assert_eq!(v.seq(tail).load(Ordering::Relaxed), tail + 1);
+                for p in tail + 1..c.tail {
                     assert_eq!(v.seq(p).load(Ordering::Relaxed), 0);
                 }
                 g.assert_guards();

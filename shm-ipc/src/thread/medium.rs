@@ -14,10 +14,10 @@ use xdev::target::BlockingRecv;
 use xdev::{Envelope, Error, Rank, Result};
 
 use super::{Handoff, PendingPull, World, CLOSED, DEAD};
+use crate::biased::BiasedGuard as RankGuard;
 use crate::doorbell::DoorbellRef;
 use crate::engine::{Direct, Engine, Local, Medium, Outcome, Publication, Sent, Unexpected};
 use crate::futex::Scope;
-use crate::lock::RankGuard;
 use crate::ring::{Header, Incoming, RingRef};
 use crate::wire::{FLAG_SYNC, KIND_RNDV};
 

@@ -1,0 +1,103 @@
+//! Loom model of the biased engine lock (`shm_ipc::biased`): in the
+//! symmetric form of its handshake (`fence(SeqCst)` on both sides, as
+//! `sync.rs` builds it under loom), two threads never hold it at once, and
+//! a holder sees the previous holder's writes. Loom's `UnsafeCell` fails
+//! the model on any access that is not ordered after the last one.
+//!
+//! Run with `RUSTFLAGS="--cfg loom" cargo test -p shm-ipc --release --test biased_loom`.
+#![cfg(loom)]
+
+use loom::cell::UnsafeCell;
+use loom::sync::Arc;
+use loom::thread;
+
+use shm_ipc::biased::BiasedLock;
+
+struct Shared {
+    lock: BiasedLock<()>,
+    value: UnsafeCell<u32>,
+}
+
+// SAFETY: `value` is reached only under `lock` (what the model checks).
+unsafe impl Sync for Shared {}
+// SAFETY: as above.
+unsafe impl Send for Shared {}
+
+fn bump(s: &Shared) {
+    let _g = s.lock.lock();
+    s.value.with_mut(|v| {
+        // SAFETY: under the lock (a concurrent access fails the model).
+        unsafe { *v += 1 }
+    });
+}
+
+#[test]
+fn owner_and_mover_exclude_each_other() {
+    loom::model(|| {
+        let s = Arc::new(Shared {
+            lock: BiasedLock::new(()),
+            value: UnsafeCell::new(0),
+        });
+        bump(&s); // this thread takes the bias
+        let s2 = s.clone();
+        let t = thread::spawn(move || bump(&s2)); // moves it
+        bump(&s); // the owner's fast path, racing the move
+        t.join().unwrap();
+        bump(&s);
+        s.value.with(|v| {
+            // SAFETY: every other thread has ended.
+            assert_eq!(unsafe { *v }, 4);
+        });
+    });
+}
+
+#[test]
+fn try_lock_of_another_thread_never_overlaps_the_owner() {
+    loom::model(|| {
+        let s = Arc::new(Shared {
+            lock: BiasedLock::new(()),
+            value: UnsafeCell::new(0),
+        });
+        bump(&s);
+        let s2 = s.clone();
+        let t = thread::spawn(move || {
+            if let Some(_g) = s2.lock.try_lock() {
+                s2.value.with_mut(|v| {
+                    // SAFETY: under the lock.
+                    unsafe { *v += 10 }
+                });
+            }
+        });
+        bump(&s);
+        t.join().unwrap();
+        s.value.with(|v| {
+            // SAFETY: every other thread has ended.
+            let v = unsafe { *v };
+            assert!(v == 2 || v == 12, "{v}");
+        });
+    });
+}
+
+#[test]
+fn a_stale_owner_never_unmarks_the_new_owner() {
+    // The mover takes the lock twice (moving the bias, then by its own
+    // fast path) while the old owner, which read the old bias, retries.
+    loom::model(|| {
+        let s = Arc::new(Shared {
+            lock: BiasedLock::new(()),
+            value: UnsafeCell::new(0),
+        });
+        bump(&s);
+        let s2 = s.clone();
+        let t = thread::spawn(move || {
+            bump(&s2);
+            bump(&s2);
+        });
+        bump(&s);
+        t.join().unwrap();
+        s.value.with(|v| {
+            // SAFETY: every other thread has ended.
+            assert_eq!(unsafe { *v }, 4);
+        });
+    });
+}
