@@ -452,6 +452,7 @@ pub struct Completion {
 impl Completion {
     /// The buffer and status on success, the error otherwise (the buffer is
     /// dropped: keep the `Completion` when it must be reused on error).
+    #[inline]
     pub fn into_result(self) -> crate::Result<(Buffer, Status)> {
         match self.status.error {
             Some(e) => Err(e),
@@ -547,7 +548,7 @@ impl Brief {
         })
     }
 
-    #[inline]
+    #[inline(always)]
     fn status(self) -> Status {
         Status {
             source: self.source,
