@@ -23,6 +23,19 @@ unsafe impl Sync for Shared {}
 // SAFETY: as above.
 unsafe impl Send for Shared {}
 
+fn shared() -> Arc<Shared> {
+    Arc::new(Shared {
+        lock: BiasedLock::new(()),
+        value: UnsafeCell::new(0),
+    })
+}
+
+/// The value, once every other thread has ended.
+fn value(s: &Shared) -> u32 {
+    // SAFETY: only this thread is left.
+    s.value.with(|v| unsafe { *v })
+}
+
 fn bump(s: &Shared) {
     let _g = s.lock.lock();
     s.value.with_mut(|v| {
@@ -34,30 +47,21 @@ fn bump(s: &Shared) {
 #[test]
 fn owner_and_mover_exclude_each_other() {
     loom::model(|| {
-        let s = Arc::new(Shared {
-            lock: BiasedLock::new(()),
-            value: UnsafeCell::new(0),
-        });
+        let s = shared();
         bump(&s); // this thread takes the bias
         let s2 = s.clone();
         let t = thread::spawn(move || bump(&s2)); // moves it
         bump(&s); // the owner's fast path, racing the move
         t.join().unwrap();
         bump(&s);
-        s.value.with(|v| {
-            // SAFETY: every other thread has ended.
-            assert_eq!(unsafe { *v }, 4);
-        });
+        assert_eq!(value(&s), 4);
     });
 }
 
 #[test]
 fn try_lock_of_another_thread_never_overlaps_the_owner() {
     loom::model(|| {
-        let s = Arc::new(Shared {
-            lock: BiasedLock::new(()),
-            value: UnsafeCell::new(0),
-        });
+        let s = shared();
         bump(&s);
         let s2 = s.clone();
         let t = thread::spawn(move || {
@@ -70,11 +74,8 @@ fn try_lock_of_another_thread_never_overlaps_the_owner() {
         });
         bump(&s);
         t.join().unwrap();
-        s.value.with(|v| {
-            // SAFETY: every other thread has ended.
-            let v = unsafe { *v };
-            assert!(v == 2 || v == 12, "{v}");
-        });
+        let v = value(&s);
+        assert!(v == 2 || v == 12, "{v}");
     });
 }
 
@@ -83,10 +84,7 @@ fn a_stale_owner_never_unmarks_the_new_owner() {
     // The mover takes the lock twice (moving the bias, then by its own
     // fast path) while the old owner, which read the old bias, retries.
     loom::model(|| {
-        let s = Arc::new(Shared {
-            lock: BiasedLock::new(()),
-            value: UnsafeCell::new(0),
-        });
+        let s = shared();
         bump(&s);
         let s2 = s.clone();
         let t = thread::spawn(move || {
@@ -95,9 +93,6 @@ fn a_stale_owner_never_unmarks_the_new_owner() {
         });
         bump(&s);
         t.join().unwrap();
-        s.value.with(|v| {
-            // SAFETY: every other thread has ended.
-            assert_eq!(unsafe { *v }, 4);
-        });
+        assert_eq!(value(&s), 4);
     });
 }

@@ -667,16 +667,9 @@ impl Request {
     /// buffer and status.
     #[inline]
     pub fn wait(self) -> Completion {
-        match self.inner {
-            Inner::Done { buf, status, .. } => Completion {
-                buf,
-                status: status.status(),
-            },
-            Inner::Ended(e) => {
-                let (_, buf, status) = *e;
-                Completion { buf, status }
-            }
-            Inner::InFlight(h) => {
+        match self.split() {
+            Ok(done) => done,
+            Err(h) => {
                 if !h.core.is_done() {
                     h.engine.wait(&h.core);
                 }
@@ -719,37 +712,35 @@ impl Request {
     /// completion of a request born complete. The request is no longer
     /// reported by its device's `peek`.
     fn into_parts(self) -> Result<(CoreRef, Arc<dyn Progress>), Completion> {
+        let h = std::mem::ManuallyDrop::new(match self.split() {
+            Ok(done) => return Err(done),
+            Err(h) => h,
+        });
+        h.core.release_handle();
+        // SAFETY: `h` is never used or dropped again; each field is read out
+        // exactly once.
+        Ok(unsafe { (std::ptr::read(&h.core), std::ptr::read(&h.engine)) })
+    }
+
+    #[inline]
+    fn consume(self) -> Completion {
+        self.split().unwrap_or_else(Held::consume)
+    }
+
+    /// The completion of a request born complete, or the handle's share of
+    /// one in flight.
+    #[inline(always)]
+    fn split(self) -> Result<Completion, Held> {
         match self.inner {
-            Inner::Done { buf, status, .. } => Err(Completion {
+            Inner::Done { buf, status, .. } => Ok(Completion {
                 buf,
                 status: status.status(),
             }),
             Inner::Ended(e) => {
                 let (_, buf, status) = *e;
-                Err(Completion { buf, status })
+                Ok(Completion { buf, status })
             }
-            Inner::InFlight(h) => {
-                let h = std::mem::ManuallyDrop::new(h);
-                h.core.release_handle();
-                // SAFETY: `h` is never used or dropped again; each field is
-                // read out exactly once.
-                Ok(unsafe { (std::ptr::read(&h.core), std::ptr::read(&h.engine)) })
-            }
-        }
-    }
-
-    #[inline]
-    fn consume(self) -> Completion {
-        match self.inner {
-            Inner::Done { buf, status, .. } => Completion {
-                buf,
-                status: status.status(),
-            },
-            Inner::Ended(e) => {
-                let (_, buf, status) = *e;
-                Completion { buf, status }
-            }
-            Inner::InFlight(h) => h.consume(),
+            Inner::InFlight(h) => Err(h),
         }
     }
 }
