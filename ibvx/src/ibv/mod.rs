@@ -114,13 +114,15 @@ mod engine;
 mod options;
 pub(crate) mod regcache;
 mod setup;
+#[cfg(test)]
+mod user_cache_tests;
 pub(crate) mod wire;
 
 use std::sync::Arc;
 
 use xdev::bootstrap::Bootstrap;
 use xdev::registry::{Entry, Placement};
-use xdev::{Buffer, Config, Device, Error, Result};
+use xdev::{Buffer, Config, Device, Result};
 
 use self::engine::IbvEngine;
 pub use self::options::IbvOptions;
@@ -163,11 +165,10 @@ impl IbvDevice {
     /// A zeroed buffer of `len` bytes in memory this device has registered
     /// (leased from its [`RegistrationCache`]): rendezvous transfers from and
     /// into it need no registration. Dropping it returns it to the cache.
+    /// The same as [`Device::alloc_buffer`], which a runtime holding an
+    /// `Arc<dyn Device>` calls.
     pub fn alloc_buffer(&self, len: usize) -> Result<Buffer> {
-        self.engine
-            .cache()
-            .buffer(len)
-            .map_err(|e| Error::ResourceExhausted(format!("registered buffer of {len} bytes: {e}")))
+        xdev::Transport::alloc_buffer(&*self.engine, len)
     }
 
     /// The registration cache (for statistics).

@@ -64,7 +64,7 @@
 use std::any::Any;
 use std::fmt;
 use std::ptr::NonNull;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 pub use self::pool::{CacheLimits, CacheStats};
 use self::pool::{Exposure, Keys, Pool, PoolLease, Reg, Registrar};
@@ -231,6 +231,71 @@ impl RegistrationCache {
     /// Counters and occupancy.
     pub fn stats(&self) -> CacheStats {
         self.inner.stats()
+    }
+
+    /// Lets this cache keep `buf`'s memory registered between operations:
+    /// attaches a token whose drop (just before the buffer releases its
+    /// memory, see [`xdev::Buffer::attach`]) ends the entry. True when `buf`
+    /// carries this cache's token (now or already); false for an empty
+    /// buffer or foreign storage (a leased chunk is registered anyway).
+    pub(crate) fn adopt(&self, buf: &mut xdev::Buffer) -> bool {
+        if buf.is_empty() || buf.storage().is_some() {
+            return false;
+        }
+        let ours = buf
+            .attachment()
+            .and_then(|a| a.downcast_ref::<UserToken>())
+            .is_some_and(|t| {
+                t.id == buf.id().get() && Weak::ptr_eq(&t.pool, &Arc::downgrade(&self.inner))
+            });
+        if !ours {
+            buf.attach(Box::new(UserToken {
+                pool: Arc::downgrade(&self.inner),
+                id: buf.id().get(),
+            }));
+        }
+        true
+    }
+
+    /// The registration of the whole memory of user buffer `id` (adopted by
+    /// [`adopt`](Self::adopt)), `[ptr, ptr + len)`: kept from an earlier
+    /// operation on the same buffer (no verbs call), or made and kept now.
+    /// Bounded by `max_user_entries`, `max_user_bytes` and the pinned
+    /// budget (least recently used entries evicted); see [`Pool`].
+    ///
+    /// # Safety
+    /// `[ptr, ptr + len)` is the whole memory of the buffer `id`, which
+    /// carries this cache's token, and the caller holds that buffer (its
+    /// request or call owns it) until every returned registration is
+    /// dropped.
+    pub(crate) unsafe fn register_user(
+        &self,
+        id: xdev::BufferId,
+        ptr: *mut u8,
+        len: usize,
+    ) -> Result<Registration, verbs::Error> {
+        // SAFETY: the token attached to the buffer calls `forget_user` just
+        // before the buffer releases its memory, and identities are never
+        // reused, so the entry of `id` names this allocation only while it
+        // is mapped; the caller keeps it mapped while the handle lives.
+        unsafe { self.inner.register_user(id.get(), ptr, len) }.map(|inner| Registration { inner })
+    }
+}
+
+/// Attached to a user's [`xdev::Buffer`] whose memory the cache keeps
+/// registered: dropped just before the buffer releases its memory, it takes
+/// the buffer's entry out of the cache (the registration ends once no
+/// operation holds it).
+struct UserToken {
+    pool: Weak<Pool<VerbsRegistrar>>,
+    id: u64,
+}
+
+impl Drop for UserToken {
+    fn drop(&mut self) {
+        if let Some(pool) = self.pool.upgrade() {
+            pool.forget_user(self.id);
+        }
     }
 }
 
