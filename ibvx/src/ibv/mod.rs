@@ -35,6 +35,10 @@
 //! | `inline` | 64 | largest send posted inline (if the device allows) |
 //! | `reg_cache_idle_bytes` | 64 MiB | registered memory kept for reuse |
 //! | `max_pinned_bytes` | 1 GiB | all registered user memory at once |
+//!
+//! The registration cache also keeps at most 64 user buffers and 256 MiB of
+//! them registered between sends ([`CacheLimits::max_user_entries`],
+//! [`CacheLimits::max_user_bytes`]; least recently used first out).
 
 //!
 //! # What the NIC may touch, and who decides
