@@ -87,6 +87,7 @@ IBV_CONF=$(pick test ibv_conformance)
 HYBRID_CONF=$(pick test hybrid_conformance)
 IBV_SCEN=$(pick test device_scenarios)
 REGCACHE=$(pick test regcache_rxe)
+RNDV_FIG=$(pick test ibv_rndv_figures)
 SHM_LIB=$(pick lib shm_ipc)
 TARGET_DIR=$(dirname "$(dirname "$SYS_DEV")")   # .../release/deps -> .../release
 PINGPONG=$TARGET_DIR/ibvx-pingpong
@@ -99,7 +100,7 @@ HYDRA=$(command -v mpiexec.hydra)
 HYDRA_PROXY=$(command -v hydra_pmi_proxy)
 XDEV_RUN=$TARGET_DIR/xdev-run
 XDEV_BENCH=$TARGET_DIR/xdev-bench
-for f in "$SHM_LIB" "$SYS_LIB" "$SYS_LOAD" "$SYS_DEV" "$IBVX_LIB" "$IBVX_VERBS" "$IBV_CONF" "$HYBRID_CONF" "$IBV_SCEN" "$REGCACHE" \
+for f in "$SHM_LIB" "$SYS_LIB" "$SYS_LOAD" "$SYS_DEV" "$IBVX_LIB" "$IBVX_VERBS" "$IBV_CONF" "$HYBRID_CONF" "$IBV_SCEN" "$REGCACHE" "$RNDV_FIG" \
          "$PINGPONG" "$RANK_BIN" "$XDEV_RUN" "$XDEV_BENCH"; do
   [[ -n $f && -x $f ]] || { say "error: test executable not found (${f:-?}); cargo output in $BUILD_JSON"; trap - EXIT; exit 1; }
 done
@@ -121,6 +122,7 @@ IBV_CONF=$(basename "$IBV_CONF")
 HYBRID_CONF=$(basename "$HYBRID_CONF")
 IBV_SCEN=$(basename "$IBV_SCEN")
 REGCACHE=$(basename "$REGCACHE")
+RNDV_FIG=$(basename "$RNDV_FIG")
 SHM_LIB=$(basename "$SHM_LIB")
 ROUNDS=$ROUNDS
 STRICT=$STRICT
@@ -482,8 +484,12 @@ else
 fi
 section "rendezvous from a reused user buffer, leased memory and fresh buffers"
 export IBVX_REQUIRE_RDMA=1
-unit "rendezvous figures (16 KiB .. 4 MiB; eager against rendezvous 2 .. 64 KiB)" rndv.txt "$IBVX_LIB" \
-  ibv::user_cache_tests::rendezvous_figures --ignored --nocapture --test-threads 1
+t=$(now)
+if timeout 1200 "$RNDV_FIG" rendezvous_figures --exact --ignored --nocapture >"$LOG/rndv.txt" 2>&1; then
+  pass "rendezvous figures, 2 processes (16 KiB .. 4 MiB; eager against rendezvous 2 .. 64 KiB)" "$(secs "$t")"
+else
+  fail "rendezvous figures" "$(secs "$t")" "$LOG/rndv.txt"
+fi
 grep -E '^(rndv|cross|cache)' "$LOG/rndv.txt" | sed 's/^/      /'
 unset IBVX_REQUIRE_RDMA
 
@@ -499,7 +505,7 @@ status=0
   --extra-bin "$PINGPONG" \
   --extra-bin "$SYS_LIB" --extra-bin "$SYS_LOAD" --extra-bin "$SYS_DEV" \
   --extra-bin "$IBVX_LIB" --extra-bin "$IBVX_VERBS" --extra-bin "$SHM_LIB" \
-  --extra-bin "$IBV_CONF" --extra-bin "$HYBRID_CONF" --extra-bin "$IBV_SCEN" --extra-bin "$REGCACHE" \
+  --extra-bin "$IBV_CONF" --extra-bin "$HYBRID_CONF" --extra-bin "$IBV_SCEN" --extra-bin "$REGCACHE" --extra-bin "$RNDV_FIG" \
   --extra-bin "$RANK_BIN" --extra-bin "$XDEV_RUN" --extra-bin "$XDEV_BENCH" \
   --extra-bin "$HYDRA" --extra-bin "$HYDRA_PROXY" --extra-bin "$(command -v strace)" \
   -- 'bash /share/guest.sh' || status=$?
