@@ -65,7 +65,8 @@ syscall_rounds() {
 # syscall_summary FILE -> prints per message figures, best round per tool,
 # and the targets (calls <= 1.2 x perftest's, writes <= perftest's + 0.1)
 syscall_summary() {
-  awk -F'[:,}]' '{
+  awk -F'[:,}]' '/"vm_syscalls"/ {
+      delete f
       for (i = 1; i < NF; i++) { k = $i; gsub(/[{" ]/, "", k); v = $(i + 1); gsub(/[" ]/, "", v); f[k] = v }
       t = f["vm_syscalls"]; c = f["calls"] / f["messages"]; w = f["writes"] / f["messages"]
       if (!(t in bc) || c < bc[t]) bc[t] = c
