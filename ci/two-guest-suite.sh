@@ -7,8 +7,10 @@
 #   1. ibv: 2 ranks, one per guest (verbs over the wire between guests);
 #   2. hybrid: 4 ranks, two per guest (shared memory inside a guest, ibv
 #      between guests);
-#   3. compare: the ibv device's 8 B latency test (xdev-bench, one rank per
-#      guest) against ib_send_lat across the wire, 3 rounds alternating the
+#   3. compare: the ibv device's 8 B latency (osu_latency's loop, one rank
+#      per guest: the lat mode of ibvx's ibv_rndv_figures test binary, since
+#      xdev-bench's ranks share memory for their floor and cannot span
+#      guests) against ib_send_lat across the wire, 3 rounds alternating the
 #      tools: latency (un-traced runs) and system calls and writes per
 #      message (strace -f -c on each side, ci/lib/syscalls.sh). The records
 #      go to FILE with --compare-out FILE (appended: the VM results file of
@@ -50,14 +52,17 @@ say() { printf 'two-guest-suite: %s\n' "$*"; }
 say "building xdev-rank and xdev-run (release)"
 "$CARGO" build --release --quiet -p ibvx --bin xdev-rank
 "$CARGO" build --release --quiet -p xdev --bin xdev-run
-"$CARGO" build --release --quiet -p xdev-bench --bin xdev-bench
+FIGS=$("$CARGO" test --release --quiet -p ibvx --test ibv_rndv_figures --no-run --message-format=json |
+  sed -n 's/.*"executable":"\([^"]*ibv_rndv_figures[^"]*\)".*/\1/p' | tail -n 1)
+[[ -x $FIGS ]] || { say "error: the ibv_rndv_figures test binary was not built"; exit 1; }
 TARGET_DIR=${CARGO_TARGET_DIR:-$PWD/target}/release
 WORK=$TARGET_DIR/two-guest-suite
 rm -rf "$WORK"
 mkdir -p "$WORK/jobs" "$WORK/logs" "$WORK/sync"
 cp ci/lib/syscalls.sh "$WORK/syscalls.sh"
+echo "FIGS=$(basename "$FIGS")" >>"$WORK/env.sh"
 [[ $WORK != *,* ]] || { say "error: the work directory path contains a comma: $WORK"; exit 1; }
-echo "ONLY=$ONLY" >"$WORK/env.sh"
+echo "ONLY=$ONLY" >>"$WORK/env.sh"
 
 cat >"$WORK/guest.sh" <<'GUEST'
 # Runs in both guests (bash), from /share. See ci/two-guest-suite.sh.
@@ -141,7 +146,7 @@ pt_pair() {
   mark "$tag-done-h$H"; await "$tag-done-h$((1 - H))"
 }
 
-# ibv_pair ROUND N TRACE(0|1): xdev-bench's latency test, rank H in guest H.
+# ibv_pair ROUND N TRACE(0|1): osu_latency's loop on ibv, rank H in guest H.
 ibv_pair() {
   local r=$1 n=$2 st=$3 tag=ibv-$1-$3 pre="" envf
   PORT=$((PORT + 1)); envf=/share/jobs/$tag.env
@@ -152,9 +157,9 @@ ibv_pair() {
     grep '^export' "/share/jobs/$tag.serve" >"$envf.tmp" && mv "$envf.tmp" "$envf"
   fi
   until [ -f "$envf" ]; do sleep 0.1; done
-  ( . "$envf"; export XDEV_RANK=$H XDEV_DEVICE=ibv
-    exec timeout 600 $pre xdev-bench --device ibv --test latency --quick --min-size 8 --max-size 8 \
-      --iterations "$n" --option ibv_device=$RXE_DEV --option ibv_gid_index=$RXE_GID_INDEX ) \
+  ( . "$envf"; export XDEV_RANK=$H XDEV_DEVICE=ibv IBVX_FIGURES=lat IBVX_FIGURES_ITERS=$n \
+      IBVX_FIGURES_OPTIONS="ibv_device=$RXE_DEV,ibv_gid_index=$RXE_GID_INDEX"
+    exec timeout 300 $pre "$FIGS" rendezvous_figures --exact --ignored --nocapture ) \
     >"/share/logs/$tag-h$H.out" 2>&1
   [ "$H" = 0 ] && wait
   mark "$tag-done-h$H"; await "$tag-done-h$((1 - H))"
@@ -182,7 +187,7 @@ compare() {
     [ $# = 2 ] && printf '{"vm_syscalls":"ibv","placement":"two guests","round":%d,"calls":%d,"writes":%d,"messages":%d}\n' $r "$1" "$2" $((2 * (n + n / 10))) >>/share/compare.jsonl
   done
   pt=$(for r in 1 2 3; do awk '/#bytes/ { if (getline > 0 && $6 ~ /^[0-9.]+$/) print $6; exit }' /share/logs/pt-$r-0-h1.out; done | sort -g | head -1)
-  ib=$(for r in 1 2 3; do awk '$1 == 8 { print $2 }' /share/logs/ibv-$r-0-h0.out; done | sort -g | head -1)
+  ib=$(for r in 1 2 3; do awk '$1 == "lat" && $2 == 8 { print $3 }' /share/logs/ibv-$r-0-h0.out; done | sort -g | head -1)
   lat="ibv ${ib:-none} us, ib_send_lat t_avg ${pt:-none} us"
   [ -n "$pt" ] && [ -n "$ib" ] && lat="$lat: ibv / perftest $(awk -v a="$ib" -v b="$pt" 'BEGIN { printf "%.2f", a / b }')"
   printf '{"vm_info":"two guests (ci/two-guest-suite.sh --only compare): 8 B latency, best of 3 rounds","value":"%s"}\n' "$lat" >>/share/compare.jsonl
@@ -202,7 +207,7 @@ say "booting two guests (qemu TCG; this takes a while)"
 rc=0
 ci/softroce-vm.sh --hosts 2 --mem 2048 --timeout "$TIMEOUT" --share "$WORK" \
   --extra-bin "$TARGET_DIR/xdev-rank" --extra-bin "$TARGET_DIR/xdev-run" \
-  --extra-bin "$TARGET_DIR/xdev-bench" --extra-bin "$(command -v strace)" \
+  --extra-bin "$FIGS" --extra-bin "$(command -v strace)" \
   -- 'bash /share/guest.sh' || rc=$?
 if [[ -n $COMPARE_OUT && -s $WORK/compare.jsonl ]]; then
   cat "$WORK/compare.jsonl" >>"$COMPARE_OUT"

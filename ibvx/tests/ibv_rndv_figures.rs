@@ -6,6 +6,12 @@
 //! `--ignored --nocapture` over rxe. It re-executes this test binary as the
 //! two ranks of a job (`XDEV_RANK` set); rank 0 prints the figures. Every
 //! message's data is checked.
+//!
+//! With `IBVX_FIGURES=lat` a rank runs osu_latency's loop at 8 B (blocking
+//! send and receive, `IBVX_FIGURES_ITERS` timed iterations after a tenth as
+//! many for warm-up) and rank 0 prints `lat 8 US`: `ci/two-guest-suite.sh`
+//! runs it with one rank per guest (`xdev-bench`'s ranks need shared memory
+//! between them for their cache-line floor, so they cannot span guests).
 
 use std::time::{Duration, Instant};
 
@@ -108,7 +114,29 @@ fn bandwidth(dev: &IbvDevice, mem: Memory, len: usize, reps: usize) -> f64 {
     (reps * WINDOW * len) as f64 / t.elapsed().as_secs_f64() / 1e6
 }
 
-/// The rank's part: the table of `IBVX_FIGURES` (`rndv` or `cross`).
+/// osu_latency at 8 B: half the round trip in microseconds, from rank 0.
+fn blocking_latency(dev: &IbvDevice, iters: usize) -> f64 {
+    let (me, peer) = (dev.id(), 1 - dev.id());
+    let mut buf = [0xA5u8; 8];
+    let mut t = Instant::now();
+    for i in 0..iters + iters / 10 {
+        if i == iters / 10 {
+            t = Instant::now();
+        }
+        if me == 0 {
+            dev.send(&buf, peer, 1, 0).unwrap();
+            dev.recv(&mut buf, Source::Rank(peer), TagSel::Tag(1), 0)
+                .unwrap();
+        } else {
+            dev.recv(&mut buf, Source::Rank(peer), TagSel::Tag(1), 0)
+                .unwrap();
+            dev.send(&buf, peer, 1, 0).unwrap();
+        }
+    }
+    t.elapsed().as_secs_f64() * 1e6 / (2.0 * iters as f64)
+}
+
+/// The rank's part: the table of `IBVX_FIGURES` (`rndv`, `cross` or `lat`).
 fn rank() {
     let mut cfg = config_from_env().unwrap();
     for kv in std::env::var("IBVX_FIGURES_OPTIONS")
@@ -120,6 +148,18 @@ fn rank() {
         }
     }
     let dev = IbvDevice::with_bootstrap(&cfg, Bootstrap::from_env().unwrap()).unwrap();
+    if std::env::var("IBVX_FIGURES").as_deref() == Ok("lat") {
+        let iters = std::env::var("IBVX_FIGURES_ITERS")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(1000);
+        let us = blocking_latency(&dev, iters);
+        if dev.id() == 0 {
+            println!("lat 8 {us:.2}");
+        }
+        dev.finish().unwrap();
+        return;
+    }
     let cross = std::env::var("IBVX_FIGURES").as_deref() == Ok("cross");
     let (mut len, last) = if cross {
         (2048, 65536)
