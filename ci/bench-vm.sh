@@ -15,6 +15,9 @@
 #   - xdev-bench --device ibv --test bw --quick,
 #   - xdev-bench --test floor --quick (the floors alone, between the rank
 #     processes: more samples of the guest's floors, which TCG makes noisy),
+# then, in 3 rounds of their own (alternating), the system calls and writes
+# per message of the ibv latency test at 8 B against ib_send_lat, counted
+# with strace -f -c (ci/lib/syscalls.sh: {"vm_syscalls":...} lines),
 # writing every record into FILE (one JSON object per line: xdev-bench's
 # records with the floors measured in the guest, perftest's as device
 # "perftest", and {"vm_info":KEY,"value":VALUE} lines on the guest and the
@@ -160,8 +163,13 @@ while [ $ROUND -le "$ROUNDS" ]; do
   step "floors" floors
   ROUND=$((ROUND + 1))
 done
+. /share/syscalls.sh
+t0=$(now)
+syscall_rounds 3 2000 30000 "$LOG/st" "one guest" >>"$OUT"
+say "system calls counted ($(grep -c vm_syscalls "$OUT") runs) in $(awk -v a="$t0" -v b="$(now)" 'BEGIN { printf "%.0f", b - a }') s"
 say "$(grep -c '"value"' "$OUT") records in $OUT"
 GUEST
+cp "$ROOT/ci/lib/syscalls.sh" "$WORK/share/syscalls.sh"
 printf 'MAX=%s\nROUNDS=%s\n' "$MAX" "$ROUNDS" >"$WORK/share/env.sh"
 
 LOAD_BEFORE=$(load) T0=$SECONDS
@@ -173,7 +181,7 @@ say "booting the soft-RoCE guest (host load average $LOAD_BEFORE)"
 SAMPLER=$!
 status=0
 "$ROOT/ci/softroce-vm.sh" --timeout "$TIMEOUT" --mem 2048 --share "$WORK/share" \
-  --extra-bin "$TARGET_DIR/xdev-bench" --extra-bin "$TARGET_DIR/xdev-run" \
+  --extra-bin "$TARGET_DIR/xdev-bench" --extra-bin "$TARGET_DIR/xdev-run" --extra-bin "$(command -v strace)" \
   -- 'bash /share/run.sh' || status=$?
 kill "$SAMPLER" 2>/dev/null || true
 wait "$SAMPLER" 2>/dev/null || true

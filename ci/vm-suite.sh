@@ -19,7 +19,12 @@
 #      directions), a perftest server met without --perftest,
 #   6. a comparison run, same sizes and iterations, of ibvx-pingpong against
 #      ib_send_lat / ib_write_lat (8 B) and ib_write_bw (1 MiB), alternating
-#      the tools over several rounds; prints both tables and the ratios.
+#      the tools over several rounds; prints both tables and the ratios,
+#   7. system calls and writes per message of the ibv device's latency test
+#      (xdev-bench, 8 B) against ib_send_lat, counted with strace -f -c
+#      (ci/lib/syscalls.sh), best of 3 alternating rounds, and the rendezvous
+#      figures of the user-buffer registration cache (reused user buffer,
+#      leased memory, a fresh buffer each time; eager against rendezvous).
 # Exits non-zero if anything fails, and prints "VM suite passed" at the end.
 # The comparison is reported, not enforced (timings on a shared TCG guest
 # are noisy); --strict-perf makes a ratio outside 10% a failure.
@@ -82,6 +87,7 @@ IBV_CONF=$(pick test ibv_conformance)
 HYBRID_CONF=$(pick test hybrid_conformance)
 IBV_SCEN=$(pick test device_scenarios)
 REGCACHE=$(pick test regcache_rxe)
+RNDV_FIG=$(pick test ibv_rndv_figures)
 SHM_LIB=$(pick lib shm_ipc)
 TARGET_DIR=$(dirname "$(dirname "$SYS_DEV")")   # .../release/deps -> .../release
 PINGPONG=$TARGET_DIR/ibvx-pingpong
@@ -94,7 +100,7 @@ HYDRA=$(command -v mpiexec.hydra)
 HYDRA_PROXY=$(command -v hydra_pmi_proxy)
 XDEV_RUN=$TARGET_DIR/xdev-run
 XDEV_BENCH=$TARGET_DIR/xdev-bench
-for f in "$SHM_LIB" "$SYS_LIB" "$SYS_LOAD" "$SYS_DEV" "$IBVX_LIB" "$IBVX_VERBS" "$IBV_CONF" "$HYBRID_CONF" "$IBV_SCEN" "$REGCACHE" \
+for f in "$SHM_LIB" "$SYS_LIB" "$SYS_LOAD" "$SYS_DEV" "$IBVX_LIB" "$IBVX_VERBS" "$IBV_CONF" "$HYBRID_CONF" "$IBV_SCEN" "$REGCACHE" "$RNDV_FIG" \
          "$PINGPONG" "$RANK_BIN" "$XDEV_RUN" "$XDEV_BENCH"; do
   [[ -n $f && -x $f ]] || { say "error: test executable not found (${f:-?}); cargo output in $BUILD_JSON"; trap - EXIT; exit 1; }
 done
@@ -105,6 +111,7 @@ rm -rf "$WORK"
 mkdir -p "$WORK/logs"
 [[ $WORK != *,* ]] || { say "error: the work directory path contains a comma: $WORK"; exit 1; }
 
+cp "$ROOT/ci/lib/syscalls.sh" "$WORK/syscalls.sh"
 cat >"$WORK/env.sh" <<EOF
 SYS_LIB=$(basename "$SYS_LIB")
 SYS_LOAD=$(basename "$SYS_LOAD")
@@ -115,6 +122,7 @@ IBV_CONF=$(basename "$IBV_CONF")
 HYBRID_CONF=$(basename "$HYBRID_CONF")
 IBV_SCEN=$(basename "$IBV_SCEN")
 REGCACHE=$(basename "$REGCACHE")
+RNDV_FIG=$(basename "$RNDV_FIG")
 SHM_LIB=$(basename "$SHM_LIB")
 ROUNDS=$ROUNDS
 STRICT=$STRICT
@@ -462,6 +470,29 @@ compare write_bw ib_write_bw 1048576 120 4
 printf '\n== comparison summary (median over %s rounds)\n' "$ROUNDS"
 cat "$LOG/ratios.txt"
 
+# --------------------------------------------------------------- 7 ibv costs
+section "ibv against ib_send_lat: system calls and writes per message (strace -f -c, 8 B, 3 rounds)"
+. /share/syscalls.sh
+t=$(now)
+syscall_rounds 3 2000 $((PORT + 100)) "$LOG/st" "one guest" >"$LOG/syscalls.jsonl"
+PORT=$((PORT + 110))
+if [ "$(grep -c vm_syscalls "$LOG/syscalls.jsonl")" = 6 ]; then
+  pass "strace counts, 3 rounds each" "$(secs "$t")"
+  syscall_summary "$LOG/syscalls.jsonl" | sed 's/^/      /'
+else
+  fail "strace counts: $(grep -c vm_syscalls "$LOG/syscalls.jsonl") of 6 runs counted" "$(secs "$t")" "$LOG/syscalls.jsonl"
+fi
+section "rendezvous from a reused user buffer, leased memory and fresh buffers"
+export IBVX_REQUIRE_RDMA=1
+t=$(now)
+if timeout 1200 "$RNDV_FIG" rendezvous_figures --exact --ignored --nocapture >"$LOG/rndv.txt" 2>&1; then
+  pass "rendezvous figures, 2 processes (16 KiB .. 4 MiB; eager against rendezvous 2 .. 64 KiB)" "$(secs "$t")"
+else
+  fail "rendezvous figures" "$(secs "$t")" "$LOG/rndv.txt"
+fi
+grep -E '^(rndv|cross|cache)' "$LOG/rndv.txt" | sed 's/^/      /'
+unset IBVX_REQUIRE_RDMA
+
 printf '\n'
 if [ $FAILS -eq 0 ]; then echo "guest: all steps passed"; exit 0; fi
 echo "guest: $FAILS step(s) failed"; exit 1
@@ -474,9 +505,9 @@ status=0
   --extra-bin "$PINGPONG" \
   --extra-bin "$SYS_LIB" --extra-bin "$SYS_LOAD" --extra-bin "$SYS_DEV" \
   --extra-bin "$IBVX_LIB" --extra-bin "$IBVX_VERBS" --extra-bin "$SHM_LIB" \
-  --extra-bin "$IBV_CONF" --extra-bin "$HYBRID_CONF" --extra-bin "$IBV_SCEN" --extra-bin "$REGCACHE" \
+  --extra-bin "$IBV_CONF" --extra-bin "$HYBRID_CONF" --extra-bin "$IBV_SCEN" --extra-bin "$REGCACHE" --extra-bin "$RNDV_FIG" \
   --extra-bin "$RANK_BIN" --extra-bin "$XDEV_RUN" --extra-bin "$XDEV_BENCH" \
-  --extra-bin "$HYDRA" --extra-bin "$HYDRA_PROXY" \
+  --extra-bin "$HYDRA" --extra-bin "$HYDRA_PROXY" --extra-bin "$(command -v strace)" \
   -- 'bash /share/guest.sh' || status=$?
 
 if ((KEEP)); then say "logs kept in $WORK/logs"; fi

@@ -25,7 +25,7 @@ pub use driver::report_main;
 pub use machine::{civil_from_days, utc_now, LoadSampler, Machine, LOAD_SAMPLE_EVERY};
 pub use measure::{measure_mpi, run_captured, which, Mpi, MPIS, MPI_INSTALL, MPI_PEER_SOURCE};
 pub use records::{
-    parse_results, parse_vm, perftest_status, Record, Results, VmRun, PERFTEST_FAILED,
+    parse_results, parse_vm, perftest_status, Record, Results, SyscallCount, VmRun, PERFTEST_FAILED,
 };
 pub use tables::{DISTURBED, DISTURBED_MARK};
 

@@ -109,6 +109,7 @@ fn reused_chunks_never_show_their_last_users_bytes() {
         max_idle_chunks: 6,
         max_idle_bytes: 1 << 20,
         max_pinned_bytes: 64 << 20,
+        ..CacheLimits::default()
     };
     let cache = RegistrationCache::new(&pd, Access::LOCAL_WRITE, limits);
     let mut rng = Lcg(0x1234_5678);

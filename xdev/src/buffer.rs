@@ -3,6 +3,7 @@
 use std::any::Any;
 use std::fmt;
 use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Memory a [`Buffer`] can own besides a `Vec<u8>`, such as a slab a device
 /// leases out of a pre-registered pool.
@@ -28,15 +29,53 @@ enum Storage {
     Foreign(Box<dyn BufferStorage>),
 }
 
+/// The identity of the allocation a [`Buffer`] holds: unique in the process
+/// and never reused (a 64-bit counter), fixed for the buffer's life.
+///
+/// Two buffers with the same identity are the same allocation, held by one
+/// `Buffer` whose memory has not been released in between: a device may key
+/// what it knows about the memory (a NIC registration) by it.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct BufferId(u64);
+
+impl BufferId {
+    /// The number behind the identity.
+    pub fn get(self) -> u64 {
+        self.0
+    }
+}
+
+/// The next buffer identity (0 is never handed out).
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+fn next_id() -> BufferId {
+    BufferId(NEXT_ID.fetch_add(1, Ordering::Relaxed))
+}
+
+/// Something a device attached to a buffer's allocation
+/// ([`Buffer::attach`]).
+pub type Attachment = Box<dyn Any + Send + Sync>;
+
 /// An owned byte buffer, handed to a device by `isend`/`irecv` and returned
 /// by the completed request.
 ///
 /// While a request holds it, no safe code can reach it: the device is the only
 /// owner. The memory never moves while owned (moving a `Buffer` moves only its
 /// handle), so a device may keep its address for the lifetime of a request.
+///
+/// Each buffer has an [identity](Buffer::id) and may carry one
+/// [attachment](Buffer::attach), which is dropped *before* the memory is
+/// released (the buffer dropped, or its `Vec` taken back by
+/// [`into_vec`](Buffer::into_vec)): a device that keeps the memory
+/// registered between operations attaches a token whose drop ends that
+/// registration, so no registration outlives the allocation it names.
 pub struct Buffer {
     ptr: NonNull<u8>,
     len: usize,
+    id: BufferId,
+    /// Declared before `storage`: fields drop in order, so it is dropped
+    /// while the memory is still held.
+    attachment: Option<Attachment>,
     storage: Storage,
 }
 
@@ -60,6 +99,8 @@ impl Buffer {
         Buffer {
             ptr,
             len,
+            id: next_id(),
+            attachment: None,
             storage: Storage::Foreign(storage),
         }
     }
@@ -94,11 +135,41 @@ impl Buffer {
         }
     }
 
+    /// The identity of this buffer's allocation (see [`BufferId`]).
+    pub fn id(&self) -> BufferId {
+        self.id
+    }
+
+    /// Attaches `token` to this buffer's allocation, dropping any earlier
+    /// attachment. The token is dropped just before the memory is released
+    /// (when the buffer is dropped or [`into_vec`](Buffer::into_vec) is
+    /// called), or when another `attach` replaces it; a leaked buffer
+    /// (`mem::forget`) never releases its memory and keeps its token.
+    pub fn attach(&mut self, token: Attachment) {
+        self.attachment = Some(token);
+    }
+
+    /// The attachment, if any (a device downcasts it to recognise its own).
+    pub fn attachment(&self) -> Option<&(dyn Any + Send + Sync)> {
+        self.attachment.as_deref()
+    }
+
     /// The bytes as a `Vec` (free for heap buffers, a copy for foreign ones).
+    /// The attachment is dropped first, while the memory is still held.
     pub fn into_vec(self) -> Vec<u8> {
-        match self.storage {
-            Storage::Heap(v) => v,
-            Storage::Foreign(_) => self[..].to_vec(),
+        let copy = match &self.storage {
+            Storage::Heap(_) => None,
+            Storage::Foreign(_) => Some(self[..].to_vec()),
+        };
+        let Buffer {
+            attachment,
+            storage,
+            ..
+        } = self;
+        drop(attachment);
+        match (storage, copy) {
+            (Storage::Heap(v), _) => v,
+            (Storage::Foreign(_), copy) => copy.unwrap_or_default(),
         }
     }
 }
@@ -112,6 +183,8 @@ impl From<Vec<u8>> for Buffer {
         Buffer {
             ptr,
             len,
+            id: next_id(),
+            attachment: None,
             storage: Storage::Heap(v),
         }
     }
@@ -143,6 +216,7 @@ impl fmt::Debug for Buffer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Buffer")
             .field("len", &self.len)
+            .field("id", &self.id.0)
             .field("foreign", &matches!(self.storage, Storage::Foreign(_)))
             .finish()
     }

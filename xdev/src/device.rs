@@ -146,6 +146,16 @@ pub trait Device: Send + Sync {
     /// devices whose progress needs no caller.
     fn progress(&self) {}
 
+    /// A zero-filled buffer of `len` bytes in memory this device moves
+    /// best (for example memory it has registered with a NIC, so that a
+    /// large transfer from or into it needs no registration). Any buffer
+    /// works with any device; this one is only faster here. The default is
+    /// [`Buffer::zeroed`]; errors are [`Error::ResourceExhausted`](crate::Error::ResourceExhausted)
+    /// when the device's memory is used up.
+    fn alloc_buffer(&self, len: usize) -> Result<Buffer> {
+        Ok(Buffer::zeroed(len))
+    }
+
     /// Waits for this rank's outstanding sends (failing those to dead peers
     /// rather than hanging), then closes the device: later calls fail with
     /// [`Error::Closed`]. Idempotent.

@@ -122,6 +122,10 @@ pub trait Transport: Progress + Sized + 'static {
     fn peek(&self) -> Result<Option<Peeked>>;
     /// See [`Device::finish`](crate::Device::finish).
     fn finish(&self) -> Result<()>;
+    /// See [`Device::alloc_buffer`](crate::Device::alloc_buffer).
+    fn alloc_buffer(&self, len: usize) -> Result<Buffer> {
+        Ok(Buffer::zeroed(len))
+    }
 }
 
 /// A device type that is a face over a transport's engine: every such
@@ -238,6 +242,10 @@ impl<D: Face> crate::Device for D {
 
     fn finish(&self) -> Result<()> {
         self.engine().finish()
+    }
+
+    fn alloc_buffer(&self, len: usize) -> Result<Buffer> {
+        self.engine().alloc_buffer(len)
     }
 }
 

@@ -24,7 +24,7 @@ mod request;
 pub mod target;
 mod types;
 
-pub use buffer::{Buffer, BufferStorage};
+pub use buffer::{Attachment, Buffer, BufferId, BufferStorage};
 pub use device::{check_recv, check_send, check_tag, Config, Device};
 pub use error::{Error, Result};
 pub use face::{Face, Seat, SendTo, Transport};

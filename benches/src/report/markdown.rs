@@ -5,7 +5,9 @@
 use std::fmt::Write as _;
 
 use super::machine::LOAD_SAMPLE_EVERY;
-use super::{PeerStatus, Report, Results, KNOWN_DEVICES, PERFTEST, PERFTEST_ABSENT, TESTS};
+use super::{
+    PeerStatus, Report, Results, SyscallCount, KNOWN_DEVICES, PERFTEST, PERFTEST_ABSENT, TESTS,
+};
 
 impl Report {
     /// The report as markdown; the plots are `<test>.svg` beside it (and
@@ -293,6 +295,7 @@ impl Report {
         s.push('\n');
         s.push_str(&sub.vm_headline());
         s.push('\n');
+        s.push_str(&syscall_table(&vm.syscalls));
         for (test, title, unit, what) in [
             (
                 "latency",
@@ -321,4 +324,61 @@ impl Report {
         }
         s
     }
+}
+
+/// The system calls and `write`s per message of `ibv` and perftest at 8 B
+/// (`vm_syscalls` records), per placement: the best round of each tool,
+/// and `ibv` against perftest with the targets of issue 24 (calls at most
+/// 1.2 times perftest's, writes at most perftest's plus 0.1). Empty without
+/// records.
+pub(super) fn syscall_table(counts: &[SyscallCount]) -> String {
+    if counts.is_empty() {
+        return String::new();
+    }
+    let mut s = String::from(
+        "### System calls per message (8 B latency, `strace -f -c`)\n\n\
+         Both sides' processes traced (the launcher's own calls left out), divided by the \
+         messages both sides sent: `xdev-bench --device ibv --test latency --quick \
+         --iterations N` (N plus N/10 warm-up messages per side) and `ib_send_lat -n N`. \
+         On rxe every `write` is a verbs command (a doorbell). Best round of each.\n\n\
+         | where | tool | calls / message | writes / message | rounds |\n|---|---|---:|---:|---:|\n",
+    );
+    let mut places: Vec<&str> = counts.iter().map(|c| c.placement.as_str()).collect();
+    places.dedup();
+    let mut verdicts = String::new();
+    for place in places {
+        let best = |tool: &str| {
+            let runs = counts
+                .iter()
+                .filter(|c| c.placement == place && c.tool == tool);
+            runs.fold(None, |b: Option<(f64, f64, usize)>, c| {
+                let (calls, writes) = (c.calls / c.messages, c.writes / c.messages);
+                Some(match b {
+                    None => (calls, writes, 1),
+                    Some((bc, bw, n)) => (bc.min(calls), bw.min(writes), n + 1),
+                })
+            })
+        };
+        for tool in ["ibv", PERFTEST] {
+            if let Some((c, w, n)) = best(tool) {
+                let _ = writeln!(s, "| {place} | {tool} | {c:.2} | {w:.2} | {n} |");
+            }
+        }
+        if let (Some((ic, iw, _)), Some((pc, pw, _))) = (best("ibv"), best(PERFTEST)) {
+            let met = |ok: bool| if ok { "met" } else { "not met" };
+            let _ = writeln!(
+                verdicts,
+                "- {place}: `ibv` makes {:.2}x perftest's calls per message (target at most \
+                 1.2x: {}) and {:+.2} writes per message (target at most +0.1: {}).",
+                ic / pc,
+                met(ic <= 1.2 * pc),
+                iw - pw,
+                met(iw <= pw + 0.1)
+            );
+        }
+    }
+    s.push('\n');
+    s.push_str(&verdicts);
+    s.push('\n');
+    s
 }

@@ -177,6 +177,46 @@ pub struct VmRun {
     /// The records (`ibv` with the guest's floors, `perftest`) and
     /// not-measured notices.
     pub results: Results,
+    /// System-call counts of 8 B latency runs (`ci/lib/syscalls.sh`), in
+    /// file order.
+    pub syscalls: Vec<SyscallCount>,
+}
+
+/// One `{"vm_syscalls":TOOL,"placement":P,"round":R,"calls":C,"writes":W,
+/// "messages":M}` line: the system calls and `write`s `strace -f -c`
+/// counted over one 8 B latency run of TOOL (`ibv` or `perftest`), both
+/// sides, and the messages both sides sent.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SyscallCount {
+    /// `ibv` or `perftest`.
+    pub tool: String,
+    /// Where the two sides ran (`one guest`, `two guests`).
+    pub placement: String,
+    /// System calls of both sides.
+    pub calls: f64,
+    /// `write` calls of both sides (verbs commands and doorbells on rxe).
+    pub writes: f64,
+    /// Messages both sides sent.
+    pub messages: f64,
+}
+
+fn syscall_count(o: &BTreeMap<String, Scalar>) -> Option<SyscallCount> {
+    let s = |k: &str| match o.get(k) {
+        Some(Scalar::Str(v)) => Some(v.clone()),
+        _ => None,
+    };
+    let n = |k: &str| match o.get(k) {
+        Some(Scalar::Num(v)) if v.is_finite() && *v >= 0.0 => Some(*v),
+        _ => None,
+    };
+    let c = SyscallCount {
+        tool: s("vm_syscalls")?,
+        placement: s("placement")?,
+        calls: n("calls")?,
+        writes: n("writes")?,
+        messages: n("messages")?,
+    };
+    (c.messages > 0.0).then_some(c)
 }
 
 /// Parses a VM results file: the records and notices of [`parse_results`],
@@ -190,9 +230,15 @@ pub fn parse_vm(text: &str) -> VmRun {
             _ => None,
         })
         .collect();
+    let syscalls = text
+        .lines()
+        .filter_map(|l| flat_object(&l[l.find('{')?..]))
+        .filter_map(|o| syscall_count(&o))
+        .collect();
     VmRun {
         info,
         results: parse_results(text),
+        syscalls,
     }
 }
 

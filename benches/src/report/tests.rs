@@ -407,3 +407,32 @@ fn without_a_vm_file_its_section_says_why() {
     assert!(md.contains("| `ibv` | xdev device | not measured: no RDMA device |"));
     assert!(report().vm_report().is_none());
 }
+
+#[test]
+fn the_vm_section_shows_system_calls_per_message_and_the_targets() {
+    let text = format!(
+        "{VM_FILE}\
+{{\"vm_syscalls\":\"perftest\",\"placement\":\"one guest\",\"round\":1,\"calls\":5000,\"writes\":2020,\"messages\":2000}}
+{{\"vm_syscalls\":\"ibv\",\"placement\":\"one guest\",\"round\":1,\"calls\":6600,\"writes\":2200,\"messages\":2200}}
+{{\"vm_syscalls\":\"perftest\",\"placement\":\"one guest\",\"round\":2,\"calls\":4000,\"writes\":2010,\"messages\":2000}}
+{{\"vm_syscalls\":\"ibv\",\"placement\":\"two guests\",\"round\":1,\"calls\":4400,\"writes\":2420,\"messages\":2200}}
+{{\"vm_syscalls\":\"ibv\",\"placement\":\"bad\",\"round\":1,\"calls\":1,\"writes\":1,\"messages\":0}}
+"
+    );
+    let vm = parse_vm(&text);
+    assert_eq!(vm.syscalls.len(), 4, "a record of no messages is dropped");
+    let t = super::markdown::syscall_table(&vm.syscalls);
+    // Best rounds: perftest 2.00 calls and 1.005 writes; ibv 3.00 and 1.00.
+    assert!(t.contains("| one guest | ibv | 3.00 | 1.00 | 1 |"), "{t}");
+    assert!(
+        t.contains("| one guest | perftest | 2.00 | 1.00 | 2 |"),
+        "{t}"
+    );
+    assert!(t.contains("| two guests | ibv | 2.00 | 1.10 | 1 |"), "{t}");
+    assert!(
+        t.contains("- one guest: `ibv` makes 1.50x perftest's calls per message (target at most 1.2x: not met) and -0.00 writes per message (target at most +0.1: met)."),
+        "{t}"
+    );
+    assert!(!t.contains("- two guests"), "no perftest there: no verdict");
+    assert_eq!(super::markdown::syscall_table(&[]), "");
+}

@@ -55,7 +55,9 @@ use std::time::Instant;
 use xdev::bootstrap::Bootstrap;
 use xdev::matching::{FxMap, MatchingEngine};
 use xdev::target::{SendOwner, Target};
-use xdev::{Context, Envelope, Error, Rank, Result, SendTo, Source, Status, Tag, Tracker};
+use xdev::{
+    BufferId, Context, Envelope, Error, Rank, Result, SendTo, Source, Status, Tag, Tracker,
+};
 
 use super::options::IbvOptions;
 use super::regcache::{Registration, RegistrationCache};
@@ -207,6 +209,9 @@ struct OutSend {
     stage: Stage,
     owner: SendOwner,
     reg: Option<Registration>,
+    /// The identity of the user buffer the send owns, when the cache may
+    /// keep its memory registered (it carries the cache's token).
+    user: Option<BufferId>,
 }
 
 // SAFETY: `data` points into the send's buffer, owned by its request (held
@@ -219,6 +224,8 @@ unsafe impl Send for OutSend {}
 struct Outgoing<'a> {
     to: SendTo,
     data: &'a [u8],
+    /// See [`OutSend::user`].
+    user: Option<BufferId>,
 }
 
 /// A rendezvous receive waiting for `RNDZ_END`: the peer may write `target`
@@ -417,9 +424,11 @@ impl IbvEngine {
 
     /// Completes send `id` (removing it) with `r`.
     fn complete_send(&self, l: &mut Local, id: u64, r: Result<()>) {
-        let Some(s) = l.sends.remove(&id) else {
+        let Some(mut s) = l.sends.remove(&id) else {
             return;
         };
+        // The registration ends before the owner may get its buffer back.
+        drop(s.reg.take());
         if matches!(s.stage, Stage::AwaitReply | Stage::Writing { .. }) {
             let p = &mut l.peers[s.dest];
             p.rndv_out = p.rndv_out.saturating_sub(1);

@@ -35,6 +35,10 @@
 //! | `inline` | 64 | largest send posted inline (if the device allows) |
 //! | `reg_cache_idle_bytes` | 64 MiB | registered memory kept for reuse |
 //! | `max_pinned_bytes` | 1 GiB | all registered user memory at once |
+//!
+//! The registration cache also keeps at most 64 user buffers and 256 MiB of
+//! them registered between sends ([`CacheLimits::max_user_entries`],
+//! [`CacheLimits::max_user_bytes`]; least recently used first out).
 
 //!
 //! # What the NIC may touch, and who decides
@@ -114,13 +118,15 @@ mod engine;
 mod options;
 pub(crate) mod regcache;
 mod setup;
+#[cfg(test)]
+mod user_cache_tests;
 pub(crate) mod wire;
 
 use std::sync::Arc;
 
 use xdev::bootstrap::Bootstrap;
 use xdev::registry::{Entry, Placement};
-use xdev::{Buffer, Config, Device, Error, Result};
+use xdev::{Buffer, Config, Device, Result};
 
 use self::engine::IbvEngine;
 pub use self::options::IbvOptions;
@@ -163,11 +169,10 @@ impl IbvDevice {
     /// A zeroed buffer of `len` bytes in memory this device has registered
     /// (leased from its [`RegistrationCache`]): rendezvous transfers from and
     /// into it need no registration. Dropping it returns it to the cache.
+    /// The same as [`Device::alloc_buffer`], which a runtime holding an
+    /// `Arc<dyn Device>` calls.
     pub fn alloc_buffer(&self, len: usize) -> Result<Buffer> {
-        self.engine
-            .cache()
-            .buffer(len)
-            .map_err(|e| Error::ResourceExhausted(format!("registered buffer of {len} bytes: {e}")))
+        xdev::Transport::alloc_buffer(&*self.engine, len)
     }
 
     /// The registration cache (for statistics).

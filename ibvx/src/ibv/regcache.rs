@@ -1,7 +1,7 @@
 //! The pin-down registration cache: registered memory for IBVX's sends,
 //! receives and RDMA writes without an `ibv_reg_mr` per message.
 //!
-//! # The rule: only library-owned memory is ever cached
+//! # The rule: only memory whose allocation is known to be unchanged
 //!
 //! An address-keyed pin-down cache has a classic failure: user memory is
 //! freed (`munmap`), a new allocation lands at the same virtual address,
@@ -9,25 +9,37 @@
 //! physical pages, so the device sends stale bytes (or writes into memory
 //! nobody reads). Interception of `munmap`/`free` (memory hooks, userfault,
 //! ODP) makes this rarer; this cache makes it **impossible by design**:
+//! nothing is ever looked up by address alone.
 //!
-//! - **The cache only ever holds registrations of memory the library itself
-//!   owns and leases out.** Such memory is a *chunk*: an anonymous mapping
-//!   made by the cache, registered once, and leased out through
-//!   [`RegistrationCache::lease`] / [`RegistrationCache::buffer`]. A chunk
-//!   is never unmapped while it is registered: it is deregistered first, and
-//!   unmapped only if deregistration succeeded (otherwise it is leaked).
-//!   A chunk leaves the lookup table ([`RegistrationCache::find`]) before it
-//!   is deregistered, so no lookup can return a dying registration.
-//! - **Foreign memory** (a user's `Vec`, a borrowed slice: anything not
-//!   inside a chunk) is registered for one operation only:
+//! - **Chunks**: memory the library itself maps and leases out. A chunk is
+//!   an anonymous mapping made by the cache, registered once, and leased out
+//!   through [`RegistrationCache::lease`] / [`RegistrationCache::buffer`]
+//!   (what `Device::alloc_buffer` returns). A chunk is never unmapped while
+//!   it is registered: it is deregistered first, and unmapped only if
+//!   deregistration succeeded (otherwise it is leaked). A chunk leaves the
+//!   lookup table before it is deregistered, so no lookup can return a
+//!   dying registration.
+//! - **User buffers** (an `xdev::Buffer` the user made, sent by `isend`):
+//!   keyed by the buffer's identity ([`xdev::BufferId`], unique in the
+//!   process and never reused), not by address. The first rendezvous from
+//!   it registers its whole memory and attaches a token to the buffer
+//!   ([`xdev::Buffer::attach`]); the buffer drops the token just before it
+//!   releases its memory (dropped, or its `Vec` taken back), and the token
+//!   takes the entry out. So an entry exists only while its allocation is
+//!   held, unchanged, by that one buffer; a new allocation at the same
+//!   address is a new buffer with a new identity, a miss. Entries are
+//!   bounded (`max_user_entries`, `max_user_bytes`, the pinned budget) and
+//!   evicted least recently used first.
+//! - **Other memory** (a borrowed slice of a blocking call, a user buffer
+//!   larger than `max_user_bytes`, a rendezvous receive's remote-write
+//!   grant) is registered for one operation only:
 //!   [`RegistrationCache::register`] returns a *transient* [`Registration`]
 //!   that is deregistered when its last clone is dropped (when the operation
-//!   completes). It is never entered in the lookup table, so a later
-//!   [`RegistrationCache::find`] of the same address cannot return it.
+//!   completes), never entered in any table.
 //!
 //! So every registration the cache returns names pages that are mapped and
-//! pinned for as long as the [`Registration`] lives, and an address that
-//! `find` resolves is always the chunk that is mapped there now.
+//! pinned for as long as the [`Registration`] lives, and an entry it keeps
+//! always names the allocation that is there now.
 //!
 //! # Chunks, the idle list and the budgets
 //!
@@ -64,7 +76,7 @@
 use std::any::Any;
 use std::fmt;
 use std::ptr::NonNull;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 pub use self::pool::{CacheLimits, CacheStats};
 use self::pool::{Exposure, Keys, Pool, PoolLease, Reg, Registrar};
@@ -114,14 +126,17 @@ impl Registrar for VerbsRegistrar {
 /// The pin-down registration cache of one protection domain. Cheap to clone
 /// (reference counted); `Send + Sync`.
 ///
-/// It only ever caches registrations of memory it owns itself: *chunks*,
-/// page-aligned anonymous mappings in power-of-two size classes from 4 KiB,
-/// registered once and leased out ([`lease`](Self::lease),
-/// [`buffer`](Self::buffer)). A dropped [`Lease`] goes on an idle list,
-/// still registered, for the next lease of its class; [`CacheLimits`] bounds
-/// the idle list and all pinned memory. Foreign memory is only ever
-/// registered for one operation, never cached, so the cache cannot hand out
-/// a stale registration of memory that was freed and reused.
+/// It caches registrations of memory it owns itself: *chunks*, page-aligned
+/// anonymous mappings in power-of-two size classes from 4 KiB, registered
+/// once and leased out ([`lease`](Self::lease), [`buffer`](Self::buffer)); a
+/// dropped [`Lease`] goes on an idle list, still registered, for the next
+/// lease of its class. It also keeps user [`xdev::Buffer`]s registered
+/// between sends, keyed by buffer identity and ended by a token the buffer
+/// drops before it releases its memory (see the module docs).
+/// [`CacheLimits`] bounds the idle list, the user entries and all pinned
+/// memory. Other memory is registered for one operation only, so the cache
+/// cannot hand out a stale registration of memory that was freed and
+/// reused.
 ///
 /// Outside this crate the cache is for statistics and leasing: the lookups
 /// and registrations that yield keys and scatter/gather entries (of a chunk
@@ -231,6 +246,71 @@ impl RegistrationCache {
     /// Counters and occupancy.
     pub fn stats(&self) -> CacheStats {
         self.inner.stats()
+    }
+
+    /// Lets this cache keep `buf`'s memory registered between operations:
+    /// attaches a token whose drop (just before the buffer releases its
+    /// memory, see [`xdev::Buffer::attach`]) ends the entry. True when `buf`
+    /// carries this cache's token (now or already); false for an empty
+    /// buffer or foreign storage (a leased chunk is registered anyway).
+    pub(crate) fn adopt(&self, buf: &mut xdev::Buffer) -> bool {
+        if buf.is_empty() || buf.storage().is_some() {
+            return false;
+        }
+        let ours = buf
+            .attachment()
+            .and_then(|a| a.downcast_ref::<UserToken>())
+            .is_some_and(|t| {
+                t.id == buf.id().get() && Weak::ptr_eq(&t.pool, &Arc::downgrade(&self.inner))
+            });
+        if !ours {
+            buf.attach(Box::new(UserToken {
+                pool: Arc::downgrade(&self.inner),
+                id: buf.id().get(),
+            }));
+        }
+        true
+    }
+
+    /// The registration of the whole memory of user buffer `id` (adopted by
+    /// [`adopt`](Self::adopt)), `[ptr, ptr + len)`: kept from an earlier
+    /// operation on the same buffer (no verbs call), or made and kept now.
+    /// Bounded by `max_user_entries`, `max_user_bytes` and the pinned
+    /// budget (least recently used entries evicted); see [`Pool`].
+    ///
+    /// # Safety
+    /// `[ptr, ptr + len)` is the whole memory of the buffer `id`, which
+    /// carries this cache's token, and the caller holds that buffer (its
+    /// request or call owns it) until every returned registration is
+    /// dropped.
+    pub(crate) unsafe fn register_user(
+        &self,
+        id: xdev::BufferId,
+        ptr: *mut u8,
+        len: usize,
+    ) -> Result<Registration, verbs::Error> {
+        // SAFETY: the token attached to the buffer calls `forget_user` just
+        // before the buffer releases its memory, and identities are never
+        // reused, so the entry of `id` names this allocation only while it
+        // is mapped; the caller keeps it mapped while the handle lives.
+        unsafe { self.inner.register_user(id.get(), ptr, len) }.map(|inner| Registration { inner })
+    }
+}
+
+/// Attached to a user's [`xdev::Buffer`] whose memory the cache keeps
+/// registered: dropped just before the buffer releases its memory, it takes
+/// the buffer's entry out of the cache (the registration ends once no
+/// operation holds it).
+struct UserToken {
+    pool: Weak<Pool<VerbsRegistrar>>,
+    id: u64,
+}
+
+impl Drop for UserToken {
+    fn drop(&mut self) {
+        if let Some(pool) = self.pool.upgrade() {
+            pool.forget_user(self.id);
+        }
     }
 }
 

@@ -174,6 +174,7 @@ fn fabric(
             max_idle_chunks: 64,
             max_idle_bytes: opts.reg_cache_idle_bytes,
             max_pinned_bytes: opts.max_pinned_bytes,
+            ..CacheLimits::default()
         },
     );
     let fab = Fabric {

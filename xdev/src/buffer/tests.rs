@@ -33,3 +33,67 @@ fn foreign_storage_is_recognisable_and_clamped() {
     assert!(b.storage().unwrap().downcast_ref::<Slab>().is_some());
     assert_eq!(b.into_vec()[..2], [9, 7]);
 }
+
+/// Sets a flag when dropped, and checks the memory it watches is still
+/// there (the attachment is dropped before the memory is released).
+struct Watch {
+    dropped: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        self.dropped
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+fn watch() -> (Attachment, std::sync::Arc<std::sync::atomic::AtomicBool>) {
+    let flag = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    (
+        Box::new(Watch {
+            dropped: flag.clone(),
+        }),
+        flag,
+    )
+}
+
+#[test]
+fn identities_are_unique_and_follow_the_allocation() {
+    let a = Buffer::zeroed(8);
+    let b = Buffer::zeroed(8);
+    assert_ne!(a.id(), b.id());
+    let id = a.id();
+    let moved = a;
+    assert_eq!(moved.id(), id, "moving the handle keeps the identity");
+    // A new buffer over the same Vec allocation is a new identity.
+    let v = moved.into_vec();
+    let again = Buffer::from(v);
+    assert_ne!(again.id(), id);
+}
+
+#[test]
+fn the_attachment_is_dropped_with_the_buffer_or_by_into_vec() {
+    let seen = std::sync::atomic::Ordering::SeqCst;
+    let (tok, flag) = watch();
+    let mut b = Buffer::zeroed(4);
+    b.attach(tok);
+    assert!(b.attachment().is_some_and(|a| a.is::<Watch>()));
+    drop(b);
+    assert!(flag.load(seen), "dropped with the buffer");
+
+    let (tok, flag) = watch();
+    let mut b = Buffer::from(vec![1, 2, 3]);
+    b.attach(tok);
+    assert_eq!(b.into_vec(), vec![1, 2, 3]);
+    assert!(flag.load(seen), "dropped by into_vec");
+
+    let (tok, flag) = watch();
+    let mut b = Buffer::from_storage(Box::new(Slab(Box::new([7; 16]))), 4);
+    b.attach(tok);
+    let (tok2, flag2) = watch();
+    b.attach(tok2);
+    assert!(flag.load(seen), "replaced attachments are dropped");
+    assert!(!flag2.load(seen));
+    assert_eq!(b.into_vec(), vec![7; 4]);
+    assert!(flag2.load(seen));
+}

@@ -35,7 +35,11 @@ impl Transport for IbvEngine {
             // `finish` may be past its wait for our sends.
             return Err(Error::Closed);
         }
-        let out = Outgoing { to, data: buf };
+        let out = Outgoing {
+            to,
+            data: buf,
+            user: None,
+        };
         let started = self.start(&mut l, out, || {
             let w = BlockingSend::new();
             *settle.waiter.borrow_mut() = Some(w.clone());
@@ -60,8 +64,12 @@ impl Transport for IbvEngine {
         w.outcome()
     }
 
-    fn start_send(self: &Arc<Self>, buf: Buffer, to: SendTo) -> Request {
+    fn start_send(self: &Arc<Self>, mut buf: Buffer, to: SendTo) -> Request {
         let env = to.envelope();
+        // A buffer that may go by rendezvous stays registered between sends
+        // while it lives (its token ends the entry when it is released).
+        let user = (buf.len() > self.fab.opts.eager_limit && self.fab.cache.adopt(&mut buf))
+            .then(|| buf.id());
         let core = self.tracker.start(RequestKind::Send, buf);
         // SAFETY: the request owns the buffer; it is neither moved nor freed
         // while the core lives, and the engine keeps the core while it
@@ -76,7 +84,7 @@ impl Transport for IbvEngine {
                 .complete(&core, Status::failed(env, Error::Closed));
             return Request::new(core, self.clone());
         }
-        let out = Outgoing { to, data };
+        let out = Outgoing { to, data, user };
         match self.start(&mut l, out, || SendOwner::Request(core.clone())) {
             Ok(true) => {}
             Ok(false) => {
@@ -208,6 +216,13 @@ impl Transport for IbvEngine {
         self.closed.store(true, Ordering::Release);
         self.notify(&l);
         r
+    }
+
+    fn alloc_buffer(&self, len: usize) -> Result<Buffer> {
+        self.fab
+            .cache
+            .buffer(len)
+            .map_err(|e| Error::ResourceExhausted(format!("registered buffer of {len} bytes: {e}")))
     }
 }
 

@@ -16,14 +16,19 @@ use super::{IbvEngine, Local, POLL_BATCH, WR_KIND, WR_SLOT, WR_WRITE};
 use crate::ibv::wire;
 use crate::verbs::WorkCompletion;
 
-/// Polls of an idle wait before it sleeps.
+/// Polls of an idle wait before it sleeps (the rule that keeps an
+/// oversubscribed host moving).
 const SPIN_POLLS: u32 = 4_000;
+/// Polls of an idle wait before its first yield; after them it yields every
+/// 64 polls until it sleeps.
+const QUIET_POLLS: u32 = 1_024;
 /// Longest sleep of a wait (departures are checked at least this often).
 const SLEEP: Duration = Duration::from_millis(20);
 /// How often a busy rank looks at the bootstrap's departure list.
 const DEPARTURE_CHECK: Duration = Duration::from_millis(20);
-/// Calls of a busy wait between two looks at the clock for departures.
-const DEPARTURE_POLLS: u32 = 256;
+/// Calls of a busy wait between two looks at the clock for departures (the
+/// clock is a system call in a virtual machine without a stable TSC).
+const DEPARTURE_POLLS: u32 = 4_096;
 
 fn wr_error(wc: &WorkCompletion, peer: Rank, what: &str) -> Error {
     let status = wc.status();
@@ -210,7 +215,9 @@ impl IbvEngine {
             if idle < SPIN_POLLS {
                 idle += 1;
                 drop(l);
-                if idle % 64 == 0 {
+                // No yield in the first polls: a reply usually comes within
+                // them, and a yield is a system call.
+                if idle > QUIET_POLLS && idle % 64 == 0 {
                     std::thread::yield_now();
                 } else {
                     std::hint::spin_loop();

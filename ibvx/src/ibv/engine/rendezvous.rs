@@ -80,9 +80,17 @@ impl IbvEngine {
             self.complete_send(l, id, Ok(()));
         } else {
             let len = len as usize;
-            // SAFETY: the send's buffer stays alive and unmoved until
-            // the send is removed, which drops this registration first.
-            match unsafe { self.fab.cache.register(s.data.cast_mut(), len) } {
+            let reg = match s.user {
+                // SAFETY: the send owns user buffer `id` (its request holds
+                // it until the send is removed, which drops this
+                // registration first), and `data`/`len` are its whole
+                // memory (a send sends its whole buffer).
+                Some(id) => unsafe { self.fab.cache.register_user(id, s.data.cast_mut(), s.len) },
+                // SAFETY: the send's buffer stays alive and unmoved until
+                // the send is removed, which drops this registration first.
+                None => unsafe { self.fab.cache.register(s.data.cast_mut(), len) },
+            };
+            match reg {
                 Ok(reg) => {
                     s.reg = Some(reg);
                     s.stage = Stage::Writing { posted: false };

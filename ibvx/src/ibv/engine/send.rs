@@ -130,7 +130,7 @@ impl IbvEngine {
         out: Outgoing<'_>,
         owner: impl FnOnce() -> SendOwner,
     ) -> Result<bool> {
-        let Outgoing { to, data } = out;
+        let Outgoing { to, data, user } = out;
         let (dest, tag, context, sync) = to.parts();
         if dest == self.fab.rank {
             return Ok(self.send_local(l, tag, context, data, sync, owner));
@@ -166,6 +166,7 @@ impl IbvEngine {
                 stage: Stage::Queued,
                 owner: owner(),
                 reg: None,
+                user,
             },
         );
         // Behind any send already waiting for this peer, to keep order.
@@ -208,6 +209,7 @@ impl IbvEngine {
                     stage: Stage::LocalUnmatched,
                     owner: owner(),
                     reg: None,
+                    user: None,
                 },
             );
             id

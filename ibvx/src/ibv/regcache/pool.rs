@@ -3,7 +3,7 @@
 //! unmapped), the idle list in LRU order, the pinned budget, lookups and
 //! transient registrations, and the limits and counters they answer to.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
 use std::io;
 use std::ptr::{self, NonNull};
@@ -23,9 +23,15 @@ pub struct CacheLimits {
     pub max_idle_chunks: usize,
     /// Bytes of idle chunks kept registered for reuse (default 64 MiB).
     pub max_idle_bytes: usize,
-    /// Bytes pinned by leased, idle and transient registrations together
-    /// (default 1 GiB). Mind `ulimit -l` when not running as root.
+    /// Bytes pinned by leased, idle, user and transient registrations
+    /// together (default 1 GiB). Mind `ulimit -l` when not running as root.
     pub max_pinned_bytes: usize,
+    /// User buffers kept registered between operations (default 64).
+    pub max_user_entries: usize,
+    /// Bytes (whole pages) of user buffers kept registered between
+    /// operations (default 256 MiB); a larger buffer is registered for one
+    /// operation only.
+    pub max_user_bytes: usize,
 }
 
 impl Default for CacheLimits {
@@ -34,6 +40,8 @@ impl Default for CacheLimits {
             max_idle_chunks: 64,
             max_idle_bytes: 64 << 20,
             max_pinned_bytes: 1 << 30,
+            max_user_entries: 64,
+            max_user_bytes: 256 << 20,
         }
     }
 }
@@ -68,6 +76,16 @@ pub struct CacheStats {
     pub pinned_bytes: usize,
     /// Bytes whose deregistration failed: still pinned, never freed.
     pub leaked_bytes: usize,
+    /// Operations on a user buffer whose registration was kept (no verbs call).
+    pub user_hits: u64,
+    /// User buffers registered and entered in the cache.
+    pub user_misses: u64,
+    /// User entries evicted (limits or budget pressure).
+    pub user_evictions: u64,
+    /// User buffers registered now.
+    pub user_entries: usize,
+    /// Bytes (whole pages) of user buffers registered now.
+    pub user_bytes: usize,
 }
 
 // ---------------------------------------------------------------------------
@@ -243,11 +261,13 @@ impl<R: Registrar> Drop for Chunk<R> {
     }
 }
 
-/// A foreign range registered for one operation.
+/// A foreign range registered for one operation, or a user buffer's
+/// registration kept in the user table (`user`: not counted as transient).
 pub(super) struct Transient<R: Registrar> {
     addr: usize,
     len: usize,
     pinned: usize,
+    user: bool,
     keys: Keys,
     region: Option<R::Region>,
     shared: Arc<Shared<R>>,
@@ -255,9 +275,11 @@ pub(super) struct Transient<R: Registrar> {
 
 impl<R: Registrar> Drop for Transient<R> {
     fn drop(&mut self) {
-        self.shared
-            .transient_bytes
-            .fetch_sub(self.pinned, Ordering::AcqRel);
+        if !self.user {
+            self.shared
+                .transient_bytes
+                .fetch_sub(self.pinned, Ordering::AcqRel);
+        }
         if let Some(region) = self.region.take() {
             self.shared.deregister(region, self.pinned);
         }
@@ -327,8 +349,22 @@ struct Slot<R: Registrar> {
     idle: Option<u64>,
 }
 
+/// A user buffer's registration in the user table, with its LRU stamp.
+struct UserSlot<R: Registrar> {
+    reg: Arc<Transient<R>>,
+    stamp: u64,
+}
+
 /// Everything behind the pool's lock.
 struct State<R: Registrar> {
+    /// User buffers kept registered, by buffer identity.
+    users: HashMap<u64, UserSlot<R>>,
+    /// User entries, least recently used first: stamp -> identity.
+    user_lru: BTreeMap<u64, u64>,
+    user_bytes: usize,
+    user_hits: u64,
+    user_misses: u64,
+    user_evictions: u64,
     /// Every chunk the pool owns (leased or idle), by start address.
     chunks: BTreeMap<usize, Slot<R>>,
     /// Idle chunks, least recently used first: stamp -> start address.
@@ -371,6 +407,22 @@ impl<R: Registrar> State<R> {
         self.evictions += 1;
         Some(slot.chunk)
     }
+
+    /// Removes user entry `id` (its registration ends once no operation
+    /// holds it).
+    fn remove_user(&mut self, id: u64) -> Option<Arc<Transient<R>>> {
+        let slot = self.users.remove(&id)?;
+        self.user_lru.remove(&slot.stamp);
+        self.user_bytes -= slot.reg.pinned;
+        Some(slot.reg)
+    }
+
+    /// Removes the least recently used user entry.
+    fn evict_user_lru(&mut self) -> Option<Arc<Transient<R>>> {
+        let (_, &id) = self.user_lru.iter().next()?;
+        self.user_evictions += 1;
+        self.remove_user(id)
+    }
 }
 
 /// The cache, generic over the registrar.
@@ -394,6 +446,12 @@ impl<R: Registrar> Pool<R> {
                 leaked: AtomicUsize::new(0),
             }),
             state: Mutex::new(State {
+                users: HashMap::new(),
+                user_lru: BTreeMap::new(),
+                user_bytes: 0,
+                user_hits: 0,
+                user_misses: 0,
+                user_evictions: 0,
                 chunks: BTreeMap::new(),
                 lru: BTreeMap::new(),
                 by_class: BTreeSet::new(),
@@ -435,12 +493,19 @@ impl<R: Registrar> Pool<R> {
             if self.shared.try_reserve(n) {
                 return Ok(());
             }
-            let victim = self.state().evict_lru();
-            match victim {
+            let (chunk, user) = {
+                let mut st = self.state();
+                match st.evict_lru() {
+                    Some(c) => (Some(c), None),
+                    None => (None, st.evict_user_lru()),
+                }
+            };
+            match (chunk, user) {
                 // Dropping the pool's handle deregisters (and releases its
-                // bytes) unless a live Registration still holds the chunk.
-                Some(chunk) => drop(chunk),
-                None => {
+                // bytes) unless a live Registration still holds it.
+                (Some(chunk), _) => drop(chunk),
+                (None, Some(user)) => drop(user),
+                (None, None) => {
                     return if self.shared.try_reserve(n) {
                         Ok(())
                     } else {
@@ -611,6 +676,7 @@ impl<R: Registrar> Pool<R> {
             addr: ptr as usize,
             len,
             pinned,
+            user: false,
             keys,
             region: Some(region),
             shared: self.shared.clone(),
@@ -632,7 +698,132 @@ impl<R: Registrar> Pool<R> {
             transient_bytes: self.shared.transient_bytes.load(Ordering::Acquire),
             pinned_bytes: self.shared.pinned.load(Ordering::Acquire),
             leaked_bytes: self.shared.leaked.load(Ordering::Acquire),
+            user_hits: st.user_hits,
+            user_misses: st.user_misses,
+            user_evictions: st.user_evictions,
+            user_entries: st.users.len(),
+            user_bytes: st.user_bytes,
         }
+    }
+}
+
+impl<R: Registrar> Pool<R> {
+    /// The registration of user buffer `id`, `[ptr, ptr + len)`, for local
+    /// access: the one kept in the user table (a hit, no verbs call), else
+    /// a new one entered there (least recently used entries evicted beyond
+    /// `max_user_entries` and `max_user_bytes`). A buffer larger than
+    /// `max_user_bytes` gets a transient registration instead.
+    ///
+    /// # Safety
+    /// `id` names one allocation for as long as it is registered: the range
+    /// stays mapped until [`forget_user`](Self::forget_user)`(id)` was
+    /// called and every returned registration (and clone) is dropped, and
+    /// no other range is ever passed with the same `id`.
+    pub(super) unsafe fn register_user(
+        &self,
+        id: u64,
+        ptr: *mut u8,
+        len: usize,
+    ) -> verbs::Result<Reg<R>> {
+        let limits = self.shared.limits;
+        let pinned = pages_spanned(ptr as usize, len).unwrap_or(usize::MAX);
+        if ptr.is_null()
+            || len == 0
+            || limits.max_user_entries == 0
+            || pinned > limits.max_user_bytes
+        {
+            // SAFETY: forwarded contract (a transient registration ends
+            // with its last handle).
+            return unsafe { self.register(ptr, len, Exposure::Local) };
+        }
+        if let Some(r) = self.user_hit(id, ptr as usize, len) {
+            return Ok(r);
+        }
+        let victims = self.make_user_room(pinned);
+        drop(victims);
+        self.reserve(pinned, "user buffer registration")?;
+        let nn = NonNull::new(ptr).expect("checked above");
+        // SAFETY: the caller keeps the range mapped until the entry is
+        // forgotten and every handle dropped; `Transient::drop` deregisters.
+        let (region, keys) =
+            match unsafe { self.shared.registrar.register(nn, len, Exposure::Local) } {
+                Ok(r) => r,
+                Err(e) => {
+                    self.shared.release(pinned);
+                    return Err(e);
+                }
+            };
+        let reg = Arc::new(Transient {
+            addr: ptr as usize,
+            len,
+            pinned,
+            user: true,
+            keys,
+            region: Some(region),
+            shared: self.shared.clone(),
+        });
+        let old = {
+            let mut st = self.state();
+            st.user_misses += 1;
+            let old = st.remove_user(id);
+            let stamp = st.next_stamp;
+            st.next_stamp += 1;
+            st.user_lru.insert(stamp, id);
+            st.user_bytes += pinned;
+            st.users.insert(
+                id,
+                UserSlot {
+                    reg: reg.clone(),
+                    stamp,
+                },
+            );
+            old
+        };
+        drop(old);
+        Ok(Reg::Transient(reg))
+    }
+
+    /// The kept registration of user buffer `id` if it is of exactly
+    /// `[addr, addr + len)` (it always is: an identity names one
+    /// allocation), made the most recently used.
+    fn user_hit(&self, id: u64, addr: usize, len: usize) -> Option<Reg<R>> {
+        let mut st = self.state();
+        let slot = st.users.get(&id)?;
+        if slot.reg.addr != addr || slot.reg.len != len {
+            return None;
+        }
+        let (reg, old) = (slot.reg.clone(), slot.stamp);
+        let stamp = st.next_stamp;
+        st.next_stamp += 1;
+        st.user_lru.remove(&old);
+        st.user_lru.insert(stamp, id);
+        st.users.get_mut(&id)?.stamp = stamp;
+        st.user_hits += 1;
+        Some(Reg::Transient(reg))
+    }
+
+    /// Evicts least recently used user entries until one more of `pinned`
+    /// bytes fits the user limits; the caller drops them outside the lock.
+    fn make_user_room(&self, pinned: usize) -> Vec<Arc<Transient<R>>> {
+        let limits = self.shared.limits;
+        let mut st = self.state();
+        let mut victims = Vec::new();
+        while st.users.len() + 1 > limits.max_user_entries
+            || st.user_bytes + pinned > limits.max_user_bytes
+        {
+            match st.evict_user_lru() {
+                Some(v) => victims.push(v),
+                None => break,
+            }
+        }
+        victims
+    }
+
+    /// Ends user entry `id` (its buffer is releasing its memory): its
+    /// registration is deregistered once no operation holds it.
+    pub(super) fn forget_user(&self, id: u64) {
+        let old = self.state().remove_user(id);
+        drop(old);
     }
 }
 

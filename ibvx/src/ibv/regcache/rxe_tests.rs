@@ -243,6 +243,7 @@ fn no_stale_registration_under_reuse() {
         max_idle_chunks: 6,
         max_idle_bytes: 1 << 20,
         max_pinned_bytes: 64 << 20,
+        ..CacheLimits::default()
     };
     let cache = RegistrationCache::new(&pd, access(), limits);
     let p = pair(&ctx, &pd);

@@ -80,6 +80,7 @@ fn pool(max_idle_chunks: usize, max_idle_bytes: usize, max_pinned_bytes: usize) 
             max_idle_chunks,
             max_idle_bytes,
             max_pinned_bytes,
+            ..CacheLimits::default()
         },
     )
 }
@@ -100,12 +101,13 @@ fn found(p: &Pool<Fake>, ptr: usize, len: usize) -> Option<usize> {
     p.find(ptr as *const u8, len).map(|r| r.addr())
 }
 
-/// pinned == leased + idle + transient + leaked when no stray handle lives.
+/// pinned == leased + idle + transient + user + leaked when no stray handle
+/// lives.
 fn check_accounting(p: &Pool<Fake>) {
     let s = p.stats();
     assert_eq!(
         s.pinned_bytes,
-        s.leased_bytes + s.idle_bytes + s.transient_bytes + s.leaked_bytes,
+        s.leased_bytes + s.idle_bytes + s.transient_bytes + s.user_bytes + s.leaked_bytes,
         "{s:?}"
     );
 }
@@ -363,6 +365,89 @@ fn find_inside_outside_and_straddling() {
     assert_eq!(found(&q, ca, 1), None);
 }
 
+fn user_pool(entries: usize, user_bytes: usize, pinned: usize) -> Arc<Pool<Fake>> {
+    Pool::new(
+        Fake::default(),
+        CacheLimits {
+            max_pinned_bytes: pinned,
+            max_user_entries: entries,
+            max_user_bytes: user_bytes,
+            ..CacheLimits::default()
+        },
+    )
+}
+
+/// Registers user buffer `id` (a page-aligned slice of `mem`).
+fn user(p: &Pool<Fake>, id: u64, mem: &mut [u8]) -> Reg<Fake> {
+    // SAFETY: every test keeps `mem` alive until the pool is dropped.
+    unsafe { p.register_user(id, mem.as_mut_ptr(), mem.len()) }.unwrap()
+}
+
+#[test]
+fn user_buffers_stay_registered_and_are_evicted_least_recently_used() {
+    let p = user_pool(2, 1 << 20, 1 << 20);
+    let mut mem = vec![0u8; 3 * 8 * K];
+    let (a, rest) = mem.split_at_mut(8 * K);
+    let (b, c) = rest.split_at_mut(8 * K);
+    let ka = user(&p, 1, a).keys();
+    let kb = user(&p, 2, b).keys();
+    assert_eq!(user(&p, 1, a).keys(), ka, "the same buffer again: a hit");
+    let s = p.stats();
+    assert_eq!((s.user_hits, s.user_misses, s.user_entries), (1, 2, 2));
+    // A third buffer evicts the least recently used one: b.
+    user(&p, 3, c);
+    let s = p.stats();
+    assert_eq!((s.user_entries, s.user_evictions), (2, 1), "{s:?}");
+    assert_eq!(live(&p), 2, "the evicted registration ended");
+    assert_ne!(user(&p, 2, b).keys(), kb, "b registered again");
+    assert_eq!(p.stats().user_evictions, 2, "a was the least recently used");
+    assert_ne!(user(&p, 1, a).keys(), ka, "a registered again");
+    check_accounting(&p);
+}
+
+#[test]
+fn a_forgotten_user_buffer_is_deregistered_once_no_operation_holds_it() {
+    let p = user_pool(8, 1 << 20, 1 << 20);
+    let mut mem = vec![0u8; 8 * K];
+    let held = user(&p, 7, &mut mem);
+    p.forget_user(7);
+    assert_eq!(live(&p), 1, "an operation still holds it");
+    assert_eq!(p.stats().user_entries, 0);
+    drop(held);
+    assert_eq!(live(&p), 0);
+    let s = p.stats();
+    assert_eq!((s.pinned_bytes, s.user_bytes), (0, 0), "{s:?}");
+    // The same address under a new identity is a miss, never the old keys.
+    let again = user(&p, 8, &mut mem);
+    assert_eq!(p.stats().user_misses, 2);
+    assert_eq!(again.addr(), mem.as_ptr() as usize);
+}
+
+#[test]
+fn user_entries_are_bounded_in_bytes_and_give_way_to_the_pinned_budget() {
+    let p = user_pool(64, 16 * K, 32 * K);
+    let mut mem = vec![0u8; 64 * K];
+    for (i, part) in mem.chunks_mut(8 * K).enumerate() {
+        user(&p, i as u64 + 1, part);
+        let s = p.stats();
+        assert!(s.user_bytes <= 16 * K, "{s:?}");
+        assert!(s.pinned_bytes <= 32 * K, "{s:?}");
+    }
+    assert!(p.stats().user_entries >= 1);
+    // A lease needs the budget: user entries make room.
+    let l = p.lease(32 * K).unwrap();
+    let s = p.stats();
+    assert_eq!((s.pinned_bytes, s.user_entries), (32 * K, 0), "{s:?}");
+    drop(l);
+    // Larger than max_user_bytes: registered for one operation only.
+    let mut big = vec![0u8; 40 * K];
+    let r = user(&p, 99, &mut big[..20 * K]);
+    let s = p.stats();
+    assert_eq!(s.transient, 1, "{s:?}");
+    drop(r);
+    check_accounting(&p);
+}
+
 #[test]
 fn foreign_memory_gets_a_transient_registration_that_is_never_cached() {
     let p = pool(8, 1 << 20, 1 << 20);
@@ -611,6 +696,7 @@ fn limits() -> impl Strategy<Value = CacheLimits> {
             max_idle_chunks: c,
             max_idle_bytes: b,
             max_pinned_bytes: p,
+            ..CacheLimits::default()
         })
 }
 
