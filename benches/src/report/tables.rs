@@ -5,7 +5,7 @@
 use std::fmt::Write as _;
 
 use super::lines::Line;
-use super::{Report, PERFTEST, PSM_VS_RAW, RAW_PSM2};
+use super::{Report, PERFTEST, PSM_VS_RAW, RAW_PSM2, UCX, UCX_LOOP_NOTE};
 use crate::plot::size_label;
 
 /// A latency figure whose cache-line floor, measured alongside it, was more
@@ -47,6 +47,8 @@ impl Report {
                 let cells = self.cells(test, &lines, &name, size, &mut marked);
                 if test == "rate" && cells.starts_with("| – ") {
                     let _ = write!(s, "| not measured: {} | – ", self.no_rate(&name));
+                } else if test == "bibw" && name == UCX && cells.starts_with("| – ") {
+                    s.push_str("| not measured: ucx_perftest has no bi-directional test | – ");
                 } else {
                     s.push_str(&cells);
                 }
@@ -56,6 +58,14 @@ impl Report {
         if marked {
             s.push('\n');
             s.push_str(&Self::disturbed_note());
+        }
+        if self
+            .lines("latency")
+            .iter()
+            .chain(&self.lines("bw"))
+            .any(|l| l.name == UCX)
+        {
+            let _ = writeln!(s, "\n{UCX_LOOP_NOTE}.");
         }
         s
     }
