@@ -16,6 +16,7 @@ mod lines;
 mod machine;
 mod markdown;
 mod measure;
+mod paths;
 mod plots;
 mod records;
 mod tables;
@@ -26,6 +27,7 @@ use std::time::Duration;
 pub use driver::report_main;
 pub use machine::{civil_from_days, utc_now, LoadSampler, Machine, LOAD_SAMPLE_EVERY};
 pub use measure::{measure_mpi, run_captured, which, Mpi, MPIS, MPI_INSTALL, MPI_PEER_SOURCE};
+pub use paths::{path_args, path_records, PATHS, PATH_MIN_SIZE, PATH_PREFIX};
 pub use records::{
     parse_results, parse_vm, perftest_status, Record, Results, VmRun, PERFTEST_FAILED,
 };

@@ -5,7 +5,7 @@
 use std::fmt::Write as _;
 
 use super::lines::Line;
-use super::{Report, PERFTEST, PSM_VS_RAW, RAW_PSM2, UCX, UCX_LOOP_NOTE};
+use super::{Report, PATH_PREFIX, PERFTEST, PSM_VS_RAW, RAW_PSM2, UCX, UCX_LOOP_NOTE};
 use crate::plot::size_label;
 
 /// A latency figure whose cache-line floor, measured alongside it, was more
@@ -31,7 +31,8 @@ impl Report {
         let mut names: Vec<String> = Vec::new();
         for (test, _) in picks {
             for l in self.lines(test) {
-                if !names.contains(&l.name) {
+                // The path series have their own table (bibw section).
+                if !names.contains(&l.name) && !l.name.starts_with(PATH_PREFIX) {
                     names.push(l.name);
                 }
             }

@@ -178,7 +178,7 @@ fn without_rates_every_line_says_why() {
 }
 
 /// [`report`] with message rate records.
-fn report_with_rates() -> Report {
+pub(super) fn report_with_rates() -> Report {
     let mut r = report();
     r.results.records.extend([
         rec("thread", "rate", 8, 2e6, 2e7),
