@@ -599,7 +599,15 @@ mod timing_tests {
         // CMA on our own process works wherever this test can run it; where
         // the kernel refuses it, there is nothing to time.
         match PathTiming::measure(16 << 10, 64 << 10, std::process::id()) {
-            Some(t) => assert!(t.cma > 0.0 && t.pipelined > 0.0, "{t:?}"),
+            Some(t) => {
+                assert!(t.cma > 0.0 && t.pipelined > 0.0, "{t:?}");
+                println!(
+                    "start-up timing here: CMA {:.1} GB/s, pipelined {:.1} GB/s: {}",
+                    t.cma / 1e9,
+                    t.pipelined / 1e9,
+                    t.prefers_pipelined().unwrap_or_else(|| "CMA".into())
+                );
+            }
             None => println!("skipped: CMA on this process refused here"),
         }
     }
