@@ -18,11 +18,12 @@ done
 step() { printf '\n=== %s\n' "$*"; }
 
 # Debian packages the tests use at run time (the build itself needs none):
-# libibverbs (verbs loader tests: the library without any RDMA device) and
-# libpsm2 (the PSM2 loopback test in shm-only mode).
+# libibverbs (verbs loader tests: the library without any RDMA device),
+# libpsm2 (the PSM2 loopback test in shm-only mode) and ucx-utils
+# (ucx_perftest, the report's UCX peer: its run-and-parse test).
 # shellcheck source=ci/lib/packages.sh
 . ci/lib/packages.sh
-install_missing libibverbs1 libpsm2-2
+install_missing libibverbs1 libpsm2-2 ucx-utils
 
 step "cargo fmt --check"
 cargo fmt --all -- --check

@@ -2,7 +2,8 @@
 //! bibw and message rate of every device that works here, with the floors),
 //! measures the installed peers in the same run (raw PSM2 on the psm
 //! device's endpoint, Open MPI and MPICH through `benches/mpi/osu_peer.c`
-//! built with their `mpicc`), takes the `ibv` device and perftest from a
+//! built with their `mpicc`, UCX through `ucx_perftest`: [`measure_ucx`]),
+//! takes the `ibv` device and perftest from a
 //! soft-RoCE VM results file when one is given (`ci/bench-vm.sh` writes it:
 //! [`parse_vm`]), and writes a self-contained markdown report with SVG plots
 //! ([`crate::plot`]).
@@ -15,19 +16,26 @@ mod lines;
 mod machine;
 mod markdown;
 mod measure;
+mod paths;
 mod plots;
 mod records;
 mod tables;
+mod ucx;
 
 use std::time::Duration;
 
 pub use driver::report_main;
 pub use machine::{civil_from_days, utc_now, LoadSampler, Machine, LOAD_SAMPLE_EVERY};
 pub use measure::{measure_mpi, run_captured, which, Mpi, MPIS, MPI_INSTALL, MPI_PEER_SOURCE};
+pub use paths::{path_args, path_records, PATHS, PATH_MIN_SIZE, PATH_PREFIX};
 pub use records::{
     parse_results, parse_vm, perftest_status, Record, Results, SyscallCount, VmRun, PERFTEST_FAILED,
 };
 pub use tables::{DISTURBED, DISTURBED_MARK};
+pub use ucx::{
+    measure_ucx, parse_perftest, PerftestError, PerftestFigures, UcxTest, UCX, UCX_INSTALL,
+    UCX_LOOP_NOTE, UCX_PERFTEST,
+};
 
 /// The devices the project names (issue 7), measured when in the build.
 pub const KNOWN_DEVICES: [&str; 5] = ["thread", "shm", "ibv", "psm", "hybrid"];
@@ -82,7 +90,7 @@ pub struct Report {
     pub built: Vec<String>,
     /// Every measurement: the devices', and the MPI peers'.
     pub results: Results,
-    /// (peer, status): raw PSM2, Open MPI, MPICH, perftest.
+    /// (peer, status): raw PSM2, Open MPI, MPICH, UCX, perftest.
     pub peers: Vec<(String, PeerStatus)>,
     /// What was measured in the soft-RoCE VM, if a results file was given.
     pub vm: Option<VmRun>,

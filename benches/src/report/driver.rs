@@ -6,7 +6,9 @@ use std::time::Instant;
 
 use xdev::registry::Registry;
 
-use super::measure::{measure_floors_for_peers, measure_mpis, measure_suite, raw_psm2_status};
+use super::measure::{
+    measure_floors_for_peers, measure_mpis, measure_suite, raw_psm2_status, ucx_peer,
+};
 use super::{
     parse_vm, perftest_status, LoadSampler, Machine, PeerStatus, Report, PERFTEST, PERFTEST_ABSENT,
     TESTS,
@@ -19,12 +21,15 @@ xdev-bench report: run the suite and write a comparison report
 USAGE: xdev-bench report [OPTIONS]
 
 Runs latency, bw, bibw and rate on every device that works here (with the
-floors, and raw PSM2 on the psm device's endpoint), builds
+floors, and raw PSM2 on the psm device's endpoint), shm's bibw once more per
+rendezvous path (cma=on with the split on and off, cma=off), builds
 benches/mpi/osu_peer.c with the mpicc of Open MPI and of MPICH where installed
-and runs it on two ranks, and writes DIR/report.md, DIR/latency.svg,
+and runs it on two ranks, runs UCX's ucx_perftest (tag_lat, tag_bw over shared
+memory) where installed, and writes DIR/report.md, DIR/latency.svg,
 DIR/bw.svg, DIR/bibw.svg, DIR/rate.svg and DIR/results.jsonl (every record). Absent devices and peers are listed as not
-measured, with the reason. The MPI peers need Debian's packages:
+measured, with the reason. The MPI and UCX peers need Debian's packages:
   apt-get install openmpi-bin libopenmpi-dev mpich libmpich-dev
+  apt-get install ucx-utils
 The ibv device and perftest need an RDMA device: ci/bench-vm.sh measures them
 in the soft-RoCE VM and then runs this command with --vm FILE, which adds
 their section (DIR/vm-latency.svg, DIR/vm-bw.svg, DIR/vm-results.jsonl).
@@ -36,6 +41,7 @@ OPTIONS:
   --vm FILE          the soft-RoCE VM's results (ci/bench-vm.sh writes them):
                      ibv and perftest, measured in the guest
   --no-mpi           do not build or run the MPI peers
+  --no-ucx           do not run the UCX peer (ucx_perftest)
   -h, --help         this text";
 
 /// Options of `xdev-bench report`.
@@ -46,6 +52,7 @@ struct ReportArgs {
     max_size: usize,
     vm: Option<PathBuf>,
     mpi: bool,
+    ucx: bool,
 }
 
 /// Parses the arguments after `report`: `None` for `--help`.
@@ -56,6 +63,7 @@ fn parse_report(args: &[String]) -> Result<Option<ReportArgs>, String> {
         max_size: 4 << 20,
         vm: None,
         mpi: true,
+        ucx: true,
     };
     let mut it = args.iter();
     while let Some(arg) = it.next() {
@@ -70,6 +78,7 @@ fn parse_report(args: &[String]) -> Result<Option<ReportArgs>, String> {
             }
             "--vm" => r.vm = Some(value("--vm")?.into()),
             "--no-mpi" => r.mpi = false,
+            "--no-ucx" => r.ucx = false,
             "-h" | "--help" => return Ok(None),
             other => {
                 return Err(format!(
@@ -109,11 +118,13 @@ pub fn report_main(args: &[String], reg: &Registry) -> Result<PathBuf, String> {
     let exe = std::env::current_exe().map_err(|e| format!("cannot find this executable: {e}"))?;
 
     let mut results = measure_suite(&exe, r.max_size, r.quick);
+    super::paths::measure_paths(&exe, r.max_size, r.quick, &mut results);
     let mut peers = vec![raw_psm2_status(&results)];
-    if r.mpi {
+    if r.mpi || r.ucx {
         measure_floors_for_peers(&exe, r.max_size, r.quick, &mut results);
     }
     peers.extend(measure_mpis(r.mpi, r.max_size, r.quick, &mut results));
+    peers.push(ucx_peer(r.ucx, r.max_size, r.quick, &mut results));
 
     let vm = vm_text.as_deref().map(parse_vm);
     peers.push((

@@ -163,6 +163,9 @@ impl Report {
             };
             let heading = format!("## {title} ({unit})");
             self.test_section(s, &heading, what, &format!("![{title}]({test}.svg)"), test);
+            if test == "bibw" {
+                s.push_str(&self.path_section());
+            }
         }
     }
 

@@ -285,7 +285,7 @@ pub(super) fn raw_psm2_status(results: &Results) -> (String, PeerStatus) {
 }
 
 /// The floors once more, alone (`--test floor`), right before the MPI
-/// peers run, when one of them is installed: their records go into
+/// and UCX peers run, when one of them is installed: their records go into
 /// `results`.
 pub(super) fn measure_floors_for_peers(
     exe: &Path,
@@ -293,7 +293,7 @@ pub(super) fn measure_floors_for_peers(
     quick: bool,
     results: &mut Results,
 ) {
-    if !MPIS.iter().any(|m| which(m.mpicc).is_some()) {
+    if !MPIS.iter().any(|m| which(m.mpicc).is_some()) && which(super::UCX_PERFTEST).is_none() {
         return;
     }
     let mut floors = vec![
@@ -306,7 +306,7 @@ pub(super) fn measure_floors_for_peers(
     if quick {
         floors.push("--quick".into());
     }
-    eprintln!("report: measuring the floors next to the MPI peers");
+    eprintln!("report: measuring the floors next to the MPI and UCX peers");
     let (text, status) = run_captured(
         Command::new(exe).args(&floors),
         std::time::Duration::from_secs(1800),
@@ -349,6 +349,32 @@ pub(super) fn measure_mpis(
     }
     let _ = std::fs::remove_dir_all(&build_dir);
     peers
+}
+
+/// The UCX peer ([`super::measure_ucx`], skipped unless `wanted`): its
+/// records go into `results`; its name and status.
+pub(super) fn ucx_peer(
+    wanted: bool,
+    max_size: usize,
+    quick: bool,
+    results: &mut Results,
+) -> (String, PeerStatus) {
+    let status = if !wanted {
+        PeerStatus::NotMeasured("skipped (--no-ucx)".into())
+    } else {
+        eprintln!("report: measuring UCX (ucx_perftest tag_lat, tag_bw)");
+        match super::measure_ucx(max_size, if quick { 1 } else { 3 }, quick) {
+            Ok((records, how)) => {
+                results.records.extend(records);
+                PeerStatus::Measured(how)
+            }
+            Err(why) => {
+                eprintln!("report: UCX: not measured: {why}");
+                PeerStatus::NotMeasured(why)
+            }
+        }
+    };
+    (super::UCX.to_string(), status)
 }
 
 #[cfg(test)]

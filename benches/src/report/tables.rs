@@ -5,7 +5,7 @@
 use std::fmt::Write as _;
 
 use super::lines::Line;
-use super::{Report, PERFTEST, PSM_VS_RAW, RAW_PSM2};
+use super::{Report, PATH_PREFIX, PERFTEST, PSM_VS_RAW, RAW_PSM2, UCX, UCX_LOOP_NOTE};
 use crate::plot::size_label;
 
 /// A latency figure whose cache-line floor, measured alongside it, was more
@@ -31,7 +31,8 @@ impl Report {
         let mut names: Vec<String> = Vec::new();
         for (test, _) in picks {
             for l in self.lines(test) {
-                if !names.contains(&l.name) {
+                // The path series have their own table (bibw section).
+                if !names.contains(&l.name) && !l.name.starts_with(PATH_PREFIX) {
                     names.push(l.name);
                 }
             }
@@ -47,6 +48,8 @@ impl Report {
                 let cells = self.cells(test, &lines, &name, size, &mut marked);
                 if test == "rate" && cells.starts_with("| – ") {
                     let _ = write!(s, "| not measured: {} | – ", self.no_rate(&name));
+                } else if test == "bibw" && name == UCX && cells.starts_with("| – ") {
+                    s.push_str("| not measured: ucx_perftest has no bi-directional test | – ");
                 } else {
                     s.push_str(&cells);
                 }
@@ -56,6 +59,14 @@ impl Report {
         if marked {
             s.push('\n');
             s.push_str(&Self::disturbed_note());
+        }
+        if self
+            .lines("latency")
+            .iter()
+            .chain(&self.lines("bw"))
+            .any(|l| l.name == UCX)
+        {
+            let _ = writeln!(s, "\n{UCX_LOOP_NOTE}.");
         }
         s
     }

@@ -178,7 +178,7 @@ fn without_rates_every_line_says_why() {
 }
 
 /// [`report`] with message rate records.
-fn report_with_rates() -> Report {
+pub(super) fn report_with_rates() -> Report {
     let mut r = report();
     r.results.records.extend([
         rec("thread", "rate", 8, 2e6, 2e7),
@@ -435,4 +435,47 @@ fn the_vm_section_shows_system_calls_per_message_and_the_targets() {
     );
     assert!(!t.contains("- two guests"), "no perftest there: no verdict");
     assert_eq!(super::markdown::syscall_table(&[]), "");
+}
+
+#[test]
+fn ucx_sits_in_the_headline_with_its_loop_noted_and_no_bibw() {
+    let mut r = report_with_rates();
+    assert!(
+        !r.markdown().contains(UCX_LOOP_NOTE),
+        "no UCX line, no note"
+    );
+    r.results.records.extend([
+        rec(UCX, "latency", 8, 0.16, 0.0),
+        rec(UCX, "bw", 1 << 20, 20000.0, 0.0),
+        rec(UCX, "rate", 8, 2.5e7, 0.0),
+    ]);
+    r.peers
+        .push((UCX.into(), PeerStatus::Measured("UCX 1.13.1".into())));
+    let md = r.markdown();
+    // Latency and rate divide by the processes' floor (0.08 us), bw by
+    // the best memcpy floor at 1 MiB (shm's 10000).
+    assert!(
+        md.contains(
+            "| UCX | 0.160 | 2.00 | 20000 | 2.00 | not measured: ucx_perftest has no \
+             bi-directional test | – | 25000000 | 2.00 |"
+        ),
+        "{md}"
+    );
+    assert!(md.contains(UCX_LOOP_NOTE), "{md}");
+    assert!(
+        md.contains("| UCX | peer | measured (UCX 1.13.1) |"),
+        "{md}"
+    );
+    let absent = PeerStatus::NotMeasured(format!("not installed ({UCX_INSTALL})"));
+    r.peers.last_mut().unwrap().1 = absent;
+    r.results.records.retain(|x| x.device != UCX);
+    let md = r.markdown();
+    assert!(
+        !md.contains("| UCX | 0."),
+        "an absent peer is not filled in: {md}"
+    );
+    assert!(
+        md.contains("| UCX | peer | not measured: not installed (apt-get install ucx-utils) |"),
+        "{md}"
+    );
 }

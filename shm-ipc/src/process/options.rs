@@ -9,13 +9,16 @@ use crate::ring::INLINE;
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub enum CmaMode {
     /// Use `process_vm_readv` where the kernel allows it and it is fast
-    /// enough here: at start-up the device times a 1 MiB CMA copy against a
-    /// 1 MiB `memcpy` ([`crate::cma::calibrate`]) and uses CMA only if it
-    /// reaches [`CMA_MIN_SPEED`] of the copy's speed. (The pipelined copy
-    /// through the segment runs both cores at about `memcpy` speed; under
+    /// enough here: at start-up rank 0 times a 1 MiB CMA copy and the
+    /// pipelined copy of 1 MiB one way with both cores (its thread copies
+    /// `fragment_bytes` pieces into a ring-sized buffer, a helper on the
+    /// next rank's cores copies them out), and the job uses CMA only if it
+    /// reaches [`CMA_MIN_SPEED`] of the pipelined copy's speed. (The
+    /// pipelined path costs two copies per byte, one per core, CMA one:
+    /// below half the speed, CMA loses one way and both ways. Under
     /// virtualization CMA's page pinning can make it several times slower:
-    /// on the 2-core test VM CMA reached about 0.2 of `memcpy` and the
-    /// pipelined path was 2.3 times faster at 4 MiB.) Default.
+    /// on one 2-core VM it reached about 0.2 of `memcpy`, and the pipelined
+    /// path was 2.3 times faster at 4 MiB.) Default.
     Auto,
     /// Use CMA whenever the kernel allows it (one copy, the sender's core
     /// stays free, the sender need not make progress).
@@ -25,7 +28,8 @@ pub enum CmaMode {
 }
 
 /// With `cma=auto`, CMA is used only if its measured speed is at least this
-/// fraction of `memcpy`'s.
+/// fraction of the pipelined copy's (one way, both cores; see
+/// [`CmaMode::Auto`]).
 pub const CMA_MIN_SPEED: f64 = 0.5;
 
 impl std::str::FromStr for CmaMode {

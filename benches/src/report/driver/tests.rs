@@ -3,9 +3,11 @@ use super::*;
 #[test]
 fn report_arguments() {
     let v = |l: &str| l.split_whitespace().map(String::from).collect::<Vec<_>>();
-    let r = parse_report(&v("--out /tmp/r --quick --max-size 64 --vm f --no-mpi"))
-        .unwrap()
-        .unwrap();
+    let r = parse_report(&v(
+        "--out /tmp/r --quick --max-size 64 --vm f --no-mpi --no-ucx",
+    ))
+    .unwrap()
+    .unwrap();
     assert_eq!(
         r,
         ReportArgs {
@@ -13,11 +15,12 @@ fn report_arguments() {
             quick: true,
             max_size: 64,
             vm: Some("f".into()),
-            mpi: false
+            mpi: false,
+            ucx: false,
         }
     );
     let d = parse_report(&[]).unwrap().unwrap();
-    assert!(d.mpi && !d.quick && d.out.is_none() && d.max_size == 4 << 20);
+    assert!(d.mpi && d.ucx && !d.quick && d.out.is_none() && d.max_size == 4 << 20);
     assert_eq!(parse_report(&v("--help")).unwrap(), None);
     assert!(parse_report(&v("--bogus")).is_err());
 }
