@@ -345,13 +345,13 @@ impl RequestCore {
     /// handle).
     pub fn relay(&self, below: Request, hook: CompletionHook) {
         match below.into_parts() {
-            Ok((core, engine)) => {
+            Err((core, engine)) => {
                 if self.below().set((core.clone(), engine)).is_ok() {
                     core.on_complete(hook);
                 }
             }
             // Born complete below: nothing to wait for or cancel there.
-            Err(completion) => {
+            Ok(completion) => {
                 if self.below().get().is_none() {
                     run_hook(hook, completion);
                 }
@@ -707,19 +707,19 @@ impl Request {
         }
     }
 
-    /// Takes the request apart (for [`RequestCore::relay`]): the core and
-    /// the engine that progresses, waits for and cancels it, or the
-    /// completion of a request born complete. The request is no longer
+    /// Takes the request apart (for [`RequestCore::relay`]): the completion
+    /// of a request born complete, or (`Err`) the core and the engine that
+    /// progresses, waits for and cancels it. The request is no longer
     /// reported by its device's `peek`.
-    fn into_parts(self) -> Result<(CoreRef, Arc<dyn Progress>), Completion> {
+    fn into_parts(self) -> Result<Completion, (CoreRef, Arc<dyn Progress>)> {
         let h = std::mem::ManuallyDrop::new(match self.split() {
-            Ok(done) => return Err(done),
+            Ok(done) => return Ok(done),
             Err(h) => h,
         });
         h.core.release_handle();
         // SAFETY: `h` is never used or dropped again; each field is read out
         // exactly once.
-        Ok(unsafe { (std::ptr::read(&h.core), std::ptr::read(&h.engine)) })
+        Err(unsafe { (std::ptr::read(&h.core), std::ptr::read(&h.engine)) })
     }
 
     #[inline]
