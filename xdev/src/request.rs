@@ -897,6 +897,29 @@ impl Tracker {
         self.start_core(kind, Some(buf), None, false)
     }
 
+    /// Starts a request that owns `buf` and makes its handle at once: the
+    /// device's reference to the core and the [`Request`] for the caller,
+    /// with `engine` to progress, wait for and cancel it. The same as
+    /// [`start`](Tracker::start), a clone of the core and [`Request::new`],
+    /// without their two locked instructions (the core is fresh from the
+    /// pool: nobody else can reach it yet).
+    #[inline]
+    pub fn start_request(
+        &self,
+        kind: RequestKind,
+        buf: Buffer,
+        engine: Arc<dyn Progress>,
+    ) -> (CoreRef, Request) {
+        let core = self.start_core(kind, Some(buf), None, true);
+        // SAFETY: `start_core` just took the core from the pool and made no
+        // reference to it but `core`.
+        let held = unsafe { core.share_fresh() };
+        let request = Request {
+            inner: Inner::InFlight(Held { core: held, engine }),
+        };
+        (core, request)
+    }
+
     /// The handle of a request born complete with `status`, owning `buf`:
     /// for an operation that ended inside the call that started it (an
     /// `isend` whose data already left, an `irecv` whose message was

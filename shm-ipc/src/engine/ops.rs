@@ -124,9 +124,11 @@ impl<M: Medium> Transport for Engine<M> {
                 }
             }
         }
-        let core = self.tracker.start(RequestKind::Send, buf);
+        let (core, request) = self
+            .tracker
+            .start_request(RequestKind::Send, buf, self.clone());
         self.queue_send(&core, dest, tag, context, sync);
-        Request::new(core, self.clone())
+        request
     }
 
     /// Receives the first message that matches `pattern` into `buf`.
@@ -406,14 +408,18 @@ impl<M: Medium> Engine<M> {
             return Err(buf);
         };
         // (The pool's lock is a leaf: taking it under ours is fine.)
-        let core = self.tracker.start(RequestKind::Recv, buf);
-        M::settle(self, l, env, x, Target::Request(core.clone()));
-        Ok(Request::new(core, self.clone()))
+        let (core, request) = self
+            .tracker
+            .start_request(RequestKind::Recv, buf, self.clone());
+        M::settle(self, l, env, x, Target::Request(core));
+        Ok(request)
     }
 
     /// Posts a receive request (matched against the unexpected queue first).
     fn post_recv(self: &Arc<Self>, l: &mut Local<M>, buf: Buffer, pattern: Pattern) -> Request {
-        let core = self.tracker.start(RequestKind::Recv, buf);
+        let (core, request) = self
+            .tracker
+            .start_request(RequestKind::Recv, buf, self.clone());
         match l.matching.post(pattern, Target::Request(core.clone())) {
             Posted::Matched { env, msg, recv } => {
                 let (p, n) = recv.dst();
@@ -442,6 +448,6 @@ impl<M: Medium> Engine<M> {
                 }
             }
         }
-        Request::new(core, self.clone())
+        request
     }
 }

@@ -77,6 +77,25 @@ impl CoreRef {
             _owns: PhantomData,
         }
     }
+
+    /// One more reference to a core just taken from the pool, counted with
+    /// a plain store instead of a locked increment (which would wait for
+    /// every store before it, a ring slot's among them, to leave the store
+    /// buffer).
+    ///
+    /// # Safety
+    /// `self` was just taken from the pool ([`take_core`]) and no reference
+    /// to it has been made since: its count is 2 (the pool's and `self`),
+    /// and no other thread can reach the core to change it (the pool only
+    /// reads the count).
+    pub(super) unsafe fn share_fresh(&self) -> CoreRef {
+        debug_assert_eq!(self.count(), 2);
+        self.refs.store(3, Ordering::Relaxed);
+        CoreRef {
+            ptr: self.ptr,
+            _owns: PhantomData,
+        }
+    }
 }
 
 impl Clone for CoreRef {

@@ -366,3 +366,25 @@ fn a_core_has_one_handle() {
     let _a = Request::new(core.clone(), Arc::new(Inert));
     let _b = Request::new(core, Arc::new(Inert));
 }
+
+#[test]
+fn start_request_is_start_plus_a_handle() {
+    let t = Tracker::new();
+    let (core, r) = t.start_request(RequestKind::Recv, Buffer::zeroed(3), Arc::new(Inert));
+    assert!(!r.was_born_complete());
+    assert_eq!(r.id(), core.id());
+    assert_eq!(core.count(), 3, "the pool's, the device's and the handle's");
+    assert_eq!(t.outstanding(), 1);
+    assert!(t.complete(&core, Status::ok(env(), 3)));
+    assert_eq!(t.pop_completed().map(|p| p.id), Some(r.id()), "peekable");
+    assert_eq!(r.wait().buf.len(), 3);
+    drop(core);
+    assert_eq!(t.outstanding(), 0);
+    // Dropped early: the device's reference keeps the core until it
+    // completes, and the pool reuses it after.
+    let (core, r) = t.start_request(RequestKind::Send, Buffer::zeroed(1), Arc::new(Inert));
+    drop(r);
+    assert_eq!(core.count(), 2);
+    t.complete(&core, Status::ok(env(), 1));
+    assert!(t.pop_completed().is_none(), "no handle, nothing to report");
+}
