@@ -34,6 +34,40 @@ cargo clippy --workspace --all-targets --quiet -- -D warnings
 step "cargo doc (warnings are errors)"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
 
+step "packaging: cargo publish --dry-run of every library crate (packaged, then built from the tarballs), licenses, rust-version"
+# Packaging needs neither libibverbs nor libpsm2 (loaded at run time). The
+# verification builds land under target/package with their own hashes, so the
+# main cache stays valid. xdev-bench is publish = false (a tool, see its
+# Cargo.toml). This checks the tarballs, not the crate names: `xdev` is taken
+# on crates.io (README, Publishing).
+libs=(ibvx-sys psm-sys xdev shm-ipc ibvx)
+for c in "${libs[@]}" benches; do
+  cmp -s LICENSE-MIT "$c/LICENSE-MIT" && cmp -s LICENSE-APACHE "$c/LICENSE-APACHE" ||
+    { echo "$c: LICENSE-MIT/LICENSE-APACHE differ from the root's copies" >&2; exit 1; }
+done
+timeout 900 cargo publish --dry-run --allow-dirty --quiet --workspace --exclude xdev-bench
+# No toolchain but the machine's can be installed here, so rust-version is
+# checked as far as this one allows: clippy's incompatible_msrv (std APIs,
+# above) and here the libraries' dependencies (normal and build, Linux).
+mkdir -p target
+cargo metadata --format-version 1 --locked >target/metadata.json
+cargo tree --locked -e normal,build --target x86_64-unknown-linux-gnu --prefix none -f '{p}' \
+  $(printf -- '-p %s ' "${libs[@]}") | python3 -c '
+import json, sys
+meta = json.load(open("target/metadata.json"))
+v = lambda s: tuple(int(x) for x in s.split("."))
+rv = {(p["name"], p["version"]): p.get("rust_version") for p in meta["packages"]}
+ours = v(next(p["rust_version"] for p in meta["packages"] if p["name"] == "xdev"))
+bad = set()
+for line in filter(str.strip, sys.stdin):
+    name, ver = line.split()[:2]
+    r = rv.get((name, ver.lstrip("v")))
+    if r and v(r) > ours:
+        bad.add(f"{name} {ver} needs {r}")
+if bad:
+    sys.exit("dependencies need a newer Rust than rust-version: " + ", ".join(sorted(bad)))
+print("rust-version", ".".join(map(str, ours)), "covers the dependencies of the libraries")'
+
 step "cargo test (unit tests, property tests, conformance suites)"
 mkdir -p target
 # A hung test must fail the run, not stall it (each conformance case also has its own watchdog).
