@@ -1,0 +1,264 @@
+//! [`Tracker`]: the per-device bookkeeping of requests (ids, the pool of
+//! cores, born-complete handles, what `peek` and `finish` ask).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use super::pool::{self, CoreRef, Pool};
+use super::{Brief, Held, Inner, Peeked, Progress, Request, RequestCore, RequestId, RequestKind};
+use super::{LIVE, REPORTED};
+use crate::lock::RankLock;
+use crate::{Buffer, Status};
+
+/// Per-device bookkeeping of requests: ids, the pool their cores come
+/// from, and what `peek` and `finish` ask (completions of live handles,
+/// requests still outstanding). Devices create every request core through
+/// it and complete them through it.
+///
+/// The pool holds every core this tracker made: at most as many as were
+/// alive at once (requests in flight plus handles user code holds), about
+/// 200 bytes each, like a `Vec`'s capacity; cores are reused once neither
+/// a handle nor the device holds them. Completing a request takes no lock
+/// and queues nothing; `peek`, `outstanding` and `outstanding_sends` look
+/// through the pool instead (they are not on the per-message path).
+pub struct Tracker {
+    /// This tracker's identity, recorded in every core it starts.
+    id: u64,
+    pub(super) pool: RankLock<Pool>,
+}
+
+/// The first id of a request born complete: pooled requests count from 1
+/// up, these from 2^63 up, so the two never meet.
+const BORN_IDS: u64 = 1 << 63;
+
+/// How many ids a thread takes at a time for requests born complete.
+const BORN_BLOCK: u64 = 1 << 32;
+
+/// Blocks of ids for requests born complete, handed to threads.
+static BORN_BLOCKS: AtomicU64 = AtomicU64::new(BORN_IDS);
+
+thread_local! {
+    /// This thread's next id for a request born complete, and the end of
+    /// its block (0, 0 before its first).
+    static BORN_NEXT: std::cell::Cell<(u64, u64)> = const { std::cell::Cell::new((0, 0)) };
+}
+
+/// A fresh id for a request born complete, unique in the process. No
+/// locked instruction per request: one would wait for the ring slot the
+/// send just wrote to leave the store buffer (the sender's largest cost in
+/// a profile when this was one shared counter).
+#[inline]
+fn born_id() -> RequestId {
+    let next = |(n, end): (u64, u64)| {
+        if n < end {
+            (n, end)
+        } else {
+            // Relaxed: the blocks only need to be disjoint.
+            let first = BORN_BLOCKS.fetch_add(BORN_BLOCK, Ordering::Relaxed);
+            (first, first + BORN_BLOCK)
+        }
+    };
+    let (n, end) = BORN_NEXT
+        .try_with(|c| {
+            let (n, end) = next(c.get());
+            c.set((n + 1, end));
+            (n, end)
+        })
+        // A thread whose locals are gone (a destructor at its exit) takes a
+        // one-id block.
+        .unwrap_or_else(|_| {
+            let n = BORN_BLOCKS.fetch_add(1, Ordering::Relaxed);
+            (n, n + 1)
+        });
+    debug_assert!(n < end);
+    RequestId(n)
+}
+
+impl Default for Tracker {
+    fn default() -> Self {
+        static TRACKERS: AtomicU64 = AtomicU64::new(1);
+        Tracker {
+            id: TRACKERS.fetch_add(1, Ordering::Relaxed),
+            pool: RankLock::new(Pool::new()),
+        }
+    }
+}
+
+impl Tracker {
+    /// A new tracker.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Starts a request that owns `buf`; it counts as outstanding until
+    /// completed.
+    pub fn start(&self, kind: RequestKind, buf: Buffer) -> CoreRef {
+        self.start_core(kind, Some(buf), None, false)
+    }
+
+    /// Starts a request that owns `buf` and makes its handle at once: the
+    /// device's reference to the core and the [`Request`] for the caller,
+    /// with `engine` to progress, wait for and cancel it. The same as
+    /// [`start`](Tracker::start), a clone of the core and [`Request::new`],
+    /// without their two locked instructions (the core is fresh from the
+    /// pool: nobody else can reach it yet).
+    #[inline]
+    pub fn start_request(
+        &self,
+        kind: RequestKind,
+        buf: Buffer,
+        engine: Arc<dyn Progress>,
+    ) -> (CoreRef, Request) {
+        let core = self.start_core(kind, Some(buf), None, true);
+        // SAFETY: `start_core` just took the core from the pool and made no
+        // reference to it but `core`.
+        let held = unsafe { core.share_fresh() };
+        let request = Request {
+            inner: Inner::InFlight(Held { core: held, engine }),
+        };
+        (core, request)
+    }
+
+    /// The handle of a request born complete with `status`, owning `buf`:
+    /// for an operation that ended inside the call that started it (an
+    /// `isend` whose data already left, an `irecv` whose message was
+    /// already there, one refused before it started). The handle carries
+    /// the buffer and the status itself: no core, no lock, no locked
+    /// instruction but the id's. It is never outstanding, and `peek` does
+    /// not report it.
+    #[inline]
+    pub fn completed(&self, kind: RequestKind, buf: Buffer, status: Status) -> Request {
+        let _ = kind;
+        let id = born_id();
+        let inner = match Brief::of(&status) {
+            Some(status) => Inner::Done { id, buf, status },
+            None => Inner::Ended(Box::new((id, buf, status))),
+        };
+        Request { inner }
+    }
+
+    /// Starts a request that holds no buffer yet, for a device layered over
+    /// others: the buffer goes to a request on the device below, and comes
+    /// back with [`complete_returning`](Tracker::complete_returning) (see
+    /// [`RequestCore::relay`]). Its [`buffer_ptr`](RequestCore::buffer_ptr)
+    /// is null and its length 0.
+    pub fn start_relay(&self, kind: RequestKind) -> CoreRef {
+        self.start_core(kind, None, None, false)
+    }
+
+    fn start_core(
+        &self,
+        kind: RequestKind,
+        buf: Option<Buffer>,
+        status: Option<Status>,
+        handle: bool,
+    ) -> CoreRef {
+        let (core, id) = pool::take_core(self.id, &self.pool);
+        // SAFETY: `take_core` gives a core whose only other reference is
+        // its pool's.
+        let leftovers = unsafe { core.reset(id, kind, buf, status, handle) };
+        drop(leftovers);
+        core
+    }
+
+    /// Whether `core` was started by this tracker.
+    pub fn started(&self, core: &RequestCore) -> bool {
+        core.tracker == self.id
+    }
+
+    /// Completes `core` with `status` unless it was already completed, or
+    /// was started by another tracker (which this one refuses); returns
+    /// whether this call completed it. After it returns true the device must
+    /// not touch the buffer again.
+    #[inline]
+    pub fn complete(&self, core: &CoreRef, status: Status) -> bool {
+        if !self.started(core) {
+            return false;
+        }
+        match core.claim() {
+            None => false,
+            Some(hooked) => {
+                core.finish(hooked, None, status);
+                true
+            }
+        }
+    }
+
+    /// Completes `core`, a request started by
+    /// [`start_relay`](Tracker::start_relay), with `buf` as its buffer; as
+    /// [`complete`](Tracker::complete) otherwise. A request that already
+    /// holds a buffer is refused (its buffer may be in use).
+    pub fn complete_returning(&self, core: &CoreRef, buf: Buffer, status: Status) -> bool {
+        if !self.started(core) || !core.buffer_ptr().is_null() {
+            return false;
+        }
+        match core.claim() {
+            None => false,
+            Some(hooked) => {
+                core.finish(hooked, Some(buf), status);
+                true
+            }
+        }
+    }
+
+    /// A request refused before it started (an invalid rank, a closed
+    /// device): born complete with `status`, its buffer given back through
+    /// the handle as usual (see [`completed`](Tracker::completed)).
+    pub fn rejected(&self, kind: RequestKind, buf: Buffer, status: Status) -> Request {
+        self.completed(kind, buf, status)
+    }
+
+    /// Reports the earliest-started completed request whose handle is still
+    /// held and has not consumed it, once.
+    pub fn pop_completed(&self) -> Option<Peeked> {
+        let pool = self.pool.lock();
+        // Acquire on `handle`: a core reset to LIVE without the pool's lock
+        // (`RequestCore::reset`) shows its new id and status.
+        let mut candidates: Vec<&CoreRef> = pool
+            .all
+            .iter()
+            .filter(|c| c.handle.load(Ordering::Acquire) == LIVE && c.is_done())
+            .collect();
+        candidates.sort_by_key(|c| c.id());
+        for core in candidates {
+            // Each completion is reported once: only the one LIVE -> REPORTED
+            // exchange reports it. Relaxed: `is_done` above (Acquire) made the
+            // status visible.
+            if core
+                .handle
+                .compare_exchange(LIVE, REPORTED, Ordering::Relaxed, Ordering::Relaxed)
+                .is_err()
+            {
+                continue;
+            }
+            // SAFETY: the core is done (the cells are written and visible).
+            // It cannot be reset while we hold the pool's lock: a core with
+            // a LIVE handle goes back to a stash only through a sweep, under
+            // that lock. So nobody writes the status now (the handle only
+            // reads it).
+            let status = unsafe { (*core.status.get()).clone() };
+            if let Some(status) = status {
+                return Some(Peeked {
+                    id: core.id(),
+                    status,
+                });
+            }
+        }
+        None
+    }
+
+    /// Requests started and not yet completed.
+    pub fn outstanding(&self) -> usize {
+        self.pool.lock().all.iter().filter(|c| !c.is_done()).count()
+    }
+
+    /// Send requests started and not yet completed.
+    pub fn outstanding_sends(&self) -> usize {
+        self.pool
+            .lock()
+            .all
+            .iter()
+            .filter(|c| c.kind() == RequestKind::Send && !c.is_done())
+            .count()
+    }
+}
