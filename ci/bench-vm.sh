@@ -84,12 +84,7 @@ escape() { printf '%s' "$1" | sed 's/\\/\\\\/g; s/"/\\"/g' | tr '\n\t' '  '; }
 info() { printf '{"vm_info":"%s","value":"%s"}\n' "$(escape "$1")" "$(escape "$2")" >>"$OUT"; }
 say() { printf 'guest: %s\n' "$*"; }
 now() { cut -d' ' -f1 /proc/uptime; }
-wait_listen() { # port: wait up to 20 s for a listener
-  local i=0
-  while ! netstat -ltn 2>/dev/null | grep -q ":$1 "; do
-    i=$((i + 1)); [ $i -gt 200 ] && return 1; sleep 0.1
-  done
-}
+. /share/syscalls.sh # wait_listen, syscall_rounds
 
 # perftest: program size iterations field scale extra-options -> one record
 perftest() {
@@ -163,7 +158,6 @@ while [ $ROUND -le "$ROUNDS" ]; do
   step "floors" floors
   ROUND=$((ROUND + 1))
 done
-. /share/syscalls.sh
 t0=$(now)
 syscall_rounds 3 2000 30000 "$LOG/st" "one guest" >>"$OUT"
 say "system calls counted ($(grep -c vm_syscalls "$OUT") runs) in $(awk -v a="$t0" -v b="$(now)" 'BEGIN { printf "%.0f", b - a }') s"

@@ -139,7 +139,7 @@ pt_pair() {
   [ "$st" = 1 ] && pre="strace -f -c -o /share/logs/$tag-h$H.st"
   if [ "$H" = 0 ]; then
     $pre ib_send_lat $D -p $PORT -s 8 -n "$n" >"/share/logs/$tag-h0.out" 2>&1 &
-    wl_port $PORT; mark "$tag-listen"; wait $!
+    wait_listen $PORT; mark "$tag-listen"; wait $!
   else
     await "$tag-listen" && $pre ib_send_lat $D -p $PORT -s 8 -n "$n" "$VM_PEER_IP" >"/share/logs/$tag-h1.out" 2>&1
   fi

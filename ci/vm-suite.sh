@@ -150,12 +150,7 @@ fail() {
 }
 section() { printf '\n== %s\n' "$*"; }
 next_port() { PORT=$((PORT + 1)); }
-wait_listen() { # port: wait up to 20 s for a listener
-  i=0
-  while ! netstat -ltn 2>/dev/null | grep -q ":$1 "; do
-    i=$((i + 1)); [ $i -gt 200 ] && return 1; sleep 0.1
-  done
-}
+. /share/syscalls.sh # wait_listen, and the system-call counts of section 7
 # first / last table row after perftest's header line
 row() { awk '/#bytes/ { if (getline > 0) print; exit }' "$1"; }
 last_row() { awk '/#bytes/ { on = 1; next } on && /^ [0-9]/ { r = $0 } END { print r }' "$1"; }
@@ -472,7 +467,6 @@ cat "$LOG/ratios.txt"
 
 # --------------------------------------------------------------- 7 ibv costs
 section "ibv against ib_send_lat: system calls and writes per message (strace -f -c, 8 B, 3 rounds)"
-. /share/syscalls.sh
 t=$(now)
 syscall_rounds 3 2000 $((PORT + 100)) "$LOG/st" "one guest" >"$LOG/syscalls.jsonl"
 PORT=$((PORT + 110))

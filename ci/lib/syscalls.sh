@@ -20,7 +20,7 @@ count_perftest() {
   local r=$1 n=$2 port=$3 peer=$4 log=$5 spid
   strace -f -c -o "$log-pt-srv-$r.st" ib_send_lat $D -p "$port" -s 8 -n "$n" >"$log-pt-srv-$r.out" 2>&1 &
   spid=$!
-  wl_port "$port" || { kill $spid; return 1; }
+  wait_listen "$port" || { kill $spid; return 1; }
   strace -f -c -o "$log-pt-cli-$r.st" ib_send_lat $D -p "$port" -s 8 -n "$n" "$peer" >"$log-pt-cli-$r.out" 2>&1
   wait $spid
   echo "$(strace_calls "$log-pt-srv-$r.st" "$log-pt-cli-$r.st") $((2 * n))"
@@ -36,7 +36,7 @@ count_ibv() {
   echo "$(strace_calls "$log-ibv-0-$r.st" "$log-ibv-1-$r.st") $((2 * (n + n / 10)))"
 }
 
-wl_port() { # port: wait up to 20 s for a listener
+wait_listen() { # port: wait up to 20 s for a listener (the one copy: every guest script sources this file)
   local i=0
   while ! netstat -ltn 2>/dev/null | grep -q ":$1 "; do
     i=$((i + 1)); [ $i -gt 200 ] && return 1; sleep 0.1
