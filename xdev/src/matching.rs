@@ -206,6 +206,14 @@ impl<M, R> MatchingEngine<M, R> {
         self.unexpected_len += 1;
     }
 
+    /// The id the next receive queued by [`post`](Self::post) gets. An
+    /// engine can store it as the request's cancel token before it moves the
+    /// request's only device reference into the queue; if `post` matches
+    /// instead, the receive is not queued and that token must be cleared.
+    pub fn next_posted_id(&self) -> PostedId {
+        PostedId(self.next_post)
+    }
+
     /// Posts a receive: the earliest-arrived matching unexpected message is
     /// removed and returned together with `recv`; if none matches, the
     /// receive is queued and its id returned.

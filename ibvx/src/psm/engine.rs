@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use shm_ipc::doorbell::Backoff;
-use shm_ipc::lock::{RankGuard, RankLock};
+use shm_ipc::biased::{BiasedGuard as RankGuard, BiasedLock};
 use xdev::bootstrap::Bootstrap;
 use xdev::{
     Context, Envelope, Error, Pattern, Progress, Rank, RequestCore, RequestKind, Result, Source,
@@ -62,7 +62,7 @@ pub struct PsmEngine {
     /// Sends shorter than this are eager in PSM2 (its shm rendezvous
     /// threshold, `rndv_shm_bytes`).
     pub(super) eager_max: usize,
-    pub(super) inner: RankLock<Inner>,
+    pub(super) inner: BiasedLock<Inner>,
     pub(super) tracker: Arc<Tracker>,
     pub(super) closing: AtomicBool,
     pub(super) boot: Bootstrap,
@@ -149,7 +149,7 @@ impl PsmEngine {
         Status::received(env, len, cap)
     }
 
-    fn send_status(st: &MqStatus, env: Envelope, len: usize) -> Status {
+    pub(super) fn send_status(st: &MqStatus, env: Envelope, len: usize) -> Status {
         if st.is_ok() {
             Status::ok(env, len)
         } else {

@@ -41,19 +41,56 @@ impl Transport for PsmEngine {
             drop(l);
             return reject(buf, lost(dest));
         }
-        let core = eng.tracker.start(RequestKind::Send, buf);
-        let (at, len) = (core.buffer_ptr(), core.buffer_len());
-        let slot = Slot::Request {
-            core: core.clone(),
-            send: Some((env, len)),
-            source: None,
+        // Posted from the buffer before any request core exists, then tested
+        // once: an eager send PSM2 has already copied out ends here, born
+        // complete (no pooled core, no reference count, no engine in the
+        // handle). Until a core owns it, the buffer is held in a
+        // `ManuallyDrop`: should anything unwind while PSM2 may still read
+        // it, it leaks instead of being freed. The table's entry is a
+        // placeholder (`Abandoned`) until the core exists.
+        let buf = std::mem::ManuallyDrop::new(buf);
+        let (at, len) = (buf.as_ptr(), buf.len());
+        // SAFETY: the buffer's memory stays put and unwritten until the
+        // request leaves the queue: it is given back only once the test
+        // below found the request complete (it then left the table), and
+        // otherwise moves (by value, its memory unmoved) into the core that
+        // the entry holds from then on; on an unwind it leaks.
+        let posted = unsafe {
+            eng.post_send(
+                &mut l,
+                (at, len),
+                (dest, tag, context),
+                sync,
+                Slot::Abandoned,
+            )
         };
-        // SAFETY: the core owns its buffer until completed; it is completed
-        // only when the request left the queue (or its buffer is kept
-        // forever: `Inner::kept`), and the slot holds a reference to it.
-        let posted = unsafe { eng.post_send(&mut l, (at, len), (dest, tag, context), sync, slot) };
-        if let Err(e) = posted {
-            eng.tracker.complete(&core, Status::failed(env, e));
+        let key = match posted {
+            Ok(key) => key,
+            Err(e) => {
+                drop(l);
+                // The post failed: PSM2 never had the buffer.
+                return reject(std::mem::ManuallyDrop::into_inner(buf), e);
+            }
+        };
+        // (The queue is open: the post just used it, under this lock.)
+        if let Some((_, st)) = l.queue.as_mut().and_then(|q| q.test(key)) {
+            drop(l);
+            let status = PsmEngine::send_status(&st, env, len);
+            return eng.tracker.completed(
+                RequestKind::Send,
+                std::mem::ManuallyDrop::into_inner(buf),
+                status,
+            );
+        }
+        let core = eng
+            .tracker
+            .start(RequestKind::Send, std::mem::ManuallyDrop::into_inner(buf));
+        if let Some(slot) = l.queue.as_mut().and_then(|q| q.get_mut(key)) {
+            *slot = Slot::Request {
+                core: core.clone(),
+                send: Some((env, len)),
+                source: None,
+            };
         }
         drop(l);
         Request::new(core, eng.clone())
@@ -79,21 +116,46 @@ impl Transport for PsmEngine {
             drop(l);
             return reject(buf, lost(s));
         }
-        let core = eng.tracker.start(RequestKind::Recv, buf);
-        let at = (core.buffer_ptr(), core.buffer_len());
-        let slot = Slot::Request {
-            core: core.clone(),
-            send: None,
-            source,
-        };
-        // SAFETY: the core owns its buffer, which nothing touches until the
-        // core is completed: only once the request left the queue (a
-        // completion, a cancel, the close), and the slot holds a reference.
-        match unsafe { eng.post_recv(&mut l, at, &pattern, slot) } {
-            Ok(key) => core.set_token(key.to_u64()),
+        // As in `start_send`: posted from the buffer, tested once (a message
+        // already here is received inside `psm2_mq_irecv2`), and given a
+        // core only if it is still in flight.
+        let mut buf = std::mem::ManuallyDrop::new(buf);
+        let at = (buf.as_mut_ptr(), buf.len());
+        // SAFETY: the buffer's memory is not otherwise touched until the
+        // request leaves the queue: it is given back only once the test
+        // below found the request complete (it then left the table), and
+        // otherwise moves (by value, its memory unmoved) into the core that
+        // the entry holds from then on; on an unwind it leaks.
+        let key = match unsafe { eng.post_recv(&mut l, at, &pattern, Slot::Abandoned) } {
+            Ok(key) => key,
             Err(e) => {
-                eng.tracker.complete(&core, Status::failed(env, e));
+                drop(l);
+                return reject(std::mem::ManuallyDrop::into_inner(buf), e);
             }
+        };
+        let done = l
+            .queue
+            .as_mut()
+            .and_then(|q| q.test(key).map(|(_, st)| (q.peer_of(&st), st)));
+        if let Some((peer, st)) = done {
+            let status = eng.recv_status(peer, &st, Some(at.1));
+            drop(l);
+            return eng.tracker.completed(
+                RequestKind::Recv,
+                std::mem::ManuallyDrop::into_inner(buf),
+                status,
+            );
+        }
+        let core = eng
+            .tracker
+            .start(RequestKind::Recv, std::mem::ManuallyDrop::into_inner(buf));
+        core.set_token(key.to_u64());
+        if let Some(slot) = l.queue.as_mut().and_then(|q| q.get_mut(key)) {
+            *slot = Slot::Request {
+                core: core.clone(),
+                send: None,
+                source,
+            };
         }
         drop(l);
         Request::new(core, eng.clone())

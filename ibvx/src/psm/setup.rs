@@ -141,7 +141,7 @@ impl PsmDevice {
                 rank,
                 size,
                 eager_max: rndv as usize,
-                inner: shm_ipc::lock::RankLock::new(Inner {
+                inner: shm_ipc::biased::BiasedLock::new(Inner {
                     queue: Some(TrackedQueue::new(mq)),
                     done: KeyMap::default(),
                     gone: vec![false; size],

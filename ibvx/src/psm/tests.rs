@@ -114,3 +114,29 @@ fn receives_posted_during_finish_all_complete() {
     )
     .unwrap();
 }
+
+#[test]
+fn a_receive_of_a_message_already_here_is_born_complete() {
+    let _one = ONE_ENDPOINT.lock().unwrap_or_else(|p| p.into_inner());
+    let Some(dev) = solo() else {
+        return;
+    };
+    // The receive posted after the send finds the message inside
+    // `psm2_mq_irecv2`, and its one test after the post ends it: born
+    // complete, with the data and the status in the handle. (Whether the
+    // eager self-send itself ends at once is PSM2's business.)
+    let send = dev.isend(Buffer::from(vec![0x3c; 96]), 0, 9, 0);
+    let recv = dev.irecv(Buffer::zeroed(128), Source::Rank(0), TagSel::Tag(9), 0);
+    assert!(recv.was_born_complete(), "the message was already here");
+    let (buf, st) = recv.wait_ok().unwrap();
+    assert_eq!((st.source, st.tag, st.count), (0, 9, 96));
+    assert!(buf[..96].iter().all(|&x| x == 0x3c));
+    assert!(buf[96..].iter().all(|&x| x == 0));
+    let (sent, st) = send.wait_ok().unwrap();
+    assert_eq!((st.count, sent.len()), (96, 96));
+    // A receive with nothing to match stays in flight, and is cancelled.
+    let pending = dev.irecv(Buffer::zeroed(8), Source::Rank(0), TagSel::Tag(10), 0);
+    assert!(!pending.was_born_complete());
+    assert!(pending.cancel());
+    assert!(pending.wait().status.cancelled);
+}

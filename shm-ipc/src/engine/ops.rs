@@ -420,21 +420,33 @@ impl<M: Medium> Engine<M> {
         let (core, request) = self
             .tracker
             .start_request(RequestKind::Recv, buf, self.clone());
-        match l.matching.post(pattern, Target::Request(core.clone())) {
+        // The cancel token is the id `post` gives a queued receive, set
+        // before the device's reference moves into the queue: no second
+        // reference (a locked increment, and a locked decrement when it
+        // goes) per posted receive. A receive that matches at once is not
+        // queued, and its token is cleared below.
+        let id = l.matching.next_posted_id();
+        core.set_token(id.as_u64());
+        match l.matching.post(pattern, Target::Request(core)) {
             Posted::Matched { env, msg, recv } => {
+                if let Target::Request(core) = &recv {
+                    core.set_token(u64::MAX);
+                }
                 let (p, n) = recv.dst();
                 let out = self.deliver_unexpected(l, env, msg, p, n);
                 self.settle(l, env, out, recv);
             }
-            Posted::Queued(id) => {
-                core.set_token(id.as_u64());
+            Posted::Queued(queued) => {
+                debug_assert_eq!(queued, id);
                 M::unstall(self, l);
                 // A receive naming a peer that already left fails at once
                 // (after what it sent has been drained).
                 if let Source::Rank(s) = pattern.source {
                     let leave_unmatched = !l.gone[s];
                     self.drain(l, s, None, leave_unmatched);
-                    if l.gone[s] && s != self.rank && !core.is_done() {
+                    // Still queued (so not done) exactly when the cancel
+                    // finds it.
+                    if l.gone[s] && s != self.rank {
                         if let Some(t) = l.matching.cancel(id) {
                             let env = Envelope {
                                 source: s,
