@@ -38,10 +38,11 @@ step "packaging: cargo publish --dry-run of every library crate (packaged, then 
 # Packaging needs neither libibverbs nor libpsm2 (loaded at run time). The
 # verification builds land under target/package with their own hashes, so the
 # main cache stays valid. xdev-bench is publish = false (a tool, see its
-# Cargo.toml). This checks the tarballs, not the crate names: `xdev` is taken
-# on crates.io (README, Publishing).
-libs=(ibvx-sys psm-sys xdev shm-ipc ibvx)
-for c in "${libs[@]}" benches; do
+# Cargo.toml). The package in xdev/ is `ibvx-xdev` (`xdev` is taken on
+# crates.io; its library is still `xdev`).
+dirs=(ibvx-sys psm-sys xdev shm-ipc ibvx)
+libs=(ibvx-sys psm-sys ibvx-xdev shm-ipc ibvx)
+for c in "${dirs[@]}" benches; do
   cmp -s LICENSE-MIT "$c/LICENSE-MIT" && cmp -s LICENSE-APACHE "$c/LICENSE-APACHE" ||
     { echo "$c: LICENSE-MIT/LICENSE-APACHE differ from the root's copies" >&2; exit 1; }
 done
@@ -57,7 +58,7 @@ import json, sys
 meta = json.load(open("target/metadata.json"))
 v = lambda s: tuple(int(x) for x in s.split("."))
 rv = {(p["name"], p["version"]): p.get("rust_version") for p in meta["packages"]}
-ours = v(next(p["rust_version"] for p in meta["packages"] if p["name"] == "xdev"))
+ours = v(next(p["rust_version"] for p in meta["packages"] if p["name"] == "ibvx-xdev"))
 bad = set()
 for line in filter(str.strip, sys.stdin):
     name, ver = line.split()[:2]
