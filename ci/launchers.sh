@@ -77,7 +77,7 @@ srun --mpi=list 2>&1 | grep -q pmi2 || fail "srun --mpi=list has no pmi2"
 
 # --- the rank program ------------------------------------------------------
 step "building xdev-rank and xdev-run (release)"
-cargo build --release --quiet -p ibvx --bin xdev-rank -p ibvx-xdev --bin xdev-run
+cargo build --release --quiet -p xdev-tools --bin xdev-rank --bin xdev-run
 rank=$PWD/target/release/xdev-rank
 
 log=$(mktemp)
