@@ -58,15 +58,15 @@ step "packaging: cargo publish --dry-run of every library crate (packaged, then 
 # Packaging needs neither libibverbs nor libpsm2 (loaded at run time). The
 # verification builds land under target/package with their own hashes, so the
 # main cache stays valid. xdev-bench is publish = false (a tool, see its
-# Cargo.toml). The package in xdev/ is `ibvx-xdev` (`xdev` is taken on
-# crates.io; its library is still `xdev`).
+# Cargo.toml), and so are xdev-tools and xdev-examples. The package in xdev/
+# is `ibvx-xdev` (`xdev` is taken on crates.io; its library is still `xdev`).
 dirs=(ibvx-sys psm-sys xdev shm-ipc ibvx)
 libs=(ibvx-sys psm-sys ibvx-xdev shm-ipc ibvx)
 for c in "${dirs[@]}" benches; do
   cmp -s LICENSE-MIT "$c/LICENSE-MIT" && cmp -s LICENSE-APACHE "$c/LICENSE-APACHE" ||
     { echo "$c: LICENSE-MIT/LICENSE-APACHE differ from the root's copies" >&2; exit 1; }
 done
-timeout 900 cargo publish --dry-run --allow-dirty --quiet --workspace --exclude xdev-bench
+timeout 900 cargo publish --dry-run --allow-dirty --quiet --workspace --exclude xdev-bench --exclude xdev-tools --exclude xdev-examples
 # No toolchain but the machine's can be installed here, so rust-version is
 # checked as far as this one allows: clippy's incompatible_msrv (std APIs,
 # above) and here the libraries' dependencies (normal and build, Linux).
@@ -109,7 +109,9 @@ step "loom models of the shm-ipc ring and the biased engine lock (shm-ipc/tests/
 CARGO_TARGET_DIR=target/loom RUSTFLAGS="${RUSTFLAGS:-} --cfg loom" \
   timeout 900 cargo test -p shm-ipc --release --test ring_loom --test biased_loom
 
-step "launchers: conformance under mpirun.openmpi, mpirun.mpich, srun --mpi=pmix and --mpi=pmi2"; bash ci/launchers.sh
+step "examples/: each example under xdev-run on shm, psm and hybrid, output checked"; bash ci/examples.sh
+
+step "launchers: conformance and the ring example under mpirun.openmpi, mpirun.mpich, srun --mpi=pmix and --mpi=pmi2"; bash ci/launchers.sh
 
 if ((no_vm == 0)) && [ -x ci/vm-suite.sh ]; then
   step "soft-RoCE VM suite"
