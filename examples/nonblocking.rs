@@ -30,7 +30,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let recvs: Vec<_> = (0..WINDOW)
         .map(|i| {
             let buf = dev.alloc_buffer(LEN)?;
-            Ok(dev.irecv(buf, Source::Rank(prev), TagSel::Tag(i as xdev::Tag), CONTEXT))
+            Ok(dev.irecv(
+                buf,
+                Source::Rank(prev),
+                TagSel::Tag(i as xdev::Tag),
+                CONTEXT,
+            ))
         })
         .collect::<Result<_, xdev::Error>>()?;
     let sends: Vec<_> = (0..WINDOW)
