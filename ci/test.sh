@@ -43,7 +43,7 @@ if cargo tree -p ibvx --no-default-features -e normal --prefix none | grep -Eq '
   echo "ibvx without default features still depends on ibvx-sys or psm-sys" >&2; exit 1
 fi
 
-step "aarch64: cargo clippy --target aarch64-unknown-linux-gnu (every crate and target; bindgen's layout asserts of ibvx-sys/src/bindings/aarch64.rs are compile-time)"
+step "aarch64: cargo clippy --target aarch64-unknown-linux-gnu (every crate and target; ibvx-sys checks its aarch64 pthread layouts against libc's at compile time)"
 # Needs rustup's std for that target; where it cannot be installed (no
 # network to rustup's server), say so and go on.
 if rustup target list --installed 2>/dev/null | grep -qx aarch64-unknown-linux-gnu ||

@@ -18,10 +18,11 @@
 //! The bindings describe the Linux ABI of rdma-core 44 (Debian 12) on two
 //! architectures, one generated file each: x86_64 (`src/bindings/x86_64.rs`)
 //! and aarch64 (`src/bindings/aarch64.rs`; their layouts differ, e.g. the
-//! pthread mutex inside `ibv_context`). bindgen's layout assertions are
-//! compile-time, so building for a target checks that file against the
-//! compiler's layout of it. The crate refuses to compile for any other
-//! target rather than guess layouts.
+//! pthread mutex inside `ibv_context`). Building for a target checks at
+//! compile time that the file's pthread types have the size and alignment
+//! the `libc` crate gives them there, so the wrong architecture's file does
+//! not compile. The crate refuses to compile for any other target rather
+//! than guess layouts.
 //!
 //! # Regenerating the bindings
 //!
@@ -80,6 +81,21 @@ pub mod bindings {
 }
 
 pub use bindings::*;
+
+// The two architectures' bindings differ in the pthread types embedded in
+// ibv_context, ibv_cq, ibv_srq, ibv_wq and ibv_qp. bindgen's own layout
+// assertions only check the generated structs against themselves; the libc
+// crate declares these types per target independently, so compare with it:
+// bindings generated for the wrong architecture do not compile.
+const _: () = assert!(
+    core::mem::size_of::<pthread_mutex_t>() == core::mem::size_of::<libc::pthread_mutex_t>()
+        && core::mem::align_of::<pthread_mutex_t>()
+            == core::mem::align_of::<libc::pthread_mutex_t>()
+);
+const _: () = assert!(
+    core::mem::size_of::<pthread_cond_t>() == core::mem::size_of::<libc::pthread_cond_t>()
+        && core::mem::align_of::<pthread_cond_t>() == core::mem::align_of::<libc::pthread_cond_t>()
+);
 
 mod inline;
 mod loader;
