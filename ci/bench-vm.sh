@@ -62,7 +62,7 @@ say() { printf 'bench-vm: %s\n' "$*" >&2; }
 load() { cut -d' ' -f1-3 /proc/loadavg; }
 
 say "building xdev-bench and xdev-run (release)"
-"$CARGO" build --release --quiet -p xdev-bench --bin xdev-bench -p xdev --bin xdev-run
+"$CARGO" build --release --quiet -p xdev-bench --bin xdev-bench -p xdev-tools --bin xdev-run
 TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}/release
 WORK=$TARGET_DIR/bench-vm
 OUT=${OUT:-$WORK/vm-results.jsonl}

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Launcher suite (issue 17): the conformance suite with 3 ranks, on shm and on
-# psm, started the way clusters start jobs instead of by xdev-run:
+# Launcher suite (issue 17): the conformance suite (and examples/ring) with 3
+# ranks, on shm and on psm, started the way clusters start jobs instead of by
+# xdev-run:
 #   mpirun.openmpi -np 3 -x XDEV_DEVICE   (Open MPI's PMIx server)
 #   mpirun.mpich -np 3 -genv XDEV_DEVICE  (MPICH Hydra: PMI-1 over PMI_FD)
 #   srun --mpi=pmix -n 3                  (Slurm's PMIx plugin)
@@ -76,9 +77,10 @@ srun --mpi=list 2>&1 | grep -q pmix || fail "srun --mpi=list has no pmix"
 srun --mpi=list 2>&1 | grep -q pmi2 || fail "srun --mpi=list has no pmi2"
 
 # --- the rank program ------------------------------------------------------
-step "building xdev-rank and xdev-run (release)"
-cargo build --release --quiet -p ibvx --bin xdev-rank -p xdev --bin xdev-run
-rank=$PWD/target/release/xdev-rank
+step "building xdev-rank, xdev-run and the examples (release)"
+cargo build --release --quiet -p xdev-tools --bin xdev-rank --bin xdev-run -p xdev-examples --examples
+rank=${CARGO_TARGET_DIR:-$PWD/target}/release/xdev-rank
+ring=${CARGO_TARGET_DIR:-$PWD/target}/release/examples/ring
 
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
@@ -111,7 +113,22 @@ check_bootstrap mpirun.mpich Pmi1 -- mpirun.mpich -np 3
 check_bootstrap "srun --mpi=pmix" Pmix -- srun --overcommit --mpi=pmix -n 3
 check_bootstrap "srun --mpi=pmi2" Pmi2 -- srun --overcommit --mpi=pmi2 -n 3
 check_bootstrap "srun --mpi=pmi2 with XDEV_PMI=1" Pmi1 -- env XDEV_PMI=1 srun --overcommit --mpi=pmi2 -n 3
-check_bootstrap xdev-run XdevRun -- target/release/xdev-run -n 3 --
+check_bootstrap xdev-run XdevRun -- "$(dirname "$rank")/xdev-run" -n 3 --
+
+step "examples/ring (a token around 3 ranks) under each launcher, on shm and psm"
+ring_under() { # NAME DEVICE -- command...
+  local name=$1 dev=$2
+  shift 3
+  XDEV_DEVICE=$dev timeout 120 "$@" "$ring" >"$log" 2>&1 || { cat "$log" >&2; fail "ring on $dev under $name"; }
+  grep -qx "ring: 3 ranks on $dev, 10 rounds, token 30" "$log" || { cat "$log" >&2; fail "ring on $dev under $name: wrong output"; }
+  echo "ok: ring, 3 ranks, $dev under $name"
+}
+for dev in shm psm; do
+  ring_under mpirun.openmpi "$dev" -- mpirun.openmpi --oversubscribe -np 3 -x XDEV_DEVICE
+  ring_under mpirun.mpich "$dev" -- mpirun.mpich -np 3 -genv XDEV_DEVICE "$dev"
+  ring_under "srun --mpi=pmix" "$dev" -- srun --overcommit --mpi=pmix -n 3
+  ring_under "srun --mpi=pmi2" "$dev" -- srun --overcommit --mpi=pmi2 -n 3
+done
 
 for dev in shm psm; do
   step "conformance suite on $dev, 3 ranks, under each launcher"

@@ -34,18 +34,39 @@ cargo clippy --workspace --all-targets --quiet -- -D warnings
 step "cargo doc (warnings are errors)"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
 
+step "features: ibvx with --no-default-features and with each feature alone (clippy, all targets)"
+# A user of shm alone (no default features) builds no verbs or PSM2 code.
+for f in "" ibv psm hybrid; do
+  cargo clippy -p ibvx --all-targets --quiet --no-default-features ${f:+--features "$f"} -- -D warnings
+done
+if cargo tree -p ibvx --no-default-features -e normal --prefix none | grep -Eq '^(ibvx-sys|psm-sys) '; then
+  echo "ibvx without default features still depends on ibvx-sys or psm-sys" >&2; exit 1
+fi
+
+step "aarch64: cargo clippy --target aarch64-unknown-linux-gnu (every crate and target; ibvx-sys checks its aarch64 pthread layouts against libc's at compile time)"
+# Needs rustup's std for that target; where it cannot be installed (no
+# network to rustup's server), say so and go on.
+if rustup target list --installed 2>/dev/null | grep -qx aarch64-unknown-linux-gnu ||
+  timeout 300 rustup target add aarch64-unknown-linux-gnu >/dev/null 2>&1; then
+  # Compiled, not run: nothing here can execute aarch64 code.
+  cargo clippy --quiet --target aarch64-unknown-linux-gnu --workspace --all-targets -- -D warnings
+else
+  echo "skipped: the Rust standard library for aarch64-unknown-linux-gnu is not installed and rustup could not download it"
+fi
+
 step "packaging: cargo publish --dry-run of every library crate (packaged, then built from the tarballs), licenses, rust-version"
 # Packaging needs neither libibverbs nor libpsm2 (loaded at run time). The
 # verification builds land under target/package with their own hashes, so the
 # main cache stays valid. xdev-bench is publish = false (a tool, see its
-# Cargo.toml). This checks the tarballs, not the crate names: `xdev` is taken
-# on crates.io (README, Publishing).
-libs=(ibvx-sys psm-sys xdev shm-ipc ibvx)
-for c in "${libs[@]}" benches; do
+# Cargo.toml), and so are xdev-tools and xdev-examples. The package in xdev/
+# is `ibvx-xdev` (`xdev` is taken on crates.io; its library is still `xdev`).
+dirs=(ibvx-sys psm-sys xdev shm-ipc ibvx)
+libs=(ibvx-sys psm-sys ibvx-xdev shm-ipc ibvx)
+for c in "${dirs[@]}" benches; do
   cmp -s LICENSE-MIT "$c/LICENSE-MIT" && cmp -s LICENSE-APACHE "$c/LICENSE-APACHE" ||
     { echo "$c: LICENSE-MIT/LICENSE-APACHE differ from the root's copies" >&2; exit 1; }
 done
-timeout 900 cargo publish --dry-run --allow-dirty --quiet --workspace --exclude xdev-bench
+timeout 900 cargo publish --dry-run --allow-dirty --quiet --workspace --exclude xdev-bench --exclude xdev-tools --exclude xdev-examples
 # No toolchain but the machine's can be installed here, so rust-version is
 # checked as far as this one allows: clippy's incompatible_msrv (std APIs,
 # above) and here the libraries' dependencies (normal and build, Linux).
@@ -57,7 +78,7 @@ import json, sys
 meta = json.load(open("target/metadata.json"))
 v = lambda s: tuple(int(x) for x in s.split("."))
 rv = {(p["name"], p["version"]): p.get("rust_version") for p in meta["packages"]}
-ours = v(next(p["rust_version"] for p in meta["packages"] if p["name"] == "xdev"))
+ours = v(next(p["rust_version"] for p in meta["packages"] if p["name"] == "ibvx-xdev"))
 bad = set()
 for line in filter(str.strip, sys.stdin):
     name, ver = line.split()[:2]
@@ -88,7 +109,9 @@ step "loom models of the shm-ipc ring and the biased engine lock (shm-ipc/tests/
 CARGO_TARGET_DIR=target/loom RUSTFLAGS="${RUSTFLAGS:-} --cfg loom" \
   timeout 900 cargo test -p shm-ipc --release --test ring_loom --test biased_loom
 
-step "launchers: conformance under mpirun.openmpi, mpirun.mpich, srun --mpi=pmix and --mpi=pmi2"; bash ci/launchers.sh
+step "examples/: each example under xdev-run on shm, psm and hybrid, output checked"; bash ci/examples.sh
+
+step "launchers: conformance and the ring example under mpirun.openmpi, mpirun.mpich, srun --mpi=pmix and --mpi=pmi2"; bash ci/launchers.sh
 
 if ((no_vm == 0)) && [ -x ci/vm-suite.sh ]; then
   step "soft-RoCE VM suite"

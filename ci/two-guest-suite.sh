@@ -50,8 +50,7 @@ CARGO=${CARGO:-cargo}
 say() { printf 'two-guest-suite: %s\n' "$*"; }
 
 say "building xdev-rank and xdev-run (release)"
-"$CARGO" build --release --quiet -p ibvx --bin xdev-rank
-"$CARGO" build --release --quiet -p xdev --bin xdev-run
+"$CARGO" build --release --quiet -p xdev-tools --bin xdev-rank --bin xdev-run
 FIGS=$("$CARGO" test --release --quiet -p ibvx --test ibv_rndv_figures --no-run --message-format=json |
   sed -n 's/.*"executable":"\([^"]*ibv_rndv_figures[^"]*\)".*/\1/p' | tail -n 1)
 [[ -x $FIGS ]] || { say "error: the ibv_rndv_figures test binary was not built"; exit 1; }

@@ -59,8 +59,7 @@ say() { printf 'vm-suite: %s\n' "$*"; }
 
 # ------------------------------------------------------------------ build
 say "building ibvx-pingpong and the test binaries (release)"
-"$CARGO" build --release --quiet -p ibvx --bin ibvx-pingpong --bin xdev-rank
-"$CARGO" build --release --quiet -p xdev --bin xdev-run
+"$CARGO" build --release --quiet -p xdev-tools --bin ibvx-pingpong --bin xdev-rank --bin xdev-run
 "$CARGO" build --release --quiet -p xdev-bench --bin xdev-bench
 BUILD_JSON=$(mktemp)
 trap 'rm -f "$BUILD_JSON"' EXIT

@@ -1,30 +1,44 @@
 #!/usr/bin/env bash
-# Regenerates ibvx-sys/src/bindings.rs from Debian's rdma-core headers
-# (<infiniband/verbs.h>, package libibverbs-dev) with the bindgen CLI.
+# Regenerates ibvx-sys/src/bindings/ARCH.rs (x86_64 and aarch64) from
+# Debian's rdma-core headers (<infiniband/verbs.h>, package libibverbs-dev)
+# with the bindgen CLI, one file per target architecture: the layouts differ
+# (pthread_mutex_t and pthread_cond_t inside ibv_context and friends).
 #
-# Usage: ibvx-sys/regen.sh [--no-install] [--out FILE]
+# Usage: ibvx-sys/regen.sh [--no-install] [--arch ARCH] [--out FILE]
 #   --no-install  never install anything; exit 3 with a message on stderr if
 #                 bindgen, libclang or the headers are missing (used by the
 #                 crate's regen_matches_checked_in test)
-#   --out FILE    write the bindings to FILE instead of src/bindings.rs
+#   --arch ARCH   x86_64 or aarch64 (default: both)
+#   --out FILE    write the bindings to FILE instead of src/bindings/ARCH.rs
+#                 (needs --arch)
 #
 # Without --no-install the script installs what it needs, idempotently:
-# libibverbs-dev and libclang-dev through apt-get (only when missing), and
-# bindgen-cli $BINDGEN_VERSION through `cargo install` (only when the bindgen
-# on PATH is not that version).
+# libibverbs-dev, libclang-dev and (for aarch64) libc6-dev-arm64-cross through
+# apt-get (only when missing), and bindgen-cli $BINDGEN_VERSION through
+# `cargo install` (only when the bindgen on PATH is not that version).
+#
+# Cross generation: clang parses for --target=ARCH-linux-gnu on any host. The
+# rdma-core headers are architecture-independent and come from the host's
+# /usr/include/infiniband (made visible alone, through a directory holding a
+# symlink to it); the C library and kernel headers of aarch64 come from
+# /usr/aarch64-linux-gnu/include (libc6-dev-arm64-cross), which clang finds
+# for that target by itself.
 #
 # The output is deterministic for a given (bindgen, libclang, rdma-core
-# headers) triple: every flag is pinned below, and libclang is Debian 12's
-# /usr/lib/llvm-14/lib when present (LIBCLANG_PATH overrides). The
-# checked-in file was made with bindgen 0.73.2, Debian 12's libclang 14 and
-# rdma-core 44.0 on x86_64.
+# headers, glibc headers) set: every flag is pinned below, and libclang is
+# Debian 12's /usr/lib/llvm-14/lib when present (LIBCLANG_PATH overrides).
+# The checked-in files were made with bindgen 0.73.2, Debian 12's libclang 14,
+# rdma-core 44.0 and glibc 2.36 (native for x86_64, the -cross package for
+# aarch64), on an x86_64 host.
 set -euo pipefail
 
 BINDGEN_VERSION=0.73.2
 APT_PACKAGES=(libibverbs-dev libclang-dev)
+ARCHES=(x86_64 aarch64)
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-out="$here/src/bindings.rs"
+out=
+arches=()
 install=1
 
 while [ $# -gt 0 ]; do
@@ -34,8 +48,18 @@ while [ $# -gt 0 ]; do
         out=${2:?--out needs a file}
         shift
         ;;
+    --arch)
+        case "${2:-}" in
+        x86_64 | aarch64) arches+=("$2") ;;
+        *)
+            echo "regen.sh: --arch takes x86_64 or aarch64" >&2
+            exit 2
+            ;;
+        esac
+        shift
+        ;;
     -h | --help)
-        sed -n '2,20p' "$0"
+        sed -n '2,33p' "$0"
         exit 0
         ;;
     *)
@@ -53,10 +77,19 @@ missing() {
     exit 3
 }
 
+[ ${#arches[@]} -gt 0 ] || arches=("${ARCHES[@]}")
+if [ -n "$out" ] && [ ${#arches[@]} -ne 1 ]; then
+    echo "regen.sh: --out needs exactly one --arch" >&2
+    exit 2
+fi
+for a in "${arches[@]}"; do
+    [ "$a" = aarch64 ] && APT_PACKAGES+=(libc6-dev-arm64-cross)
+done
 if [ "$(uname -m)" != x86_64 ]; then
-    # The checked-in bindings (and ibvx-sys's compile-time target check) are
-    # for x86_64-linux-gnu; regenerating elsewhere would silently change them.
-    missing "bindings are pinned to x86_64 Linux, this is $(uname -m)"
+    # The cross set-up below (native headers for x86_64, the -cross package
+    # for aarch64) is Debian's on an x86_64 host; elsewhere the system headers
+    # would be another architecture's and the output would silently change.
+    missing "the bindings are generated on an x86_64 host, this is $(uname -m)"
 fi
 
 have_pkg() {
@@ -140,28 +173,46 @@ fi
 #     IBV_QPF_GRH_REQUIRED alias (src/lib.rs re-exports them under the IBV_
 #     names). No function declarations are generated: this crate never links
 #     libibverbs, every entry point is loaded at run time.
-tmp="$probe_dir/bindings.rs"
+# Only rdma-core's headers from the host's /usr/include: the C library's and
+# the kernel's come from the target's own include directory.
+mkdir -p "$probe_dir/inc"
+ln -s /usr/include/infiniband "$probe_dir/inc/infiniband"
 
-bindgen "$here/wrapper.h" \
-    --rust-target 1.80 \
-    --rust-edition 2021 \
-    --default-enum-style consts \
-    --no-prepend-enum-name \
-    --with-derive-default \
-    --no-doc-comments \
-    --wrap-unsafe-ops \
-    --formatter rustfmt \
-    --allowlist-type 'ibv_.*' \
-    --allowlist-type '_compat_ibv_.*' \
-    --allowlist-type 'verbs_context' \
-    --allowlist-type 'pfn_.*' \
-    --allowlist-type 'ib_uverbs_access_flags' \
-    --allowlist-type 'ib_uverbs_query_port_flags' \
-    --allowlist-var 'IBV_.*' \
-    --raw-line "// @generated by ibvx-sys/regen.sh from <infiniband/verbs.h> (rdma-core $rdma_version) and ibvx-sys/wrapper.h." \
-    --raw-line "// Do not edit by hand. Valid for x86_64 Linux only." \
-    -o "$tmp"
+generate() { # ARCH OUT
+    local arch=$1 dest=$2 tmp="$probe_dir/bindings-$1.rs"
+    # x86_64 is the host: clang's native parse, as the file was always made.
+    local clang_args=()
+    if [ "$arch" = aarch64 ]; then
+        [ -d /usr/aarch64-linux-gnu/include ] ||
+            missing "/usr/aarch64-linux-gnu/include not found (Debian package libc6-dev-arm64-cross)"
+        clang_args=(--target=aarch64-linux-gnu -nostdlibinc -isystem /usr/aarch64-linux-gnu/include
+            -I"$probe_dir/inc")
+    fi
+    bindgen "$here/wrapper.h" \
+        --rust-target 1.80 \
+        --rust-edition 2021 \
+        --default-enum-style consts \
+        --no-prepend-enum-name \
+        --with-derive-default \
+        --no-doc-comments \
+        --wrap-unsafe-ops \
+        --formatter rustfmt \
+        --allowlist-type 'ibv_.*' \
+        --allowlist-type '_compat_ibv_.*' \
+        --allowlist-type 'verbs_context' \
+        --allowlist-type 'pfn_.*' \
+        --allowlist-type 'ib_uverbs_access_flags' \
+        --allowlist-type 'ib_uverbs_query_port_flags' \
+        --allowlist-var 'IBV_.*' \
+        --raw-line "// @generated by ibvx-sys/regen.sh from <infiniband/verbs.h> (rdma-core $rdma_version) and ibvx-sys/wrapper.h." \
+        --raw-line "// Do not edit by hand. Valid for $arch Linux only." \
+        -o "$tmp" \
+        -- ${clang_args[@]+"${clang_args[@]}"}
+    mkdir -p "$(dirname "$dest")"
+    cp "$tmp" "$dest"
+    echo "regen.sh: wrote $dest" >&2
+}
 
-mkdir -p "$(dirname "$out")"
-cp "$tmp" "$out"
-echo "regen.sh: wrote $out" >&2
+for a in "${arches[@]}"; do
+    generate "$a" "${out:-$here/src/bindings/$a.rs}"
+done

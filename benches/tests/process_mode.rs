@@ -2,7 +2,7 @@
 //! `xdev-run`, and rank 0 prints the tables.
 //!
 //! The launcher must sit next to the binary (`cargo test --workspace` builds
-//! it there; with `-p xdev-bench` alone, build it with `cargo build -p xdev`
+//! it there; with `-p xdev-bench` alone, build it with `cargo build -p xdev-tools`
 //! in the same profile first). Tests that cannot run say `skipped: why`.
 
 use std::path::PathBuf;
@@ -17,7 +17,7 @@ fn launcher() -> Option<PathBuf> {
         Some(l)
     } else {
         println!(
-            "skipped: {} is not built (cargo build -p xdev, in the profile of this test)",
+            "skipped: {} is not built (cargo build -p xdev-tools, in the profile of this test)",
             l.display()
         );
         None

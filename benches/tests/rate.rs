@@ -4,7 +4,7 @@
 //!
 //! The thread device runs in-process and is always measured. Process
 //! devices need `xdev-run` next to the binary (`cargo test --workspace`
-//! builds it; with `-p xdev-bench` alone, `cargo build -p xdev` in the same
+//! builds it; with `-p xdev-bench` alone, `cargo build -p xdev-tools` in the same
 //! profile first); a test that cannot run them says `skipped: why`.
 
 use std::path::{Path, PathBuf};
@@ -31,7 +31,7 @@ fn launcher() -> Option<PathBuf> {
         Some(l)
     } else {
         println!(
-            "skipped: {} is not built (cargo build -p xdev, in the profile of this test)",
+            "skipped: {} is not built (cargo build -p xdev-tools, in the profile of this test)",
             l.display()
         );
         None

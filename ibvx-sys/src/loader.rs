@@ -270,6 +270,7 @@ impl Verbs {
         let lib = Library::open(path)?;
         match Self::resolve(&lib) {
             Ok(verbs) => {
+                tracing::debug!(path, "libibverbs loaded");
                 std::mem::forget(lib);
                 Ok(verbs)
             }

@@ -1,5 +1,5 @@
-//! The checked-in src/bindings.rs must be what regen.sh produces from the
-//! installed headers. Runs only where the pinned bindgen, libclang and the
+//! The checked-in src/bindings/{x86_64,aarch64}.rs must be what regen.sh
+//! produces from the installed headers. Runs only where the pinned bindgen, libclang and the
 //! rdma-core headers are installed; elsewhere it prints "skipped: <why>".
 
 use std::path::{Path, PathBuf};
@@ -26,15 +26,24 @@ fn rustfmt(file: &Path) -> bool {
 }
 
 #[test]
-fn regen_matches_checked_in() {
+fn regen_matches_checked_in_x86_64() {
+    regen_matches_checked_in("x86_64");
+}
+
+#[test]
+fn regen_matches_checked_in_aarch64() {
+    regen_matches_checked_in("aarch64");
+}
+
+fn regen_matches_checked_in(arch: &str) {
     let crate_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let checked_in = crate_dir.join("src/bindings.rs");
-    let fresh = temp_path("bindings.rs");
-    let copy = temp_path("checked-in.rs");
+    let checked_in = crate_dir.join(format!("src/bindings/{arch}.rs"));
+    let fresh = temp_path(&format!("bindings-{arch}.rs"));
+    let copy = temp_path(&format!("checked-in-{arch}.rs"));
 
     let out = match Command::new("bash")
         .arg(crate_dir.join("regen.sh"))
-        .args(["--no-install", "--out"])
+        .args(["--no-install", "--arch", arch, "--out"])
         .arg(&fresh)
         .output()
     {
@@ -74,9 +83,9 @@ fn regen_matches_checked_in() {
         let w = want_lines.get(line).copied().unwrap_or("<end of file>");
         let h = have_lines.get(line).copied().unwrap_or("<end of file>");
         panic!(
-            "src/bindings.rs is stale (compared {}): first difference at line {}:\n  \
+            "src/bindings/{arch}.rs is stale (compared {}): first difference at line {}:\n  \
              regenerated: {w}\n  checked in:  {h}\n\
-             run ibvx-sys/regen.sh and commit src/bindings.rs",
+             run ibvx-sys/regen.sh and commit src/bindings/{arch}.rs",
             if formatted {
                 "after rustfmt"
             } else {
@@ -86,7 +95,7 @@ fn regen_matches_checked_in() {
         );
     }
     println!(
-        "regenerated bindings match src/bindings.rs ({} lines)",
+        "regenerated bindings match src/bindings/{arch}.rs ({} lines)",
         want.lines().count()
     );
 }

@@ -9,12 +9,14 @@
 //!   send fail with PeerLost;
 //! - receives still posted at finish end with Closed, as do operations
 //!   started after it.
+#![cfg(all(feature = "ibv", feature = "psm", feature = "hybrid"))]
 
 use std::time::Duration;
 
 use xdev::launch::LocalJob;
 
 mod common;
+mod rank;
 
 fn run(device: &str, scenario: &str) {
     run_with(device, scenario, &[]);
@@ -35,9 +37,12 @@ fn run_with(device: &str, scenario: &str, options: &[&str]) {
     if device == "ibv" && common::open().is_none() {
         return;
     }
+    let Some(program) = rank::program() else {
+        return;
+    };
     let job = LocalJob::start(
         2,
-        common::rank_program(),
+        program,
         &[&[scenario], options].concat(),
         &[("XDEV_DEVICE", device)],
     )

@@ -12,6 +12,7 @@
 //! many for warm-up) and rank 0 prints `lat 8 US`: `ci/two-guest-suite.sh`
 //! runs it with one rank per guest (`xdev-bench`'s ranks need shared memory
 //! between them for their cache-line floor, so they cannot span guests).
+#![cfg(feature = "ibv")]
 
 use std::time::{Duration, Instant};
 

@@ -1,11 +1,14 @@
 //! The xdev conformance suite on the `psm` device with 2 and 4 processes on
 //! this host (PSM2's shm-only mode here: no Omni-Path hardware). Skipped,
 //! saying why, where libpsm2 is not installed.
+#![cfg(feature = "psm")]
 
 use std::sync::Mutex;
 use std::time::Duration;
 
 use xdev::launch::LocalJob;
+
+mod rank;
 
 static SERIAL: Mutex<()> = Mutex::new(());
 
@@ -15,9 +18,12 @@ fn run(n: usize, case: &str) {
         return;
     }
     let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let Some(program) = rank::program() else {
+        return;
+    };
     let job = LocalJob::start(
         n,
-        env!("CARGO_BIN_EXE_xdev-rank"),
+        program,
         &["conformance", case],
         &[("XDEV_DEVICE", "psm")],
     )

@@ -1,5 +1,6 @@
 //! `PSM2_DEVICES` is set before `main` (from the ELF initializers), never
 //! by `set_var` once threads exist, and a user's value is kept.
+#![cfg(feature = "psm")]
 
 use std::process::Command;
 

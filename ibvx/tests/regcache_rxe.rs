@@ -14,6 +14,7 @@
 //! Without one each test prints "skipped: ..." and returns, unless
 //! `IBVX_REQUIRE_RDMA=1`, which makes that a failure (see `common` for the
 //! environment).
+#![cfg(feature = "ibv")]
 
 mod common;
 

@@ -4,6 +4,7 @@
 //! Needs an RDMA device (soft-RoCE is enough); without one each test prints
 //! "skipped: no RDMA device (runs in ci/vm-suite.sh)" and returns (see
 //! `common` for the environment).
+#![cfg(feature = "ibv")]
 
 mod common;
 

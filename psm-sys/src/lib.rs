@@ -390,6 +390,7 @@ impl Psm2 {
             path: path.to_string_lossy().into_owned(),
             message: e.to_string(),
         })?;
+        tracing::debug!(path = %path.to_string_lossy(), "libpsm2 loaded");
         Psm2::from_library(library)
     }
 }

@@ -65,11 +65,15 @@ pub const INLINE: usize = SLOT - HEADER;
 /// How far past its head the producer claims a slot's line (see
 /// `Producer::claim_ahead`). One to four measured alike on this machine
 /// (rate at 8 B, 3 alternating runs); two covers a slower transfer.
+/// x86_64 only (elsewhere the claim is a no-op).
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 const CLAIM_AHEAD: u64 = 2;
 
 /// How far past its tail the consumer starts reading (see
 /// `Consumer::read_ahead`). One, two and four measured within noise of each
 /// other (rate at 8 B, 3 alternating runs; one was best), all above none.
+/// x86_64 only, like `CLAIM_AHEAD`.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 const READ_AHEAD: u64 = 1;
 /// Bytes of the control block before the slots.
 pub const CONTROL: usize = 128;

@@ -148,7 +148,7 @@ impl Watchdog {
                     return;
                 }
             }
-            eprintln!("watchdog: {what} did not finish within {limit:?}; aborting");
+            tracing::error!("watchdog: {what} did not finish within {limit:?}; aborting");
             std::process::abort();
         });
         Watchdog { done }

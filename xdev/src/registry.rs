@@ -68,7 +68,22 @@ impl Registry {
         let e = self
             .get(name)
             .ok_or_else(|| Error::UnknownDevice(name.to_string()))?;
-        (e.open)(config)
+        let _span = tracing::debug_span!("open", device = name).entered();
+        match (e.open)(config) {
+            Ok(dev) => {
+                tracing::info!(
+                    device = name,
+                    rank = dev.id(),
+                    size = dev.size(),
+                    "device open"
+                );
+                Ok(dev)
+            }
+            Err(err) => {
+                tracing::warn!(device = name, error = %err, "device open failed");
+                Err(err)
+            }
+        }
     }
 
     /// The entry for `name`.

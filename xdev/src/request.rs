@@ -418,7 +418,7 @@ fn run_hook(hook: CompletionHook, completion: Completion) {
     struct AbortOnUnwind;
     impl Drop for AbortOnUnwind {
         fn drop(&mut self) {
-            eprintln!("xdev: a request completion hook panicked; aborting");
+            tracing::error!("a request completion hook panicked; aborting");
             std::process::abort();
         }
     }

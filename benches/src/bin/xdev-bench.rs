@@ -21,6 +21,7 @@ use xdev_bench::rank::{rank_main, rank_status};
 use xdev_bench::report::report_main;
 
 fn main() -> ExitCode {
+    xdev_tools::init_tracing("xdev-bench");
     let raw: Vec<OsString> = std::env::args_os().skip(1).collect();
     if let Ok(ranks) = std::env::var(LAUNCH_RANKS) {
         return launcher_main(&ranks, &raw);

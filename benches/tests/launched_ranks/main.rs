@@ -46,7 +46,7 @@ fn find_launcher(exe: &Path) -> Result<PathBuf, String> {
     } else {
         Err(format!(
             "process devices run under {LAUNCHER}, and there is no {} next to this executable: \
-         build it into the same target directory with `cargo build --release -p xdev` \
+         build it into the same target directory with `cargo build --release -p xdev-tools` \
          (without --release for a debug xdev-bench)",
             launcher.display()
         ))
@@ -142,7 +142,7 @@ fn rank_command(ranks: usize, device: Option<&str>, line: &str) -> Option<Comman
 }
 
 const NO_LAUNCHER: &str =
-    "skipped: xdev-run is not built next to this target's binaries (cargo build -p xdev)";
+    "skipped: xdev-run is not built next to this target's binaries (cargo build -p xdev-tools)";
 
 /// Runs `line` as the ranks of a process-mode job of test device
 /// `device`, through the same command the binary builds for a re-exec.
@@ -431,5 +431,5 @@ fn the_reexec_keeps_the_arguments() {
         ]
     );
     let e = find_launcher(Path::new("/nonexistent/dir/xdev-bench")).unwrap_err();
-    assert!(e.contains("cargo build --release -p xdev"), "{e}");
+    assert!(e.contains("cargo build --release -p xdev-tools"), "{e}");
 }

@@ -58,7 +58,7 @@ struct AbortIfLent(bool);
 impl Drop for AbortIfLent {
     fn drop(&mut self) {
         if self.0 {
-            eprintln!("hybrid: a blocking call unwound with its buffer still lent; aborting");
+            tracing::error!("hybrid: a blocking call unwound with its buffer still lent; aborting");
             std::process::abort();
         }
     }

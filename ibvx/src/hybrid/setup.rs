@@ -13,7 +13,10 @@ use xdev::{Config, Device, Error, Rank, Result, Tracker};
 use super::held::Held;
 use super::route::{RankMap, Route};
 use super::{HybridDevice, HybridEngine, HybridOptions};
-use crate::{IbvDevice, PsmDevice};
+#[cfg(feature = "ibv")]
+use crate::IbvDevice;
+#[cfg(feature = "psm")]
+use crate::PsmDevice;
 
 /// Host groups from every rank's host key: for each rank, the index of its
 /// host (in order of first appearance).
@@ -63,10 +66,24 @@ pub(super) fn parse_service(record: &[u8], leader: Rank) -> Result<(SocketAddr, 
 
 fn open_remote(name: &str, config: &Config, boot: Bootstrap) -> Result<Arc<dyn Device>> {
     Ok(match name {
+        #[cfg(feature = "ibv")]
         "ibv" => Arc::new(IbvDevice::with_bootstrap(config, boot)?),
+        #[cfg(feature = "psm")]
         "psm" => Arc::new(PsmDevice::with_bootstrap(config, boot)?),
+        #[cfg(not(feature = "ibv"))]
+        "ibv" => return Err(not_built(name)),
+        #[cfg(not(feature = "psm"))]
+        "psm" => return Err(not_built(name)),
         _ => Arc::new(ProcessDevice::with_bootstrap(config, boot)?),
     })
+}
+
+/// The error of `remote=NAME` when ibvx was built without that device.
+#[cfg(not(all(feature = "ibv", feature = "psm")))]
+fn not_built(name: &str) -> Error {
+    Error::Config(format!(
+        "hybrid: remote={name} needs ibvx's `{name}` feature, which this build leaves out"
+    ))
 }
 
 /// This rank's host group, found from every rank's host key.

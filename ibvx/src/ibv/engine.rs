@@ -450,6 +450,7 @@ impl IbvEngine {
     /// Fails everything that involves `d` with `err`; its queue pair goes to
     /// the error state, so it can no longer read or write our memory.
     fn fail_peer(&self, l: &mut Local, d: Rank, err: Error) {
+        tracing::warn!(peer = d, error = %err, "peer lost");
         if d == self.fab.rank || l.peers[d].gone.is_some() {
             return;
         }
@@ -458,7 +459,7 @@ impl IbvEngine {
         l.peers[d].rndv_in = 0;
         if let Some(qp) = &self.fab.qps[d] {
             if let Err(e) = qp.modify_to_error() {
-                eprintln!("ibvx: cannot move the queue pair of rank {d} to the error state: {e}");
+                tracing::error!(peer = d, error = %e, "cannot move the queue pair to the error state");
             }
         }
         let env = Envelope {

@@ -436,10 +436,10 @@ impl MemoryRegion<'_> {
         if rc != 0 {
             // The device may still reach the memory: leaking it is the only
             // safe choice.
-            eprintln!(
-                "ibvx: ibv_dereg_mr failed ({}); leaking {} bytes",
-                errno_error(rc),
-                self.len
+            tracing::error!(
+                error = %errno_error(rc),
+                bytes = self.len,
+                "ibv_dereg_mr failed; leaking the region"
             );
             return rc;
         }

@@ -291,11 +291,7 @@ impl Drop for QueuePair {
         // it uses are still alive (fields, dropped after this).
         let rc = unsafe { (self.pd.context().verbs().ibv_destroy_qp)(self.raw.as_ptr()) };
         if rc != 0 {
-            eprintln!(
-                "ibvx: ibv_destroy_qp({:#x}) failed: {}",
-                self.qpn,
-                errno_error(rc)
-            );
+            tracing::error!(qpn = self.qpn, error = %errno_error(rc), "ibv_destroy_qp failed");
         }
     }
 }

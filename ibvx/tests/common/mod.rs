@@ -33,12 +33,6 @@ pub fn open() -> Option<Context> {
     }
 }
 
-/// The `xdev-rank` program: `XDEV_RANK_BIN` (the VM suite copies it into
-/// the guest) or the one cargo built.
-pub fn rank_program() -> String {
-    std::env::var("XDEV_RANK_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_xdev-rank").into())
-}
-
 /// `RXE_GID_INDEX`, if set.
 pub fn gid_index() -> Option<u32> {
     std::env::var("RXE_GID_INDEX")

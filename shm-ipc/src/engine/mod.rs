@@ -559,6 +559,7 @@ impl<M: Medium> Engine<M> {
 
     /// Fails everything that involves `d` with `err` and marks it gone.
     pub(crate) fn fail_peer(&self, l: &mut Local<M>, d: Rank, err: Error) {
+        tracing::warn!(peer = d, error = %err, "peer lost");
         l.gone[d] = true;
         l.gone_why[d] = Some(err.clone());
         for t in l

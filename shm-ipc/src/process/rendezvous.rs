@@ -222,6 +222,7 @@ impl ProcessMedium {
                     return Outcome::Done(Status::received(env, len, cap));
                 }
                 Err(err) if matches!(err.raw_os_error(), Some(libc::EPERM | libc::ENOSYS)) => {
+                    tracing::info!(peer = s, error = %err, "shm: CMA refused; rendezvous from this peer falls back to the pipelined copy");
                     l.m.cma[s] = false;
                 }
                 Err(err) if err.raw_os_error() == Some(libc::ESRCH) => {

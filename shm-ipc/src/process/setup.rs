@@ -147,6 +147,9 @@ pub(super) fn open(config: &Config, boot: Bootstrap) -> Result<Engine<ProcessMed
     let watch = watch(&sh)?;
     let rendezvous = choose_path(&sh, &infos, cma_wanted, &boot)?;
     let cma_ok = rendezvous == RendezvousPath::Cma;
+    if let RendezvousPath::Pipelined(why) = &rendezvous {
+        tracing::info!(rank, why = %why, "shm: rendezvous falls back from CMA to the pipelined copy");
+    }
     // Not using CMA: nobody needs to attach to us (peers that chose CMA
     // get EPERM and fall back to the pipelined copy for us).
     let grant = if cma_ok { grant } else { None };

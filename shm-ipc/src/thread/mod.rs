@@ -352,7 +352,7 @@ impl ThreadWorld {
                             let dev = ThreadDevice::open(&cfg).expect("open thread device");
                             let out = f(&dev);
                             if let Err(e) = dev.finish() {
-                                eprintln!("rank {rank}: finish: {e}");
+                                tracing::warn!(rank, error = %e, "thread device: finish failed");
                             }
                             out
                         })

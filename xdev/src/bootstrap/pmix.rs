@@ -290,7 +290,8 @@ fn cstr_field(bytes: &[c_char]) -> String {
     let b: Vec<u8> = bytes
         .iter()
         .take_while(|&&c| c != 0)
-        .map(|&c| c as u8)
+        // c_char is i8 on x86_64 and u8 on aarch64: the byte as it is.
+        .map(|&c| u8::from_ne_bytes(c.to_ne_bytes()))
         .collect();
     String::from_utf8_lossy(&b).into_owned()
 }

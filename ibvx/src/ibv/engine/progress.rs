@@ -32,6 +32,12 @@ const DEPARTURE_POLLS: u32 = 4_096;
 
 fn wr_error(wc: &WorkCompletion, peer: Rank, what: &str) -> Error {
     let status = wc.status();
+    tracing::warn!(
+        peer,
+        status = wc.status_str(),
+        vendor_err = wc.vendor_err(),
+        "{what}: work completion error; the queue pair is in the error state"
+    );
     if status == ibvx_sys::IBV_WC_RETRY_EXC_ERR || status == ibvx_sys::IBV_WC_RNR_RETRY_EXC_ERR {
         lost(
             peer,

@@ -167,9 +167,10 @@ unsafe fn unmap(ptr: NonNull<u8>, len: usize) {
     // SAFETY: the caller's contract.
     let rc = unsafe { libc::munmap(ptr.as_ptr().cast(), len) };
     if rc != 0 {
-        eprintln!(
-            "ibvx: munmap of a {len}-byte registration cache chunk failed: {}",
-            io::Error::last_os_error()
+        tracing::error!(
+            bytes = len,
+            error = %io::Error::last_os_error(),
+            "munmap of a registration cache chunk failed"
         );
     }
 }
@@ -224,7 +225,7 @@ impl<R: Registrar> Shared<R> {
                 true
             }
             Err(e) => {
-                eprintln!("ibvx: registration cache: {e}; leaking {len} bytes");
+                tracing::error!(error = %e, bytes = len, "registration cache: deregistration failed; leaking the chunk");
                 self.leaked.fetch_add(len, Ordering::AcqRel);
                 false
             }
@@ -405,6 +406,11 @@ impl<R: Registrar> State<R> {
         self.by_class.remove(&(slot.chunk.len, stamp));
         self.idle_bytes -= slot.chunk.len;
         self.evictions += 1;
+        tracing::debug!(
+            bytes = slot.chunk.len,
+            evictions = self.evictions,
+            "registration cache: idle chunk evicted"
+        );
         Some(slot.chunk)
     }
 
@@ -421,6 +427,11 @@ impl<R: Registrar> State<R> {
     fn evict_user_lru(&mut self) -> Option<Arc<Transient<R>>> {
         let (_, &id) = self.user_lru.iter().next()?;
         self.user_evictions += 1;
+        tracing::debug!(
+            id,
+            evictions = self.user_evictions,
+            "registration cache: user entry evicted"
+        );
         self.remove_user(id)
     }
 }

@@ -136,8 +136,8 @@ impl Library {
         let mode = if e == psm2_error::PSM2_OK {
             PsmMode::Hardware
         } else if e == psm2_error::PSM2_INTERNAL_ERR && !hfi {
-            eprintln!(
-                "xdev psm: no Omni-Path hfi unit on this host: PSM2 runs in shm-only mode \
+            tracing::warn!(
+                "psm: no Omni-Path hfi unit on this host: PSM2 runs in shm-only mode \
                  (PSM2_DEVICES={}); all ranks must share this host",
                 std::env::var("PSM2_DEVICES").unwrap_or_default()
             );

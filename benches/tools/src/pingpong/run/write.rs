@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::verbs::{RemoteAddr, SendFlags, SendOp, SendRequest, WcOpcode, WorkCompletion};
+use ibvx::verbs::{RemoteAddr, SendFlags, SendOp, SendRequest, WcOpcode, WorkCompletion};
 
 use super::check::{check_slots, fill, verify};
 use super::completion::{poll_armed, run_error, wait_armed, wait_wc, wait_wc_idle, Watch};

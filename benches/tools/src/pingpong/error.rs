@@ -2,7 +2,7 @@
 
 use std::io;
 
-use crate::verbs;
+use ibvx::verbs;
 
 /// Why a pingpong run failed.
 #[derive(Debug, thiserror::Error)]

@@ -1,5 +1,5 @@
 use super::*;
-use crate::verbs::Mtu;
+use ibvx::verbs::Mtu;
 use proptest::prelude::*;
 
 /// A key message captured from `ib_send_lat` 6.06 on rxe0.

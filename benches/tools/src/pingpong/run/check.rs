@@ -1,7 +1,7 @@
 //! The data check (`--check`): the pattern each side writes, and reading
 //! it back.
 
-use crate::verbs::MemoryRegion;
+use ibvx::verbs::MemoryRegion;
 
 use super::CHECK_REGION;
 use crate::pingpong::error::PingpongError;

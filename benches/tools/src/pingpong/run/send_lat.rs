@@ -1,6 +1,6 @@
 //! The send/receive latency test (`send_lat`).
 
-use crate::verbs::{SendFlags, SendOp, SendRequest};
+use ibvx::verbs::{SendFlags, SendOp, SendRequest};
 
 use super::check::{fill, verify};
 use super::completion::{run_error, wait_wc, Watch};

@@ -49,8 +49,40 @@ fn open(options: &[String]) -> Result<std::sync::Arc<dyn Device>, String> {
         .map_err(|e| format!("open {name}: {e}"))
 }
 
+const USAGE: &str = "usage: xdev-rank conformance CASE [K=V...] | posted-truncation [K=V...] \
+     | peer-exit [K=V...] | peer-killed [K=V...] | bootstrap | inflight-send [K=V...] \
+     | finish-posted [K=V...] | impersonate [K=V...] | cases";
+
+/// The command line (without the program name), read with `lexopt`: a
+/// command and its positional arguments; `-h`/`--help` gives the usage, any
+/// other option is an error.
+fn arguments(args: impl IntoIterator<Item = std::ffi::OsString>) -> Result<Vec<String>, String> {
+    use lexopt::Arg;
+    let mut p = lexopt::Parser::from_args(args);
+    let mut out = Vec::new();
+    while let Some(arg) = p.next().map_err(|e| e.to_string())? {
+        match arg {
+            Arg::Value(v) => out.push(
+                v.into_string()
+                    .map_err(|v| format!("argument {v:?} is not UTF-8"))?,
+            ),
+            Arg::Short('h') | Arg::Long("help") => return Err(USAGE.into()),
+            Arg::Short(c) => return Err(format!("unknown option \"-{c}\"\n{USAGE}")),
+            Arg::Long(l) => return Err(format!("unknown option \"--{l}\"\n{USAGE}")),
+        }
+    }
+    Ok(out)
+}
+
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
+    xdev_tools::init_tracing("xdev-rank");
+    let args = match arguments(std::env::args_os().skip(1)) {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("xdev-rank: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
     let r = match args.first().map(String::as_str) {
         Some("conformance") if args.len() >= 2 => conformance(&args[1], &args[2..]),
         Some("cases") => {
@@ -66,11 +98,7 @@ fn main() -> ExitCode {
         Some("bootstrap") => bootstrap_check(),
         Some("finish-posted") => finish_posted(&args[1..]),
         Some("impersonate") => impersonate(&args[1..]),
-        _ => Err(
-            "usage: xdev-rank conformance CASE [K=V...] | posted-truncation [K=V...] \
-                  | peer-exit [K=V...] | peer-killed [K=V...] | bootstrap | inflight-send [K=V...] | finish-posted [K=V...] | cases"
-                .into(),
-        ),
+        _ => Err(USAGE.into()),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,

@@ -103,7 +103,12 @@ struct Opts {
     program: Vec<OsString>,
 }
 
+/// Parses the arguments (without the program name) with `lexopt`;
+/// `Ok(None)` asks for the help text. Options end at `--` or at the first
+/// argument that is not one (PROGRAM): the rest are PROGRAM's arguments.
 fn parse(args: Vec<OsString>) -> Result<Option<Opts>, String> {
+    use lexopt::prelude::*;
+
     let mut n = None;
     let mut device = None;
     let mut label = false;
@@ -111,61 +116,47 @@ fn parse(args: Vec<OsString>) -> Result<Option<Opts>, String> {
     let mut bind = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 0);
     let mut timeout = None;
     let mut serve = false;
-    let mut it = args.into_iter();
     let mut program = Vec::new();
-    while let Some(arg) = it.next() {
-        let Some(s) = arg.to_str() else {
-            program.push(arg);
-            break;
-        };
-        if s == "--" {
-            break;
-        }
-        if !s.starts_with('-') || s == "-" {
-            program.push(arg);
-            break;
-        }
-        let (name, inline) = match s.split_once('=') {
-            Some((name, v)) if name.starts_with("--") => (name.to_owned(), Some(v.to_owned())),
-            _ => (s.to_owned(), None),
-        };
-        let mut value = |what: &str| -> Result<String, String> {
-            match inline.clone() {
-                Some(v) => Ok(v),
-                None => it
-                    .next()
-                    .and_then(|v| v.into_string().ok())
-                    .ok_or_else(|| format!("{name} needs {what}")),
+    let mut p = lexopt::Parser::from_args(args);
+    // The value of the option just read, as UTF-8 ("NAME needs WHAT" if absent).
+    fn value(p: &mut lexopt::Parser, name: &str, what: &str) -> Result<String, String> {
+        p.value()
+            .ok()
+            .and_then(|v| v.into_string().ok())
+            .ok_or_else(|| format!("{name} needs {what}"))
+    }
+    while let Some(arg) = p.next().map_err(|e| e.to_string())? {
+        match arg {
+            Short('h') | Long("help") => return Ok(None),
+            Short('n') | Long("np") => {
+                let name = if arg == Short('n') { "-n" } else { "--np" };
+                let v = value(&mut p, name, "a number of ranks")?;
+                n = Some(parse_ranks(name, &v)?);
             }
-        };
-        match name.as_str() {
-            "-h" | "--help" => return Ok(None),
-            "-n" | "--np" => {
-                let v = value("a number of ranks")?;
-                n = Some(parse_ranks(&name, &v)?);
-            }
-            "--device" => {
-                let v = value("a device name")?;
+            Long("device") => {
+                let v = value(&mut p, "--device", "a device name")?;
                 if v.is_empty() {
                     return Err("--device needs a non-empty name".into());
                 }
                 device = Some(v);
             }
-            "--label" => label = true,
-            "--keep-going" => keep_going = true,
-            "--serve" => serve = true,
-            "--bind" => {
-                let v = value("an address")?;
-                bind = parse_bind(&v)?;
-            }
-            "--timeout" => {
-                let v = value("a number of seconds")?;
+            Long("label") => label = true,
+            Long("keep-going") => keep_going = true,
+            Long("serve") => serve = true,
+            Long("bind") => bind = parse_bind(&value(&mut p, "--bind", "an address")?)?,
+            Long("timeout") => {
+                let v = value(&mut p, "--timeout", "a number of seconds")?;
                 timeout = Some(parse_timeout(&v)?);
             }
-            _ => return Err(format!("unknown option {s:?}")),
+            Value(v) => {
+                program.push(v);
+                program.extend(p.raw_args().map_err(|e| e.to_string())?);
+                break;
+            }
+            Short(c) => return Err(format!("unknown option \"-{c}\"")),
+            Long(l) => return Err(format!("unknown option \"--{l}\"")),
         }
     }
-    program.extend(it);
     let n = n.ok_or("-n N is required")?;
     let opts = Opts {
         n,
@@ -228,6 +219,7 @@ fn check_mode(opts: &Opts) -> Result<(), String> {
 }
 
 fn main() {
+    xdev_tools::init_tracing("xdev-run");
     let opts = match parse(std::env::args_os().skip(1).collect()) {
         Ok(Some(o)) => o,
         Ok(None) => {

@@ -1,7 +1,7 @@
 //! The verbs objects of a run: device, queue pair, completion queues and
 //! the two memory regions, with the receives of `send_lat` posted.
 
-use crate::verbs::{
+use ibvx::verbs::{
     Access, CompletionChannel, CompletionQueue, Context, InitAttr, MemoryRegion, PortAddress,
     ProtectionDomain, QpCaps, QueuePair,
 };
@@ -117,7 +117,7 @@ pub(super) fn setup(o: &Options) -> Result<Resources, PingpongError> {
         recv_cq,
         send_mr,
         recv_mr,
-        psn: crate::verbs::random_psn(),
+        psn: ibvx::verbs::random_psn(),
         inline_max,
         device: ctx.name().to_string(),
     })

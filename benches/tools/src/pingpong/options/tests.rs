@@ -92,6 +92,15 @@ fn bad_input_is_refused_with_a_reason() {
 }
 
 #[test]
+fn attached_and_inline_values() {
+    let o = run(&["-n50", "--size=8", "-ce", "--test=write_lat", "host"]);
+    assert_eq!((o.iters, o.size, o.test), (50, 8, TestKind::WriteLat));
+    assert!(o.check && o.events);
+    assert_eq!(o.host.as_deref(), Some("host"));
+    assert!(err(&["--all=1"]).contains("--all"));
+}
+
+#[test]
 fn byte_counts() {
     assert_eq!(parse_bytes("4096"), Ok(4096));
     assert_eq!(parse_bytes("1M"), Ok(1 << 20));

@@ -1,7 +1,7 @@
 //! The exchange of endpoints: the native handshake of [`wire`], perftest's
 //! exchange, and connecting the queue pair to what the peer sent.
 
-use crate::verbs::{Gid, Mtu, RemoteAddr, RemoteQp};
+use ibvx::verbs::{Gid, Mtu, RemoteAddr, RemoteQp};
 
 use super::{PeerKind, Session};
 use crate::pingpong::error::PingpongError;

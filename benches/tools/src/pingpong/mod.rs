@@ -28,7 +28,7 @@
 //! the TCP connection (and through failed completions).
 //!
 //! ```no_run
-//! use ibvx::pingpong::{parse, run, Command};
+//! use xdev_tools::pingpong::{parse, run, Command};
 //!
 //! let Command::Run(opts) = parse(["--test", "write_lat", "-s", "8", "10.77.0.1"]).unwrap() else {
 //!     unreachable!()

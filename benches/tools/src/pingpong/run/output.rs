@@ -1,6 +1,6 @@
 //! The output: the header of a run and its rows (tables or JSON lines).
 
-use crate::verbs::Gid;
+use ibvx::verbs::Gid;
 
 use super::{Row, RowStats, Session};
 use crate::pingpong::error::PingpongError;

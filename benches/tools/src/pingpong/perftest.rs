@@ -73,15 +73,15 @@ pub fn parse_version(msg: &[u8]) -> Option<f64> {
 }
 
 /// The MTU message: the `ibv_mtu` enum value as `"%d"` in 2 bytes.
-pub fn mtu_msg(mtu: crate::verbs::Mtu) -> [u8; 2] {
+pub fn mtu_msg(mtu: ibvx::verbs::Mtu) -> [u8; 2] {
     [b'0' + mtu.raw() as u8, 0]
 }
 
 /// The MTU the peer announced (`None` if not a valid `ibv_mtu`).
-pub fn parse_mtu(msg: &[u8; 2]) -> Option<crate::verbs::Mtu> {
+pub fn parse_mtu(msg: &[u8; 2]) -> Option<ibvx::verbs::Mtu> {
     let digits: Vec<u8> = msg.iter().copied().take_while(u8::is_ascii_digit).collect();
     let v: u32 = std::str::from_utf8(&digits).ok()?.parse().ok()?;
-    crate::verbs::Mtu::from_raw(v)
+    ibvx::verbs::Mtu::from_raw(v)
 }
 
 /// perftest's `struct pingpong_dest` as it travels (hex text).

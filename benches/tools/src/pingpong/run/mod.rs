@@ -17,7 +17,7 @@ mod write;
 use std::io::Write;
 use std::time::Duration;
 
-use crate::verbs::{Mtu, RemoteAddr, RemoteQp};
+use ibvx::verbs::{Mtu, RemoteAddr, RemoteQp};
 
 use super::clock::Clock;
 use super::error::PingpongError;

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::verbs::{CompletionQueue, WorkCompletion};
+use ibvx::verbs::{CompletionQueue, WorkCompletion};
 
 use crate::pingpong::clock::cycles;
 use crate::pingpong::error::PingpongError;
@@ -56,7 +56,7 @@ impl Watch {
 
 /// A failed verbs call during a run; reported as the peer's departure when
 /// the control connection shows it has gone.
-pub(super) fn run_error(link: &Link, context: String, e: crate::verbs::Error) -> PingpongError {
+pub(super) fn run_error(link: &Link, context: String, e: ibvx::verbs::Error) -> PingpongError {
     match link.peer_gone() {
         Some(why) => PingpongError::PeerGone {
             detail: format!("{why} ({context}: {e})"),

@@ -4,7 +4,7 @@ use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
 
-use crate::verbs::Mtu;
+use ibvx::verbs::Mtu;
 
 /// The default TCP port of the out-of-band exchange (perftest's).
 pub const DEFAULT_PORT: u16 = 18515;
@@ -270,29 +270,46 @@ fn parse_num<T: FromStr>(name: &str, v: &str) -> Result<T, String> {
         .map_err(|_| format!("{name} takes a number, not {v:?}"))
 }
 
-/// Parses the arguments (without the program name).
+/// Parses the arguments (without the program name) with `lexopt`: long
+/// options as `--name VALUE` or `--name=VALUE`, short ones as `-s VALUE` or
+/// `-sVALUE`, and at most one HOST.
 pub fn parse<I, S>(args: I) -> Result<Command, String>
 where
     I: IntoIterator<Item = S>,
     S: Into<String>,
 {
+    use lexopt::Arg;
+
     let mut test = TestKind::SendLat;
     let mut host: Option<String> = None;
     let mut size: Option<usize> = None;
     let mut iters: Option<u64> = None;
     let mut o = Options::new(TestKind::SendLat);
-    let mut it = args.into_iter().map(Into::into);
-    while let Some(arg) = it.next() {
-        // --name=value
-        let (name, inline_value) = match arg.split_once('=') {
-            Some((n, v)) if n.starts_with("--") => (n.to_string(), Some(v.to_string())),
-            _ => (arg.clone(), None),
+    let mut p = lexopt::Parser::from_args(
+        args.into_iter()
+            .map(|a| std::ffi::OsString::from(a.into()))
+            .collect::<Vec<_>>(),
+    );
+    while let Some(arg) = p.next().map_err(|e| e.to_string())? {
+        let name = match arg {
+            Arg::Short(c) => format!("-{c}"),
+            Arg::Long(l) => format!("--{l}"),
+            Arg::Value(v) => {
+                let v = v
+                    .into_string()
+                    .map_err(|v| format!("HOST {v:?} is not UTF-8"))?;
+                if let Some(h) = &host {
+                    return Err(format!("more than one HOST given ({h:?} and {v:?})"));
+                }
+                host = Some(v);
+                continue;
+            }
         };
         let mut value = |what: &str| -> Result<String, String> {
-            match &inline_value {
-                Some(v) => Ok(v.clone()),
-                None => it.next().ok_or_else(|| format!("{what} needs a value")),
-            }
+            p.value()
+                .ok()
+                .and_then(|v| v.into_string().ok())
+                .ok_or_else(|| format!("{what} needs a value"))
         };
         match name.as_str() {
             "-h" | "--help" => return Ok(Command::Help),
@@ -301,15 +318,7 @@ where
             "-s" | "--size" => size = Some(parse_bytes(&value("--size")?)?),
             "-n" | "--iters" => iters = Some(parse_num("--iters", &value("--iters")?)?),
             n if set_option(&mut o, n, &mut value)? => {}
-            a if a.starts_with('-') && a.len() > 1 => {
-                return Err(format!("unknown option {a:?} (see --help)"))
-            }
-            _ => {
-                if let Some(h) = &host {
-                    return Err(format!("more than one HOST given ({h:?} and {arg:?})"));
-                }
-                host = Some(arg);
-            }
+            a => return Err(format!("unknown option {a:?} (see --help)")),
         }
     }
     let defaults = Options::new(test);
