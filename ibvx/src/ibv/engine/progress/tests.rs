@@ -3,9 +3,9 @@
 use super::{idle_step, IdleStep, QUIET_POLLS, SPIN_POLLS};
 
 #[test]
-fn first_polls_neither_pause_nor_yield() {
+fn no_yield_in_the_quiet_polls() {
     for idle in 1..=QUIET_POLLS {
-        assert_eq!(idle_step(idle), IdleStep::Poll, "empty poll {idle}");
+        assert_eq!(idle_step(idle), IdleStep::Pause, "empty poll {idle}");
     }
 }
 
