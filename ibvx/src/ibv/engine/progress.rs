@@ -16,11 +16,11 @@ use super::{IbvEngine, Local, POLL_BATCH, WR_KIND, WR_SLOT, WR_WRITE};
 use crate::ibv::wire;
 use crate::verbs::WorkCompletion;
 
-/// Polls of an idle wait before it sleeps (the rule that keeps an
+/// Empty polls of an idle wait before it sleeps (the rule that keeps an
 /// oversubscribed host moving).
 const SPIN_POLLS: u32 = 4_000;
-/// Polls of an idle wait before its first yield; after them it yields every
-/// 64 polls until it sleeps.
+/// Empty polls of an idle wait before its first yield; after them it
+/// yields every 64 polls until it sleeps.
 const QUIET_POLLS: u32 = 1_024;
 /// Longest sleep of a wait (departures are checked at least this often).
 const SLEEP: Duration = Duration::from_millis(20);
@@ -29,6 +29,37 @@ const DEPARTURE_CHECK: Duration = Duration::from_millis(20);
 /// Calls of a busy wait between two looks at the clock for departures (the
 /// clock is a system call in a virtual machine without a stable TSC).
 const DEPARTURE_POLLS: u32 = 4_096;
+
+/// What an idle wait does after its `idle`-th empty poll in a row.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub(super) enum IdleStep {
+    /// A spin-loop hint (`pause`), then poll.
+    Pause,
+    /// Give the core away once (`sched_yield`), then poll.
+    Yield,
+    /// Arm the completion queues and sleep (the sleep-after-spin rule).
+    Sleep,
+}
+
+/// The spin policy of [`IbvEngine::block_until`]: a spin-loop hint between
+/// polls, no yield in the first [`QUIET_POLLS`] (a reply usually comes
+/// within them, and a yield is a system call), then a yield every 64, and
+/// from [`SPIN_POLLS`] on, sleep.
+///
+/// Polling with no pause in the quiet polls (as perftest does) was tried:
+/// under qemu TCG a `pause` leaves the translated code and took three
+/// quarters of the spinning wait's own samples, but without it the wait
+/// reached its yields and its sleep sooner on a loaded host, and no
+/// latency gain showed in the soft-RoCE guest (host load 8-30).
+pub(super) fn idle_step(idle: u32) -> IdleStep {
+    if idle >= SPIN_POLLS {
+        IdleStep::Sleep
+    } else if idle > QUIET_POLLS && idle % 64 == 0 {
+        IdleStep::Yield
+    } else {
+        IdleStep::Pause
+    }
+}
 
 fn wr_error(wc: &WorkCompletion, peer: Rank, what: &str) -> Error {
     let status = wc.status();
@@ -218,12 +249,11 @@ impl IbvEngine {
             if moved {
                 idle = 0;
             }
-            if idle < SPIN_POLLS {
-                idle += 1;
+            idle = idle.saturating_add(1);
+            let step = idle_step(idle);
+            if step != IdleStep::Sleep {
                 drop(l);
-                // No yield in the first polls: a reply usually comes within
-                // them, and a yield is a system call.
-                if idle > QUIET_POLLS && idle % 64 == 0 {
+                if step == IdleStep::Yield {
                     std::thread::yield_now();
                 } else {
                     std::hint::spin_loop();
@@ -379,3 +409,6 @@ impl Progress for IbvEngine {
             .is_some()
     }
 }
+
+#[cfg(test)]
+mod tests;
