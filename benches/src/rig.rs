@@ -116,7 +116,7 @@ impl Rig for ProcessRig {
         // receiver's last control message): a barrier through the device
         // lets both finish before either goes on to the floor, which does
         // not drive the device.
-        xdev::conformance::barrier(dev).map_err(|e| format!("barrier: {e}"))?;
+        xdev::devkit::conformance::barrier(dev).map_err(|e| format!("barrier: {e}"))?;
         Ok(figure)
     }
 }

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use shm_ipc::ThreadDevice;
 
-use xdev::conformance::{finish_while_posting, Watchdog};
+use xdev::devkit::conformance::{finish_while_posting, Watchdog};
 use xdev::{Buffer, Config, Device, Error, Registry, Source, TagSel, ANY_SOURCE, ANY_TAG};
 
 fn job(name: &str) -> String {

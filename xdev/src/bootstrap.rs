@@ -79,7 +79,7 @@
 //! # Security
 //!
 //! A client proves knowledge of the secret by HMAC-SHA256 challenge-response
-//! (see [`wire`] for the frames): the service sends a fresh nonce, the client
+//! (see [`wire`](crate::devkit::wire) for the frames): the service sends a fresh nonce, the client
 //! MACs it with its own nonce, rank, size and job; the service checks the MAC
 //! in constant time, then checks the job and size and that the rank is in
 //! range and not yet claimed (each rank can be claimed once per job), and
@@ -107,13 +107,13 @@
 mod auth;
 mod client;
 mod front;
-pub mod keepalive;
+pub(crate) mod keepalive;
 mod pidwatch;
 mod pmi;
 mod pmix;
 mod server;
 mod shm_names;
-pub mod wire;
+pub(crate) mod wire;
 
 pub use client::{Departure, CONNECT_TIMEOUT};
 pub use front::Bootstrap;

@@ -98,7 +98,7 @@ pub enum Posted<M, R> {
 /// rules. `M` is the payload of an unexpected message, `R` the handle of a
 /// posted receive.
 ///
-/// See the [module documentation](self) for the rules.
+/// See the [module documentation](crate::devkit::matching) for the rules.
 pub struct MatchingEngine<M, R> {
     /// Per-context queues. Contexts whose queues are empty are kept (so a
     /// context in steady use does not reallocate) but swept once they

@@ -4,7 +4,7 @@
 //! With no arguments it runs latency and bandwidth on every device in this
 //! build: thread devices in this process, process devices by re-executing
 //! itself as the ranks of a job it serves itself (through
-//! [`xdev::launch::run_job`]; no `xdev-run` needed). Started by a launcher
+//! [`xdev::devkit::launch::run_job`]; no `xdev-run` needed). Started by a launcher
 //! (`xdev-run`, `srun`, `mpirun`: see [`xdev::bootstrap::Launcher`]) it is
 //! one rank of such a run. See `--help`.
 //!

@@ -5,10 +5,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use xdev::bootstrap::Bootstrap;
+use xdev::devkit::{RequestKind, Tracker};
 use xdev::registry::{Entry, Placement};
 use xdev::{
-    Buffer, Config, Context, Device, Envelope, Error, Peeked, Rank, Request, RequestKind, Source,
-    Status, Tag, TagSel, Tracker,
+    Buffer, Config, Context, Device, Envelope, Error, Peeked, Rank, Request, Source, Status, Tag,
+    TagSel,
 };
 
 /// Only for these tests: a device between processes whose messages are
@@ -86,7 +87,7 @@ impl Device for KvDevice {
         self.boot.size()
     }
     fn send(&self, buf: &[u8], dest: Rank, tag: Tag, context: Context) -> xdev::Result<()> {
-        xdev::check_send(dest, tag, self.size())?;
+        xdev::devkit::check_send(dest, tag, self.size())?;
         let seq = next(&self.sent, (dest, tag, context));
         self.boot
             .put(&Self::key(self.id(), dest, tag, context, seq), buf)

@@ -8,7 +8,8 @@ use std::sync::{Arc, Mutex};
 
 use shm_ipc::ProcessDevice;
 use xdev::bootstrap::{Bootstrap, BootstrapServer, Secret};
-use xdev::{Config, Device, Error, Rank, Result, Tracker};
+use xdev::devkit::Tracker;
+use xdev::{Config, Device, Error, Rank, Result};
 
 use super::held::Held;
 use super::route::{RankMap, Route};

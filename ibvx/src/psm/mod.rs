@@ -133,7 +133,7 @@ impl RawPsm {
     }
 }
 
-impl xdev::Face for PsmDevice {
+impl xdev::devkit::Face for PsmDevice {
     type Engine = PsmEngine;
     fn engine(&self) -> &Arc<PsmEngine> {
         &self.engine

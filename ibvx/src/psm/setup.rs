@@ -7,7 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use xdev::bootstrap::Bootstrap;
-use xdev::{Config, Error, Rank, Result, Tracker};
+use xdev::devkit::Tracker;
+use xdev::{Config, Error, Rank, Result};
 
 use super::engine::{Inner, KeyMap, PsmEngine};
 use super::layer::{Endpoint, JobKey, Library, MatchedQueue, PsmMode, TrackedQueue};

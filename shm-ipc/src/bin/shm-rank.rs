@@ -16,7 +16,7 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use shm_ipc::ProcessDevice;
-use xdev::conformance::{barrier, run_case};
+use xdev::devkit::conformance::{barrier, run_case};
 use xdev::{Buffer, Config, Device, Error, Source, TagSel};
 
 fn config(options: &[String]) -> Result<Config, String> {

@@ -18,11 +18,10 @@ use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use xdev::matching::{MatchingEngine, PostedId};
-use xdev::target::{lost, BlockingRecv, Pending, Target};
-use xdev::{
-    Context, CoreRef, Envelope, Error, Pattern, Rank, Result, Source, Status, Tag, Tracker,
-};
+use xdev::devkit::matching::{MatchingEngine, PostedId};
+use xdev::devkit::target::{lost, BlockingRecv, Pending, Target};
+use xdev::devkit::{CoreRef, Tracker};
+use xdev::{Context, Envelope, Error, Pattern, Rank, Result, Source, Status, Tag};
 
 use crate::biased::{BiasedGuard as RankGuard, BiasedLock};
 use crate::doorbell::DoorbellRef;

@@ -98,7 +98,7 @@ impl ProcessDevice {
     }
 }
 
-impl xdev::Face for ProcessDevice {
+impl xdev::devkit::Face for ProcessDevice {
     type Engine = Engine<ProcessMedium>;
     fn engine(&self) -> &Arc<Engine<ProcessMedium>> {
         &self.engine

@@ -1,6 +1,6 @@
 use super::*;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use xdev::conformance::finish_while_posting;
+use xdev::devkit::conformance::finish_while_posting;
 
 use xdev::{Buffer, Error, Rank, Request, Source, Status, TagSel};
 

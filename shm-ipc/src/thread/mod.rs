@@ -268,7 +268,7 @@ impl ThreadDevice {
     }
 }
 
-impl xdev::Face for ThreadDevice {
+impl xdev::devkit::Face for ThreadDevice {
     type Engine = Engine<ThreadMedium>;
     fn engine(&self) -> &Arc<Engine<ThreadMedium>> {
         &self.engine
