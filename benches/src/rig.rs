@@ -42,8 +42,8 @@ pub(crate) struct ThreadRig<'a> {
 /// `extra` ones.
 pub(crate) fn world(a: &Args, ranks: usize, extra: &[(&str, String)]) -> shm_ipc::ThreadWorld {
     let mut w = shm_ipc::ThreadWorld::new(ranks).pin(true);
-    for (k, v) in &a.options {
-        w = w.option(k, v);
+    for (k, v) in crate::cli::options_for(shm_ipc::ThreadOptions::KEYS, &a.options) {
+        w = w.option(&k, v);
     }
     for (k, v) in extra {
         w = w.option(k, v);

@@ -26,6 +26,10 @@
 //! - [`wire`] and [`keepalive`]: the bootstrap service's frame format and the
 //!   TCP keep-alive of its connections, for tests and other implementations
 //!   of the service.
+//! - [`Options`], [`OptionSpec`]: the typed layer every device reads its
+//!   [`Config::options`](crate::Config::options) through: declared keys, an
+//!   error naming them for any other key, an error naming the key and the
+//!   expected form for a value that does not parse.
 //! - [`conformance`] and [`conformance_tests!`](crate::devkit::conformance_tests):
 //!   the suite every device must pass; [`launch`]: local multi-process jobs
 //!   with the bootstrap served in-process, for the tests of multi-process
@@ -45,6 +49,7 @@
 
 pub use crate::device::{check_recv, check_send, check_tag};
 pub use crate::face::{Face, Seat, SendTo, Transport};
+pub use crate::options::{OptionSpec, Options};
 pub use crate::request::{
     Completion, CompletionHook, CoreRef, Progress, RequestCore, RequestKind, Tracker,
 };

@@ -23,6 +23,7 @@ mod face;
 mod launch;
 mod lock;
 mod matching;
+mod options;
 pub mod registry;
 mod request;
 mod target;
@@ -37,6 +38,7 @@ pub use request::{Failed, Peeked, Request, RequestId};
 // The implementor items, for this crate's own modules; their public path is
 // `devkit`.
 pub(crate) use device::{check_recv, check_send};
+pub(crate) use options::OptionSpec;
 pub(crate) use request::{CoreRef, Progress, RequestCore, RequestKind, Tracker};
 pub use types::{
     Context, Envelope, Pattern, Rank, Source, Status, Tag, TagSel, ANY_SOURCE, ANY_TAG, TAG_UB,

@@ -14,7 +14,7 @@ use std::ffi::OsString;
 use std::process::ExitCode;
 
 use xdev::bootstrap;
-use xdev_bench::cli::{help, parse, registry, Parsed};
+use xdev_bench::cli::{check_options, help, parse, registry, Parsed};
 use xdev_bench::launch::{launcher_main, self_spawner, LAUNCH_RANKS};
 use xdev_bench::orchestrate::{orchestrate, run_status};
 use xdev_bench::rank::{rank_main, rank_status};
@@ -56,6 +56,10 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if let Err(e) = check_options(&a, &reg) {
+        eprintln!("xdev-bench: {e}");
+        return ExitCode::from(2);
+    }
     if bootstrap::Launcher::from_env().is_err() {
         return match orchestrate(&a, &reg, &self_spawner) {
             Ok(outcomes) => ExitCode::from(run_status(&a, &outcomes)),

@@ -29,6 +29,7 @@ pub fn kv_entry() -> Entry {
         name: "kv",
         description: "test device over the bootstrap key-value store",
         placement: Placement::Processes,
+        options: &[],
         open: |cfg| Ok(Arc::new(KvDevice::open(cfg)?) as Arc<dyn Device>),
     }
 }

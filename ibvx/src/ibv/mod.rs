@@ -143,6 +143,8 @@ impl IbvDevice {
     /// Opens the device for `config` with the bootstrap service named by the
     /// environment (`xdev-run` sets it). Collective.
     pub fn open(config: &Config) -> Result<IbvDevice> {
+        // Options first: a bad one fails before any connection.
+        IbvOptions::from_config(config)?;
         Self::with_bootstrap(config, Bootstrap::for_config(config)?)
     }
 
@@ -194,6 +196,7 @@ pub fn register(registry: &mut xdev::Registry) {
         name: "ibv",
         description: "IBVX over RDMA verbs (RC queue pairs, eager + RDMA-write rendezvous)",
         placement: Placement::Processes,
+        options: IbvOptions::KEYS,
         open: |cfg| Ok(Arc::new(IbvDevice::open(cfg)?) as Arc<dyn Device>),
     });
 }

@@ -364,10 +364,13 @@ impl<M: Medium> Local<M> {
     }
 }
 
-/// The `ring_bytes` option of `config` (`default` if unset): bytes per
-/// pair ring, between 4 KiB and 1 GiB.
-pub(crate) fn ring_bytes_option(config: &xdev::Config, default: usize) -> Result<usize> {
-    let ring_bytes: usize = config.option("ring_bytes", default)?;
+/// The `ring_bytes` option (`default` if unset): bytes per pair ring,
+/// between 4 KiB and 1 GiB.
+pub(crate) fn ring_bytes_option(
+    options: &xdev::devkit::Options<'_>,
+    default: usize,
+) -> Result<usize> {
+    let ring_bytes: usize = options.get("ring_bytes", default)?;
     if !(4096..=(1 << 30)).contains(&ring_bytes) {
         return Err(Error::Config(
             "ring_bytes must be between 4 KiB and 1 GiB".into(),
