@@ -79,5 +79,8 @@ fn options_go_to_the_devices_that_know_them() {
     // A key no device of the run knows is refused, with their keys.
     let bad = args("--device thread --option cma=off");
     let e = check_options(&bad, &reg).unwrap_err();
-    assert!(e.contains("\"cma\"") && e.contains("thread: eager_limit"), "{e}");
+    assert!(
+        e.contains("\"cma\"") && e.contains("thread: eager_limit"),
+        "{e}"
+    );
 }
