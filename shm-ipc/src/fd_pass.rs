@@ -35,7 +35,7 @@ impl FdOffer {
     pub(crate) fn listen() -> io::Result<FdOffer> {
         let mut rnd = [0u8; 16];
         getrandom::fill(&mut rnd).map_err(|e| io::Error::other(e.to_string()))?;
-        let hex: String = rnd.iter().map(|b| format!("{b:02x}")).collect();
+        let hex = hex::encode(rnd);
         let name = format!("xdev-fd-{hex}");
         let addr = SocketAddr::from_abstract_name(name.as_bytes())?;
         let listener = UnixListener::bind_addr(&addr)?;

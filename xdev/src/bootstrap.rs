@@ -177,16 +177,13 @@ impl Secret {
             return Err(bad());
         }
         let mut out = [0u8; 32];
-        for (i, pair) in hex.as_bytes().chunks_exact(2).enumerate() {
-            let s = std::str::from_utf8(pair).map_err(|_| bad())?;
-            out[i] = u8::from_str_radix(s, 16).map_err(|_| bad())?;
-        }
+        hex::decode_to_slice(hex, &mut out).map_err(|_| bad())?;
         Ok(Secret(out))
     }
 
     /// The secret as 64 lower-case hex digits.
     pub fn to_hex(&self) -> String {
-        self.0.iter().map(|b| format!("{b:02x}")).collect()
+        hex::encode(self.0)
     }
 }
 

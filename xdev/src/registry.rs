@@ -32,7 +32,7 @@ pub struct Entry {
     /// Threads or processes.
     pub placement: Placement,
     /// The options the device knows; opening it with any other key fails
-    /// with [`Error::UnknownOption`](crate::Error::UnknownOption).
+    /// with [`Error::UnknownOption`].
     pub options: &'static [OptionSpec],
     /// The constructor.
     pub open: Constructor,
