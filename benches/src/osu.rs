@@ -127,25 +127,29 @@ pub fn floor_row(size: usize, cache_line_us: f64, memcpy_mbs: f64) -> String {
 /// One JSON record of a floor measured alone; `between` is
 /// `"threads"` or `"processes"`, `test` `"cache_line"` or `"memcpy"`.
 pub fn floor_json(between: &str, test: &str, size: usize, value: f64, unit: &str) -> String {
-    serde_json::json!({
-        "floor": between, "test": test, "size": size, "value": round4(value), "unit": unit,
-    })
-    .to_string()
+    format!(
+        "{{\"floor\":{},\"test\":{},\"size\":{size},\"value\":{value:.4},\"unit\":{}}}",
+        string(between),
+        string(test),
+        string(unit)
+    )
 }
 
 /// One JSON record.
 pub fn json(device: &str, test: &str, size: usize, value: f64, unit: &str, floor: f64) -> String {
-    serde_json::json!({
-        "device": device, "test": test, "size": size, "value": round4(value), "unit": unit,
-        "floor": round4(floor),
-    })
-    .to_string()
+    format!(
+        "{{\"device\":{},\"test\":{},\"size\":{size},\"value\":{value:.4},\"unit\":{},\"floor\":{floor:.4}}}",
+        string(device),
+        string(test),
+        string(unit)
+    )
 }
 
-/// `v` to 4 decimals, as the records always printed it (non-finite: null).
-fn round4(v: f64) -> serde_json::Value {
-    let r = (v * 1e4).round() / 1e4;
-    serde_json::Number::from_f64(r).map_or(serde_json::Value::Null, Into::into)
+/// `s` as a JSON string, quotes included (`serde_json`'s escaping). The
+/// numbers of a record are written with `format!` so that they keep their
+/// fixed decimals.
+fn string(s: &str) -> String {
+    serde_json::Value::from(s).to_string()
 }
 
 #[cfg(test)]
