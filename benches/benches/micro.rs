@@ -14,8 +14,8 @@ use std::hint::black_box;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use shm_ipc::process::PeerInfo;
 use shm_ipc::ring::{Consumer, Header, HeapRing, Producer};
-use xdev::bootstrap::wire::{decode, encode, Message};
-use xdev::matching::{Delivered, MatchingEngine};
+use xdev::devkit::matching::{Delivered, MatchingEngine};
+use xdev::devkit::wire::{decode, encode, Message};
 use xdev::{Envelope, Pattern, Source, TagSel};
 
 /// Deliver one message against `depth` posted receives where only the last

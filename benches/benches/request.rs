@@ -61,11 +61,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use xdev::devkit::{Progress, RequestCore, RequestKind, Tracker};
 use xdev::registry::Registry;
-use xdev::{
-    Buffer, Config, Device, Envelope, Progress, Request, RequestCore, RequestKind, Source, Status,
-    TagSel, Tracker,
-};
+use xdev::{Buffer, Config, Device, Envelope, Request, Source, Status, TagSel};
 
 /// The System allocator, counting.
 struct Counting;
@@ -239,7 +237,7 @@ impl Progress for Inert {
             std::hint::spin_loop();
         }
     }
-    fn cancel(&self, _: &xdev::CoreRef) -> bool {
+    fn cancel(&self, _: &xdev::devkit::CoreRef) -> bool {
         false
     }
 }

@@ -267,12 +267,12 @@ fn stream(
     for _ in 0..skip {
         step()?;
     }
-    xdev::conformance::barrier(dev)?;
+    xdev::devkit::conformance::barrier(dev)?;
     let start = Instant::now();
     for _ in 0..iters {
         step()?;
     }
-    xdev::conformance::barrier(dev)?;
+    xdev::devkit::conformance::barrier(dev)?;
     let secs = start.elapsed().as_secs_f64();
     Ok((me == 0).then_some(secs))
 }

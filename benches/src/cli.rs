@@ -189,6 +189,50 @@ pub fn registry() -> Registry {
     ibvx::registry()
 }
 
+/// The `--option`s a device with options `known` takes: each device of a
+/// run gets the keys it declares (so `--option cma=off` reaches shm and not
+/// thread).
+pub fn options_for(
+    known: &[xdev::devkit::OptionSpec],
+    options: &[(String, String)],
+) -> Vec<(String, String)> {
+    options
+        .iter()
+        .filter(|(k, _)| known.iter().any(|s| s.accepts(k)))
+        .cloned()
+        .collect()
+}
+
+/// Checks that every `--option` key is known to some device of the run (all
+/// the registered ones when `--device` was not given), so a misspelled key is
+/// refused rather than given to nobody.
+pub fn check_options(a: &Args, reg: &Registry) -> Result<(), String> {
+    let devices: Vec<_> = reg
+        .entries()
+        .iter()
+        .filter(|e| a.devices.is_empty() || a.devices.iter().any(|d| d == e.name))
+        .collect();
+    for (k, _) in &a.options {
+        if !devices
+            .iter()
+            .any(|e| e.options.iter().any(|s| s.accepts(k)))
+        {
+            let known: Vec<String> = devices
+                .iter()
+                .map(|e| {
+                    let keys: Vec<&str> = e.options.iter().map(|s| s.key).collect();
+                    format!("{}: {}", e.name, keys.join(", "))
+                })
+                .collect();
+            return Err(format!(
+                "no device of the run has option {k:?}; their options are {}",
+                known.join("; ")
+            ));
+        }
+    }
+    Ok(())
+}
+
 impl Args {
     /// Whether the run includes test `t`.
     pub fn has(&self, t: &str) -> bool {

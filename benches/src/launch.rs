@@ -97,7 +97,7 @@ pub fn launcher_main(ranks: &str, args: &[OsString]) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match xdev::launch::run_job(ranks, &exe, args, &[]) {
+    match xdev::devkit::launch::run_job(ranks, &exe, args, &[]) {
         Ok(st) if st.success() => ExitCode::SUCCESS,
         Ok(st) => ExitCode::from(exit_status(st)),
         Err(e) => {

@@ -90,29 +90,18 @@ pub fn multi_bandwidth_json(
 /// line, or with `json` a record `{"device":..,"not_measured":..}`.
 pub fn not_measured(device: &str, reason: &str, json: bool) -> String {
     if json {
-        format!(
-            "{{\"device\":\"{}\",\"not_measured\":\"{}\"}}",
-            escape(device),
-            escape(reason)
-        )
+        serde_json::json!({"device": device, "not_measured": reason}).to_string()
     } else {
         let reason = reason.replace('\n', " ");
         format!("# Device: {device}: not measured: {reason}")
     }
 }
 
-/// `s` as the inside of a JSON string.
+/// `s` as the inside of a JSON string (`serde_json`'s escaping, without
+/// the quotes), for the SVG and text writers that embed it.
 pub fn escape(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
-            c => out.push(c),
-        }
-    }
-    out
+    let quoted = serde_json::Value::from(s).to_string();
+    quoted[1..quoted.len() - 1].to_string()
 }
 
 /// One row: size left-aligned in 10 columns, values right-aligned in 20
@@ -139,15 +128,28 @@ pub fn floor_row(size: usize, cache_line_us: f64, memcpy_mbs: f64) -> String {
 /// `"threads"` or `"processes"`, `test` `"cache_line"` or `"memcpy"`.
 pub fn floor_json(between: &str, test: &str, size: usize, value: f64, unit: &str) -> String {
     format!(
-        "{{\"floor\":\"{between}\",\"test\":\"{test}\",\"size\":{size},\"value\":{value:.4},\"unit\":\"{unit}\"}}"
+        "{{\"floor\":{},\"test\":{},\"size\":{size},\"value\":{value:.4},\"unit\":{}}}",
+        string(between),
+        string(test),
+        string(unit)
     )
 }
 
 /// One JSON record.
 pub fn json(device: &str, test: &str, size: usize, value: f64, unit: &str, floor: f64) -> String {
     format!(
-        "{{\"device\":\"{device}\",\"test\":\"{test}\",\"size\":{size},\"value\":{value:.4},\"unit\":\"{unit}\",\"floor\":{floor:.4}}}"
+        "{{\"device\":{},\"test\":{},\"size\":{size},\"value\":{value:.4},\"unit\":{},\"floor\":{floor:.4}}}",
+        string(device),
+        string(test),
+        string(unit)
     )
+}
+
+/// `s` as a JSON string, quotes included (`serde_json`'s escaping). The
+/// numbers of a record are written with `format!` so that they keep their
+/// fixed decimals.
+fn string(s: &str) -> String {
+    serde_json::Value::from(s).to_string()
 }
 
 #[cfg(test)]

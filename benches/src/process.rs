@@ -62,7 +62,7 @@ impl Coordinator for Bootstrap {
 
 /// A [`Coordinator`] over the device itself: rank 0 sends to every rank on a
 /// context of its own ([`BENCH_CONTEXT`] + 2), and the barrier is
-/// [`xdev::conformance::barrier`]. Keys are not sent: messages from one
+/// [`xdev::devkit::conformance::barrier`]. Keys are not sent: messages from one
 /// sender match in order, and every rank calls in the same order.
 pub struct DeviceCoordinator<'a>(pub &'a dyn Device);
 
@@ -95,7 +95,7 @@ impl Coordinator for DeviceCoordinator<'_> {
     }
 
     fn barrier(&self) -> xdev::Result<()> {
-        xdev::conformance::barrier(self.0)
+        xdev::devkit::conformance::barrier(self.0)
     }
 }
 

@@ -68,6 +68,7 @@ pub fn rank_main(a: &Args, reg: &Registry) -> Result<(), Failure> {
         return Err(fail("--test crossover runs on thread devices only".into()));
     }
     let name = rank_device(a, bootstrap::device_from_env()).map_err(fail)?;
+    let known = reg.get(&name).map_or(&[][..], |e| e.options);
     match reg.get(&name).map(|e| e.placement) {
         Some(Placement::Processes) => {}
         Some(Placement::Threads) => {
@@ -77,8 +78,8 @@ pub fn rank_main(a: &Args, reg: &Registry) -> Result<(), Failure> {
         }
         None => return Err(fail(format!("device {name:?} is not available in this build"))),
     }
-    for (k, v) in &a.options {
-        config = config.with(k, v);
+    for (k, v) in crate::cli::options_for(known, &a.options) {
+        config = config.with(&k, v);
     }
     // The psm device is opened as itself so that its raw PSM2 peer can be
     // measured on the same endpoint.

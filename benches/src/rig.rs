@@ -42,8 +42,8 @@ pub(crate) struct ThreadRig<'a> {
 /// `extra` ones.
 pub(crate) fn world(a: &Args, ranks: usize, extra: &[(&str, String)]) -> shm_ipc::ThreadWorld {
     let mut w = shm_ipc::ThreadWorld::new(ranks).pin(true);
-    for (k, v) in &a.options {
-        w = w.option(k, v);
+    for (k, v) in crate::cli::options_for(shm_ipc::ThreadOptions::KEYS, &a.options) {
+        w = w.option(&k, v);
     }
     for (k, v) in extra {
         w = w.option(k, v);
@@ -116,7 +116,7 @@ impl Rig for ProcessRig {
         // receiver's last control message): a barrier through the device
         // lets both finish before either goes on to the floor, which does
         // not drive the device.
-        xdev::conformance::barrier(dev).map_err(|e| format!("barrier: {e}"))?;
+        xdev::devkit::conformance::barrier(dev).map_err(|e| format!("barrier: {e}"))?;
         Ok(figure)
     }
 }

@@ -13,7 +13,7 @@
 
 use std::time::Duration;
 
-use xdev::launch::LocalJob;
+use xdev::devkit::launch::LocalJob;
 
 mod common;
 mod rank;
@@ -48,7 +48,7 @@ fn run_with(device: &str, scenario: &str, options: &[&str]) {
     )
     .expect("start job");
     let exits = job.wait(Duration::from_secs(120)).expect("job ends");
-    let failures = xdev::launch::failures(&exits);
+    let failures = xdev::devkit::launch::failures(&exits);
     assert!(failures.is_empty(), "{device}: {failures}");
 }
 

@@ -12,7 +12,7 @@
 
 use std::time::Duration;
 
-use xdev::launch::LocalJob;
+use xdev::devkit::launch::LocalJob;
 
 mod common;
 mod rank;
@@ -34,31 +34,47 @@ fn run(n: usize, case: &str, options: &[&str]) {
     };
     let job = LocalJob::start(n, program, &args, &[("XDEV_DEVICE", "hybrid")]).expect("start job");
     let exits = job.wait(Duration::from_secs(300)).expect("job ends");
-    let failures = xdev::launch::failures(&exits);
+    let failures = xdev::devkit::launch::failures(&exits);
     assert!(failures.is_empty(), "{failures}");
 }
 
 /// Two simulated hosts of two ranks, a second shm world between them.
 mod two_hosts_over_shm {
-    xdev::conformance_tests!(|case| super::run(4, case, &["simulate_hosts=2", "remote=shm"]));
+    xdev::devkit::conformance_tests!(|case| super::run(
+        4,
+        case,
+        &["simulate_hosts=2", "remote=shm"]
+    ));
 }
 
 /// Four simulated hosts of one rank: every peer is remote.
 mod four_hosts_over_shm {
-    xdev::conformance_tests!(|case| super::run(4, case, &["simulate_hosts=4", "remote=shm"]));
+    xdev::devkit::conformance_tests!(|case| super::run(
+        4,
+        case,
+        &["simulate_hosts=4", "remote=shm"]
+    ));
 }
 
 /// Two simulated hosts of two ranks, PSM2 (shm-only mode) between them.
 mod two_hosts_over_psm {
-    xdev::conformance_tests!(|case| super::run(4, case, &["simulate_hosts=2", "remote=psm"]));
+    xdev::devkit::conformance_tests!(|case| super::run(
+        4,
+        case,
+        &["simulate_hosts=2", "remote=psm"]
+    ));
 }
 
 /// Two simulated hosts of two ranks, verbs between them (RDMA device only).
 mod two_hosts_over_ibv {
-    xdev::conformance_tests!(|case| super::run(4, case, &["simulate_hosts=2", "remote=ibv"]));
+    xdev::devkit::conformance_tests!(|case| super::run(
+        4,
+        case,
+        &["simulate_hosts=2", "remote=ibv"]
+    ));
 }
 
 /// One real host: shared memory only.
 mod one_host {
-    xdev::conformance_tests!(|case| super::run(2, case, &[]));
+    xdev::devkit::conformance_tests!(|case| super::run(2, case, &[]));
 }

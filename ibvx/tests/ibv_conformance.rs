@@ -7,7 +7,7 @@
 use std::sync::Mutex;
 use std::time::Duration;
 
-use xdev::launch::LocalJob;
+use xdev::devkit::launch::LocalJob;
 
 mod common;
 mod rank;
@@ -30,16 +30,16 @@ fn run(n: usize, case: &str, options: &[&str]) {
         .and_then(|s| s.parse().ok())
         .unwrap_or(300);
     let exits = job.wait(Duration::from_secs(secs)).expect("job ends");
-    let failures = xdev::launch::failures(&exits);
+    let failures = xdev::devkit::launch::failures(&exits);
     assert!(failures.is_empty(), "{failures}");
 }
 
 mod two_processes {
-    xdev::conformance_tests!(|case| super::run(2, case, &[]));
+    xdev::devkit::conformance_tests!(|case| super::run(2, case, &[]));
 }
 
 mod four_processes {
-    xdev::conformance_tests!(|case| super::run(4, case, &[]));
+    xdev::devkit::conformance_tests!(|case| super::run(4, case, &[]));
 }
 
 /// The smallest budgets the device accepts: four receive slots per peer and
@@ -47,7 +47,7 @@ mod four_processes {
 /// returning them, also the slots their credit messages use), a 256-byte
 /// eager window and a 64-byte eager limit, so most messages go rendezvous.
 mod tiny_budgets {
-    xdev::conformance_tests!(|case| super::run(
+    xdev::devkit::conformance_tests!(|case| super::run(
         2,
         case,
         &[

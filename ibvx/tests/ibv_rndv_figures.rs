@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use ibvx::ibv::IbvDevice;
 use xdev::bootstrap::{config_from_env, Bootstrap};
-use xdev::launch::LocalJob;
+use xdev::devkit::launch::LocalJob;
 use xdev::{Buffer, Device, Source, TagSel};
 
 mod common;
@@ -197,7 +197,7 @@ fn job(what: &str, options: &str) -> String {
     let env = [("IBVX_FIGURES", what), ("IBVX_FIGURES_OPTIONS", options)];
     let job = LocalJob::start(2, &me, &args, &env).expect("start job");
     let exits = job.wait(Duration::from_secs(900)).expect("job ends");
-    let failures = xdev::launch::failures(&exits);
+    let failures = xdev::devkit::launch::failures(&exits);
     assert!(failures.is_empty(), "{failures}");
     exits[0]
         .stdout

@@ -6,7 +6,7 @@
 use std::sync::Mutex;
 use std::time::Duration;
 
-use xdev::launch::LocalJob;
+use xdev::devkit::launch::LocalJob;
 
 mod rank;
 
@@ -29,7 +29,7 @@ fn run(n: usize, case: &str) {
     )
     .expect("start job");
     let exits = job.wait(Duration::from_secs(300)).expect("job ends");
-    let failures = xdev::launch::failures(&exits);
+    let failures = xdev::devkit::launch::failures(&exits);
     assert!(failures.is_empty(), "{failures}");
     // Honest about the mode it ran in.
     let shm_only = !std::path::Path::new("/dev/hfi1_0").exists();
@@ -43,11 +43,11 @@ fn run(n: usize, case: &str) {
 }
 
 mod two_processes {
-    xdev::conformance_tests!(|case| super::run(2, case));
+    xdev::devkit::conformance_tests!(|case| super::run(2, case));
 }
 
 mod four_processes {
-    xdev::conformance_tests!(|case| super::run(4, case));
+    xdev::devkit::conformance_tests!(|case| super::run(4, case));
 }
 
 /// PSM2 allows one endpoint per process: a second `psm` device opened in a

@@ -8,8 +8,9 @@
 //! kernel-reported credentials (`SO_PEERCRED`) are this user and one of the
 //! job's processes, as published through the bootstrap.
 
-use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::io::{self, IoSlice, IoSliceMut};
+use std::mem::MaybeUninit;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
 use std::thread::JoinHandle;
@@ -35,7 +36,7 @@ impl FdOffer {
     pub(crate) fn listen() -> io::Result<FdOffer> {
         let mut rnd = [0u8; 16];
         getrandom::fill(&mut rnd).map_err(|e| io::Error::other(e.to_string()))?;
-        let hex: String = rnd.iter().map(|b| format!("{b:02x}")).collect();
+        let hex = hex::encode(rnd);
         let name = format!("xdev-fd-{hex}");
         let addr = SocketAddr::from_abstract_name(name.as_bytes())?;
         let listener = UnixListener::bind_addr(&addr)?;
@@ -183,89 +184,59 @@ fn peer_cred(s: &UnixStream) -> io::Result<(u32, u32)> {
 }
 
 /// Room for the control message of [`MAX_FDS`] descriptors.
-const CMSG_ROOM: usize = 64;
+const CMSG_ROOM: usize = rustix::cmsg_space!(ScmRights(MAX_FDS));
 
+/// Sends one byte with `fds` attached (`SCM_RIGHTS`, through `rustix`,
+/// which builds the control message without `unsafe` here).
 fn send_fds(s: &UnixStream, fds: &[OwnedFd]) -> io::Result<()> {
+    use rustix::net::{sendmsg, SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
     assert!((1..=MAX_FDS).contains(&fds.len()));
-    let mut byte = [1u8];
-    let mut iov = libc::iovec {
-        iov_base: byte.as_mut_ptr().cast(),
-        iov_len: 1,
-    };
-    let mut control = [0u64; CMSG_ROOM / 8]; // aligned for cmsghdr
-    let data_len = (fds.len() * std::mem::size_of::<RawFd>()) as u32;
-    // SAFETY: an all-zero msghdr is valid; the fields are set below.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control.as_mut_ptr().cast();
-    // SAFETY: CMSG_SPACE computes a size; no memory is touched.
-    msg.msg_controllen = unsafe { libc::CMSG_SPACE(data_len) } as _;
-    // SAFETY: msg_control points at `control`, which is larger than
-    // CMSG_SPACE(MAX_FDS descriptors); the header and data are written
-    // inside it.
-    unsafe {
-        let c = libc::CMSG_FIRSTHDR(&msg);
-        (*c).cmsg_level = libc::SOL_SOCKET;
-        (*c).cmsg_type = libc::SCM_RIGHTS;
-        (*c).cmsg_len = libc::CMSG_LEN(data_len) as _;
-        let data = libc::CMSG_DATA(c).cast::<RawFd>();
-        for (k, fd) in fds.iter().enumerate() {
-            std::ptr::write_unaligned(data.add(k), fd.as_raw_fd());
-        }
+    let borrowed: Vec<BorrowedFd<'_>> = fds.iter().map(AsFd::as_fd).collect();
+    let mut space = [MaybeUninit::<u8>::uninit(); CMSG_ROOM];
+    let mut control = SendAncillaryBuffer::new(&mut space);
+    if !control.push(SendAncillaryMessage::ScmRights(&borrowed)) {
+        return Err(io::Error::other(
+            "descriptors do not fit the control buffer",
+        ));
     }
-    // SAFETY: msg describes valid buffers for the call.
-    let n = unsafe { libc::sendmsg(s.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) };
+    let n = sendmsg(s, &[IoSlice::new(&[1])], &mut control, SendFlags::NOSIGNAL)?;
     if n == 1 {
         Ok(())
     } else {
-        Err(io::Error::last_os_error())
+        Err(io::Error::new(
+            io::ErrorKind::WriteZero,
+            "the byte was not sent",
+        ))
     }
 }
 
+/// Receives one byte and the descriptors attached to it, close-on-exec; more
+/// than [`MAX_FDS`] (a truncated control message) is an error.
 fn recv_fds(s: &UnixStream) -> io::Result<Vec<OwnedFd>> {
+    use rustix::net::{recvmsg, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, ReturnFlags};
     let mut byte = [0u8];
-    let mut iov = libc::iovec {
-        iov_base: byte.as_mut_ptr().cast(),
-        iov_len: 1,
-    };
-    let mut control = [0u64; CMSG_ROOM / 8];
-    // SAFETY: an all-zero msghdr is valid; the fields are set below.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control.as_mut_ptr().cast();
-    msg.msg_controllen = CMSG_ROOM as _;
-    // SAFETY: msg describes valid buffers; MSG_CMSG_CLOEXEC marks the
-    // received descriptors close-on-exec.
-    let n = unsafe { libc::recvmsg(s.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
-    if n != 1 {
-        return Err(if n < 0 {
-            io::Error::last_os_error()
-        } else {
-            io::Error::new(io::ErrorKind::UnexpectedEof, "no descriptor came")
-        });
-    }
+    let mut space = [MaybeUninit::<u8>::uninit(); CMSG_ROOM];
+    let mut control = RecvAncillaryBuffer::new(&mut space);
+    let r = recvmsg(
+        s,
+        &mut [IoSliceMut::new(&mut byte)],
+        &mut control,
+        RecvFlags::CMSG_CLOEXEC,
+    )?;
+    // Take ownership of whatever came before any check, so nothing leaks.
     let mut got = Vec::new();
-    // SAFETY: the kernel filled msg_control up to msg_controllen; CMSG_FIRSTHDR
-    // and CMSG_NXTHDR stay inside it, and each SCM_RIGHTS payload holds
-    // descriptors the kernel installed for us (we own them from here on).
-    unsafe {
-        let mut c = libc::CMSG_FIRSTHDR(&msg);
-        while !c.is_null() {
-            if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
-                let header = libc::CMSG_LEN(0) as usize;
-                let count =
-                    ((*c).cmsg_len as usize).saturating_sub(header) / std::mem::size_of::<RawFd>();
-                let data = libc::CMSG_DATA(c).cast::<RawFd>();
-                for k in 0..count {
-                    got.push(OwnedFd::from_raw_fd(std::ptr::read_unaligned(data.add(k))));
-                }
-            }
-            c = libc::CMSG_NXTHDR(&msg, c);
+    for m in control.drain() {
+        if let RecvAncillaryMessage::ScmRights(fds) = m {
+            got.extend(fds);
         }
     }
-    if msg.msg_flags & libc::MSG_CTRUNC != 0 {
+    if r.bytes != 1 {
+        return Err(io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            "no descriptor came",
+        ));
+    }
+    if r.flags.contains(ReturnFlags::CTRUNC) {
         return Err(io::Error::new(
             io::ErrorKind::InvalidData,
             "more descriptors came than were expected",

@@ -1,9 +1,17 @@
 //! Thin typed wrappers over the Linux calls the shared-memory devices need:
-//! futex wait and wake, and pinning a thread to a core.
+//! futex wait and wake, `membarrier`, and pinning a thread to a core.
+//!
+//! Futex and membarrier go through `rustix`, whose Linux backend issues the
+//! system call directly (inline `syscall` instruction, errno returned in
+//! the result): no libc varargs `syscall(2)` and no thread-local `errno`
+//! read, so the doorbell's wake and sleep are no slower than the
+//! hand-written calls they replace, and they need no `unsafe` here.
 
-use std::io;
 use std::sync::atomic::AtomicU32;
 use std::time::Duration;
+
+use rustix::thread::futex;
+use rustix::thread::{MembarrierCommand, Timespec};
 
 /// Whether a futex word may be shared between processes (a mapping) or lives
 /// in private memory of one process.
@@ -15,10 +23,10 @@ pub enum Scope {
     Shared,
 }
 
-fn op(base: libc::c_int, scope: Scope) -> libc::c_int {
+fn flags(scope: Scope) -> futex::Flags {
     match scope {
-        Scope::Private => base | libc::FUTEX_PRIVATE_FLAG,
-        Scope::Shared => base,
+        Scope::Private => futex::Flags::PRIVATE,
+        Scope::Shared => futex::Flags::empty(),
     }
 }
 
@@ -26,67 +34,36 @@ fn op(base: libc::c_int, scope: Scope) -> libc::c_int {
 /// a value change, a timeout or a signal; callers re-check their condition.
 /// Returns false only when the timeout expired.
 pub fn wait(word: &AtomicU32, expected: u32, timeout: Option<Duration>, scope: Scope) -> bool {
-    let ts = timeout.map(|d| libc::timespec {
-        tv_sec: d.as_secs().min(i32::MAX as u64) as libc::time_t,
-        tv_nsec: d.subsec_nanos() as libc::c_long,
+    let ts = timeout.map(|d| Timespec {
+        tv_sec: d.as_secs().min(i64::MAX as u64) as i64,
+        tv_nsec: d.subsec_nanos().into(),
     });
-    let ts_ptr = ts
-        .as_ref()
-        .map_or(std::ptr::null(), |t| t as *const libc::timespec);
-    // SAFETY: `word` is a live, aligned 32-bit atomic for the duration of the
-    // call and `ts_ptr` is null or points to a timespec on this stack frame.
-    // FUTEX_WAIT only reads the word; any result (EAGAIN, ETIMEDOUT, EINTR) is
-    // a plain return to the caller's re-check loop.
-    let r = unsafe {
-        libc::syscall(
-            libc::SYS_futex,
-            word.as_ptr(),
-            op(libc::FUTEX_WAIT, scope),
-            expected,
-            ts_ptr,
-        )
-    };
-    r == 0 || io::Error::last_os_error().raw_os_error() != Some(libc::ETIMEDOUT)
+    // FUTEX_WAIT only reads the word; EAGAIN (the value changed) and EINTR
+    // are plain returns to the caller's re-check loop.
+    !matches!(
+        futex::wait(word, flags(scope), expected, ts.as_ref()),
+        Err(rustix::io::Errno::TIMEDOUT)
+    )
 }
 
 /// Wakes up to `count` sleepers on `word`.
 pub fn wake(word: &AtomicU32, count: i32, scope: Scope) {
-    // SAFETY: `word` is a live, aligned 32-bit atomic; FUTEX_WAKE does not
-    // access memory beyond using the address as a key.
-    unsafe {
-        libc::syscall(
-            libc::SYS_futex,
-            word.as_ptr(),
-            op(libc::FUTEX_WAKE, scope),
-            count,
-        );
-    }
-}
-
-const MEMBARRIER_CMD_GLOBAL_EXPEDITED: libc::c_int = 1 << 1;
-const MEMBARRIER_CMD_REGISTER_GLOBAL_EXPEDITED: libc::c_int = 1 << 2;
-
-fn membarrier(cmd: libc::c_int) -> io::Result<()> {
-    // SAFETY: membarrier takes two integers and touches no user memory.
-    let rc = unsafe { libc::syscall(libc::SYS_membarrier, cmd, 0, 0) };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
-    }
+    // FUTEX_WAKE cannot fail on a valid, aligned word (the reference
+    // guarantees both); the count of woken sleepers is not needed.
+    let _ = futex::wake(word, flags(scope), count.max(0) as u32);
 }
 
 /// Registers the calling process for [`membarrier_global_expedited`]: after
 /// this, other processes' (and this process's) expedited barriers also
 /// serialize this process's running threads.
-pub fn membarrier_register_global_expedited() -> io::Result<()> {
-    membarrier(MEMBARRIER_CMD_REGISTER_GLOBAL_EXPEDITED)
+pub fn membarrier_register_global_expedited() -> std::io::Result<()> {
+    rustix::thread::membarrier(MembarrierCommand::RegisterGlobalExpedited).map_err(Into::into)
 }
 
 /// Executes a full memory barrier on every CPU currently running a thread of
 /// a registered process (`MEMBARRIER_CMD_GLOBAL_EXPEDITED`).
-pub fn membarrier_global_expedited() -> io::Result<()> {
-    membarrier(MEMBARRIER_CMD_GLOBAL_EXPEDITED)
+pub fn membarrier_global_expedited() -> std::io::Result<()> {
+    rustix::thread::membarrier(MembarrierCommand::GlobalExpedited).map_err(Into::into)
 }
 
 /// Pins the calling thread to CPU `cpu` (modulo the CPUs online).
@@ -94,7 +71,7 @@ pub fn membarrier_global_expedited() -> io::Result<()> {
 /// The count is of online CPUs, not of this thread's current affinity mask:
 /// a thread spawned by an already pinned thread inherits a one-CPU mask, and
 /// counting that would pin every such thread to the same CPU.
-pub fn pin_current_thread(cpu: usize) -> io::Result<()> {
+pub fn pin_current_thread(cpu: usize) -> std::io::Result<()> {
     // SAFETY: sysconf has no memory-safety preconditions.
     let online = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
     let n = usize::try_from(online)
@@ -111,7 +88,7 @@ pub fn pin_current_thread(cpu: usize) -> io::Result<()> {
     if rc == 0 {
         Ok(())
     } else {
-        Err(io::Error::last_os_error())
+        Err(std::io::Error::last_os_error())
     }
 }
 

@@ -16,7 +16,7 @@ mod engine;
 mod fd_pass;
 pub mod futex;
 pub mod liveness;
-pub use xdev::lock;
+pub use xdev::devkit::lock;
 pub mod process;
 pub mod ring;
 pub mod segment;

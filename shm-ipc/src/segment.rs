@@ -33,9 +33,8 @@
 //! is computed locally from the world size and the ring size (agreed through
 //! the bootstrap), and the header is only compared against it.
 
-use std::ffi::CString;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
@@ -263,32 +262,20 @@ fn os(context: impl Into<String>, e: io::Error) -> Error {
     Error::transport(context, e)
 }
 
-/// A new sealed memfd of `len` zero bytes.
+/// A new sealed memfd of `len` zero bytes (`rustix`: memfd_create,
+/// ftruncate and F_ADD_SEALS without `unsafe`).
 fn sealed_memfd(label: &str, len: usize, extra_seals: libc::c_int) -> Result<OwnedFd> {
-    let label = CString::new(label).expect("no NUL");
-    // SAFETY: `label` is NUL-terminated; the call only returns a new
-    // descriptor.
-    let fd =
-        unsafe { libc::memfd_create(label.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
-    if fd < 0 {
-        return Err(os("memfd_create for the inbox", io::Error::last_os_error()));
-    }
-    // SAFETY: memfd_create returned a fresh descriptor nobody else owns.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-    // SAFETY: fd is our open descriptor; ftruncate only sizes the file.
-    if unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) } != 0 {
-        return Err(os("ftruncate of the inbox", io::Error::last_os_error()));
-    }
+    use rustix::fs::MemfdFlags;
+    let fd = rustix::fs::memfd_create(label, MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)
+        .map_err(|e| os("memfd_create for the inbox", e.into()))?;
+    rustix::fs::ftruncate(&fd, len as u64).map_err(|e| os("ftruncate of the inbox", e.into()))?;
     seal(&fd, SEALS | extra_seals)?;
     Ok(fd)
 }
 
 fn seal(fd: &OwnedFd, seals: libc::c_int) -> Result<()> {
-    // SAFETY: F_ADD_SEALS on our own memfd; no memory effects.
-    if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, seals) } != 0 {
-        return Err(os("sealing the inbox", io::Error::last_os_error()));
-    }
-    Ok(())
+    rustix::fs::fcntl_add_seals(fd, rustix::fs::SealFlags::from_bits_retain(seals as u32))
+        .map_err(|e| os("sealing the inbox", e.into()))
 }
 
 /// Checks a received file: `seals` present, this user's, `len` bytes.

@@ -34,25 +34,25 @@ fn run_tiny(n: usize, case: &str) {
 }
 
 mod two_processes {
-    xdev::conformance_tests!(|case| super::run(2, case));
+    xdev::devkit::conformance_tests!(|case| super::run(2, case));
 }
 
 mod four_processes {
-    xdev::conformance_tests!(|case| super::run(4, case));
+    xdev::devkit::conformance_tests!(|case| super::run(4, case));
 }
 
 mod two_processes_cma {
-    xdev::conformance_tests!(|case| super::run_cma(2, case));
+    xdev::devkit::conformance_tests!(|case| super::run_cma(2, case));
 }
 
 mod four_processes_cma {
-    xdev::conformance_tests!(|case| super::run_cma(4, case));
+    xdev::devkit::conformance_tests!(|case| super::run_cma(4, case));
 }
 
 mod sixteen_processes {
-    xdev::conformance_tests!(|case| super::run(16, case));
+    xdev::devkit::conformance_tests!(|case| super::run(16, case));
 }
 
 mod three_processes_tiny_rings_no_cma {
-    xdev::conformance_tests!(|case| super::run_tiny(3, case));
+    xdev::devkit::conformance_tests!(|case| super::run_tiny(3, case));
 }

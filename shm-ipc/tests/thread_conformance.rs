@@ -6,7 +6,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use shm_ipc::ThreadWorld;
-use xdev::conformance::{run_case, Watchdog};
+use xdev::devkit::conformance::{run_case, Watchdog};
 
 /// Cases run one at a time: they measure memory and time of the process.
 static SERIAL: Mutex<()> = Mutex::new(());
@@ -39,21 +39,21 @@ fn run_in(world: ThreadWorld, n: usize, case: &str) {
 }
 
 mod one_rank {
-    xdev::conformance_tests!(|case| super::run(1, case));
+    xdev::devkit::conformance_tests!(|case| super::run(1, case));
 }
 
 mod two_ranks {
-    xdev::conformance_tests!(|case| super::run(2, case));
+    xdev::devkit::conformance_tests!(|case| super::run(2, case));
 }
 
 mod four_ranks {
-    xdev::conformance_tests!(|case| super::run(4, case));
+    xdev::devkit::conformance_tests!(|case| super::run(4, case));
 }
 
 mod sixty_four_ranks {
-    xdev::conformance_tests!(|case| super::run(64, case));
+    xdev::devkit::conformance_tests!(|case| super::run(64, case));
 }
 
 mod three_ranks_tiny_rings {
-    xdev::conformance_tests!(|case| super::run_tiny(3, case));
+    xdev::devkit::conformance_tests!(|case| super::run_tiny(3, case));
 }

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use shm_ipc::ThreadDevice;
 
-use xdev::conformance::{finish_while_posting, Watchdog};
+use xdev::devkit::conformance::{finish_while_posting, Watchdog};
 use xdev::{Buffer, Config, Device, Error, Registry, Source, TagSel, ANY_SOURCE, ANY_TAG};
 
 fn job(name: &str) -> String {
@@ -223,7 +223,15 @@ fn open_by_name_through_the_registry() {
 #[test]
 fn bad_options_are_config_errors() {
     let c = Config::new(0, 1, job("opts")).with("ring_bytes", "lots");
-    assert!(matches!(ThreadDevice::open(&c), Err(Error::Config(_))));
+    assert!(matches!(
+        ThreadDevice::open(&c),
+        Err(Error::BadOption { key, .. }) if key == "ring_bytes"
+    ));
+    let c = Config::new(0, 1, job("opts1")).with("ring_byte", 8192);
+    assert!(matches!(
+        ThreadDevice::open(&c),
+        Err(Error::UnknownOption { known, .. }) if known.contains(&"ring_bytes")
+    ));
     let c = Config::new(0, 1, job("opts2")).with("ring_bytes", 16);
     assert!(matches!(ThreadDevice::open(&c), Err(Error::Config(_))));
 }

@@ -12,7 +12,7 @@ use std::time::Duration;
 use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id, Record};
 use tracing::{Event, Level, Metadata, Subscriber};
-use xdev::conformance::Watchdog;
+use xdev::devkit::conformance::Watchdog;
 use xdev::{Config, Error, Registry, Source, ANY_TAG};
 
 /// One event: its level, target, and fields (`message` included) as text.

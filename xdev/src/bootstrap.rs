@@ -79,7 +79,7 @@
 //! # Security
 //!
 //! A client proves knowledge of the secret by HMAC-SHA256 challenge-response
-//! (see [`wire`] for the frames): the service sends a fresh nonce, the client
+//! (see [`wire`](crate::devkit::wire) for the frames): the service sends a fresh nonce, the client
 //! MACs it with its own nonce, rank, size and job; the service checks the MAC
 //! in constant time, then checks the job and size and that the rank is in
 //! range and not yet claimed (each rank can be claimed once per job), and
@@ -107,13 +107,13 @@
 mod auth;
 mod client;
 mod front;
-pub mod keepalive;
+pub(crate) mod keepalive;
 mod pidwatch;
 mod pmi;
 mod pmix;
 mod server;
 mod shm_names;
-pub mod wire;
+pub(crate) mod wire;
 
 pub use client::{Departure, CONNECT_TIMEOUT};
 pub use front::Bootstrap;
@@ -177,16 +177,13 @@ impl Secret {
             return Err(bad());
         }
         let mut out = [0u8; 32];
-        for (i, pair) in hex.as_bytes().chunks_exact(2).enumerate() {
-            let s = std::str::from_utf8(pair).map_err(|_| bad())?;
-            out[i] = u8::from_str_radix(s, 16).map_err(|_| bad())?;
-        }
+        hex::decode_to_slice(hex, &mut out).map_err(|_| bad())?;
         Ok(Secret(out))
     }
 
     /// The secret as 64 lower-case hex digits.
     pub fn to_hex(&self) -> String {
-        self.0.iter().map(|b| format!("{b:02x}")).collect()
+        hex::encode(self.0)
     }
 }
 

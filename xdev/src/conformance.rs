@@ -103,6 +103,10 @@ pub fn run_all(dev: &dyn Device) -> Result<(), Failure> {
 /// Expands to one `#[test]` per conformance case; each calls `$runner(name)`,
 /// which must run [`run_case`] on every rank of a fresh device world and
 /// panic on failure.
+///
+/// Its public path is `xdev::devkit::conformance_tests!`; `#[macro_export]`
+/// also puts it at the crate root, hidden there.
+#[doc(hidden)]
 #[macro_export]
 macro_rules! conformance_tests {
     ($runner:expr) => {
@@ -121,7 +125,7 @@ macro_rules! conformance_tests {
         #[test]
         fn conformance_list_is_complete() {
             let listed: &[&str] = &[$(stringify!($case)),*];
-            let all: Vec<&str> = $crate::conformance::CASES.iter().map(|c| c.0).collect();
+            let all: Vec<&str> = $crate::devkit::conformance::CASES.iter().map(|c| c.0).collect();
             assert_eq!(listed, &all[..], "conformance_tests! must list every case");
         }
     };

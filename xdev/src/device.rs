@@ -16,7 +16,11 @@ pub struct Config {
     pub size: usize,
     /// Job identity: ranks with the same job id form one world.
     pub job: String,
-    /// Device-specific options (`key=value`), documented by each device.
+    /// Device-specific options (`key=value`). Each device declares the keys
+    /// it knows (its registry [`Entry::options`](crate::registry::Entry::options));
+    /// opening it with any other key fails with
+    /// [`Error::UnknownOption`], and a value that does not parse with
+    /// [`Error::BadOption`].
     pub options: BTreeMap<String, String>,
 }
 
@@ -67,16 +71,6 @@ impl Config {
             });
         }
         Ok(())
-    }
-
-    /// Parses option `key`, or returns `default` when it is absent.
-    pub fn option<T: std::str::FromStr>(&self, key: &str, default: T) -> Result<T> {
-        match self.options.get(key) {
-            None => Ok(default),
-            Some(v) => v
-                .parse()
-                .map_err(|_| Error::Config(format!("option {key}={v:?} does not parse"))),
-        }
     }
 }
 

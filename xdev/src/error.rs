@@ -52,6 +52,29 @@ pub enum Error {
     /// The configuration is invalid or incomplete.
     #[error("invalid configuration: {0}")]
     Config(String),
+    /// A device was opened with an option key it does not know (a
+    /// misspelling, or an option of another device).
+    #[error("device {device:?} has no option {key:?}; its options are: {}", known.join(", "))]
+    UnknownOption {
+        /// The device.
+        device: &'static str,
+        /// The key given.
+        key: String,
+        /// The keys the device knows (a key ending in `.` is a prefix).
+        known: Vec<&'static str>,
+    },
+    /// An option's value does not parse as the option's type.
+    #[error("option {key}={value:?} of device {device:?} is not {expected}")]
+    BadOption {
+        /// The device.
+        device: &'static str,
+        /// The key.
+        key: String,
+        /// The value given.
+        value: String,
+        /// The form the value must take, e.g. "a byte count".
+        expected: &'static str,
+    },
     /// No device of that name is registered.
     #[error("unknown device {0:?}")]
     UnknownDevice(String),

@@ -35,7 +35,7 @@ unsafe impl<T: Send> Send for RankLock<T> {}
 ///
 /// ```compile_fail,E0277
 /// use std::cell::Cell;
-/// use xdev::lock::RankLock;
+/// use xdev::devkit::lock::RankLock;
 ///
 /// let lock = RankLock::new(Cell::new(0u64));
 /// let guard = lock.lock();

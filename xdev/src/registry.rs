@@ -8,7 +8,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use crate::{Config, Device, Error, Result};
+use crate::{Config, Device, Error, OptionSpec, Result};
 
 /// Opens a device for one rank.
 pub type Constructor = fn(&Config) -> Result<Arc<dyn Device>>;
@@ -31,6 +31,9 @@ pub struct Entry {
     pub description: &'static str,
     /// Threads or processes.
     pub placement: Placement,
+    /// The options the device knows; opening it with any other key fails
+    /// with [`Error::UnknownOption`].
+    pub options: &'static [OptionSpec],
     /// The constructor.
     pub open: Constructor,
 }

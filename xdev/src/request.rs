@@ -480,12 +480,13 @@ pub trait Progress: Send + Sync {
 ///
 /// ```compile_fail,E0624
 /// # use std::sync::Arc;
-/// # use xdev::{Buffer, Progress, Request, RequestCore, RequestKind, Tracker};
+/// # use xdev::{Buffer, Request};
+/// # use xdev::devkit::{Progress, RequestCore, RequestKind, Tracker};
 /// # struct Inert;
 /// # impl Progress for Inert {
 /// #     fn progress(&self) {}
 /// #     fn wait(&self, _: &RequestCore) {}
-/// #     fn cancel(&self, _: &xdev::CoreRef) -> bool { false }
+/// #     fn cancel(&self, _: &xdev::devkit::CoreRef) -> bool { false }
 /// # }
 /// let t = Tracker::new();
 /// let req = Request::new(t.start(RequestKind::Recv, Buffer::zeroed(64)), Arc::new(Inert));
@@ -493,7 +494,8 @@ pub trait Progress: Send + Sync {
 /// ```
 ///
 /// ```compile_fail,E0599
-/// # use xdev::{Buffer, RequestKind, Tracker};
+/// # use xdev::Buffer;
+/// # use xdev::devkit::{RequestKind, Tracker};
 /// let t = Tracker::new();
 /// let core = t.start(RequestKind::Recv, Buffer::zeroed(64));
 /// let buf = core.lend_buffer(); // no such method: relaying starts without a buffer

@@ -10,10 +10,10 @@ use std::time::{Duration, Instant};
 
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
-use xdev::bootstrap::wire::{self, Message, MAX_FRAME_LEN, MAX_HANDSHAKE_FRAME_LEN};
 use xdev::bootstrap::{
     Bootstrap, BootstrapServer, Departure, JobEnv, Secret, ServerOptions, SERVICE,
 };
+use xdev::devkit::wire::{self, Message, MAX_FRAME_LEN, MAX_HANDSHAKE_FRAME_LEN};
 use xdev::Error;
 
 const JOB: &str = "test-job";

@@ -8,7 +8,7 @@ use std::cell::Cell;
 use std::io::Cursor;
 
 use proptest::prelude::*;
-use xdev::bootstrap::wire::{
+use xdev::devkit::wire::{
     self, Failure, FailureKind, Message, MAX_FRAME_LEN, MAX_HANDSHAKE_FRAME_LEN, MAX_JOB_LEN,
     MAX_KEY_LEN, MAX_TEXT_LEN,
 };

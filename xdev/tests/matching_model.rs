@@ -5,7 +5,7 @@
 
 use proptest::prelude::*;
 use proptest::test_runner::FileFailurePersistence;
-use xdev::matching::{Delivered, MatchingEngine, Posted, PostedId};
+use xdev::devkit::matching::{Delivered, MatchingEngine, Posted, PostedId};
 use xdev::{Envelope, Pattern, Source, TagSel};
 
 /// Payloads and receive handles are unique integers.

@@ -4,7 +4,7 @@
 //! With no arguments it runs latency and bandwidth on every device in this
 //! build: thread devices in this process, process devices by re-executing
 //! itself as the ranks of a job it serves itself (through
-//! [`xdev::launch::run_job`]; no `xdev-run` needed). Started by a launcher
+//! [`xdev::devkit::launch::run_job`]; no `xdev-run` needed). Started by a launcher
 //! (`xdev-run`, `srun`, `mpirun`: see [`xdev::bootstrap::Launcher`]) it is
 //! one rank of such a run. See `--help`.
 //!
@@ -14,7 +14,7 @@ use std::ffi::OsString;
 use std::process::ExitCode;
 
 use xdev::bootstrap;
-use xdev_bench::cli::{help, parse, registry, Parsed};
+use xdev_bench::cli::{check_options, help, parse, registry, Parsed};
 use xdev_bench::launch::{launcher_main, self_spawner, LAUNCH_RANKS};
 use xdev_bench::orchestrate::{orchestrate, run_status};
 use xdev_bench::rank::{rank_main, rank_status};
@@ -57,6 +57,10 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if let Err(e) = check_options(&a, &reg) {
+        eprintln!("xdev-bench: {e}");
+        return ExitCode::from(2);
+    }
     if bootstrap::Launcher::from_env().is_err() {
         return match orchestrate(&a, &reg, &self_spawner) {
             Ok(outcomes) => ExitCode::from(run_status(&a, &outcomes)),

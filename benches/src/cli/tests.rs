@@ -63,3 +63,24 @@ fn mbw_mr_runs_as_a_job_of_its_own() {
         [(4, vec!["mbw_mr".to_string()])]
     );
 }
+
+#[test]
+fn options_go_to_the_devices_that_know_them() {
+    let reg = registry();
+    let a = args("--device shm --device thread --option cma=off --option ring_bytes=8192");
+    check_options(&a, &reg).unwrap();
+    let shm = reg.get("shm").unwrap().options;
+    let thread = reg.get("thread").unwrap().options;
+    assert_eq!(options_for(shm, &a.options).len(), 2);
+    assert_eq!(
+        options_for(thread, &a.options),
+        [("ring_bytes".to_string(), "8192".to_string())]
+    );
+    // A key no device of the run knows is refused, with their keys.
+    let bad = args("--device thread --option cma=off");
+    let e = check_options(&bad, &reg).unwrap_err();
+    assert!(
+        e.contains("\"cma\"") && e.contains("thread: eager_limit"),
+        "{e}"
+    );
+}

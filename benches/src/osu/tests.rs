@@ -39,6 +39,6 @@ fn not_measured_lines() {
     );
     assert_eq!(
         osu::not_measured("ibv", "say \"no\"\n", true),
-        "{\"device\":\"ibv\",\"not_measured\":\"say \\\"no\\\"\\u000a\"}"
+        "{\"device\":\"ibv\",\"not_measured\":\"say \\\"no\\\"\\n\"}"
     );
 }

@@ -40,72 +40,19 @@ enum Scalar {
 }
 
 /// Parses one flat JSON object of strings and numbers (what `xdev-bench
-/// --json` and the MPI peer print); `None` for anything else.
+/// --json` and the MPI peer print) with `serde_json`; `None` for anything
+/// else (not JSON, not an object, or a member that is neither).
 fn flat_object(line: &str) -> Option<BTreeMap<String, Scalar>> {
-    let mut chars = line.trim().chars().peekable();
-    let mut out = BTreeMap::new();
-    let skip_ws = |c: &mut std::iter::Peekable<std::str::Chars>| {
-        while c.peek().is_some_and(|c| c.is_whitespace()) {
-            c.next();
-        }
-    };
-    let string = |c: &mut std::iter::Peekable<std::str::Chars>| -> Option<String> {
-        if c.next()? != '"' {
-            return None;
-        }
-        let mut s = String::new();
-        loop {
-            match c.next()? {
-                '"' => return Some(s),
-                '\\' => match c.next()? {
-                    'n' => s.push('\n'),
-                    't' => s.push('\t'),
-                    'u' => {
-                        let hex: String = (0..4).filter_map(|_| c.next()).collect();
-                        s.push(char::from_u32(u32::from_str_radix(&hex, 16).ok()?)?);
-                    }
-                    other => s.push(other),
-                },
-                ch => s.push(ch),
-            }
-        }
-    };
-    if chars.next()? != '{' {
+    let serde_json::Value::Object(map) = serde_json::from_str(line.trim()).ok()? else {
         return None;
-    }
-    loop {
-        skip_ws(&mut chars);
-        if chars.peek() == Some(&'}') {
-            chars.next();
-            break;
-        }
-        let key = string(&mut chars)?;
-        skip_ws(&mut chars);
-        if chars.next()? != ':' {
-            return None;
-        }
-        skip_ws(&mut chars);
-        let value = if chars.peek() == Some(&'"') {
-            Scalar::Str(string(&mut chars)?)
-        } else {
-            let mut n = String::new();
-            while chars
-                .peek()
-                .is_some_and(|c| !matches!(c, ',' | '}') && !c.is_whitespace())
-            {
-                n.push(chars.next()?);
-            }
-            Scalar::Num(n.parse().ok()?)
-        };
-        out.insert(key, value);
-        skip_ws(&mut chars);
-        match chars.next()? {
-            ',' => continue,
-            '}' => break,
-            _ => return None,
-        }
-    }
-    Some(out)
+    };
+    map.into_iter()
+        .map(|(k, v)| match v {
+            serde_json::Value::String(s) => Some((k, Scalar::Str(s))),
+            serde_json::Value::Number(n) => Some((k, Scalar::Num(n.as_f64()?))),
+            _ => None,
+        })
+        .collect()
 }
 
 /// The records and not-measured notices in `text` (one JSON object per

@@ -5,10 +5,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use xdev::bootstrap::Bootstrap;
+use xdev::devkit::{RequestKind, Tracker};
 use xdev::registry::{Entry, Placement};
 use xdev::{
-    Buffer, Config, Context, Device, Envelope, Error, Peeked, Rank, Request, RequestKind, Source,
-    Status, Tag, TagSel, Tracker,
+    Buffer, Config, Context, Device, Envelope, Error, Peeked, Rank, Request, Source, Status, Tag,
+    TagSel,
 };
 
 /// Only for these tests: a device between processes whose messages are
@@ -28,6 +29,7 @@ pub fn kv_entry() -> Entry {
         name: "kv",
         description: "test device over the bootstrap key-value store",
         placement: Placement::Processes,
+        options: &[],
         open: |cfg| Ok(Arc::new(KvDevice::open(cfg)?) as Arc<dyn Device>),
     }
 }
@@ -86,7 +88,7 @@ impl Device for KvDevice {
         self.boot.size()
     }
     fn send(&self, buf: &[u8], dest: Rank, tag: Tag, context: Context) -> xdev::Result<()> {
-        xdev::check_send(dest, tag, self.size())?;
+        xdev::devkit::check_send(dest, tag, self.size())?;
         let seq = next(&self.sent, (dest, tag, context));
         self.boot
             .put(&Self::key(self.id(), dest, tag, context, seq), buf)

@@ -80,6 +80,7 @@ fn test_registry() -> Registry {
         name: "broken",
         description: "a process device that never opens",
         placement: Placement::Processes,
+        options: &[],
         open: |_| Err(Error::Config("not here".into())),
     });
     r

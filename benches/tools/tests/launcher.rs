@@ -229,7 +229,7 @@ fn a_psm2_record_put_by_another_rank_is_ignored() {
         f.set_modified(old).unwrap();
     };
     make();
-    let st = xdev::launch::run_job(
+    let st = xdev::devkit::launch::run_job(
         2,
         &exe,
         &args,

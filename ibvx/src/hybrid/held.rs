@@ -5,15 +5,16 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-use xdev::matching::FxMap;
-use xdev::{Buffer, Context, Rank, Request, RequestKind, Source, Status, TagSel};
+use xdev::devkit::matching::FxMap;
+use xdev::devkit::RequestKind;
+use xdev::{Buffer, Context, Rank, Request, Source, Status, TagSel};
 
 use super::route::Route;
 use super::{lock, HybridEngine};
 
 /// A receive not yet given to a device (see the module documentation).
 pub(super) struct HeldRecv {
-    pub(super) core: xdev::CoreRef,
+    pub(super) core: xdev::devkit::CoreRef,
     /// The receive's buffer, until the receive is relayed to a device.
     pub(super) buf: Buffer,
     pub(super) source: Source,
@@ -39,7 +40,7 @@ impl HybridEngine {
     /// (a rank).
     pub(super) fn post_named(
         &self,
-        core: &xdev::CoreRef,
+        core: &xdev::devkit::CoreRef,
         buf: Buffer,
         source: Rank,
         tag: TagSel,

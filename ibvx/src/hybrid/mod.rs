@@ -89,6 +89,7 @@ pub fn register(registry: &mut xdev::Registry) {
         name: "hybrid",
         description: "shared memory inside a host, verbs (or remote=psm|shm) between hosts",
         placement: Placement::Processes,
+        options: HybridOptions::KEYS,
         open: |cfg| Ok(Arc::new(HybridDevice::open(cfg)?) as Arc<dyn Device>),
     });
 }

@@ -1,13 +1,11 @@
-//! The operations of the hybrid device: what [`xdev::Face`] calls, with
+//! The operations of the hybrid device: what [`xdev::devkit::Face`] calls, with
 //! arguments it has checked.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use xdev::{
-    Buffer, Context, Error, Face, Pattern, Peeked, Request, Result, Seat, SendTo, Source, Status,
-    Transport,
-};
+use xdev::devkit::{Face, Seat, SendTo, Transport};
+use xdev::{Buffer, Context, Error, Pattern, Peeked, Request, Result, Source, Status};
 
 use super::held::HeldRecv;
 use super::lend::lend_and_wait;

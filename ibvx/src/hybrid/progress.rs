@@ -4,7 +4,8 @@
 use std::time::Duration;
 
 use shm_ipc::doorbell::Backoff;
-use xdev::{Pattern, Progress, RequestCore, RequestKind, Status};
+use xdev::devkit::{Progress, RequestCore, RequestKind};
+use xdev::{Pattern, Status};
 
 use super::{lock, HybridEngine, MAX_POLL_SLEEP};
 
@@ -57,7 +58,7 @@ impl Progress for HybridEngine {
         self.poll_until(|_| core.is_done().then_some(()));
     }
 
-    fn cancel(&self, core: &xdev::CoreRef) -> bool {
+    fn cancel(&self, core: &xdev::devkit::CoreRef) -> bool {
         if core.kind() != RequestKind::Recv || core.is_done() {
             return false;
         }
@@ -70,7 +71,7 @@ impl Progress for HybridEngine {
         for (&context, queue) in held.queues.iter_mut() {
             if let Some(i) = queue
                 .iter()
-                .position(|h| xdev::CoreRef::ptr_eq(&h.core, core))
+                .position(|h| xdev::devkit::CoreRef::ptr_eq(&h.core, core))
             {
                 let h = queue.remove(i).expect("position is in range");
                 let st = Status::cancelled(Pattern::new(h.source, h.tag, context));

@@ -4,10 +4,8 @@
 
 use std::sync::Arc;
 
-use xdev::{
-    Buffer, Completion, Context, Device, Envelope, Error, Rank, Request, RequestKind, Result,
-    Status, Tag,
-};
+use xdev::devkit::{Completion, RequestKind};
+use xdev::{Buffer, Context, Device, Envelope, Error, Rank, Request, Result, Status, Tag};
 
 use super::lend::lend_and_wait;
 use super::HybridEngine;
@@ -113,7 +111,7 @@ impl HybridEngine {
         }
     }
 
-    pub(super) fn request(self: &Arc<Self>, core: xdev::CoreRef) -> Request {
+    pub(super) fn request(self: &Arc<Self>, core: xdev::devkit::CoreRef) -> Request {
         Request::new(core, self.clone())
     }
 
@@ -122,7 +120,7 @@ impl HybridEngine {
     /// with the buffer (ranks mapped by `map`).
     pub(super) fn relay(
         &self,
-        outer: &xdev::CoreRef,
+        outer: &xdev::devkit::CoreRef,
         buf: Buffer,
         dev: &dyn Device,
         map: &RankMap,

@@ -8,7 +8,8 @@ use std::sync::{Arc, Mutex};
 
 use shm_ipc::ProcessDevice;
 use xdev::bootstrap::{Bootstrap, BootstrapServer, Secret};
-use xdev::{Config, Device, Error, Rank, Result, Tracker};
+use xdev::devkit::Tracker;
+use xdev::{Config, Device, Error, Rank, Result};
 
 use super::held::Held;
 use super::route::{RankMap, Route};
@@ -193,6 +194,9 @@ impl HybridDevice {
     /// Opens the device with the bootstrap service named by the environment
     /// (`xdev-run` sets it). Collective.
     pub fn open(config: &Config) -> Result<HybridDevice> {
+        // Options first (with the `local.` and `remote.` ones, checked by
+        // the devices they go to): a bad one fails before any connection.
+        HybridOptions::from_config(config)?;
         Self::with_bootstrap(config, Bootstrap::for_config(config)?)
     }
 

@@ -1,10 +1,11 @@
 //! The hybrid engine's state (a module of its own so that the type is
-//! public, as `xdev::Face` needs, without a path users could name).
+//! public, as `xdev::devkit::Face` needs, without a path users could name).
 
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 
-use xdev::{Device, Rank, Tracker};
+use xdev::devkit::Tracker;
+use xdev::{Device, Rank};
 
 use super::held::Held;
 use super::route::{RankMap, Route};

@@ -14,7 +14,7 @@ fn options_split_by_prefix_and_check_the_remote() {
     let o = HybridOptions::from_config(&config(&[
         "remote=psm",
         "local.eager_limit=1024",
-        "remote.eager_limit=4096",
+        "remote.rndv_shm_bytes=4096",
         "simulate_hosts=2",
     ]))
     .unwrap();
@@ -23,7 +23,7 @@ fn options_split_by_prefix_and_check_the_remote() {
     assert_eq!(o.local_options, vec![("eager_limit".into(), "1024".into())]);
     assert_eq!(
         o.remote_options,
-        vec![("eager_limit".into(), "4096".into())]
+        vec![("rndv_shm_bytes".into(), "4096".into())]
     );
     assert_eq!(
         HybridOptions::from_config(&config(&[])).unwrap().remote,
@@ -36,6 +36,23 @@ fn options_split_by_prefix_and_check_the_remote() {
     assert!(matches!(
         HybridOptions::from_config(&config(&["simulate_hosts=0"])),
         Err(Error::Config(_))
+    ));
+    // A misspelled key, and a key without its prefix, name the known ones.
+    for bad in ["remot=psm", "eager_limit=64"] {
+        match HybridOptions::from_config(&config(&[bad])) {
+            Err(Error::UnknownOption { device, known, .. }) => {
+                assert_eq!(device, "hybrid");
+                assert_eq!(known, ["remote", "simulate_hosts", "local.", "remote."]);
+            }
+            other => panic!("{bad}: expected UnknownOption, got {other:?}"),
+        }
+    }
+    assert!(matches!(
+        HybridOptions::from_config(&config(&["simulate_hosts=two"])),
+        Err(Error::BadOption {
+            expected: "a count, at least 1",
+            ..
+        })
     ));
 }
 

@@ -130,7 +130,7 @@ fn init_finish_loop_releases_everything() {
 
 /// Waits for `req` up to `secs`, panicking with `what` when it does not
 /// complete (so a hang shows where it is).
-fn within(mut req: xdev::Request, secs: u64, what: &str) -> xdev::Completion {
+fn within(mut req: xdev::Request, secs: u64, what: &str) -> xdev::devkit::Completion {
     let deadline = Instant::now() + Duration::from_secs(secs);
     loop {
         match req.test() {
@@ -537,7 +537,7 @@ fn finish_racing_with_posts_leaves_no_request_behind() {
     for i in 0..40 {
         let j = job(2, &[]);
         let what = format!("iteration {i}");
-        let _ = xdev::conformance::finish_while_posting(
+        let _ = xdev::devkit::conformance::finish_while_posting(
             &j.devs[0],
             1,
             Duration::ZERO,

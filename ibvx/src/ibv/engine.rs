@@ -53,11 +53,10 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Instant;
 
 use xdev::bootstrap::Bootstrap;
-use xdev::matching::{FxMap, MatchingEngine};
-use xdev::target::{SendOwner, Target};
-use xdev::{
-    BufferId, Context, Envelope, Error, Rank, Result, SendTo, Source, Status, Tag, Tracker,
-};
+use xdev::devkit::matching::{FxMap, MatchingEngine};
+use xdev::devkit::target::{SendOwner, Target};
+use xdev::devkit::{SendTo, Tracker};
+use xdev::{BufferId, Context, Envelope, Error, Rank, Result, Source, Status, Tag};
 
 use super::options::IbvOptions;
 use super::regcache::{Registration, RegistrationCache};

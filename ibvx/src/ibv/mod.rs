@@ -6,7 +6,7 @@
 //! address and rkey, the RDMA write of the data, `RNDZ_END`), a pin-down
 //! [`RegistrationCache`], and a polling progress engine that sleeps on the
 //! completion channel. Matching is xdev's software
-//! [`MatchingEngine`](xdev::matching::MatchingEngine); the verbs layer knows
+//! [`MatchingEngine`](xdev::devkit::matching::MatchingEngine); the verbs layer knows
 //! nothing of it.
 //!
 //! It is not a general verbs library (see [`crate::verbs`] for the thin safe
@@ -143,6 +143,8 @@ impl IbvDevice {
     /// Opens the device for `config` with the bootstrap service named by the
     /// environment (`xdev-run` sets it). Collective.
     pub fn open(config: &Config) -> Result<IbvDevice> {
+        // Options first: a bad one fails before any connection.
+        IbvOptions::from_config(config)?;
         Self::with_bootstrap(config, Bootstrap::for_config(config)?)
     }
 
@@ -172,7 +174,7 @@ impl IbvDevice {
     /// The same as [`Device::alloc_buffer`], which a runtime holding an
     /// `Arc<dyn Device>` calls.
     pub fn alloc_buffer(&self, len: usize) -> Result<Buffer> {
-        xdev::Transport::alloc_buffer(&*self.engine, len)
+        xdev::devkit::Transport::alloc_buffer(&*self.engine, len)
     }
 
     /// The registration cache (for statistics).
@@ -181,7 +183,7 @@ impl IbvDevice {
     }
 }
 
-impl xdev::Face for IbvDevice {
+impl xdev::devkit::Face for IbvDevice {
     type Engine = IbvEngine;
     fn engine(&self) -> &Arc<IbvEngine> {
         &self.engine
@@ -194,6 +196,7 @@ pub fn register(registry: &mut xdev::Registry) {
         name: "ibv",
         description: "IBVX over RDMA verbs (RC queue pairs, eager + RDMA-write rendezvous)",
         placement: Placement::Processes,
+        options: IbvOptions::KEYS,
         open: |cfg| Ok(Arc::new(IbvDevice::open(cfg)?) as Arc<dyn Device>),
     });
 }

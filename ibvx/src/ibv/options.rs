@@ -1,6 +1,7 @@
 //! The `ibv` device's options, read from the job's configuration (the keys
 //! and defaults are in the [`ibv`](super) module docs).
 
+use xdev::devkit::{OptionSpec, Options};
 use xdev::{Config, Error, Result};
 
 use super::wire;
@@ -48,22 +49,71 @@ impl Default for IbvOptions {
 }
 
 impl IbvOptions {
-    /// Reads the options from `config`, validating them.
+    /// The options the `ibv` device knows.
+    pub const KEYS: &'static [OptionSpec] = &[
+        OptionSpec::new(
+            "ibv_device",
+            "an RDMA device name",
+            "RDMA device (the first one)",
+        ),
+        OptionSpec::new("ibv_port", "a port number, 1..=255", "port number (1)"),
+        OptionSpec::new(
+            "ibv_gid_index",
+            "an integer",
+            "GID table index (negative: chosen automatically)",
+        ),
+        OptionSpec::new(
+            "eager_limit",
+            "a byte count",
+            "largest eager payload (8 KiB, at most 1 MiB)",
+        ),
+        OptionSpec::new(
+            "recv_depth",
+            "a count, 4..=4096",
+            "receive slots posted per peer (64)",
+        ),
+        OptionSpec::new(
+            "send_slots",
+            "a count, 4..=65536",
+            "send slots shared by all peers (256)",
+        ),
+        OptionSpec::new(
+            "eager_window",
+            "a byte count",
+            "unexpected eager bytes one peer may leave at this rank (1 MiB)",
+        ),
+        OptionSpec::new("inline", "a byte count", "largest inline send (64)"),
+        OptionSpec::new(
+            "reg_cache_idle_bytes",
+            "a byte count",
+            "registered memory the cache keeps for reuse (64 MiB)",
+        ),
+        OptionSpec::new(
+            "max_pinned_bytes",
+            "a byte count",
+            "registered user memory at once (1 GiB)",
+        ),
+    ];
+
+    /// Reads the options from `config`, validating them; an option the
+    /// device does not know ([`KEYS`](Self::KEYS)) or one that does not parse
+    /// is an error.
     pub fn from_config(config: &Config) -> Result<IbvOptions> {
+        let c = Options::new("ibv", Self::KEYS, config)?;
         let d = IbvOptions::default();
-        let device: String = config.option("ibv_device", String::new())?;
-        let gid: i64 = config.option("ibv_gid_index", -1)?;
+        let device: String = c.get("ibv_device", String::new())?;
+        let gid: i64 = c.get("ibv_gid_index", -1)?;
         let o = IbvOptions {
             device: (!device.is_empty()).then_some(device),
-            port: config.option("ibv_port", d.port)?,
+            port: c.get("ibv_port", d.port)?,
             gid_index: u32::try_from(gid).ok(),
-            eager_limit: config.option("eager_limit", d.eager_limit)?,
-            recv_depth: config.option("recv_depth", d.recv_depth)?,
-            send_slots: config.option("send_slots", d.send_slots)?,
-            eager_window: config.option("eager_window", d.eager_window)?,
-            inline: config.option("inline", d.inline)?,
-            reg_cache_idle_bytes: config.option("reg_cache_idle_bytes", d.reg_cache_idle_bytes)?,
-            max_pinned_bytes: config.option("max_pinned_bytes", d.max_pinned_bytes)?,
+            eager_limit: c.get("eager_limit", d.eager_limit)?,
+            recv_depth: c.get("recv_depth", d.recv_depth)?,
+            send_slots: c.get("send_slots", d.send_slots)?,
+            eager_window: c.get("eager_window", d.eager_window)?,
+            inline: c.get("inline", d.inline)?,
+            reg_cache_idle_bytes: c.get("reg_cache_idle_bytes", d.reg_cache_idle_bytes)?,
+            max_pinned_bytes: c.get("max_pinned_bytes", d.max_pinned_bytes)?,
         };
         let bad = |what: String| Err(Error::Config(what));
         if o.recv_depth < 4 || o.recv_depth > 4096 {

@@ -6,25 +6,23 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use shm_ipc::doorbell::Backoff;
 use shm_ipc::biased::{BiasedGuard as RankGuard, BiasedLock};
+use shm_ipc::doorbell::Backoff;
 use xdev::bootstrap::Bootstrap;
-use xdev::{
-    Context, Envelope, Error, Pattern, Progress, Rank, RequestCore, RequestKind, Result, Source,
-    Status, Tag, TagSel, Tracker,
-};
+use xdev::devkit::{Progress, RequestCore, RequestKind, Tracker};
+use xdev::{Context, Envelope, Error, Pattern, Rank, Result, Source, Status, Tag, TagSel};
 
 use super::layer::{Library, MqStatus, MqTag, RequestKey, Selector, TrackedQueue};
 
 /// The maps below are on every message's path, where SipHash's cost shows.
-pub(super) type KeyMap<V> = xdev::matching::FxMap<RequestKey, V>;
+pub(super) type KeyMap<V> = xdev::devkit::matching::FxMap<RequestKey, V>;
 
 /// What an outstanding PSM2 request belongs to (the payload of its entry in
 /// the queue's table).
 pub(super) enum Slot {
     /// A non-blocking request; completed through the tracker.
     Request {
-        core: xdev::CoreRef,
+        core: xdev::devkit::CoreRef,
         /// For sends, the envelope (source = destination) and length.
         send: Option<(Envelope, usize)>,
         /// For receives, the source it names (to fail it if that peer leaves).
@@ -52,7 +50,7 @@ pub(super) struct Inner {
     pub(super) gone: Vec<bool>,
     pub(super) departures_seen: usize,
     /// Send buffers PSM2 may still read (their peer left first): never freed.
-    pub(super) kept: Vec<xdev::CoreRef>,
+    pub(super) kept: Vec<xdev::devkit::CoreRef>,
 }
 
 pub struct PsmEngine {
@@ -252,7 +250,11 @@ impl PsmEngine {
     /// Cancels the posted non-blocking receive `key` if PSM2 has not
     /// matched it yet: it is then returned to PSM2, and its slot removed;
     /// returns its request (to complete).
-    pub(super) fn cancel_recv(&self, l: &mut Inner, key: RequestKey) -> Option<xdev::CoreRef> {
+    pub(super) fn cancel_recv(
+        &self,
+        l: &mut Inner,
+        key: RequestKey,
+    ) -> Option<xdev::devkit::CoreRef> {
         let q = l.queue.as_mut()?;
         if !matches!(q.get(key), Some(Slot::Request { send: None, .. })) {
             return None;
@@ -386,14 +388,15 @@ impl Progress for PsmEngine {
         let _ = self.block_until(true, |_, _| Ok(core.is_done()));
     }
 
-    fn cancel(&self, core: &xdev::CoreRef) -> bool {
+    fn cancel(&self, core: &xdev::devkit::CoreRef) -> bool {
         if core.kind() != RequestKind::Recv || core.is_done() {
             return false;
         }
         let mut l = self.lock();
         let key = RequestKey::from_u64(core.token());
         let ours = l.queue.as_ref().and_then(|q| q.get(key));
-        if !matches!(ours, Some(Slot::Request { core: c, .. }) if xdev::CoreRef::ptr_eq(c, core)) {
+        if !matches!(ours, Some(Slot::Request { core: c, .. }) if xdev::devkit::CoreRef::ptr_eq(c, core))
+        {
             return false;
         }
         if self.cancel_recv(&mut l, key).is_none() {

@@ -79,6 +79,13 @@ pub const PSM2_EPID_KEY: &str = xdev::bootstrap::PSM2_EPID_KEY;
 /// unreceived 8 KiB sends would otherwise take 80 MiB at the receiver).
 pub const DEFAULT_RNDV_SHM_BYTES: u32 = 4096;
 
+/// The options the `psm` device knows.
+pub const PSM_OPTIONS: &[xdev::devkit::OptionSpec] = &[xdev::devkit::OptionSpec::new(
+    "rndv_shm_bytes",
+    "a byte count",
+    "message size from which PSM2's shm device uses rendezvous (4096)",
+)];
+
 /// One rank over PSM2's matched queues: an xdev [`Device`].
 pub struct PsmDevice {
     engine: Arc<PsmEngine>,
@@ -133,7 +140,7 @@ impl RawPsm {
     }
 }
 
-impl xdev::Face for PsmDevice {
+impl xdev::devkit::Face for PsmDevice {
     type Engine = PsmEngine;
     fn engine(&self) -> &Arc<PsmEngine> {
         &self.engine
@@ -146,6 +153,7 @@ pub fn register(registry: &mut Registry) {
         name: "psm",
         description: "Omni-Path PSM2 matched queues (shm-only mode without hfi hardware)",
         placement: Placement::Processes,
+        options: PSM_OPTIONS,
         open: |cfg| Ok(Arc::new(PsmDevice::open(cfg)?) as Arc<dyn Device>),
     });
 }

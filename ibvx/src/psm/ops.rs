@@ -1,13 +1,11 @@
-//! The operations of the psm device: what [`xdev::Face`] calls, with
+//! The operations of the psm device: what [`xdev::devkit::Face`] calls, with
 //! arguments it has checked.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use xdev::{
-    Buffer, Envelope, Error, Pattern, Peeked, Request, RequestKind, Result, Seat, SendTo, Source,
-    Status, Transport,
-};
+use xdev::devkit::{RequestKind, Seat, SendTo, Transport};
+use xdev::{Buffer, Envelope, Error, Pattern, Peeked, Request, Result, Source, Status};
 
 use super::engine::{lost, PsmEngine, Slot};
 use super::setup;

@@ -7,7 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use xdev::bootstrap::Bootstrap;
-use xdev::{Config, Error, Rank, Result, Tracker};
+use xdev::devkit::Tracker;
+use xdev::{Config, Error, Rank, Result};
 
 use super::engine::{Inner, KeyMap, PsmEngine};
 use super::layer::{Endpoint, JobKey, Library, MatchedQueue, PsmMode, TrackedQueue};
@@ -115,12 +116,17 @@ impl PsmDevice {
     /// (`xdev-run` sets it). The environment's rank, size and job must match
     /// `config`.
     pub fn open(config: &Config) -> Result<PsmDevice> {
+        // Options first: a bad one fails before any connection.
+        xdev::devkit::Options::new("psm", super::PSM_OPTIONS, config)?
+            .get::<u32>("rndv_shm_bytes", DEFAULT_RNDV_SHM_BYTES)?;
         Self::with_bootstrap(config, Bootstrap::for_config(config)?)
     }
 
     /// Opens the device over a connected bootstrap (collective).
     pub fn with_bootstrap(config: &Config, boot: Bootstrap) -> Result<PsmDevice> {
         config.validate()?;
+        let options = xdev::devkit::Options::new("psm", super::PSM_OPTIONS, config)?;
+        let rndv: u32 = options.get("rndv_shm_bytes", DEFAULT_RNDV_SHM_BYTES)?;
         let lib = Library::get()?;
         // Before any collective step: a second device in this process fails
         // here, cleanly.
@@ -130,7 +136,6 @@ impl PsmDevice {
         // From here on, a failure drops the queue: it is finalized and the
         // endpoint closed, and the slot released.
         let mut mq = MatchedQueue::new(Endpoint::open(slot, &key)?)?;
-        let rndv: u32 = config.option("rndv_shm_bytes", DEFAULT_RNDV_SHM_BYTES)?;
         mq.set_rndv_shm_bytes(rndv)?;
         let epids = exchange_records(lib, &boot, mq.endpoint().epid())?;
         mq.endpoint_mut().connect(&epids, PSM_TIMEOUT)?;

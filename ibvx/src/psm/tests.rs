@@ -105,7 +105,7 @@ fn receives_posted_during_finish_all_complete() {
     // `finish` racing with receives posted from other threads: each
     // completes (Closed at the latest), and none reaches the closed
     // endpoint.
-    xdev::conformance::finish_while_posting(
+    xdev::devkit::conformance::finish_while_posting(
         &dev,
         0,
         Duration::from_millis(5),

@@ -16,7 +16,7 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use shm_ipc::ProcessDevice;
-use xdev::conformance::{barrier, run_case};
+use xdev::devkit::conformance::{barrier, run_case};
 use xdev::{Buffer, Config, Device, Error, Source, TagSel};
 
 fn config(options: &[String]) -> Result<Config, String> {
@@ -67,39 +67,13 @@ fn conformance(case: &str, options: &[String]) -> Result<(), String> {
 /// neither it nor its peers (which do the same) may `process_vm_readv` each
 /// other: the kernel's real refusal, as under Yama or in a container.
 fn forbid_ptrace() -> Result<(), String> {
-    const CAP_SYS_PTRACE: u32 = 19;
-    #[repr(C)]
-    struct Header {
-        version: u32,
-        pid: i32,
-    }
-    #[repr(C)]
-    #[derive(Copy, Clone, Default)]
-    struct Data {
-        effective: u32,
-        permitted: u32,
-        inheritable: u32,
-    }
-    let mut h = Header {
-        version: 0x2008_0522, // _LINUX_CAPABILITY_VERSION_3
-        pid: 0,
-    };
-    let mut d = [Data::default(); 2];
-    // SAFETY: capget writes two Data structs (version 3) through a valid pointer.
-    if unsafe { libc::syscall(libc::SYS_capget, &mut h as *mut Header, d.as_mut_ptr()) } != 0 {
-        return Err(format!("capget: {}", std::io::Error::last_os_error()));
-    }
-    d[0].effective &= !(1 << CAP_SYS_PTRACE);
-    d[0].permitted &= !(1 << CAP_SYS_PTRACE);
-    // SAFETY: capset reads the header and two Data structs.
-    if unsafe { libc::syscall(libc::SYS_capset, &mut h as *mut Header, d.as_ptr()) } != 0 {
-        return Err(format!("capset: {}", std::io::Error::last_os_error()));
-    }
-    // SAFETY: PR_SET_DUMPABLE takes an integer; no memory effects.
-    if unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) } != 0 {
-        return Err(format!("prctl: {}", std::io::Error::last_os_error()));
-    }
-    Ok(())
+    use rustix::thread::{capabilities, set_capabilities, CapabilitySet};
+    let mut caps = capabilities(None).map_err(|e| format!("capget: {e}"))?;
+    caps.effective.remove(CapabilitySet::SYS_PTRACE);
+    caps.permitted.remove(CapabilitySet::SYS_PTRACE);
+    set_capabilities(None, caps).map_err(|e| format!("capset: {e}"))?;
+    rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable)
+        .map_err(|e| format!("prctl: {e}"))
 }
 
 /// Rank 1 is the victim: after a barrier it prints `ready` and waits to be

@@ -18,11 +18,10 @@ use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use xdev::matching::{MatchingEngine, PostedId};
-use xdev::target::{lost, BlockingRecv, Pending, Target};
-use xdev::{
-    Context, CoreRef, Envelope, Error, Pattern, Rank, Result, Source, Status, Tag, Tracker,
-};
+use xdev::devkit::matching::{MatchingEngine, PostedId};
+use xdev::devkit::target::{lost, BlockingRecv, Pending, Target};
+use xdev::devkit::{CoreRef, Tracker};
+use xdev::{Context, Envelope, Error, Pattern, Rank, Result, Source, Status, Tag};
 
 use crate::biased::{BiasedGuard as RankGuard, BiasedLock};
 use crate::doorbell::DoorbellRef;
@@ -365,10 +364,13 @@ impl<M: Medium> Local<M> {
     }
 }
 
-/// The `ring_bytes` option of `config` (`default` if unset): bytes per
-/// pair ring, between 4 KiB and 1 GiB.
-pub(crate) fn ring_bytes_option(config: &xdev::Config, default: usize) -> Result<usize> {
-    let ring_bytes: usize = config.option("ring_bytes", default)?;
+/// The `ring_bytes` option (`default` if unset): bytes per pair ring,
+/// between 4 KiB and 1 GiB.
+pub(crate) fn ring_bytes_option(
+    options: &xdev::devkit::Options<'_>,
+    default: usize,
+) -> Result<usize> {
+    let ring_bytes: usize = options.get("ring_bytes", default)?;
     if !(4096..=(1 << 30)).contains(&ring_bytes) {
         return Err(Error::Config(
             "ring_bytes must be between 4 KiB and 1 GiB".into(),

@@ -5,11 +5,11 @@ use std::cell::Cell;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use xdev::matching::Posted;
-use xdev::target::{lost, BlockingRecv, Pending, Target};
+use xdev::devkit::matching::Posted;
+use xdev::devkit::target::{lost, BlockingRecv, Pending, Target};
+use xdev::devkit::{CoreRef, RequestKind, Seat, SendTo, Transport};
 use xdev::{
-    Buffer, Context, CoreRef, Envelope, Error, Pattern, Peeked, Rank, Request, RequestKind, Result,
-    Seat, SendTo, Source, Status, Tag, Transport,
+    Buffer, Context, Envelope, Error, Pattern, Peeked, Rank, Request, Result, Source, Status, Tag,
 };
 
 use super::{gone_error, Direct, Engine, Local, Medium, Outgoing, Sent, SettleSend, Unpost};

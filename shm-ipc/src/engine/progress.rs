@@ -4,8 +4,9 @@
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use xdev::target::{cancelled, lost, unpost};
-use xdev::{Error, Progress, RequestCore, Result, Source};
+use xdev::devkit::target::{cancelled, lost, unpost};
+use xdev::devkit::{Progress, RequestCore};
+use xdev::{Error, Result, Source};
 
 use super::{Direct, Engine, Local, Medium};
 use crate::doorbell::Backoff;
@@ -179,7 +180,7 @@ impl<M: Medium> Progress for Engine<M> {
         }
     }
 
-    fn cancel(&self, core: &xdev::CoreRef) -> bool {
+    fn cancel(&self, core: &xdev::devkit::CoreRef) -> bool {
         let t = unpost(&mut self.lock().matching, core);
         t.map(|t| self.complete_target(t, cancelled())).is_some()
     }

@@ -1,7 +1,7 @@
 //! The receive side: draining a ring, matching what it holds, delivering
 //! into a receive (from the ring or the unexpected queue), probing.
 
-use xdev::target::Target;
+use xdev::devkit::target::Target;
 use xdev::{Envelope, Pattern, Rank, Status};
 
 use super::{Direct, Engine, Local, Medium, Outcome, Unexpected};

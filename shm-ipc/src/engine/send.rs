@@ -4,8 +4,9 @@
 
 use std::sync::atomic::Ordering;
 
-use xdev::target::Pending;
-use xdev::{CoreRef, Error, Rank, Status};
+use xdev::devkit::target::Pending;
+use xdev::devkit::CoreRef;
+use xdev::{Error, Rank, Status};
 
 use super::{gone_error, Engine, Local, Medium, Outgoing, Publication, Sent};
 use crate::ring::Header;

@@ -2,7 +2,7 @@
 //! are not matched (`ACK`, `FIN`, `PULL`, `DATA`, `WRITE`, `WROTE`), one
 //! handler per kind, and the queue of replies that wait for ring room.
 
-use xdev::target::lost;
+use xdev::devkit::target::lost;
 use xdev::{Error, Rank, Status};
 
 use super::medium::{Eng, Loc, ProcessMedium};

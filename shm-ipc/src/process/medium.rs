@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use xdev::bootstrap::Bootstrap;
-use xdev::target::{BlockingRecv, BlockingSend, SendOwner, Target};
+use xdev::devkit::target::{BlockingRecv, BlockingSend, SendOwner, Target};
 use xdev::{Envelope, Error, Rank, Result, Status};
 
 use super::rendezvous::{InStream, Later, OutSend, PendingCopy, RndvStart, SplitRecv};

@@ -74,6 +74,8 @@ impl ProcessDevice {
     /// environment (`XDEV_BOOTSTRAP`, `XDEV_SECRET`; `xdev-run` sets them).
     /// The environment's rank, size and job must match `config`.
     pub fn open(config: &Config) -> Result<ProcessDevice> {
+        // Options first: a bad one fails before any connection.
+        ProcessOptions::from_config(config)?;
         Self::with_bootstrap(config, Bootstrap::for_config(config)?)
     }
 
@@ -98,7 +100,7 @@ impl ProcessDevice {
     }
 }
 
-impl xdev::Face for ProcessDevice {
+impl xdev::devkit::Face for ProcessDevice {
     type Engine = Engine<ProcessMedium>;
     fn engine(&self) -> &Arc<Engine<ProcessMedium>> {
         &self.engine
@@ -111,6 +113,7 @@ pub fn register(registry: &mut Registry) {
         name: "shm",
         description: "ranks as processes on one host; shared-memory rings, CMA rendezvous",
         placement: Placement::Processes,
+        options: ProcessOptions::KEYS,
         open: |cfg| Ok(Arc::new(ProcessDevice::open(cfg)?) as Arc<dyn Device>),
     });
 }

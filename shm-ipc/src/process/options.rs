@@ -1,6 +1,7 @@
 //! The process device's options: [`ProcessOptions`], [`CmaMode`], and the
 //! [`RendezvousPath`] found at start-up.
 
+use xdev::devkit::{OptionSpec, Options};
 use xdev::{Config, Error, Result};
 
 use crate::ring::INLINE;
@@ -116,22 +117,60 @@ impl ProcessOptions {
         }
     }
 
-    /// Defaults for `config.size`, overridden by its options.
+    /// The options the `shm` device knows.
+    pub const KEYS: &'static [OptionSpec] = &[
+        OptionSpec::new(
+            "eager_limit",
+            "a byte count",
+            "largest payload sent eagerly (16 KiB)",
+        ),
+        OptionSpec::new(
+            "ring_bytes",
+            "a byte count, 4096..=2^30",
+            "bytes per pair ring (64 KiB up to 22 ranks, then 32 MiB / n², at least 8 KiB)",
+        ),
+        OptionSpec::new(
+            "credit_bytes",
+            "a byte count",
+            "eager bytes a sender may have unreceived at one receiver (4 × ring_bytes)",
+        ),
+        OptionSpec::new(
+            "cma",
+            "one of auto, on, off",
+            "rendezvous by process_vm_readv: auto (timed at start-up), on, off",
+        ),
+        OptionSpec::new(
+            "fragment_bytes",
+            "a byte count",
+            "fragment of the pipelined rendezvous (ring_bytes / 4)",
+        ),
+        OptionSpec::new(
+            "rndv_window",
+            "a count",
+            "rendezvous sends in flight to one destination (65,536)",
+        ),
+        OptionSpec::new(
+            "cma_split_bytes",
+            "a byte count",
+            "CMA copies this large are split with the sender (64 KiB; 0: never)",
+        ),
+    ];
+
+    /// Defaults for `config.size`, overridden by its options; an option the
+    /// device does not know ([`KEYS`](Self::KEYS)) or one that does not parse
+    /// is an error.
     pub fn from_config(config: &Config) -> Result<Self> {
+        let opts = Options::new("shm", Self::KEYS, config)?;
         let d = Self::for_size(config.size);
-        let ring_bytes = crate::engine::ring_bytes_option(config, d.ring_bytes)?;
-        let cma = match config.options.get("cma") {
-            None => d.cma,
-            Some(v) => v.parse().map_err(Error::Config)?,
-        };
+        let ring_bytes = crate::engine::ring_bytes_option(&opts, d.ring_bytes)?;
         let o = ProcessOptions {
-            eager_limit: config.option("eager_limit", d.eager_limit)?,
+            eager_limit: opts.get("eager_limit", d.eager_limit)?,
             ring_bytes,
-            credit_bytes: config.option("credit_bytes", 4 * ring_bytes)?,
-            cma,
-            fragment_bytes: config.option("fragment_bytes", ring_bytes / 4)?,
-            rndv_window: config.option("rndv_window", d.rndv_window)?,
-            cma_split_bytes: config.option("cma_split_bytes", d.cma_split_bytes)?,
+            credit_bytes: opts.get("credit_bytes", 4 * ring_bytes)?,
+            cma: opts.get("cma", d.cma)?,
+            fragment_bytes: opts.get("fragment_bytes", ring_bytes / 4)?,
+            rndv_window: opts.get("rndv_window", d.rndv_window)?,
+            cma_split_bytes: opts.get("cma_split_bytes", d.cma_split_bytes)?,
         };
         if o.rndv_window == 0 {
             return Err(Error::Config("rndv_window must be at least 1".into()));

@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use xdev::target::{lost, BlockingRecv, BlockingSend, SendOwner, Target};
+use xdev::devkit::target::{lost, BlockingRecv, BlockingSend, SendOwner, Target};
 use xdev::{Envelope, Error, Rank, Result, Status};
 
 use super::medium::{Eng, Loc, ProcessMedium};

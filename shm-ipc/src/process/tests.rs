@@ -1,6 +1,6 @@
 use super::*;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use xdev::conformance::finish_while_posting;
+use xdev::devkit::conformance::finish_while_posting;
 
 use xdev::{Buffer, Error, Rank, Request, Source, Status, TagSel};
 
@@ -230,44 +230,21 @@ fn finish_racing_with_posts_leaves_no_request_behind() {
     }
 }
 
-/// Clears CAP_SYS_PTRACE from this process's effective and permitted
-/// capabilities (raw capget/capset: async-signal-safe, for a forked
-/// child).
+/// Clears CAP_SYS_PTRACE from this process's effective capabilities
+/// (capget/capset through rustix, which issues the raw system calls with
+/// stack buffers: async-signal-safe, for a forked child).
 fn drop_cap_sys_ptrace() {
-    #[repr(C)]
-    struct Header {
-        version: u32,
-        pid: i32,
-    }
-    #[repr(C)]
-    #[derive(Copy, Clone, Default)]
-    struct Data {
-        effective: u32,
-        permitted: u32,
-        inheritable: u32,
-    }
-    const VERSION_3: u32 = 0x2008_0522;
-    const CAP_SYS_PTRACE: u32 = 19;
-    let mut h = Header {
-        version: VERSION_3,
-        pid: 0,
+    use rustix::thread::{capabilities, set_capabilities, CapabilitySet};
+    let Ok(mut caps) = capabilities(None) else {
+        return;
     };
-    let mut d = [Data::default(); 2];
-    // SAFETY: header and two data records, as version 3 of the
-    // capability ABI wants; the kernel writes only `d`.
-    unsafe {
-        libc::syscall(libc::SYS_capget, &mut h as *mut Header, d.as_mut_ptr());
-    }
     // Effective only: Yama asks whether the tracer is capable (the
     // effective set), while the commoncap check wants the tracee's
     // permitted set to be a subset of the tracer's permitted set, which
     // a child that also dropped it from its permitted set would fail
     // whatever Yama says (root parent, full permitted set).
-    d[0].effective &= !(1 << CAP_SYS_PTRACE);
-    // SAFETY: as above; the kernel only reads `d`.
-    unsafe {
-        libc::syscall(libc::SYS_capset, &mut h as *mut Header, d.as_ptr());
-    }
+    caps.effective.remove(CapabilitySet::SYS_PTRACE);
+    let _ = set_capabilities(None, caps);
 }
 
 #[test]

@@ -279,12 +279,7 @@ fn an_unsealed_inbox_is_refused() {
     // A peer offering ordinary memfds of the right sizes, with a
     // perfect header.
     let plain = |len: usize| {
-        let label = CString::new("fake").unwrap();
-        // SAFETY: NUL-terminated label; returns a new descriptor.
-        let raw = unsafe { libc::memfd_create(label.as_ptr(), libc::MFD_CLOEXEC) };
-        assert!(raw >= 0);
-        // SAFETY: a fresh descriptor nobody else owns.
-        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        let fd = rustix::fs::memfd_create("fake", rustix::fs::MemfdFlags::CLOEXEC).unwrap();
         std::fs::File::from(fd.try_clone().unwrap())
             .set_len(len as u64)
             .unwrap();

@@ -5,8 +5,9 @@
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 
-use xdev::target::{lost, Target};
-use xdev::{CoreRef, Envelope, Rank, Result, Status, Tracker};
+use xdev::devkit::target::{lost, Target};
+use xdev::devkit::{CoreRef, Tracker};
+use xdev::{Envelope, Rank, Result, Status};
 
 use super::{ThreadMedium, World};
 use crate::engine::{Direct, Engine, Local, Outcome, Publication, Sent};

@@ -10,7 +10,7 @@ use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use xdev::target::BlockingRecv;
+use xdev::devkit::target::BlockingRecv;
 use xdev::{Envelope, Error, Rank, Result};
 
 use super::{Handoff, PendingPull, World, CLOSED, DEAD};
@@ -187,7 +187,13 @@ unsafe impl Medium for ThreadMedium {
         Self::pull_or_defer(l, env, hand, dst, cap)
     }
 
-    fn settle(e: &Eng, l: &mut Loc, env: Envelope, hand: Arc<Handoff>, t: xdev::target::Target) {
+    fn settle(
+        e: &Eng,
+        l: &mut Loc,
+        env: Envelope,
+        hand: Arc<Handoff>,
+        t: xdev::devkit::target::Target,
+    ) {
         Self::settle_pull(e, l, env, hand, t)
     }
 

@@ -28,6 +28,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
+use xdev::devkit::{OptionSpec, Options};
 use xdev::registry::{Entry, Placement};
 use xdev::{Config, Device, Error, Rank, Registry, Result};
 
@@ -86,15 +87,42 @@ impl ThreadOptions {
         }
     }
 
-    /// Defaults for `config.size`, overridden by its options.
+    /// The options the `thread` device knows.
+    pub const KEYS: &'static [OptionSpec] = &[
+        OptionSpec::new(
+            "eager_limit",
+            "a byte count",
+            "largest payload sent eagerly (4 KiB)",
+        ),
+        OptionSpec::new(
+            "ring_bytes",
+            "a byte count, 4096..=2^30",
+            "bytes per pair ring (64 KiB up to 22 ranks, then 32 MiB / n², at least 8 KiB)",
+        ),
+        OptionSpec::new(
+            "credit_bytes",
+            "a byte count",
+            "eager bytes a sender may have unreceived at one receiver (4 × ring_bytes)",
+        ),
+        OptionSpec::new(
+            "max_unexpected_rndv",
+            "a count",
+            "rendezvous headers from one sender kept as unexpected (16,384)",
+        ),
+    ];
+
+    /// Defaults for `config.size`, overridden by its options; an option the
+    /// device does not know ([`KEYS`](Self::KEYS)) or one that does not parse
+    /// is an error.
     pub fn from_config(config: &Config) -> Result<Self> {
+        let o = Options::new("thread", Self::KEYS, config)?;
         let d = Self::for_size(config.size);
-        let ring_bytes = crate::engine::ring_bytes_option(config, d.ring_bytes)?;
+        let ring_bytes = crate::engine::ring_bytes_option(&o, d.ring_bytes)?;
         Ok(ThreadOptions {
-            eager_limit: config.option("eager_limit", d.eager_limit)?,
+            eager_limit: o.get("eager_limit", d.eager_limit)?,
             ring_bytes,
-            credit_bytes: config.option("credit_bytes", 4 * ring_bytes)?,
-            max_unexpected_rndv: config.option("max_unexpected_rndv", d.max_unexpected_rndv)?,
+            credit_bytes: o.get("credit_bytes", 4 * ring_bytes)?,
+            max_unexpected_rndv: o.get("max_unexpected_rndv", d.max_unexpected_rndv)?,
         })
     }
 
@@ -268,7 +296,7 @@ impl ThreadDevice {
     }
 }
 
-impl xdev::Face for ThreadDevice {
+impl xdev::devkit::Face for ThreadDevice {
     type Engine = Engine<ThreadMedium>;
     fn engine(&self) -> &Arc<Engine<ThreadMedium>> {
         &self.engine
@@ -374,6 +402,7 @@ pub fn register(registry: &mut Registry) {
         name: "thread",
         description: "ranks as threads of one process; one-copy rendezvous",
         placement: Placement::Threads,
+        options: ThreadOptions::KEYS,
         open: |cfg| Ok(Arc::new(ThreadDevice::open(cfg)?) as Arc<dyn Device>),
     });
 }

@@ -1,5 +1,5 @@
 //! Jobs of `shm-rank` processes, one at a time, with the bootstrap service
-//! served by the test itself (`xdev::launch::LocalJob`).
+//! served by the test itself (`xdev::devkit::launch::LocalJob`).
 
 #![allow(dead_code)]
 
@@ -8,7 +8,7 @@ use std::process::Child;
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
-use xdev::launch::{LocalJob, RankExit};
+use xdev::devkit::launch::{LocalJob, RankExit};
 
 /// Jobs run one at a time: 16 processes on 2 cores are enough load.
 static SERIAL: Mutex<()> = Mutex::new(());
@@ -56,7 +56,7 @@ pub fn finish(run: Running) -> Vec<RankExit> {
 /// Returns each rank's stdout.
 pub fn run_job(n: usize, args: &[&str]) -> Vec<String> {
     let exits = finish(start(n, args));
-    let failures = xdev::launch::failures(&exits);
+    let failures = xdev::devkit::launch::failures(&exits);
     assert!(failures.is_empty(), "{failures}");
     exits.into_iter().map(|e| e.stdout).collect()
 }

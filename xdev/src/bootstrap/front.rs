@@ -225,9 +225,9 @@ impl Bootstrap {
     /// ([`barrier`](Self::barrier) or [`allgather`](Self::allgather)) of
     /// every rank; until then only this process sees it.
     ///
-    /// Keys are at most [`wire::MAX_KEY_LEN`](super::wire::MAX_KEY_LEN)
+    /// Keys are at most [`wire::MAX_KEY_LEN`](crate::devkit::wire::MAX_KEY_LEN)
     /// bytes ([`Error::Config`]), values at most
-    /// [`wire::MAX_VALUE_LEN`](super::wire::MAX_VALUE_LEN) bytes, and the
+    /// [`wire::MAX_VALUE_LEN`](crate::devkit::wire::MAX_VALUE_LEN) bytes, and the
     /// TCP store is bounded ([`Error::ResourceExhausted`]).
     pub fn put(&self, key: &str, value: &[u8]) -> Result<()> {
         if let Backend::Tcp(t) = &self.backend {
@@ -314,7 +314,7 @@ impl Bootstrap {
     }
 
     /// Contributes `value` (at most
-    /// [`wire::MAX_VALUE_LEN`](super::wire::MAX_VALUE_LEN) bytes) and
+    /// [`wire::MAX_VALUE_LEN`](crate::devkit::wire::MAX_VALUE_LEN) bytes) and
     /// returns every rank's contribution in rank order. Fails like
     /// [`barrier`](Self::barrier).
     pub fn allgather(&self, value: &[u8]) -> Result<Vec<Vec<u8>>> {

@@ -13,6 +13,7 @@
 //! is gone.
 
 use std::net::TcpStream;
+#[cfg(test)]
 use std::os::fd::AsRawFd;
 use std::time::Duration;
 
@@ -25,54 +26,17 @@ pub const KEEPALIVE_PROBES: u32 = 5;
 /// How long sent data may stay unacknowledged before the connection ends.
 pub const USER_TIMEOUT: Duration = Duration::from_secs(15);
 
-/// Applies the options above to `stream`.
+/// Applies the options above to `stream` (through `socket2`, which names
+/// each option and holds the `setsockopt` calls and their `unsafe`).
 pub(crate) fn watch_peer(stream: &TcpStream) -> std::io::Result<()> {
-    let secs = |d: Duration| d.as_secs() as libc::c_int;
-    set(stream, libc::SOL_SOCKET, libc::SO_KEEPALIVE, 1)?;
-    set(
-        stream,
-        libc::IPPROTO_TCP,
-        libc::TCP_KEEPIDLE,
-        secs(KEEPALIVE_IDLE),
+    let s = socket2::SockRef::from(stream);
+    s.set_tcp_keepalive(
+        &socket2::TcpKeepalive::new()
+            .with_time(KEEPALIVE_IDLE)
+            .with_interval(KEEPALIVE_INTERVAL)
+            .with_retries(KEEPALIVE_PROBES),
     )?;
-    set(
-        stream,
-        libc::IPPROTO_TCP,
-        libc::TCP_KEEPINTVL,
-        secs(KEEPALIVE_INTERVAL),
-    )?;
-    set(
-        stream,
-        libc::IPPROTO_TCP,
-        libc::TCP_KEEPCNT,
-        KEEPALIVE_PROBES as libc::c_int,
-    )?;
-    let ms = USER_TIMEOUT.as_millis() as libc::c_int;
-    set(stream, libc::IPPROTO_TCP, libc::TCP_USER_TIMEOUT, ms)
-}
-
-fn set(
-    s: &TcpStream,
-    level: libc::c_int,
-    name: libc::c_int,
-    value: libc::c_int,
-) -> std::io::Result<()> {
-    // SAFETY: the fd is the stream's, open for the call; the option value
-    // is a c_int read by the kernel for the given length.
-    let r = unsafe {
-        libc::setsockopt(
-            s.as_raw_fd(),
-            level,
-            name,
-            (&value as *const libc::c_int).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        )
-    };
-    if r == 0 {
-        Ok(())
-    } else {
-        Err(std::io::Error::last_os_error())
-    }
+    s.set_tcp_user_timeout(Some(USER_TIMEOUT))
 }
 
 #[cfg(test)]

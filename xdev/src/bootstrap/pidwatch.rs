@@ -11,7 +11,7 @@
 //! hosts are not watched; where `pidfd_open` is missing (Linux before 5.3)
 //! nothing is.
 
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
 use super::Departure;
@@ -90,15 +90,13 @@ pub(crate) fn start(peers: Vec<(Rank, u32)>) {
     STARTED.get_or_init(|| {
         let mut fds: Vec<(Rank, OwnedFd)> = Vec::new();
         for (rank, pid) in peers {
-            // SAFETY: pidfd_open(2) takes a pid and flags and returns a new
-            // fd or -1; no memory is passed.
-            let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
-            if fd >= 0 {
-                // SAFETY: `fd` is a new descriptor that nothing else owns.
-                fds.push((rank, unsafe { OwnedFd::from_raw_fd(fd as i32) }));
-            } else if std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH) {
+            let pid = rustix::process::Pid::from_raw(pid as i32);
+            match pid.map(|p| rustix::process::pidfd_open(p, rustix::process::PidfdFlags::empty()))
+            {
+                Some(Ok(fd)) => fds.push((rank, fd)),
                 // Already gone.
-                add(rank);
+                Some(Err(rustix::io::Errno::SRCH)) => add(rank),
+                _ => {}
             }
         }
         if !fds.is_empty() {

@@ -206,32 +206,21 @@ pub(crate) fn encode_key(key: &str, keylen_max: usize) -> String {
         format!("x{key}")
     } else {
         let digest = Sha256::digest(key.as_bytes());
-        let hex: String = digest[..16].iter().map(|b| format!("{b:02x}")).collect();
-        format!("h{hex}")
+        format!("h{}", hex::encode(&digest[..16]))
     }
 }
 
 /// Lower-case hex digits of `bytes`.
 pub(crate) fn hex(bytes: &[u8]) -> String {
-    let mut s = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        s.push_str(&format!("{b:02x}"));
-    }
-    s
+    hex::encode(bytes)
 }
 
 /// The bytes of hex digits `text`.
 pub(crate) fn unhex(text: &str) -> Result<Vec<u8>> {
-    let t = text.as_bytes();
-    if t.len() % 2 != 0 {
-        return Err(pmi_err("odd number of hex digits in a value"));
-    }
-    t.chunks_exact(2)
-        .map(|p| {
-            let s = std::str::from_utf8(p).map_err(|_| pmi_err("value is not hex"))?;
-            u8::from_str_radix(s, 16).map_err(|_| pmi_err(format!("{s:?} is not hex")))
-        })
-        .collect()
+    hex::decode(text).map_err(|e| match e {
+        hex::FromHexError::OddLength => pmi_err("odd number of hex digits in a value"),
+        e => pmi_err(format!("value is not hex: {e}")),
+    })
 }
 
 /// The hex digits per key for a launcher whose values are at most

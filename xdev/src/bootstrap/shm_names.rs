@@ -24,7 +24,7 @@ pub fn shm_prefix(job: &str) -> String {
         .take(READABLE)
         .collect();
     let digest = Sha256::digest(job.as_bytes());
-    let hash: String = digest[..8].iter().map(|b| format!("{b:02x}")).collect();
+    let hash = hex::encode(&digest[..8]);
     format!("/xdev-{clean}-{hash}-")
 }
 

@@ -5,7 +5,7 @@ fn options_from_assignments() {
     let c = Config::new(0, 2, "j")
         .with_assignment("ring_bytes=8192")
         .unwrap();
-    assert_eq!(c.option("ring_bytes", 0usize).unwrap(), 8192);
+    assert_eq!(c.options["ring_bytes"], "8192");
     assert!(matches!(
         Config::new(0, 2, "j").with_assignment("ring_bytes"),
         Err(Error::Config(_))
@@ -14,8 +14,8 @@ fn options_from_assignments() {
         .with_assignments(["a=1", "b=2", "a=3"])
         .unwrap();
     assert_eq!(
-        (c.option("a", 0).unwrap(), c.option("b", 0).unwrap()),
-        (3, 2)
+        (c.options["a"].as_str(), c.options["b"].as_str()),
+        ("3", "2")
     );
     assert!(Config::new(0, 2, "j")
         .with_assignments(["a=1", "bad"])

@@ -610,6 +610,7 @@ mod invariants {
 
 #[test]
 fn fx_hasher_hashes_bytes() {
+    use std::hash::Hasher;
     let mut a = FxHasher::default();
     a.write(b"0123456789");
     let mut b = FxHasher::default();

@@ -31,7 +31,7 @@
 
 use std::process::ExitCode;
 
-use xdev::conformance::{barrier, run_all, run_case};
+use xdev::devkit::conformance::{barrier, run_all, run_case};
 use xdev::{Config, Device};
 
 fn config(options: &[String]) -> Result<Config, String> {
@@ -86,7 +86,7 @@ fn main() -> ExitCode {
     let r = match args.first().map(String::as_str) {
         Some("conformance") if args.len() >= 2 => conformance(&args[1], &args[2..]),
         Some("cases") => {
-            for (name, _) in xdev::conformance::CASES {
+            for (name, _) in xdev::devkit::conformance::CASES {
                 println!("{name}");
             }
             Ok(())

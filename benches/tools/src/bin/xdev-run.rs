@@ -496,7 +496,7 @@ fn launch(opts: &Opts) -> i32 {
     // PSM2 names its segments after each endpoint's epid, which psm ranks
     // stored in the bootstrap: remove what a crashed one left.
     // (Only a rank's own record counts, and a segment still in use stays.)
-    xdev::launch::remove_psm2_shm_of_job(&server, &gone_at);
+    xdev::devkit::launch::remove_psm2_shm_of_job(&server, &gone_at);
     drop(server);
     // Ranks unlink their shared-memory segments once all have attached; a
     // rank that died before that leaves its segment behind: remove it.
@@ -529,7 +529,7 @@ fn spawn_ranks(
 ) -> Result<Vec<Child>, i32> {
     let mut children: Vec<Child> = Vec::with_capacity(opts.n);
     for rank in 0..opts.n {
-        let mut cmd = xdev::launch::rank_command(
+        let mut cmd = xdev::devkit::launch::rank_command(
             &opts.program[0],
             &opts.program[1..],
             rank,

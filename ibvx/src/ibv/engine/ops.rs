@@ -5,12 +5,10 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use xdev::matching::PostedId;
-use xdev::target::{BlockingRecv, BlockingSend, SendOwner, Target};
-use xdev::{
-    Buffer, Envelope, Error, Pattern, Peeked, Request, RequestKind, Result, Seat, SendTo, Source,
-    Status, Transport,
-};
+use xdev::devkit::matching::PostedId;
+use xdev::devkit::target::{BlockingRecv, BlockingSend, SendOwner, Target};
+use xdev::devkit::{RequestKind, Seat, SendTo, Transport};
+use xdev::{Buffer, Envelope, Error, Pattern, Peeked, Request, Result, Source, Status};
 
 #[cfg(test)]
 use super::PANIC_AFTER_PUBLISH;

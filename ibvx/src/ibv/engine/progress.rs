@@ -7,8 +7,9 @@ use std::os::fd::AsRawFd;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use xdev::target::{cancelled, lost, unpost};
-use xdev::{Error, Progress, Rank, RequestCore, Result};
+use xdev::devkit::target::{cancelled, lost, unpost};
+use xdev::devkit::{Progress, RequestCore};
+use xdev::{Error, Rank, Result};
 
 #[cfg(test)]
 use super::WR_RAW;
@@ -402,7 +403,7 @@ impl Progress for IbvEngine {
         }
     }
 
-    fn cancel(&self, core: &xdev::CoreRef) -> bool {
+    fn cancel(&self, core: &xdev::devkit::CoreRef) -> bool {
         let mut l = self.lock();
         let t = unpost(&mut l.matching, core);
         t.map(|t| self.complete_target(&mut l, t, cancelled()))

@@ -3,8 +3,8 @@
 
 use std::ptr;
 
-use xdev::matching::{Posted, PostedId};
-use xdev::target::Target;
+use xdev::devkit::matching::{Posted, PostedId};
+use xdev::devkit::target::Target;
 use xdev::{Envelope, Pattern, Rank, Source, Status};
 
 use super::{Control, IbvEngine, Local, Stage, Unexpected};

@@ -4,7 +4,7 @@
 //! registered, the write and `RNDZ_END` queued), the `RNDZ_END` that ends the
 //! receive, and the count of a sender's unfinished starts.
 
-use xdev::target::Target;
+use xdev::devkit::target::Target;
 use xdev::{Envelope, Error, Rank, Status};
 
 use super::{rndv_window, Control, IbvEngine, Incoming, Local, Stage, Unexpected};

@@ -5,7 +5,7 @@
 
 use std::ptr;
 
-use xdev::target::SendOwner;
+use xdev::devkit::target::SendOwner;
 use xdev::{Context, Envelope, Rank, Result, Tag};
 
 use super::{

@@ -1,6 +1,6 @@
 //! The options read from a configuration, and their checks.
 
-use xdev::Config;
+use xdev::{Config, Error};
 
 use super::IbvOptions;
 
@@ -15,4 +15,24 @@ fn options_validate() {
     let c4 = c.with("ibv_gid_index", 3).with("ibv_device", "rxe0");
     let o = IbvOptions::from_config(&c4).unwrap();
     assert_eq!((o.gid_index, o.device.as_deref()), (Some(3), Some("rxe0")));
+}
+
+#[test]
+fn unknown_key_and_bad_value_are_refused() {
+    let c = Config::new(0, 2, "j").with("recv_dpeth", 128);
+    match IbvOptions::from_config(&c) {
+        Err(Error::UnknownOption { device, key, known }) => {
+            assert_eq!((device, key.as_str()), ("ibv", "recv_dpeth"));
+            assert_eq!(known.len(), IbvOptions::KEYS.len());
+            assert!(known.contains(&"recv_depth"), "{known:?}");
+        }
+        other => panic!("expected UnknownOption, got {other:?}"),
+    }
+    let c = Config::new(0, 2, "j").with("send_slots", "many");
+    match IbvOptions::from_config(&c) {
+        Err(Error::BadOption { key, value, .. }) => {
+            assert_eq!((key.as_str(), value.as_str()), ("send_slots", "many"));
+        }
+        other => panic!("expected BadOption, got {other:?}"),
+    }
 }

@@ -4,7 +4,7 @@ use std::ptr;
 use std::time::Duration;
 
 use psm_sys::ffi::*;
-use xdev::matching::FxMap;
+use xdev::devkit::matching::FxMap;
 use xdev::Result;
 
 use super::library::{describe, psm_error, EndpointSlot, JobKey, Library};
