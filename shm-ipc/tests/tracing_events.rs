@@ -114,7 +114,7 @@ fn device_open_and_peer_lost_are_events() {
         );
     }
     assert!(
-        seen.iter().any(|e| e.level == Level::WARN
+        seen.iter().any(|e| e.level == Level::INFO
             && e.target.starts_with("shm_ipc")
             && e.field("message") == Some("peer lost")
             && e.field("peer") == Some("1")),

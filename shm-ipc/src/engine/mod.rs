@@ -554,6 +554,7 @@ impl<M: Medium> Engine<M> {
             panic!("{} ring with rank {s} corrupt: {what}", M::NAME);
         }
         l.broken[s] = true;
+        tracing::warn!(peer = s, what = %what, "peer broke the ring protocol");
         if !l.gone[s] {
             self.fail_peer(l, s, Error::Protocol { rank: s, what });
         }
@@ -561,7 +562,10 @@ impl<M: Medium> Engine<M> {
 
     /// Fails everything that involves `d` with `err` and marks it gone.
     pub(crate) fn fail_peer(&self, l: &mut Local<M>, d: Rank, err: Error) {
-        tracing::warn!(peer = d, error = %err, "peer lost");
+        // Info, not warn: a peer that finished normally departs the same way
+        // as one that died, and every operation that involves it gets the
+        // typed error anyway. A broken protocol warns (`violation`).
+        tracing::info!(peer = d, error = %err, "peer lost");
         l.gone[d] = true;
         l.gone_why[d] = Some(err.clone());
         for t in l
