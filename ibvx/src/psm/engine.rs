@@ -199,7 +199,7 @@ impl PsmEngine {
             if d >= self.size || l.gone[d] || d == self.rank {
                 continue;
             }
-            tracing::warn!(peer = d, "peer lost: its process left the job");
+            tracing::info!(peer = d, "peer lost: its process left the job");
             l.gone[d] = true;
             self.fail_requests_of(l, d);
         }
