@@ -364,6 +364,20 @@ impl<M: Medium> Local<M> {
     }
 }
 
+/// The `ring_bytes` option, as both shared-memory devices declare it.
+pub(crate) const RING_BYTES_SPEC: xdev::devkit::OptionSpec = xdev::devkit::OptionSpec::new(
+    "ring_bytes",
+    "a byte count, 4096..=2^30",
+    "bytes per pair ring (64 KiB up to 22 ranks, then 32 MiB / n², at least 8 KiB)",
+);
+
+/// The `credit_bytes` option, as both shared-memory devices declare it.
+pub(crate) const CREDIT_BYTES_SPEC: xdev::devkit::OptionSpec = xdev::devkit::OptionSpec::new(
+    "credit_bytes",
+    "a byte count",
+    "eager bytes a sender may have unreceived at one receiver (4 × ring_bytes)",
+);
+
 /// The `ring_bytes` option (`default` if unset): bytes per pair ring,
 /// between 4 KiB and 1 GiB.
 pub(crate) fn ring_bytes_option(

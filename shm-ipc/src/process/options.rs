@@ -124,16 +124,8 @@ impl ProcessOptions {
             "a byte count",
             "largest payload sent eagerly (16 KiB)",
         ),
-        OptionSpec::new(
-            "ring_bytes",
-            "a byte count, 4096..=2^30",
-            "bytes per pair ring (64 KiB up to 22 ranks, then 32 MiB / n², at least 8 KiB)",
-        ),
-        OptionSpec::new(
-            "credit_bytes",
-            "a byte count",
-            "eager bytes a sender may have unreceived at one receiver (4 × ring_bytes)",
-        ),
+        crate::engine::RING_BYTES_SPEC,
+        crate::engine::CREDIT_BYTES_SPEC,
         OptionSpec::new(
             "cma",
             "one of auto, on, off",
