@@ -80,10 +80,18 @@ impl HybridOptions {
         shm_ipc::ProcessOptions::from_config(&sub(&opts.local_options))?;
         let remote = sub(&opts.remote_options);
         match opts.remote.as_str() {
+            #[cfg(feature = "ibv")]
             "ibv" => crate::IbvOptions::from_config(&remote).map(|_| ())?,
+            #[cfg(feature = "psm")]
             "psm" => Options::new("psm", crate::psm::PSM_OPTIONS, &remote)?
                 .get::<u32>("rndv_shm_bytes", 0)
                 .map(|_| ())?,
+            // A device this build leaves out fails here, before any
+            // connection, as its open would.
+            #[cfg(not(feature = "ibv"))]
+            "ibv" => return Err(super::setup::not_built("ibv")),
+            #[cfg(not(feature = "psm"))]
+            "psm" => return Err(super::setup::not_built("psm")),
             _ => shm_ipc::ProcessOptions::from_config(&remote).map(|_| ())?,
         }
         Ok(opts)

@@ -81,7 +81,7 @@ fn open_remote(name: &str, config: &Config, boot: Bootstrap) -> Result<Arc<dyn D
 
 /// The error of `remote=NAME` when ibvx was built without that device.
 #[cfg(not(all(feature = "ibv", feature = "psm")))]
-fn not_built(name: &str) -> Error {
+pub(super) fn not_built(name: &str) -> Error {
     Error::Config(format!(
         "hybrid: remote={name} needs ibvx's `{name}` feature, which this build leaves out"
     ))
