@@ -52,7 +52,8 @@ impl Transport for PsmEngine {
         // request leaves the queue: it is given back only once the test
         // below found the request complete (it then left the table), and
         // otherwise moves (by value, its memory unmoved) into the core that
-        // the entry holds from then on; on an unwind it leaks.
+        // the entry holds from then on; an unwind leaks it, or aborts while
+        // it moves into the core (`in_flight`).
         let posted = unsafe {
             eng.post_send(
                 &mut l,
@@ -80,9 +81,10 @@ impl Transport for PsmEngine {
                 status,
             );
         }
-        let core = eng
-            .tracker
-            .start(RequestKind::Send, std::mem::ManuallyDrop::into_inner(buf));
+        let core = in_flight(|| {
+            eng.tracker
+                .start(RequestKind::Send, std::mem::ManuallyDrop::into_inner(buf))
+        });
         if let Some(slot) = l.queue.as_mut().and_then(|q| q.get_mut(key)) {
             *slot = Slot::Request {
                 core: core.clone(),
@@ -123,7 +125,8 @@ impl Transport for PsmEngine {
         // request leaves the queue: it is given back only once the test
         // below found the request complete (it then left the table), and
         // otherwise moves (by value, its memory unmoved) into the core that
-        // the entry holds from then on; on an unwind it leaks.
+        // the entry holds from then on; an unwind leaks it, or aborts while
+        // it moves into the core (`in_flight`).
         let key = match unsafe { eng.post_recv(&mut l, at, &pattern, Slot::Abandoned) } {
             Ok(key) => key,
             Err(e) => {
@@ -144,9 +147,10 @@ impl Transport for PsmEngine {
                 status,
             );
         }
-        let core = eng
-            .tracker
-            .start(RequestKind::Recv, std::mem::ManuallyDrop::into_inner(buf));
+        let core = in_flight(|| {
+            eng.tracker
+                .start(RequestKind::Recv, std::mem::ManuallyDrop::into_inner(buf))
+        });
         core.set_token(key.to_u64());
         if let Some(slot) = l.queue.as_mut().and_then(|q| q.get_mut(key)) {
             *slot = Slot::Request {
@@ -230,4 +234,20 @@ impl Transport for PsmEngine {
         drop(l);
         r
     }
+}
+
+/// Runs `f`, which moves a buffer PSM2 may still use into a request core;
+/// should it unwind, the process aborts: the buffer, dropped on the way,
+/// would be freed under PSM2.
+fn in_flight<R>(f: impl FnOnce() -> R) -> R {
+    struct AbortOnUnwind;
+    impl Drop for AbortOnUnwind {
+        fn drop(&mut self) {
+            std::process::abort();
+        }
+    }
+    let guard = AbortOnUnwind;
+    let r = f();
+    std::mem::forget(guard);
+    r
 }
