@@ -22,13 +22,9 @@ fn every_device_refuses_unknown_keys_and_bad_values() {
         let cfg = Config::new(0, 2, format!("opts-{}", e.name)).with("no_such_key", 1);
         let err = reg.open(e.name, &cfg).err().expect("unknown key accepted");
         match &err {
-            Error::UnknownOption {
-                device,
-                key,
-                known: k,
-            } => {
-                assert_eq!((*device, key.as_str()), (e.name, "no_such_key"));
-                assert_eq!(k, &known, "{}", e.name);
+            Error::UnknownOption(u) => {
+                assert_eq!((u.device, u.key.as_str()), (e.name, "no_such_key"));
+                assert_eq!(u.known, known, "{}", e.name);
             }
             other => panic!("{}: expected UnknownOption, got {other:?}", e.name),
         }
@@ -42,17 +38,12 @@ fn every_device_refuses_unknown_keys_and_bad_values() {
         }
         let cfg = Config::new(0, 2, format!("opts-{}", e.name)).with(spec.key, "§?");
         match reg.open(e.name, &cfg).err().expect("bad value accepted") {
-            Error::BadOption {
-                device,
-                key,
-                value,
-                expected,
-            } => {
+            Error::BadOption(b) => {
                 assert_eq!(
-                    (device, key.as_str(), value.as_str()),
+                    (b.device, b.key.as_str(), b.value.as_str()),
                     (e.name, spec.key, "§?")
                 );
-                assert_eq!(expected, spec.form);
+                assert_eq!(b.expected, spec.form);
             }
             // `remote` of hybrid is a string checked against its list.
             Error::Config(m) if e.name == "hybrid" => assert!(m.contains("remote"), "{m}"),
@@ -68,15 +59,15 @@ fn hybrid_checks_the_options_it_passes_on() {
         .with("remote", "shm")
         .with("local.ring_byte", 4096);
     match reg.open("hybrid", &cfg).err().expect("accepted") {
-        Error::UnknownOption { device, key, .. } => {
-            assert_eq!((device, key.as_str()), ("shm", "ring_byte"))
+        Error::UnknownOption(u) => {
+            assert_eq!((u.device, u.key.as_str()), ("shm", "ring_byte"))
         }
         other => panic!("expected UnknownOption, got {other:?}"),
     }
     let cfg = Config::new(0, 2, "opts-hybrid-sub").with("remote.recv_depth", "deep");
     match reg.open("hybrid", &cfg).err().expect("accepted") {
-        Error::BadOption { device, key, .. } => {
-            assert_eq!((device, key.as_str()), ("ibv", "recv_depth"))
+        Error::BadOption(b) => {
+            assert_eq!((b.device, b.key.as_str()), ("ibv", "recv_depth"))
         }
         other => panic!("expected BadOption, got {other:?}"),
     }

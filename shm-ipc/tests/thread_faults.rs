@@ -225,12 +225,12 @@ fn bad_options_are_config_errors() {
     let c = Config::new(0, 1, job("opts")).with("ring_bytes", "lots");
     assert!(matches!(
         ThreadDevice::open(&c),
-        Err(Error::BadOption { key, .. }) if key == "ring_bytes"
+        Err(Error::BadOption(b)) if b.key == "ring_bytes"
     ));
     let c = Config::new(0, 1, job("opts1")).with("ring_byte", 8192);
     assert!(matches!(
         ThreadDevice::open(&c),
-        Err(Error::UnknownOption { known, .. }) if known.contains(&"ring_bytes")
+        Err(Error::UnknownOption(u)) if u.known.contains(&"ring_bytes")
     ));
     let c = Config::new(0, 1, job("opts2")).with("ring_bytes", 16);
     assert!(matches!(ThreadDevice::open(&c), Err(Error::Config(_))));

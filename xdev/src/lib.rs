@@ -31,7 +31,7 @@ mod types;
 
 pub use buffer::{Attachment, Buffer, BufferId, BufferStorage};
 pub use device::{Config, Device};
-pub use error::{Error, Result};
+pub use error::{BadOption, Error, Result, UnknownOption};
 pub use registry::Registry;
 pub use request::{Failed, Peeked, Request, RequestId};
 

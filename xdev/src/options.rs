@@ -60,11 +60,11 @@ impl<'c> Options<'c> {
             .keys()
             .find(|k| !specs.iter().any(|s| s.accepts(k)))
         {
-            return Err(Error::UnknownOption {
+            return Err(Error::UnknownOption(Box::new(crate::UnknownOption {
                 device,
                 key: key.clone(),
                 known: specs.iter().map(|s| s.key).collect(),
-            });
+            })));
         }
         Ok(Options {
             device,
@@ -89,11 +89,13 @@ impl<'c> Options<'c> {
         let spec = self.spec(key);
         match self.config.options.get(key) {
             None => Ok(None),
-            Some(v) => v.trim().parse().map(Some).map_err(|_| Error::BadOption {
-                device: self.device,
-                key: key.to_string(),
-                value: v.clone(),
-                expected: spec.form,
+            Some(v) => v.trim().parse().map(Some).map_err(|_| {
+                Error::BadOption(Box::new(crate::BadOption {
+                    device: self.device,
+                    key: key.to_string(),
+                    value: v.clone(),
+                    expected: spec.form,
+                }))
             }),
         }
     }
@@ -139,9 +141,9 @@ mod tests {
         let c = Config::new(0, 1, "j").with("ring_byte", 4096);
         let e = Options::new("dev", SPECS, &c).unwrap_err();
         match &e {
-            Error::UnknownOption { device, key, known } => {
-                assert_eq!((*device, key.as_str()), ("dev", "ring_byte"));
-                assert_eq!(known, &["ring_bytes", "local."]);
+            Error::UnknownOption(u) => {
+                assert_eq!((u.device, u.key.as_str()), ("dev", "ring_byte"));
+                assert_eq!(u.known, &["ring_bytes", "local."]);
             }
             other => panic!("wrong error {other:?}"),
         }
@@ -154,8 +156,8 @@ mod tests {
         let o = Options::new("dev", SPECS, &c).unwrap();
         let e = o.get("ring_bytes", 0usize).unwrap_err();
         assert!(
-            matches!(&e, Error::BadOption { key, value, expected, .. }
-                if key == "ring_bytes" && value == "4k" && *expected == "a byte count"),
+            matches!(&e, Error::BadOption(b)
+                if b.key == "ring_bytes" && b.value == "4k" && b.expected == "a byte count"),
             "{e:?}"
         );
     }

@@ -40,19 +40,16 @@ fn options_split_by_prefix_and_check_the_remote() {
     // A misspelled key, and a key without its prefix, name the known ones.
     for bad in ["remot=psm", "eager_limit=64"] {
         match HybridOptions::from_config(&config(&[bad])) {
-            Err(Error::UnknownOption { device, known, .. }) => {
-                assert_eq!(device, "hybrid");
-                assert_eq!(known, ["remote", "simulate_hosts", "local.", "remote."]);
+            Err(Error::UnknownOption(u)) => {
+                assert_eq!(u.device, "hybrid");
+                assert_eq!(u.known, ["remote", "simulate_hosts", "local.", "remote."]);
             }
             other => panic!("{bad}: expected UnknownOption, got {other:?}"),
         }
     }
     assert!(matches!(
         HybridOptions::from_config(&config(&["simulate_hosts=two"])),
-        Err(Error::BadOption {
-            expected: "a count, at least 1",
-            ..
-        })
+        Err(Error::BadOption(b)) if b.expected == "a count, at least 1"
     ));
 }
 

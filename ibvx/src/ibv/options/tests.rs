@@ -21,17 +21,17 @@ fn options_validate() {
 fn unknown_key_and_bad_value_are_refused() {
     let c = Config::new(0, 2, "j").with("recv_dpeth", 128);
     match IbvOptions::from_config(&c) {
-        Err(Error::UnknownOption { device, key, known }) => {
-            assert_eq!((device, key.as_str()), ("ibv", "recv_dpeth"));
-            assert_eq!(known.len(), IbvOptions::KEYS.len());
-            assert!(known.contains(&"recv_depth"), "{known:?}");
+        Err(Error::UnknownOption(u)) => {
+            assert_eq!((u.device, u.key.as_str()), ("ibv", "recv_dpeth"));
+            assert_eq!(u.known.len(), IbvOptions::KEYS.len());
+            assert!(u.known.contains(&"recv_depth"), "{:?}", u.known);
         }
         other => panic!("expected UnknownOption, got {other:?}"),
     }
     let c = Config::new(0, 2, "j").with("send_slots", "many");
     match IbvOptions::from_config(&c) {
-        Err(Error::BadOption { key, value, .. }) => {
-            assert_eq!((key.as_str(), value.as_str()), ("send_slots", "many"));
+        Err(Error::BadOption(b)) => {
+            assert_eq!((b.key.as_str(), b.value.as_str()), ("send_slots", "many"));
         }
         other => panic!("expected BadOption, got {other:?}"),
     }
