@@ -66,6 +66,15 @@ for c in "${dirs[@]}" benches; do
   cmp -s LICENSE-MIT "$c/LICENSE-MIT" && cmp -s LICENSE-APACHE "$c/LICENSE-APACHE" ||
     { echo "$c: LICENSE-MIT/LICENSE-APACHE differ from the root's copies" >&2; exit 1; }
 done
+# The dry run verifies each package from a temporary local registry, which
+# cargo extracts under $CARGO_HOME/registry/src/-HASH/NAME-VERSION and reuses
+# when that directory exists: a second run on this machine would build the
+# sources a previous run packaged. Remove our own packages' copies (only
+# there: crates.io's sources live under index.crates.io-*).
+version=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
+for l in "${libs[@]}"; do
+  rm -rf "${CARGO_HOME:-$HOME/.cargo}"/registry/src/-*/"$l-$version"
+done
 timeout 900 cargo publish --dry-run --allow-dirty --quiet --workspace --exclude xdev-bench --exclude xdev-tools --exclude xdev-examples
 # rust-version is checked three ways: clippy's incompatible_msrv (std APIs,
 # above), the libraries' dependencies (normal and build, Linux) below, and a
