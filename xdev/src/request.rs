@@ -415,16 +415,25 @@ impl RequestCore {
 /// Runs a completion hook; a panic in it aborts the process (see
 /// [`RequestCore::relay`]).
 fn run_hook(hook: CompletionHook, completion: Completion) {
-    struct AbortOnUnwind;
+    abort_on_unwind("a request completion hook", || hook(completion));
+}
+
+/// Runs `f`; should it unwind, the process aborts (after an error event
+/// naming `what`). For the stretch of a device's code where unwinding
+/// would free or hand back memory a device or a NIC may still use, or
+/// leave a completion half done.
+pub fn abort_on_unwind<R>(what: &'static str, f: impl FnOnce() -> R) -> R {
+    struct AbortOnUnwind(&'static str);
     impl Drop for AbortOnUnwind {
         fn drop(&mut self) {
-            tracing::error!("a request completion hook panicked; aborting");
+            tracing::error!("{} panicked; aborting", self.0);
             std::process::abort();
         }
     }
-    let guard = AbortOnUnwind;
-    hook(completion);
+    let guard = AbortOnUnwind(what);
+    let r = f();
     std::mem::forget(guard);
+    r
 }
 
 impl fmt::Debug for RequestCore {

@@ -30,10 +30,7 @@ impl Transport for PsmEngine {
         let (dest, tag, context, sync) = to.parts();
         let eng = self;
         let env = to.envelope();
-        let reject = |buf, e| {
-            eng.tracker
-                .rejected(RequestKind::Send, buf, Status::failed(env, e))
-        };
+        let reject = |buf, e| eng.tracker.completed(buf, Status::failed(env, e));
         let mut l = eng.lock();
         if l.gone[dest] {
             drop(l);
@@ -53,7 +50,7 @@ impl Transport for PsmEngine {
         // below found the request complete (it then left the table), and
         // otherwise moves (by value, its memory unmoved) into the core that
         // the entry holds from then on; an unwind leaks it, or aborts while
-        // it moves into the core (`in_flight`).
+        // it moves into the core (`abort_on_unwind`).
         let posted = unsafe {
             eng.post_send(
                 &mut l,
@@ -75,16 +72,17 @@ impl Transport for PsmEngine {
         if let Some((_, st)) = l.queue.as_mut().and_then(|q| q.test(key)) {
             drop(l);
             let status = PsmEngine::send_status(&st, env, len);
-            return eng.tracker.completed(
-                RequestKind::Send,
-                std::mem::ManuallyDrop::into_inner(buf),
-                status,
-            );
+            return eng
+                .tracker
+                .completed(std::mem::ManuallyDrop::into_inner(buf), status);
         }
-        let core = in_flight(|| {
-            eng.tracker
-                .start(RequestKind::Send, std::mem::ManuallyDrop::into_inner(buf))
-        });
+        let core = xdev::devkit::abort_on_unwind(
+            "moving a buffer PSM2 may still use into its request",
+            || {
+                eng.tracker
+                    .start(RequestKind::Send, std::mem::ManuallyDrop::into_inner(buf))
+            },
+        );
         if let Some(slot) = l.queue.as_mut().and_then(|q| q.get_mut(key)) {
             *slot = Slot::Request {
                 core: core.clone(),
@@ -103,10 +101,7 @@ impl Transport for PsmEngine {
             tag: -1,
             context: pattern.context,
         };
-        let reject = |buf, e| {
-            eng.tracker
-                .rejected(RequestKind::Recv, buf, Status::failed(env, e))
-        };
+        let reject = |buf, e| eng.tracker.completed(buf, Status::failed(env, e));
         let mut l = eng.lock();
         let source = match pattern.source {
             Source::Rank(s) => Some(s),
@@ -126,7 +121,7 @@ impl Transport for PsmEngine {
         // below found the request complete (it then left the table), and
         // otherwise moves (by value, its memory unmoved) into the core that
         // the entry holds from then on; an unwind leaks it, or aborts while
-        // it moves into the core (`in_flight`).
+        // it moves into the core (`abort_on_unwind`).
         let key = match unsafe { eng.post_recv(&mut l, at, &pattern, Slot::Abandoned) } {
             Ok(key) => key,
             Err(e) => {
@@ -141,16 +136,17 @@ impl Transport for PsmEngine {
         if let Some((peer, st)) = done {
             let status = eng.recv_status(peer, &st, Some(at.1));
             drop(l);
-            return eng.tracker.completed(
-                RequestKind::Recv,
-                std::mem::ManuallyDrop::into_inner(buf),
-                status,
-            );
+            return eng
+                .tracker
+                .completed(std::mem::ManuallyDrop::into_inner(buf), status);
         }
-        let core = in_flight(|| {
-            eng.tracker
-                .start(RequestKind::Recv, std::mem::ManuallyDrop::into_inner(buf))
-        });
+        let core = xdev::devkit::abort_on_unwind(
+            "moving a buffer PSM2 may still use into its request",
+            || {
+                eng.tracker
+                    .start(RequestKind::Recv, std::mem::ManuallyDrop::into_inner(buf))
+            },
+        );
         core.set_token(key.to_u64());
         if let Some(slot) = l.queue.as_mut().and_then(|q| q.get_mut(key)) {
             *slot = Slot::Request {
@@ -234,20 +230,4 @@ impl Transport for PsmEngine {
         drop(l);
         r
     }
-}
-
-/// Runs `f`, which moves a buffer PSM2 may still use into a request core;
-/// should it unwind, the process aborts: the buffer, dropped on the way,
-/// would be freed under PSM2.
-fn in_flight<R>(f: impl FnOnce() -> R) -> R {
-    struct AbortOnUnwind;
-    impl Drop for AbortOnUnwind {
-        fn drop(&mut self) {
-            std::process::abort();
-        }
-    }
-    let guard = AbortOnUnwind;
-    let r = f();
-    std::mem::forget(guard);
-    r
 }
