@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use crate::{
     check_recv, check_send, Buffer, Context, Envelope, Error, Pattern, Peeked, Progress, Rank,
-    Request, RequestKind, Result, Source, Status, Tag, TagSel, Tracker,
+    Request, Result, Source, Status, Tag, TagSel, Tracker,
 };
 
 /// Where a send goes and how it completes: what `send`, `ssend`, `isend`
@@ -148,17 +148,8 @@ pub trait Face: Send + Sync {
 
 /// A request that failed before it started: complete at once with `e`, its
 /// buffer given back through the handle as usual.
-fn refused<T: Transport>(
-    engine: &Arc<T>,
-    kind: RequestKind,
-    buf: Buffer,
-    env: Envelope,
-    e: Error,
-) -> Request {
-    engine
-        .seat()
-        .tracker
-        .rejected(kind, buf, Status::failed(env, e))
+fn refused<T: Transport>(engine: &Arc<T>, buf: Buffer, env: Envelope, e: Error) -> Request {
+    engine.seat().tracker.completed(buf, Status::failed(env, e))
 }
 
 impl<D: Face> crate::Device for D {
@@ -211,7 +202,7 @@ impl<D: Face> crate::Device for D {
                 tag: -1,
                 context,
             };
-            return refused(self.engine(), RequestKind::Recv, buf, env, e);
+            return refused(self.engine(), buf, env, e);
         }
         self.engine()
             .start_recv(buf, Pattern::new(source, tag, context))
@@ -262,7 +253,7 @@ fn start_send<D: Face + ?Sized>(dev: &D, buf: Buffer, to: SendTo) -> Request {
     let engine = dev.engine();
     let checked = check_send(to.dest, to.tag, engine.seat().size);
     if let Err(e) = checked.and_then(|_| engine.seat().check_open()) {
-        return refused(engine, RequestKind::Send, buf, to.envelope(), e);
+        return refused(engine, buf, to.envelope(), e);
     }
     engine.start_send(buf, to)
 }

@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use xdev::bootstrap::Bootstrap;
-use xdev::devkit::{RequestKind, Tracker};
+use xdev::devkit::Tracker;
 use xdev::registry::{Entry, Placement};
 use xdev::{
     Buffer, Config, Context, Device, Envelope, Error, Peeked, Rank, Request, Source, Status, Tag,
@@ -124,7 +124,7 @@ impl Device for KvDevice {
             Ok(()) => Status::ok(env, buf.len()),
             Err(e) => Status::failed(env, e),
         };
-        self.tracker.rejected(RequestKind::Send, buf, st)
+        self.tracker.completed(buf, st)
     }
     fn issend(&self, buf: Buffer, dest: Rank, tag: Tag, context: Context) -> Request {
         self.isend(buf, dest, tag, context)
@@ -140,7 +140,7 @@ impl Device for KvDevice {
                 };
                 Status::failed(env, e)
             });
-        self.tracker.rejected(RequestKind::Recv, buf, st)
+        self.tracker.completed(buf, st)
     }
     fn probe(&self, source: Source, tag: TagSel, context: Context) -> xdev::Result<Status> {
         let (src, tag) = Self::exact(source, tag)?;

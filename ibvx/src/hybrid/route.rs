@@ -148,7 +148,7 @@ impl HybridEngine {
         map: &RankMap,
     ) -> Request {
         match below.take_if_done() {
-            Ok(c) => self.tracker.completed(kind, c.buf, map.status(c.status)),
+            Ok(c) => self.tracker.completed(c.buf, map.status(c.status)),
             Err(below) => {
                 let core = self.tracker.start_relay(kind);
                 let (tracker, done, map) = (self.tracker.clone(), core.clone(), map.clone());

@@ -98,7 +98,7 @@ impl<M: Medium> Transport for Engine<M> {
         let env = to.envelope();
         if dest != self.rank && self.m.peer_gone(dest) {
             let e = lost(dest, "peer finished or died");
-            return self.refused(RequestKind::Send, buf, env, e);
+            return self.refused(buf, env, e);
         }
         if !sync && buf.len() <= self.eager_max {
             // The common small send: into the ring first, then a request
@@ -118,9 +118,7 @@ impl<M: Medium> Transport for Engine<M> {
                 if let Sent::Complete = self.push(&mut l, &out, None) {
                     drop(l);
                     let len = buf.len();
-                    return self
-                        .tracker
-                        .completed(RequestKind::Send, buf, Status::ok(env, len));
+                    return self.tracker.completed(buf, Status::ok(env, len));
                 }
             }
         }
@@ -205,7 +203,7 @@ impl<M: Medium> Transport for Engine<M> {
             // it empties the queues under this lock, so nothing posted now
             // would be completed.
             drop(l);
-            return self.refused(RequestKind::Recv, buf, env, Error::Closed);
+            return self.refused(buf, env, Error::Closed);
         }
         // A rendezvous this call matches is not copied here (see
         // `Local::defer_copies`). Every exit below clears the flag.
@@ -331,14 +329,8 @@ impl<M: Medium> Engine<M> {
     }
 
     /// A request that failed before it started.
-    fn refused(
-        self: &Arc<Self>,
-        kind: RequestKind,
-        buf: Buffer,
-        env: Envelope,
-        e: Error,
-    ) -> Request {
-        self.tracker.rejected(kind, buf, Status::failed(env, e))
+    fn refused(self: &Arc<Self>, buf: Buffer, env: Envelope, e: Error) -> Request {
+        self.tracker.completed(buf, Status::failed(env, e))
     }
 
     /// One step of a blocking receive while nothing else is posted: from the
@@ -402,7 +394,7 @@ impl<M: Medium> Engine<M> {
         }
         let (status, deferred) = (direct.status, direct.deferred);
         if let Some(status) = status {
-            return Ok(self.tracker.completed(RequestKind::Recv, buf, status));
+            return Ok(self.tracker.completed(buf, status));
         }
         let Some((env, x)) = deferred else {
             return Err(buf);

@@ -34,8 +34,7 @@ impl Transport for Counting {
         self.calls.fetch_add(1, Ordering::Relaxed);
         let env = to.envelope();
         let n = buf.len();
-        self.tracker
-            .completed(RequestKind::Send, buf, Status::ok(env, n))
+        self.tracker.completed(buf, Status::ok(env, n))
     }
     fn recv_into(self: &Arc<Self>, _: &mut [u8], p: Pattern) -> Result<Status> {
         self.calls.fetch_add(1, Ordering::Relaxed);
@@ -53,8 +52,7 @@ impl Transport for Counting {
             tag: 0,
             context: p.context,
         };
-        self.tracker
-            .completed(RequestKind::Recv, buf, Status::ok(env, 0))
+        self.tracker.completed(buf, Status::ok(env, 0))
     }
     fn probe(&self, _: Pattern, _: bool) -> Result<Option<Status>> {
         self.calls.fetch_add(1, Ordering::Relaxed);

@@ -46,12 +46,8 @@ fn completion_returns_buffer_and_counts() {
 #[test]
 fn a_request_born_complete_carries_its_completion_and_is_never_peeked() {
     let t = Tracker::new();
-    let early = t.completed(
-        RequestKind::Send,
-        Buffer::from(vec![7u8; 3]),
-        Status::ok(env(), 3),
-    );
-    let dropped = t.completed(RequestKind::Send, Buffer::zeroed(1), Status::ok(env(), 1));
+    let early = t.completed(Buffer::from(vec![7u8; 3]), Status::ok(env(), 3));
+    let dropped = t.completed(Buffer::zeroed(1), Status::ok(env(), 1));
     assert_ne!(early.id(), dropped.id(), "ids are unique");
     drop(dropped);
     assert!(early.was_born_complete());
@@ -68,11 +64,7 @@ fn a_request_born_complete_carries_its_completion_and_is_never_peeked() {
     let core = t.start(RequestKind::Recv, Buffer::zeroed(2));
     let r = Request::new(core.clone(), Arc::new(Inert));
     assert!(!r.was_born_complete());
-    assert!(
-        r.id()
-            < t.completed(RequestKind::Recv, Buffer::zeroed(0), Status::ok(env(), 0))
-                .id()
-    );
+    assert!(r.id() < t.completed(Buffer::zeroed(0), Status::ok(env(), 0)).id());
     t.complete(&core, Status::ok(env(), 2));
     assert_eq!(r.wait().buf.len(), 2);
 }
@@ -82,7 +74,7 @@ fn wait_ok_gives_the_buffer_back_with_the_error() {
     let t = Tracker::new();
     let env = env();
     let st = Status::received(env, 9, 4);
-    let r = t.completed(RequestKind::Recv, Buffer::from(vec![1u8; 4]), st);
+    let r = t.completed(Buffer::from(vec![1u8; 4]), st);
     let failed = r.wait_ok().expect_err("truncated");
     assert!(matches!(
         failed.error,
@@ -90,7 +82,7 @@ fn wait_ok_gives_the_buffer_back_with_the_error() {
     ));
     assert_eq!((&failed.buf[..], failed.status.count), (&[1u8; 4][..], 4));
     assert!(failed.status.error.is_none(), "the error moved out");
-    let ok = t.completed(RequestKind::Send, Buffer::zeroed(3), Status::ok(env, 3));
+    let ok = t.completed(Buffer::zeroed(3), Status::ok(env, 3));
     let (buf, st) = ok.wait_ok().expect("ok");
     assert_eq!((buf.len(), st.count), (3, 3));
 }
@@ -284,11 +276,7 @@ fn threads_share_trackers_through_their_stashes() {
                         let t = &trackers[k];
                         let bytes = vec![w ^ i as u8; 1 + (i % 5) as usize];
                         let r = if i % 2 == 0 {
-                            t.completed(
-                                RequestKind::Send,
-                                Buffer::from(bytes.clone()),
-                                Status::ok(env(), bytes.len()),
-                            )
+                            t.completed(Buffer::from(bytes.clone()), Status::ok(env(), bytes.len()))
                         } else {
                             let core = t.start(RequestKind::Recv, Buffer::from(bytes.clone()));
                             let r = Request::new(core.clone(), Arc::new(Inert));

@@ -122,13 +122,12 @@ impl Tracker {
     /// The handle of a request born complete with `status`, owning `buf`:
     /// for an operation that ended inside the call that started it (an
     /// `isend` whose data already left, an `irecv` whose message was
-    /// already there, one refused before it started). The handle carries
-    /// the buffer and the status itself: no core, no lock, no locked
-    /// instruction but the id's. It is never outstanding, and `peek` does
-    /// not report it.
+    /// already there, one refused before it started: an invalid rank, a
+    /// closed device). The handle carries the buffer and the status itself:
+    /// no core, no lock, no locked instruction (ids come from per-thread
+    /// blocks). It is never outstanding, and `peek` does not report it.
     #[inline]
-    pub fn completed(&self, kind: RequestKind, buf: Buffer, status: Status) -> Request {
-        let _ = kind;
+    pub fn completed(&self, buf: Buffer, status: Status) -> Request {
         let id = born_id();
         let inner = match Brief::of(&status) {
             Some(status) => Inner::Done { id, buf, status },
@@ -199,13 +198,6 @@ impl Tracker {
                 true
             }
         }
-    }
-
-    /// A request refused before it started (an invalid rank, a closed
-    /// device): born complete with `status`, its buffer given back through
-    /// the handle as usual (see [`completed`](Tracker::completed)).
-    pub fn rejected(&self, kind: RequestKind, buf: Buffer, status: Status) -> Request {
-        self.completed(kind, buf, status)
     }
 
     /// Reports the earliest-started completed request whose handle is still
