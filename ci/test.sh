@@ -75,7 +75,13 @@ version=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
 for l in "${libs[@]}"; do
   rm -rf "${CARGO_HOME:-$HOME/.cargo}"/registry/src/-*/"$l-$version"
 done
-timeout 900 cargo publish --dry-run --allow-dirty --quiet --workspace --exclude xdev-bench --exclude xdev-tools --exclude xdev-examples
+# And the verification builds go to a target directory of their own, made
+# afresh: cargo takes a registry package as immutable, so a build of an
+# earlier run's `ibvx-xdev 0.1.0` left in the main target directory would be
+# reused for this run's (it was, once `Tracker::completed` changed).
+rm -rf target/publish-verify
+CARGO_TARGET_DIR=target/publish-verify \
+  timeout 900 cargo publish --dry-run --allow-dirty --quiet --workspace --exclude xdev-bench --exclude xdev-tools --exclude xdev-examples
 # rust-version is checked three ways: clippy's incompatible_msrv (std APIs,
 # above), the libraries' dependencies (normal and build, Linux) below, and a
 # build of the libraries with that toolchain itself (rustup, minimal profile;
