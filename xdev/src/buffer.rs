@@ -24,11 +24,6 @@ pub unsafe trait BufferStorage: Send + Sync + 'static {
     fn as_any(&self) -> &dyn Any;
 }
 
-enum Storage {
-    Heap(Vec<u8>),
-    Foreign(Box<dyn BufferStorage>),
-}
-
 /// The identity of the allocation a [`Buffer`] holds: unique in the process
 /// and never reused (a 64-bit counter), fixed for the buffer's life.
 ///
@@ -73,14 +68,36 @@ pub struct Buffer {
     ptr: NonNull<u8>,
     len: usize,
     id: BufferId,
-    /// Declared before `storage`: fields drop in order, so it is dropped
-    /// while the memory is still held.
-    attachment: Option<Attachment>,
-    storage: Storage,
+    /// What a plain heap buffer does not need: `None` for a `Vec` whose
+    /// capacity is its length and that carries no attachment (the common
+    /// case, so the handle stays 32 bytes and costs no second allocation).
+    side: Option<Box<Side>>,
 }
 
-// SAFETY: a Buffer owns its memory exclusively (a Vec or a BufferStorage, which
-// is itself Send + Sync); the raw pointer is only an address into that memory.
+/// The rarer parts of a [`Buffer`], kept out of line: every message moves
+/// its buffer's handle several times, so the handle stays four words.
+struct Side {
+    /// A heap buffer's `Vec` capacity (when `storage` is `None`).
+    heap_cap: usize,
+    /// Foreign memory; `None` for a heap buffer.
+    storage: Option<Box<dyn BufferStorage>>,
+    /// Dropped before the memory is released (see [`Buffer::attach`]).
+    attachment: Option<Attachment>,
+}
+
+impl Side {
+    fn heap(cap: usize) -> Box<Side> {
+        Box::new(Side {
+            heap_cap: cap,
+            storage: None,
+            attachment: None,
+        })
+    }
+}
+
+// SAFETY: a Buffer owns its memory exclusively (a Vec's allocation or a
+// BufferStorage, which is itself Send + Sync); the raw pointer is only an
+// address into that memory.
 unsafe impl Send for Buffer {}
 // SAFETY: shared access only hands out `&[u8]`, as `Vec<u8>` does.
 unsafe impl Sync for Buffer {}
@@ -100,8 +117,11 @@ impl Buffer {
             ptr,
             len,
             id: next_id(),
-            attachment: None,
-            storage: Storage::Foreign(storage),
+            side: Some(Box::new(Side {
+                heap_cap: 0,
+                storage: Some(storage),
+                attachment: None,
+            })),
         }
     }
 
@@ -129,10 +149,8 @@ impl Buffer {
     /// The foreign storage, if this buffer was built by
     /// [`from_storage`](Buffer::from_storage).
     pub fn storage(&self) -> Option<&dyn Any> {
-        match &self.storage {
-            Storage::Heap(_) => None,
-            Storage::Foreign(s) => Some(s.as_any()),
-        }
+        let storage = self.side.as_ref()?.storage.as_ref()?;
+        Some(storage.as_any())
     }
 
     /// The identity of this buffer's allocation (see [`BufferId`]).
@@ -146,46 +164,74 @@ impl Buffer {
     /// called), or when another `attach` replaces it; a leaked buffer
     /// (`mem::forget`) never releases its memory and keeps its token.
     pub fn attach(&mut self, token: Attachment) {
-        self.attachment = Some(token);
+        let len = self.len;
+        // A plain heap buffer's capacity is its length (see `side`).
+        let side = self.side.get_or_insert_with(|| Side::heap(len));
+        side.attachment = Some(token);
     }
 
     /// The attachment, if any (a device downcasts it to recognise its own).
     pub fn attachment(&self) -> Option<&(dyn Any + Send + Sync)> {
-        self.attachment.as_deref()
+        self.side.as_ref()?.attachment.as_deref()
     }
 
     /// The bytes as a `Vec` (free for heap buffers, a copy for foreign ones).
     /// The attachment is dropped first, while the memory is still held.
     pub fn into_vec(self) -> Vec<u8> {
-        let copy = match &self.storage {
-            Storage::Heap(_) => None,
-            Storage::Foreign(_) => Some(self[..].to_vec()),
+        let mut me = std::mem::ManuallyDrop::new(self);
+        let side = me.side.take();
+        let cap = match side {
+            None => me.len,
+            Some(mut side) => {
+                drop(side.attachment.take());
+                if side.storage.is_some() {
+                    let copy = me[..].to_vec();
+                    drop(side); // releases the foreign memory
+                    return copy;
+                }
+                side.heap_cap
+            }
         };
-        let Buffer {
-            attachment,
-            storage,
-            ..
-        } = self;
-        drop(attachment);
-        match (storage, copy) {
-            (Storage::Heap(v), _) => v,
-            (Storage::Foreign(_), copy) => copy.unwrap_or_default(),
-        }
+        // SAFETY: `ptr`, `len` and `cap` are the raw parts of the Vec this
+        // heap buffer took in `From<Vec<u8>>` (see `side`), whose
+        // allocation nothing else owns; `me` is never dropped, so the Vec is
+        // rebuilt exactly once.
+        unsafe { Vec::from_raw_parts(me.ptr.as_ptr(), me.len, cap) }
+    }
+}
+
+impl Drop for Buffer {
+    fn drop(&mut self) {
+        let cap = match self.side.take() {
+            None => self.len,
+            Some(mut side) => {
+                // The attachment goes first, while the memory is still held.
+                drop(side.attachment.take());
+                if side.storage.is_some() {
+                    return; // dropping `side` releases the foreign memory
+                }
+                side.heap_cap
+            }
+        };
+        // SAFETY: as in `into_vec`: the raw parts of the Vec this heap buffer
+        // owns, rebuilt once, here, to free it.
+        drop(unsafe { Vec::from_raw_parts(self.ptr.as_ptr(), self.len, cap) });
     }
 }
 
 impl From<Vec<u8>> for Buffer {
-    fn from(mut v: Vec<u8>) -> Self {
-        let len = v.len();
-        // A Vec's heap pointer does not change unless the Vec is reallocated,
-        // and the Buffer never grows or shrinks it.
+    fn from(v: Vec<u8>) -> Self {
+        // The Vec's raw parts: its heap pointer does not change while the
+        // Buffer holds it (the Buffer never grows or shrinks it), and `Drop`
+        // or `into_vec` rebuild the Vec from them.
+        let mut v = std::mem::ManuallyDrop::new(v);
+        let (len, cap) = (v.len(), v.capacity());
         let ptr = NonNull::new(v.as_mut_ptr()).unwrap_or(NonNull::dangling());
         Buffer {
             ptr,
             len,
             id: next_id(),
-            attachment: None,
-            storage: Storage::Heap(v),
+            side: (cap != len).then(|| Side::heap(cap)),
         }
     }
 }
@@ -199,8 +245,9 @@ impl From<&[u8]> for Buffer {
 impl std::ops::Deref for Buffer {
     type Target = [u8];
     fn deref(&self) -> &[u8] {
-        // SAFETY: `ptr` is valid for `len` bytes owned by `storage` (Vec
-        // contract or BufferStorage contract), or dangling with len 0.
+        // SAFETY: `ptr` is valid for `len` bytes this buffer owns (a Vec's
+        // allocation, or a BufferStorage by its contract), or dangling
+        // with len 0.
         unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
     }
 }
@@ -217,7 +264,7 @@ impl fmt::Debug for Buffer {
         f.debug_struct("Buffer")
             .field("len", &self.len)
             .field("id", &self.id.0)
-            .field("foreign", &matches!(self.storage, Storage::Foreign(_)))
+            .field("foreign", &self.storage().is_some())
             .finish()
     }
 }

@@ -97,3 +97,34 @@ fn the_attachment_is_dropped_with_the_buffer_or_by_into_vec() {
     assert_eq!(b.into_vec(), vec![7; 4]);
     assert!(flag2.load(seen));
 }
+
+#[test]
+fn a_buffer_handle_is_four_words() {
+    // Every message moves its buffer's handle several times (into the
+    // request, out with the completion): the rare parts live out of line.
+    assert!(std::mem::size_of::<Buffer>() <= 32);
+    assert!(std::mem::size_of::<Option<Buffer>>() <= 32);
+}
+
+#[test]
+fn a_vec_with_spare_capacity_comes_back_whole() {
+    let mut v = Vec::with_capacity(64);
+    v.extend_from_slice(&[4u8, 5, 6]);
+    let addr = v.as_ptr();
+    let mut b = Buffer::from(v);
+    assert_eq!(b.len(), 3);
+    let (tok, flag) = watch();
+    b.attach(tok);
+    let v = b.into_vec();
+    assert!(flag.load(std::sync::atomic::Ordering::SeqCst));
+    assert_eq!(v.as_ptr(), addr, "the same allocation");
+    assert_eq!(v.capacity(), 64, "with its capacity");
+    assert_eq!(v, [4, 5, 6]);
+    // Dropped with spare capacity and no attachment: freed as allocated
+    // (Miri or a sanitizer would flag a wrong layout).
+    let mut w = Vec::with_capacity(32);
+    w.push(1u8);
+    drop(Buffer::from(w));
+    drop(Buffer::from(Vec::new()));
+    assert!(Buffer::from(Vec::new()).into_vec().is_empty());
+}
