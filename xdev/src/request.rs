@@ -514,62 +514,22 @@ pub struct Request {
     inner: Inner,
 }
 
-/// The shapes of a request: born complete (successful, or ended otherwise),
-/// or in flight.
+/// The shapes of a request: born complete, or in flight.
 enum Inner {
-    /// The operation succeeded inside the call that started it: the handle
-    /// itself carries the buffer and a brief status. No pooled core, no
+    /// The operation ended inside the call that started it: the handle
+    /// itself carries the buffer and the status. No pooled core, no
     /// reference count, no engine; `peek` does not report it (the caller
-    /// holds it complete).
+    /// holds it complete). The status is kept whole, as the device wrote
+    /// it: rebuilding it from a narrower copy at `wait` costs a stalled
+    /// wide load of freshly written narrow fields, more than the bytes it
+    /// saves.
     Done {
         id: RequestId,
         buf: Buffer,
-        status: Brief,
+        status: Status,
     },
-    /// Born complete with an error or cancelled (rare: refused calls, a
-    /// message already here that does not fit): the full status, boxed so
-    /// that every handle stays small.
-    Ended(Box<(RequestId, Buffer, Status)>),
     /// The device owns the buffer until the core completes.
     InFlight(Held),
-}
-
-/// What a successful [`Status`] holds, in 32 bytes: a handle born complete
-/// carries this, not the 80-byte status with its error slot.
-#[derive(Clone, Copy, Debug)]
-struct Brief {
-    source: crate::Rank,
-    tag: crate::Tag,
-    context: crate::Context,
-    count: usize,
-    message_len: usize,
-}
-
-impl Brief {
-    /// The brief form of `status`, if it has no error and is not cancelled.
-    #[inline]
-    fn of(status: &Status) -> Option<Brief> {
-        (status.error.is_none() && !status.cancelled).then_some(Brief {
-            source: status.source,
-            tag: status.tag,
-            context: status.context,
-            count: status.count,
-            message_len: status.message_len,
-        })
-    }
-
-    #[inline(always)]
-    fn status(self) -> Status {
-        Status {
-            source: self.source,
-            tag: self.tag,
-            context: self.context,
-            count: self.count,
-            message_len: self.message_len,
-            cancelled: false,
-            error: None,
-        }
-    }
 }
 
 /// The handle's share of a request in flight: its core, and the engine that
@@ -622,7 +582,6 @@ impl Request {
     pub fn id(&self) -> RequestId {
         match &self.inner {
             Inner::Done { id, .. } => *id,
-            Inner::Ended(e) => e.0,
             Inner::InFlight(h) => h.core.id(),
         }
     }
@@ -631,14 +590,14 @@ impl Request {
     /// the call that started it. `peek` reports only requests that were
     /// not.
     pub fn was_born_complete(&self) -> bool {
-        matches!(self.inner, Inner::Done { .. } | Inner::Ended(_))
+        matches!(self.inner, Inner::Done { .. })
     }
 
     /// Drives progress once and says whether the operation has completed.
     #[inline]
     pub fn is_complete(&self) -> bool {
         match &self.inner {
-            Inner::Done { .. } | Inner::Ended(_) => true,
+            Inner::Done { .. } => true,
             Inner::InFlight(h) => {
                 if !h.core.is_done() {
                     h.engine.progress();
@@ -663,7 +622,7 @@ impl Request {
     /// (for a layered device that just started this request below).
     pub fn take_if_done(self) -> Result<Completion, Request> {
         let done = match &self.inner {
-            Inner::Done { .. } | Inner::Ended(_) => true,
+            Inner::Done { .. } => true,
             Inner::InFlight(h) => h.core.is_done(),
         };
         if done {
@@ -712,7 +671,7 @@ impl Request {
     /// matched receives are not cancelled.
     pub fn cancel(&self) -> bool {
         match &self.inner {
-            Inner::Done { .. } | Inner::Ended(_) => false,
+            Inner::Done { .. } => false,
             Inner::InFlight(h) => !h.core.is_done() && h.engine.cancel(&h.core),
         }
     }
@@ -742,14 +701,7 @@ impl Request {
     #[inline(always)]
     fn split(self) -> Result<Completion, Held> {
         match self.inner {
-            Inner::Done { buf, status, .. } => Ok(Completion {
-                buf,
-                status: status.status(),
-            }),
-            Inner::Ended(e) => {
-                let (_, buf, status) = *e;
-                Ok(Completion { buf, status })
-            }
+            Inner::Done { buf, status, .. } => Ok(Completion { buf, status }),
             Inner::InFlight(h) => Err(h),
         }
     }
@@ -800,12 +752,6 @@ impl fmt::Debug for Request {
                 .field("id", id)
                 .field("len", &buf.len())
                 .field("status", status)
-                .finish(),
-            Inner::Ended(e) => f
-                .debug_struct("Request")
-                .field("id", &e.0)
-                .field("len", &e.1.len())
-                .field("status", &e.2)
                 .finish(),
             Inner::InFlight(h) => h.core.fmt(f),
         }

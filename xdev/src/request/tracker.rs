@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use super::pool::{self, CoreRef, Pool};
-use super::{Brief, Held, Inner, Peeked, Progress, Request, RequestCore, RequestId, RequestKind};
+use super::{Held, Inner, Peeked, Progress, Request, RequestCore, RequestId, RequestKind};
 use super::{LIVE, REPORTED};
 use crate::lock::RankLock;
 use crate::{Buffer, Status};
@@ -128,12 +128,13 @@ impl Tracker {
     /// blocks). It is never outstanding, and `peek` does not report it.
     #[inline]
     pub fn completed(&self, buf: Buffer, status: Status) -> Request {
-        let id = born_id();
-        let inner = match Brief::of(&status) {
-            Some(status) => Inner::Done { id, buf, status },
-            None => Inner::Ended(Box::new((id, buf, status))),
-        };
-        Request { inner }
+        Request {
+            inner: Inner::Done {
+                id: born_id(),
+                buf,
+                status,
+            },
+        }
     }
 
     /// Starts a request that holds no buffer yet, for a device layered over
