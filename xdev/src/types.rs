@@ -126,6 +126,7 @@ pub struct Status {
 
 impl Status {
     /// A successful status for a message with envelope `env` and `len` bytes.
+    #[inline]
     pub fn ok(env: Envelope, len: usize) -> Self {
         Status {
             source: env.source,
@@ -141,6 +142,7 @@ impl Status {
     /// The status of a receive of a `message_len`-byte message into a
     /// `capacity`-byte buffer: truncated (with the error set) when it does not
     /// fit.
+    #[inline]
     pub fn received(env: Envelope, message_len: usize, capacity: usize) -> Self {
         let mut st = Status::ok(env, message_len.min(capacity));
         st.message_len = message_len;
@@ -189,6 +191,7 @@ impl Status {
     }
 
     /// The envelope of the message this status describes.
+    #[inline]
     pub fn envelope(&self) -> Envelope {
         Envelope {
             source: self.source,
@@ -198,6 +201,7 @@ impl Status {
     }
 
     /// `Ok(self)` when no error is set, else the error.
+    #[inline]
     pub fn into_result(self) -> Result<Status, Error> {
         match self.error {
             Some(e) => Err(e),

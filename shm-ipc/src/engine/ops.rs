@@ -208,17 +208,32 @@ impl<M: Medium> Transport for Engine<M> {
         // A rendezvous this call matches is not copied here (see
         // `Local::defer_copies`). Every exit below clears the flag.
         l.defer_copies = true;
-        let r = if l.matching.posted_len() == 0 {
-            match self.start_recv_here(&mut l, buf, pattern) {
-                Ok(r) => r,
-                Err(buf) => self.post_recv(&mut l, buf, pattern),
+        let mut buf = buf;
+        if l.matching.posted_len() == 0 {
+            // Each request is returned from where it is made: through a
+            // `Result` or a local it would be moved once more.
+            match self.recv_here(&mut l, &mut buf, pattern) {
+                Here::Absent => {}
+                Here::Done(status) => {
+                    l.defer_copies = false;
+                    drop(l);
+                    return self.tracker.completed(buf, status);
+                }
+                Here::Later(env, x) => {
+                    // (The pool's lock is a leaf: taking it under ours is
+                    // fine.)
+                    let (core, request) =
+                        self.tracker
+                            .start_request(RequestKind::Recv, buf, self.clone());
+                    M::settle(self, &mut l, env, x, Target::Request(core));
+                    l.defer_copies = false;
+                    return request;
+                }
             }
-        } else {
-            self.post_recv(&mut l, buf, pattern)
-        };
+        }
+        let request = self.post_recv(&mut l, buf, pattern);
         l.defer_copies = false;
-        drop(l);
-        r
+        request
     }
 
     /// The status of the first message that matches `pattern`, without
@@ -295,6 +310,16 @@ impl<M: Medium> Transport for Engine<M> {
         self.m.finished();
         r
     }
+}
+
+/// What [`Engine::recv_here`] found for a receive.
+enum Here<L> {
+    /// No message for it is here yet.
+    Absent,
+    /// An eager message, delivered: the receive's status.
+    Done(Status),
+    /// A rendezvous that matched, to be settled into the receive's request.
+    Later(Envelope, L),
 }
 
 impl<M: Medium> Engine<M> {
@@ -374,16 +399,12 @@ impl<M: Medium> Engine<M> {
     /// The common case of `start_recv`: nothing else is posted (so this
     /// receive may take the first match) and the message is already here, in
     /// the unexpected queue or at the head of its sender's ring. An eager
-    /// message is copied straight into `buf` and the request is born
-    /// complete; a rendezvous is settled into the request made for it.
-    /// `Err`: no message here.
-    fn start_recv_here(
-        self: &Arc<Self>,
-        l: &mut Local<M>,
-        mut buf: Buffer,
-        pattern: Pattern,
-    ) -> std::result::Result<Request, Buffer> {
-        let mut direct = Direct::new(pattern, &mut buf, true);
+    /// message is copied straight into `buf` ([`Here::Done`]: the request is
+    /// born complete); a rendezvous is left for the request made for it
+    /// ([`Here::Later`]).
+    #[inline(always)]
+    fn recv_here(&self, l: &mut Local<M>, buf: &mut Buffer, pattern: Pattern) -> Here<M::Later> {
+        let mut direct = Direct::new(pattern, buf, true);
         if !self.direct_from_unexpected(l, &mut direct) {
             if let Source::Rank(s) = pattern.source {
                 if s != self.rank && !l.gone[s] {
@@ -392,19 +413,11 @@ impl<M: Medium> Engine<M> {
                 }
             }
         }
-        let (status, deferred) = (direct.status, direct.deferred);
-        if let Some(status) = status {
-            return Ok(self.tracker.completed(buf, status));
+        match (direct.status, direct.deferred) {
+            (Some(status), _) => Here::Done(status),
+            (None, Some((env, x))) => Here::Later(env, x),
+            (None, None) => Here::Absent,
         }
-        let Some((env, x)) = deferred else {
-            return Err(buf);
-        };
-        // (The pool's lock is a leaf: taking it under ours is fine.)
-        let (core, request) = self
-            .tracker
-            .start_request(RequestKind::Recv, buf, self.clone());
-        M::settle(self, l, env, x, Target::Request(core));
-        Ok(request)
     }
 
     /// Posts a receive request (matched against the unexpected queue first).

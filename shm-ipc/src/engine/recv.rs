@@ -79,8 +79,10 @@ impl<M: Medium> Engine<M> {
         direct: Option<&mut Direct<'_, M::Later>>,
         leave_unmatched: bool,
     ) -> Step {
-        let h = msg.header;
-        if let Err(what) = M::admit(self, l, s, &h) {
+        // By reference: a copy of the header, which `peek` just wrote field
+        // by field, would be a stalled wide load.
+        let h = &msg.header;
+        if let Err(what) = M::admit(self, l, s, h) {
             self.violation(l, s, what);
             return Step::Broken;
         }
@@ -94,8 +96,15 @@ impl<M: Medium> Engine<M> {
             _ => None,
         };
         if let Some(d) = direct_hit {
-            let out = self.deliver_from_ring(l, s, msg, d.buf.as_mut_ptr(), d.buf.len());
-            self.settle_direct(l, env, out, d);
+            let (p, n) = (d.buf.as_mut_ptr(), d.buf.len());
+            if h.kind == KIND_EAGER {
+                // The common case, with the status written straight into
+                // `d` (through an `Outcome` it would be written, then moved).
+                d.status = Some(self.eager_from_ring(l, s, msg, p, n));
+            } else {
+                let out = self.deliver_from_ring(l, s, msg, p, n);
+                self.settle_direct(l, env, out, d);
+            }
         } else if let Some((_, target)) = l.matching.take_posted(&env) {
             let (p, n) = target.dst();
             let out = self.deliver_from_ring(l, s, msg, p, n);
@@ -103,10 +112,10 @@ impl<M: Medium> Engine<M> {
         } else {
             if leave_unmatched {
                 // Not consumed: it is admitted again when it is read for real.
-                M::unadmit(l, s, &h);
+                M::unadmit(l, s, h);
                 return Step::Left;
             }
-            if !M::hold(self, l, s, &h) {
+            if !M::hold(self, l, s, h) {
                 return Step::Left;
             }
             let u = self.materialize(l, s, msg);
@@ -125,25 +134,60 @@ impl<M: Medium> Engine<M> {
         dst: *mut u8,
         cap: usize,
     ) -> Outcome<M::Later> {
-        let h = msg.header;
+        if msg.header.kind == KIND_EAGER {
+            Outcome::Done(self.eager_from_ring(l, s, msg, dst, cap))
+        } else {
+            self.rendezvous_from_ring(l, s, msg, dst, cap)
+        }
+    }
+
+    /// [`deliver_from_ring`](Self::deliver_from_ring) of an eager message:
+    /// copies it into `dst` and returns its status. Inlined, so that the
+    /// status is written where the caller keeps it.
+    #[inline(always)]
+    fn eager_from_ring(
+        &self,
+        l: &mut Local<M>,
+        s: Rank,
+        msg: &Incoming,
+        dst: *mut u8,
+        cap: usize,
+    ) -> Status {
+        let h = &msg.header;
         let env = Envelope {
             source: s,
             tag: h.tag,
             context: h.context,
         };
-        if h.kind == KIND_EAGER {
-            // SAFETY: dst is valid for cap bytes (a posted target's buffer or
-            // the caller's slice), and nobody else writes it now.
-            let out = unsafe { std::slice::from_raw_parts_mut(dst, cap) };
-            Self::consumer_of(l, s).copy_payload(msg, out);
-            self.credit(l, s, h.len as u64);
-            if h.flags & FLAG_SYNC != 0 {
-                // SAFETY: once for this message, which is popped right after.
-                let ack = unsafe { M::take_ack(&h) };
-                M::acknowledge(self, l, s, ack);
-            }
-            return Outcome::Done(Status::received(env, h.len as usize, cap));
+        // SAFETY: dst is valid for cap bytes (a posted target's buffer or
+        // the caller's slice), and nobody else writes it now.
+        let out = unsafe { std::slice::from_raw_parts_mut(dst, cap) };
+        Self::consumer_of(l, s).copy_payload(msg, out);
+        self.credit(l, s, h.len as u64);
+        if h.flags & FLAG_SYNC != 0 {
+            // SAFETY: once for this message, which is popped right after.
+            let ack = unsafe { M::take_ack(h) };
+            M::acknowledge(self, l, s, ack);
         }
+        Status::received(env, h.len as usize, cap)
+    }
+
+    /// [`deliver_from_ring`](Self::deliver_from_ring) of a rendezvous start.
+    #[inline(never)]
+    fn rendezvous_from_ring(
+        &self,
+        l: &mut Local<M>,
+        s: Rank,
+        msg: &Incoming,
+        dst: *mut u8,
+        cap: usize,
+    ) -> Outcome<M::Later> {
+        let h = &msg.header;
+        let env = Envelope {
+            source: s,
+            tag: h.tag,
+            context: h.context,
+        };
         // SAFETY: once for this message, which is popped right after.
         let start = unsafe { M::take_rndv(self, l, s, msg) };
         M::rendezvous(self, l, env, h.aux as usize, start, dst, cap)
@@ -152,7 +196,7 @@ impl<M: Medium> Engine<M> {
     /// Copies the message at the head of `s`'s ring into an unexpected-queue
     /// entry.
     fn materialize(&self, l: &mut Local<M>, s: Rank, msg: &Incoming) -> Unexpected<M> {
-        let h = msg.header;
+        let h = &msg.header;
         if h.kind == KIND_EAGER {
             // A buffer kept from an earlier unexpected message: no
             // allocation in steady state.
@@ -162,7 +206,7 @@ impl<M: Medium> Engine<M> {
             Self::consumer_of(l, s).copy_payload(msg, &mut data);
             let sync = (h.flags & FLAG_SYNC != 0).then(|| {
                 // SAFETY: once for this message, which is popped right after.
-                unsafe { M::take_ack(&h) }
+                unsafe { M::take_ack(h) }
             });
             return Unexpected::Eager { data, sync };
         }
