@@ -13,7 +13,7 @@ use xdev::{Error, Rank, Result};
 
 #[cfg(test)]
 use super::WR_RAW;
-use super::{IbvEngine, Local, POLL_BATCH, WR_KIND, WR_SLOT, WR_WRITE};
+use super::{IbvEngine, Local, POLL_BATCH, WR_KIND, WR_SLOT, WR_UNSIG, WR_WRITE};
 use crate::ibv::wire;
 use crate::verbs::WorkCompletion;
 
@@ -23,6 +23,10 @@ const SPIN_POLLS: u32 = 4_000;
 /// Empty polls of an idle wait before its first yield; after them it
 /// yields every 64 polls until it sleeps.
 const QUIET_POLLS: u32 = 1_024;
+/// Progress calls that may skip the send completion queue while no
+/// signalled send request is outstanding (only flushes of unsignalled ones,
+/// after a failure the receive queue reports too, can come then).
+const SEND_CQ_SKIPS: u32 = 64;
 /// Longest sleep of a wait (departures are checked at least this often).
 const SLEEP: Duration = Duration::from_millis(20);
 /// How often a busy rank looks at the bootstrap's departure list.
@@ -98,7 +102,16 @@ impl IbvEngine {
             for wc in &wcs[..n] {
                 self.on_recv_completion(l, wc);
             }
-            let m = self.fab.send_cq.poll(&mut wcs).unwrap_or(0);
+            if !l.reposts.is_empty() {
+                self.repost_all(l);
+            }
+            l.send_cq_skips += 1;
+            let m = if l.signaled_out > 0 || l.send_cq_skips >= SEND_CQ_SKIPS {
+                l.send_cq_skips = 0;
+                self.fab.send_cq.poll(&mut wcs).unwrap_or(0)
+            } else {
+                0
+            };
             for wc in &wcs[..m] {
                 self.on_send_completion(l, wc);
             }
@@ -162,8 +175,9 @@ impl IbvEngine {
         match self.on_frame(l, src, frame) {
             Ok(kind) => {
                 if l.peers[src].gone.is_none() {
-                    // The credit owed goes with the batch (progress_locked).
-                    self.repost(l, src, slot, kind != wire::Kind::Credit);
+                    // Re-posted with the batch, and the credit owed goes
+                    // with it (progress_locked).
+                    l.reposts.push((src, slot, kind != wire::Kind::Credit));
                 }
             }
             Err(what) => {
@@ -193,6 +207,16 @@ impl IbvEngine {
                 };
                 (s.dest, (!wc.is_success()).then_some(send))
             }
+            WR_UNSIG => {
+                // Only a flush (the queue pair failed) completes an
+                // unsignalled send; nothing waits for it, and its slot is
+                // free since it was posted (inline).
+                let dest = (id & !WR_KIND) as Rank;
+                if dest < self.fab.size && !wc.is_success() && l.peers[dest].gone.is_none() {
+                    self.fail_peer(l, dest, wr_error(wc, dest, "send"));
+                }
+                return;
+            }
             #[cfg(test)]
             WR_RAW => {
                 let dest = (id & !WR_KIND) as Rank;
@@ -201,7 +225,7 @@ impl IbvEngine {
                 } else {
                     Err(wr_error(wc, dest, "raw RDMA write").to_string())
                 });
-                l.peers[dest].sq_free += 1;
+                Self::sq_completed(l, dest);
                 if !wc.is_success() && l.peers[dest].gone.is_none() {
                     self.fail_peer(l, dest, wr_error(wc, dest, "raw RDMA write"));
                 }
@@ -209,7 +233,7 @@ impl IbvEngine {
             }
             _ => return,
         };
-        l.peers[dest].sq_free += 1;
+        Self::sq_completed(l, dest);
         let result = if wc.is_success() {
             Ok(())
         } else {
