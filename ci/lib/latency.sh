@@ -7,7 +7,10 @@
 # each tool is its best round; the target is ibv <= 1.3 x ib_send_lat.
 #
 # Needs in the guest: ib_send_lat, xdev-bench, $D (device options),
-# $RXE_DEV, $RXE_GID_INDEX, $VM_PEER_IP.
+# $RXE_DEV, $RXE_GID_INDEX, $VM_PEER_IP. With $LAT_BASE_DIR set (a directory
+# whose xdev-bench is another build, e.g. the main branch's), the rounds
+# also run that build as the tool "base", and the summary compares ibv with
+# it.
 
 # lat_perftest SIZE N PORT LOG -> ib_send_lat's t_avg in us (nothing if it
 # failed 3 times: perftest 6.06 gives up now and then when it cannot
@@ -46,16 +49,21 @@ lat_ibv() {
 # lat_rounds ROUNDS SIZE N PORT LOGPREFIX [XDEV-BENCH ARGS...] -> one JSON line per tool and
 # round on stdout: {"vm_latency":TOOL,"round":R,"size":S,"us":X}; a run
 # that gave no figure prints {"vm_latency":TOOL,"round":R,"size":S,"failed":true}.
-# Odd rounds run perftest first, even rounds ibv first.
+# Odd rounds run perftest first (then base, then ibv), even rounds the
+# reverse order.
 lat_rounds() {
-  local rounds=$1 size=$2 n=$3 port=$4 log=$5 r=1 order tool v
+  local rounds=$1 size=$2 n=$3 port=$4 log=$5 r=1 order tool v base=""
   shift 5
+  [ -n "${LAT_BASE_DIR:-}" ] && base=base
   while [ $r -le "$rounds" ]; do
-    if [ $((r % 2)) = 1 ]; then order="perftest ibv"; else order="ibv perftest"; fi
+    if [ $((r % 2)) = 1 ]; then order="perftest $base ibv"; else order="ibv $base perftest"; fi
     for tool in $order; do
       port=$((port + 3))
-      if [ $tool = perftest ]; then v=$(lat_perftest "$size" "$n" $port "$log-pt-$r")
-      else v=$(lat_ibv "$size" "$n" "$log-ibv-$r" "$@"); fi
+      case $tool in
+        perftest) v=$(lat_perftest "$size" "$n" $port "$log-pt-$r") ;;
+        base) v=$(PATH=$LAT_BASE_DIR:$PATH lat_ibv "$size" "$n" "$log-base-$r" "$@") ;;
+        *) v=$(lat_ibv "$size" "$n" "$log-ibv-$r" "$@") ;;
+      esac
       if [ -n "$v" ]; then
         printf '{"vm_latency":"%s","round":%d,"size":%d,"us":%s}\n' "$tool" $r "$size" "$v"
       else
@@ -84,5 +92,7 @@ lat_summary() {
         r = best["ibv"] / best["perftest"]
         printf "LATENCY ibv/perftest %.2fx (target <= 1.3: %s)\n", r, (r <= 1.3) ? "met" : "NOT met"
       } else print "LATENCY ibv/perftest: no figure (a tool gave none in every round)"
+      if (("base" in best) && ("ibv" in best)) printf "LATENCY ibv/base %.2fx\n", best["ibv"] / best["base"]
+      if (("base" in best) && ("perftest" in best)) printf "LATENCY base/perftest %.2fx\n", best["base"] / best["perftest"]
     }' "$1"
 }

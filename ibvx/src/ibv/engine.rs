@@ -333,12 +333,6 @@ struct Local {
     /// Threads waiting on the condition variable (only then is it
     /// signalled: `notify_all` is a system call even with no waiter).
     cond_waiters: usize,
-    /// Signalled send requests posted and not completed, all peers: while
-    /// there are none, the send queue is polled only now and then (see
-    /// `progress_locked`).
-    signaled_out: u32,
-    /// Progress calls since the send queue was last polled.
-    send_cq_skips: u32,
     /// Receive slots whose completions were handled in this poll, to be
     /// re-posted together (peer, slot, whether data used it).
     reposts: Vec<(Rank, u32, bool)>,
@@ -420,10 +414,8 @@ impl IbvEngine {
                 departures_seen: 0,
                 wcs: vec![WorkCompletion::default(); POLL_BATCH],
                 cond_waiters: 0,
-                signaled_out: 0,
                 reposts: Vec::with_capacity(POLL_BATCH),
                 repost_slots: Vec::with_capacity(POLL_BATCH),
-                send_cq_skips: 0,
                 #[cfg(test)]
                 unsignaled_posts: 0,
                 #[cfg(test)]
@@ -456,7 +448,6 @@ impl IbvEngine {
     /// Records a send request posted to `dest` (see `sendq`).
     fn sq_posted(l: &mut Local, dest: Rank, signaled: bool) {
         l.peers[dest].sq.posted(signaled);
-        l.signaled_out += u32::from(signaled);
         #[cfg(test)]
         {
             l.unsignaled_posts += u64::from(!signaled);
@@ -466,7 +457,6 @@ impl IbvEngine {
     /// Records a signalled send request of `dest` completed.
     fn sq_completed(l: &mut Local, dest: Rank) {
         l.peers[dest].sq.completed();
-        l.signaled_out = l.signaled_out.saturating_sub(1);
     }
 
     fn gone_error(l: &Local, p: Rank) -> Option<Error> {

@@ -201,7 +201,6 @@ impl IbvEngine {
                 return Err(err);
             }
             l.peers[dest].sq.posted(true);
-            l.signaled_out += 1;
             off += n;
         }
         let head = Header {

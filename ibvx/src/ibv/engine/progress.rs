@@ -23,10 +23,6 @@ const SPIN_POLLS: u32 = 4_000;
 /// Empty polls of an idle wait before its first yield; after them it
 /// yields every 64 polls until it sleeps.
 const QUIET_POLLS: u32 = 1_024;
-/// Progress calls that may skip the send completion queue while no
-/// signalled send request is outstanding (only flushes of unsignalled ones,
-/// after a failure the receive queue reports too, can come then).
-const SEND_CQ_SKIPS: u32 = 64;
 /// Longest sleep of a wait (departures are checked at least this often).
 const SLEEP: Duration = Duration::from_millis(20);
 /// How often a busy rank looks at the bootstrap's departure list.
@@ -105,13 +101,7 @@ impl IbvEngine {
             if !l.reposts.is_empty() {
                 self.repost_all(l);
             }
-            l.send_cq_skips += 1;
-            let m = if l.signaled_out > 0 || l.send_cq_skips >= SEND_CQ_SKIPS {
-                l.send_cq_skips = 0;
-                self.fab.send_cq.poll(&mut wcs).unwrap_or(0)
-            } else {
-                0
-            };
+            let m = self.fab.send_cq.poll(&mut wcs).unwrap_or(0);
             for wc in &wcs[..m] {
                 self.on_send_completion(l, wc);
             }
