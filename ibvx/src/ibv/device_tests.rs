@@ -130,7 +130,7 @@ fn init_finish_loop_releases_everything() {
 
 /// Waits for `req` up to `secs`, panicking with `what` when it does not
 /// complete (so a hang shows where it is).
-fn within(mut req: xdev::Request, secs: u64, what: &str) -> xdev::devkit::Completion {
+pub(super) fn within(mut req: xdev::Request, secs: u64, what: &str) -> xdev::devkit::Completion {
     let deadline = Instant::now() + Duration::from_secs(secs);
     loop {
         match req.test() {

@@ -38,7 +38,9 @@
 //! failing a peer. The parts, each an `impl IbvEngine` that imports only from
 //! here: `send` (credits, the send backlog, `CREDIT`, starting a send),
 //! `post` (work requests: frames from send slots, RDMA writes and
-//! `RNDZ_END`, receive slots re-posted), `recv` (frames decoded and
+//! `RNDZ_END`, receive slots re-posted in lists, one per peer and poll),
+//! `sendq` (send-queue room; small inline frames go unsignalled, with a
+//! signalled request at least every [`SIGNAL_EVERY`]), `recv` (frames decoded and
 //! dispatched by kind, matching, delivery), `rendezvous` (`RNDZ_START`,
 //! `RNDZ_REPLY`, `RNDZ_END` and the grant), `progress` (completions,
 //! departures, waking and the blocking wait) and `ops` (what the device
@@ -63,6 +65,7 @@ use super::regcache::{Registration, RegistrationCache};
 use crate::verbs::{
     CompletionChannel, CompletionQueue, MemoryRegion, QueuePair, RemoteAddr, WorkCompletion,
 };
+use sendq::SendQueue;
 
 mod ops;
 mod post;
@@ -70,6 +73,7 @@ mod progress;
 mod recv;
 mod rendezvous;
 mod send;
+mod sendq;
 #[cfg(test)]
 mod test_hooks;
 
@@ -79,6 +83,12 @@ const WR_WRITE: u64 = 2 << 56;
 /// A raw RDMA write posted by a test (`write_raw`).
 #[cfg(test)]
 const WR_RAW: u64 = 3 << 56;
+/// An unsignalled send (the peer in the low bits): its completion only
+/// comes as a flush, when the queue pair failed.
+const WR_UNSIG: u64 = 4 << 56;
+/// Signal at least every this many send requests of a queue pair (at most
+/// a quarter of its send queue; see `sendq`).
+const SIGNAL_EVERY: u32 = 16;
 
 #[cfg(test)]
 thread_local! {
@@ -143,22 +153,28 @@ impl Fabric {
         (p * self.opts.recv_depth as usize + slot as usize) * self.slot_len
     }
 
-    /// Posts receive slot `slot` of peer `p` on its queue pair; the work
-    /// request id is `p << 32 | slot`.
+    /// Posts receive slots `slots` of peer `p` on its queue pair, linked
+    /// into lists (one provider call per [`RECV_LIST`](crate::verbs::RECV_LIST)
+    /// slots); the work request id of slot `s` is `p << 32 | s`.
     ///
     /// The caller must not post a slot that is already posted: a slot is
     /// posted once at start-up and re-posted only after its completion was
-    /// handled (`IbvEngine::repost`).
-    pub(crate) fn post_recv_slot(&self, p: Rank, slot: u32) -> crate::verbs::Result<()> {
+    /// handled (`IbvEngine::repost_all`).
+    pub(crate) fn post_recv_slots(&self, p: Rank, slots: &[u32]) -> crate::verbs::Result<()> {
         let qp = self.qps[p].as_ref().expect("no QP to self");
-        let sge = self.recv_mr.sge(self.recv_offset(p, slot), self.slot_len);
-        // SAFETY: the slot is `slot_len` bytes of `recv_mr`, which the
+        let reqs = slots.iter().map(|&slot| {
+            (
+                ((p as u64) << 32) | u64::from(slot),
+                self.recv_mr.sge(self.recv_offset(p, slot), self.slot_len),
+            )
+        });
+        // SAFETY: each slot is `slot_len` bytes of `recv_mr`, which the
         // fabric owns and which outlives every QP (`qps` is dropped first,
-        // destroying them). Slot (p, slot) is not posted now (see above),
-        // and nothing else uses it until its completion: the engine reads a
-        // slot only in `on_recv_completion`, after the NIC is done with it,
-        // and never hands out references to it.
-        unsafe { qp.post_recv(((p as u64) << 32) | u64::from(slot), &[sge]) }
+        // destroying them). No slot is posted now (see above), and nothing
+        // else uses one until its completion: the engine reads a slot only
+        // in `on_recv_completion`, after the NIC is done with it, and never
+        // hands out references to it.
+        unsafe { qp.post_recv_list(reqs) }
     }
 }
 
@@ -281,8 +297,8 @@ struct Peer {
     owed_bytes: u64,
     /// Eager bytes it sent that we hold unexpected.
     held_bytes: u64,
-    /// Send work requests we may still post on its QP.
-    sq_free: u32,
+    /// Room on its QP's send queue.
+    sq: SendQueue,
     /// Data sends waiting, in order.
     backlog: VecDeque<u64>,
     control: VecDeque<Control>,
@@ -317,6 +333,14 @@ struct Local {
     /// Threads waiting on the condition variable (only then is it
     /// signalled: `notify_all` is a system call even with no waiter).
     cond_waiters: usize,
+    /// Receive slots whose completions were handled in this poll, to be
+    /// re-posted together (peer, slot, whether data used it).
+    reposts: Vec<(Rank, u32, bool)>,
+    /// Slots of one peer being re-posted (scratch for `repost_all`).
+    repost_slots: Vec<u32>,
+    /// Send requests posted unsignalled (tests).
+    #[cfg(test)]
+    unsignaled_posts: u64,
     /// The last remote-write grant this rank sent (tests).
     #[cfg(test)]
     last_grant: Option<RemoteAddr>,
@@ -357,7 +381,7 @@ impl IbvEngine {
                 owed_by_data: 0,
                 owed_bytes: 0,
                 held_bytes: 0,
-                sq_free: fab.opts.sq_depth(),
+                sq: SendQueue::new(fab.opts.sq_depth(), SIGNAL_EVERY),
                 backlog: VecDeque::new(),
                 control: VecDeque::new(),
                 gone: None,
@@ -390,6 +414,10 @@ impl IbvEngine {
                 departures_seen: 0,
                 wcs: vec![WorkCompletion::default(); POLL_BATCH],
                 cond_waiters: 0,
+                reposts: Vec::with_capacity(POLL_BATCH),
+                repost_slots: Vec::with_capacity(POLL_BATCH),
+                #[cfg(test)]
+                unsignaled_posts: 0,
                 #[cfg(test)]
                 last_grant: None,
                 #[cfg(test)]
@@ -415,6 +443,20 @@ impl IbvEngine {
 
     fn lock(&self) -> MutexGuard<'_, Local> {
         self.local.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Records a send request posted to `dest` (see `sendq`).
+    fn sq_posted(l: &mut Local, dest: Rank, signaled: bool) {
+        l.peers[dest].sq.posted(signaled);
+        #[cfg(test)]
+        {
+            l.unsignaled_posts += u64::from(!signaled);
+        }
+    }
+
+    /// Records a signalled send request of `dest` completed.
+    fn sq_completed(l: &mut Local, dest: Rank) {
+        l.peers[dest].sq.completed();
     }
 
     fn gone_error(l: &Local, p: Rank) -> Option<Error> {

@@ -119,6 +119,8 @@ mod options;
 pub(crate) mod regcache;
 mod setup;
 #[cfg(test)]
+mod signal_tests;
+#[cfg(test)]
 mod user_cache_tests;
 pub(crate) mod wire;
 

@@ -190,11 +190,10 @@ fn fabric(
         recv_mr,
         cache,
     };
+    let slots: Vec<u32> = (0..fab.opts.recv_depth).collect();
     for p in (0..size).filter(|&p| p != rank) {
-        for slot in 0..fab.opts.recv_depth {
-            fab.post_recv_slot(p, slot)
-                .map_err(verbs_error("post the receive slots"))?;
-        }
+        fab.post_recv_slots(p, &slots)
+            .map_err(verbs_error("post the receive slots"))?;
     }
     Ok((fab, send_mr))
 }

@@ -89,5 +89,5 @@ pub use mr::{Access, MemoryRegion, RemoteAddr, Sge};
 pub use pd::ProtectionDomain;
 pub use qp::{
     random_psn, AddressVector, GlobalRoute, InitAttr, QpCaps, QpState, QueuePair, RemoteQp,
-    RtrAttr, RtsAttr, SendFlags, SendOp, SendRequest,
+    RtrAttr, RtsAttr, SendFlags, SendOp, SendRequest, RECV_LIST,
 };

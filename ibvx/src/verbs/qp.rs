@@ -728,7 +728,64 @@ impl QueuePair {
         }
         Ok(())
     }
+
+    /// Posts receive work requests `(wr_id, entry)`, one scatter/gather
+    /// entry each, as linked lists of up to [`RECV_LIST`] requests: one
+    /// provider call (one doorbell) per list instead of one per request.
+    /// On an error the requests before the failed one are posted (the
+    /// error says nothing of how many: a caller fails the queue pair).
+    ///
+    /// # Safety
+    /// As [`post_recv`](Self::post_recv), for every entry.
+    pub unsafe fn post_recv_list<'a>(
+        &self,
+        reqs: impl IntoIterator<Item = (u64, Sge<'a>)>,
+    ) -> Result<()> {
+        let mut sges = [Sge::from_parts(0, 0, 0); RECV_LIST];
+        let mut wrs = [sys::ibv_recv_wr {
+            wr_id: 0,
+            next: ptr::null_mut(),
+            sg_list: ptr::null_mut(),
+            num_sge: 1,
+        }; RECV_LIST];
+        let mut it = reqs.into_iter().peekable();
+        while it.peek().is_some() {
+            let mut n = 0;
+            while n < RECV_LIST {
+                let Some((wr_id, sge)) = it.next() else {
+                    break;
+                };
+                sges[n] = sge;
+                wrs[n].wr_id = wr_id;
+                n += 1;
+            }
+            let base = wrs.as_mut_ptr();
+            for (i, wr) in wrs[..n].iter_mut().enumerate() {
+                wr.sg_list = ptr::addr_of_mut!(sges[i]).cast();
+                wr.next = if i + 1 < n {
+                    // SAFETY: i + 1 < n <= RECV_LIST: inside `wrs`.
+                    unsafe { base.add(i + 1) }
+                } else {
+                    ptr::null_mut()
+                };
+            }
+            let mut bad: *mut sys::ibv_recv_wr = ptr::null_mut();
+            // SAFETY: live QP; `wrs[..n]` is a valid list (each `next` points
+            // to the following element, the last to null) whose entries
+            // point into `sges`, all alive for this call, over live
+            // registered regions that this fn's contract keeps registered
+            // and the caller's alone until each request completes.
+            let rc = unsafe { sys::ibv_post_recv(self.as_raw(), base, &mut bad) };
+            if rc != 0 {
+                return Err(Error::from_rc("ibv_post_recv", rc));
+            }
+        }
+        Ok(())
+    }
 }
+
+/// Most receive requests [`QueuePair::post_recv_list`] links into one call.
+pub const RECV_LIST: usize = 32;
 
 #[cfg(test)]
 mod tests;

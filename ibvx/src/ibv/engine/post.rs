@@ -4,7 +4,7 @@
 
 use xdev::{Error, Rank, Result};
 
-use super::{Control, IbvEngine, Local, Stage, MAX_WRITE, WR_SLOT, WR_WRITE};
+use super::{Control, IbvEngine, Local, Stage, MAX_WRITE, WR_SLOT, WR_UNSIG, WR_WRITE};
 use crate::ibv::wire::{self, Body, Header, FLAG_FAILED, MAX_CONTROL_LEN};
 use crate::verbs::{RemoteAddr, SendFlags, SendOp, SendRequest};
 
@@ -38,6 +38,11 @@ impl IbvEngine {
     /// Copies `head` and `payload` into a free send slot and sends them to
     /// `dest`, using one credit and one send-queue entry. The caller checked
     /// [`can_post`](Self::can_post).
+    ///
+    /// An inline frame that completes no send is posted unsignalled (unless
+    /// the send queue's signalling period is up, see `sendq`): the provider
+    /// copied it into the work request, so its slot is free again at once,
+    /// and no completion is polled for it.
     pub(super) fn post_frame(
         &self,
         l: &mut Local,
@@ -47,37 +52,50 @@ impl IbvEngine {
         completes: Option<u64>,
     ) -> Result<()> {
         let slot = l.free_slots.pop().expect("caller checked for a free slot");
-        let peer = &mut l.peers[dest];
-        peer.credits -= 1;
-        peer.sq_free -= 1;
         let off = slot as usize * self.fab.slot_len;
         l.send_mr.write(off, head);
         l.send_mr.write(off + head.len(), payload);
         let total = head.len() + payload.len();
-        l.slot_use[slot as usize] = (dest, completes);
-        let flags = SendFlags::SIGNALED.with(SendFlags::INLINE, total <= self.fab.inline_max);
+        let inline = total <= self.fab.inline_max;
+        let signaled = l.peers[dest].sq.must_signal(!inline || completes.is_some());
+        let wr_id = if signaled {
+            l.slot_use[slot as usize] = (dest, completes);
+            WR_SLOT | u64::from(slot)
+        } else {
+            WR_UNSIG | dest as u64
+        };
+        let flags = SendFlags::NONE
+            .with(SendFlags::SIGNALED, signaled)
+            .with(SendFlags::INLINE, inline);
         let qp = self.fab.qps[dest].as_ref().expect("no QP to self");
         // SAFETY: the range is inside send slot `slot` of `send_mr`, which
         // the engine owns and which outlives the QPs (dropped first with the
-        // fabric). The slot was taken off `free_slots` above and goes back
-        // only when this request's completion is polled
-        // (`on_send_completion`), so nothing writes it meanwhile; no
-        // reference to it exists (the engine copies in with `write`).
+        // fabric). An inline request is copied by the provider during this
+        // call. Otherwise the request is signalled, its slot was taken off
+        // `free_slots` above and goes back only when this request's
+        // completion is polled (`on_send_completion`), so nothing writes it
+        // meanwhile. No reference to the slot exists (the engine copies in
+        // with `write`).
         let r = unsafe {
             qp.post_send(&SendRequest {
-                wr_id: WR_SLOT | u64::from(slot),
+                wr_id,
                 op: SendOp::Send,
                 sges: &[l.send_mr.sge(off, total)],
                 flags,
             })
         };
         if let Err(e) = r {
-            // Nothing was posted: give the slot and the send room back.
+            // Nothing was posted: give the slot back.
             l.free_slots.push(slot);
-            l.peers[dest].sq_free += 1;
             let err = Error::transport(format!("post a send to rank {dest}"), e);
             self.fail_peer(l, dest, err.clone());
             return Err(err);
+        }
+        l.peers[dest].credits -= 1;
+        Self::sq_posted(l, dest, signaled);
+        if !signaled {
+            // Inline: the provider holds its own copy.
+            l.free_slots.push(slot);
         }
         Ok(())
     }
@@ -182,7 +200,7 @@ impl IbvEngine {
                 self.fail_peer(l, dest, err.clone());
                 return Err(err);
             }
-            l.peers[dest].sq_free -= 1;
+            l.peers[dest].sq.posted(true);
             off += n;
         }
         let head = Header {
@@ -195,17 +213,35 @@ impl IbvEngine {
         self.post_message(l, dest, head, Body::RndzEnd, Some(id))
     }
 
-    pub(super) fn repost(&self, l: &mut Local, src: Rank, slot: u32, by_data: bool) {
-        match self.fab.post_recv_slot(src, slot) {
-            Ok(()) => {
-                let p = &mut l.peers[src];
-                p.owed_slots += 1;
-                p.owed_by_data += u32::from(by_data);
+    /// Re-posts the receive slots of `l.reposts` (those whose completions
+    /// one poll handled), one list per peer, and counts them as credit owed
+    /// to their peers.
+    pub(super) fn repost_all(&self, l: &mut Local) {
+        let mut reposts = std::mem::take(&mut l.reposts);
+        let mut slots = std::mem::take(&mut l.repost_slots);
+        // Grouped by peer, in order within a peer.
+        reposts.sort_by_key(|&(src, _, _)| src);
+        for group in reposts.chunk_by(|a, b| a.0 == b.0) {
+            let src = group[0].0;
+            if l.peers[src].gone.is_some() {
+                continue; // its queue pair is in the error state
             }
-            Err(e) => {
-                let err = Error::transport(format!("re-post a receive for rank {src}"), e);
-                self.fail_peer(l, src, err);
+            slots.clear();
+            slots.extend(group.iter().map(|&(_, slot, _)| slot));
+            match self.fab.post_recv_slots(src, &slots) {
+                Ok(()) => {
+                    let p = &mut l.peers[src];
+                    p.owed_slots += group.len() as u32;
+                    p.owed_by_data += group.iter().filter(|r| r.2).count() as u32;
+                }
+                Err(e) => {
+                    let err = Error::transport(format!("re-post receives for rank {src}"), e);
+                    self.fail_peer(l, src, err);
+                }
             }
         }
+        reposts.clear();
+        l.reposts = reposts;
+        l.repost_slots = slots;
     }
 }

@@ -13,7 +13,7 @@ use xdev::{Error, Rank, Result};
 
 #[cfg(test)]
 use super::WR_RAW;
-use super::{IbvEngine, Local, POLL_BATCH, WR_KIND, WR_SLOT, WR_WRITE};
+use super::{IbvEngine, Local, POLL_BATCH, WR_KIND, WR_SLOT, WR_UNSIG, WR_WRITE};
 use crate::ibv::wire;
 use crate::verbs::WorkCompletion;
 
@@ -98,6 +98,9 @@ impl IbvEngine {
             for wc in &wcs[..n] {
                 self.on_recv_completion(l, wc);
             }
+            if !l.reposts.is_empty() {
+                self.repost_all(l);
+            }
             let m = self.fab.send_cq.poll(&mut wcs).unwrap_or(0);
             for wc in &wcs[..m] {
                 self.on_send_completion(l, wc);
@@ -162,8 +165,9 @@ impl IbvEngine {
         match self.on_frame(l, src, frame) {
             Ok(kind) => {
                 if l.peers[src].gone.is_none() {
-                    // The credit owed goes with the batch (progress_locked).
-                    self.repost(l, src, slot, kind != wire::Kind::Credit);
+                    // Re-posted with the batch, and the credit owed goes
+                    // with it (progress_locked).
+                    l.reposts.push((src, slot, kind != wire::Kind::Credit));
                 }
             }
             Err(what) => {
@@ -193,6 +197,16 @@ impl IbvEngine {
                 };
                 (s.dest, (!wc.is_success()).then_some(send))
             }
+            WR_UNSIG => {
+                // Only a flush (the queue pair failed) completes an
+                // unsignalled send; nothing waits for it, and its slot is
+                // free since it was posted (inline).
+                let dest = (id & !WR_KIND) as Rank;
+                if dest < self.fab.size && !wc.is_success() && l.peers[dest].gone.is_none() {
+                    self.fail_peer(l, dest, wr_error(wc, dest, "send"));
+                }
+                return;
+            }
             #[cfg(test)]
             WR_RAW => {
                 let dest = (id & !WR_KIND) as Rank;
@@ -201,7 +215,7 @@ impl IbvEngine {
                 } else {
                     Err(wr_error(wc, dest, "raw RDMA write").to_string())
                 });
-                l.peers[dest].sq_free += 1;
+                Self::sq_completed(l, dest);
                 if !wc.is_success() && l.peers[dest].gone.is_none() {
                     self.fail_peer(l, dest, wr_error(wc, dest, "raw RDMA write"));
                 }
@@ -209,7 +223,7 @@ impl IbvEngine {
             }
             _ => return,
         };
-        l.peers[dest].sq_free += 1;
+        Self::sq_completed(l, dest);
         let result = if wc.is_success() {
             Ok(())
         } else {

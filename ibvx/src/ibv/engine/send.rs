@@ -19,7 +19,7 @@ impl IbvEngine {
     pub(super) fn can_post(&self, l: &Local, dest: Rank, wrs: u32, credit_only: bool) -> bool {
         let p = &l.peers[dest];
         let need = if credit_only { 1 } else { 2 };
-        p.gone.is_none() && p.credits >= need && p.sq_free >= wrs && !l.free_slots.is_empty()
+        p.gone.is_none() && p.credits >= need && p.sq.has_room(wrs) && !l.free_slots.is_empty()
     }
 
     /// Whether a `len`-byte message to `dest` goes eager: within the eager

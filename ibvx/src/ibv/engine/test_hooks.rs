@@ -37,6 +37,14 @@ impl IbvEngine {
         (l.peers[peer].rndv_in, l.peers[peer].rndv_out)
     }
 
+    /// Send requests this rank posted unsignalled, and whether its send
+    /// queue to `peer` has room for `wrs` requests.
+    #[cfg(test)]
+    pub(crate) fn send_queue(&self, peer: Rank, wrs: u32) -> (u64, bool) {
+        let l = self.lock();
+        (l.unsignaled_posts, l.peers[peer].sq.has_room(wrs))
+    }
+
     /// The last remote-write grant this rank sent in an `RNDZ_REPLY`.
     #[cfg(test)]
     pub(crate) fn last_grant(&self) -> Option<RemoteAddr> {
@@ -80,7 +88,7 @@ impl IbvEngine {
                 })
             }
             .map_err(|e| e.to_string())?;
-            l.peers[peer].sq_free -= 1;
+            Self::sq_posted(&mut l, peer, true);
         }
         let t = Instant::now();
         loop {
