@@ -57,6 +57,7 @@ pub fn run_job(
     env: &[(&str, &str)],
 ) -> Result<ExitStatus> {
     let (job, server, mut children) = spawn_job(size, program, args, env, false)?;
+    let exits = ExitWatch::new(&children);
     let mut reaped: Vec<Option<ExitStatus>> = vec![None; size];
     let mut gone_at: Vec<Option<SystemTime>> = vec![None; size];
     let mut failed: Option<ExitStatus> = None;
@@ -81,12 +82,65 @@ pub fn run_job(
                 }
             }
         }
-        std::thread::sleep(Duration::from_millis(5));
+        if reaped.iter().any(Option::is_none) {
+            exits.wait(|r| reaped[r].is_none());
+        }
     }
     remove_psm2_shm_of_job(&server, &gone_at);
     drop(server);
     remove_job_shm(&job);
     Ok(failed.unwrap_or_else(|| reaped[0].expect("every rank was reaped")))
+}
+
+/// Waits for children to exit without polling them on a timer: a pidfd per
+/// child turns readable when it exits, so the launcher sleeps in `poll`
+/// for the whole job (a timer that woke it every few milliseconds took CPU
+/// time from the ranks it launched, visibly on a 2-CPU guest).
+struct ExitWatch {
+    /// The pidfd of each child (`None` where `pidfd_open` failed: Linux
+    /// before 5.3, or the child already reaped).
+    fds: Vec<Option<std::os::fd::OwnedFd>>,
+}
+
+impl ExitWatch {
+    /// How long a wait lasts when some child has no pidfd.
+    const FALLBACK: Duration = Duration::from_millis(5);
+    /// The longest wait otherwise (a safety net; an exit wakes it at once).
+    const LONGEST: Duration = Duration::from_secs(1);
+
+    fn new(children: &[Child]) -> Self {
+        let fds = children
+            .iter()
+            .map(|c| {
+                let pid = rustix::process::Pid::from_raw(c.id() as i32)?;
+                rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty()).ok()
+            })
+            .collect();
+        ExitWatch { fds }
+    }
+
+    /// Returns once a child `r` with `pending(r)` may have exited (or after
+    /// [`LONGEST`](Self::LONGEST)).
+    fn wait(&self, pending: impl Fn(usize) -> bool) {
+        use rustix::event::{poll, PollFd, PollFlags, Timespec};
+        let watched: Vec<usize> = (0..self.fds.len()).filter(|&r| pending(r)).collect();
+        let mut polls: Vec<PollFd<'_>> = Vec::with_capacity(watched.len());
+        for &r in &watched {
+            match &self.fds[r] {
+                Some(fd) => polls.push(PollFd::new(fd, PollFlags::IN)),
+                None => {
+                    std::thread::sleep(Self::FALLBACK);
+                    return;
+                }
+            }
+        }
+        let longest = Timespec {
+            tv_sec: Self::LONGEST.as_secs() as i64,
+            tv_nsec: 0,
+        };
+        // An error (EINTR) only ends this wait early; the caller re-checks.
+        let _ = poll(&mut polls, Some(&longest));
+    }
 }
 
 /// Removes the PSM2 segments that the psm ranks of the job served by

@@ -107,6 +107,9 @@ struct Shared {
     secret: Secret,
     opts: ServerOptions,
     stop: AtomicBool,
+    /// An eventfd written when the service stops, to wake the accept loop
+    /// from its `poll`.
+    wake: std::os::fd::OwnedFd,
     /// Handshake threads running (those of evicted connections included
     /// until they notice), at most twice the slots.
     handshakes: AtomicUsize,
@@ -313,12 +316,23 @@ impl BootstrapServer {
         listener
             .set_nonblocking(true)
             .map_err(|e| Error::transport("bootstrap: configuring the listener", e))?;
+        let wake = rustix::event::eventfd(
+            0,
+            rustix::event::EventfdFlags::CLOEXEC | rustix::event::EventfdFlags::NONBLOCK,
+        )
+        .map_err(|e| {
+            Error::transport(
+                "bootstrap: creating the listener's wake-up eventfd",
+                std::io::Error::from(e),
+            )
+        })?;
         let shared = Arc::new(Shared {
             size,
             job: job.to_owned(),
             secret,
             opts,
             stop: AtomicBool::new(false),
+            wake,
             handshakes: AtomicUsize::new(0),
             pending: Mutex::new(HashMap::new()),
             state: Mutex::new(State {
@@ -423,6 +437,9 @@ impl BootstrapServer {
 
     fn stop(&mut self) {
         self.shared.stop.store(true, Ordering::SeqCst);
+        // Wakes the accept loop's poll (after the flag, which it checks
+        // once awake). A failed write leaves it to its timeout.
+        let _ = rustix::io::write(&self.shared.wake, &1u64.to_ne_bytes());
         if let Some(a) = self.acceptor.take() {
             let _ = a.join();
         }

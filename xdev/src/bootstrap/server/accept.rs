@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 use std::net::{Shutdown, TcpListener};
+use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread;
@@ -27,9 +28,16 @@ pub(super) fn accept_loop(shared: &Arc<Shared>, listener: &TcpListener) {
         }
         let (stream, peer) = match listener.accept() {
             Ok(a) => a,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                // Nothing to accept: sleep until a connection comes or the
+                // service stops (no timer waking the launcher's process
+                // every few milliseconds while its ranks run).
+                wait_for_connection(listener, &shared.wake);
+                continue;
+            }
             Err(_) => {
-                // WouldBlock (nothing to accept) or a transient failure such
-                // as running out of descriptors: wait and retry.
+                // A transient failure such as running out of descriptors:
+                // wait and retry.
                 thread::sleep(idle);
                 continue;
             }
@@ -92,6 +100,26 @@ pub(super) fn accept_loop(shared: &Arc<Shared>, listener: &TcpListener) {
 
 /// Registers connection `id` as holding a handshake slot, evicting a
 /// silent one when all are taken (see
+/// Blocks until `listener` has a connection to accept or `wake` was
+/// signalled (the service stops), at most [`LONGEST_IDLE`].
+fn wait_for_connection(listener: &TcpListener, wake: &OwnedFd) {
+    use rustix::event::{poll, PollFd, PollFlags, Timespec};
+    let mut fds = [
+        PollFd::new(listener, PollFlags::IN),
+        PollFd::new(wake, PollFlags::IN),
+    ];
+    let longest = Timespec {
+        tv_sec: LONGEST_IDLE.as_secs() as i64,
+        tv_nsec: 0,
+    };
+    // An error (EINTR) only ends this wait early: the loop checks again.
+    let _ = poll(&mut fds, Some(&longest));
+}
+
+/// The longest an idle accept loop sleeps before it looks at the stop flag
+/// again (a safety net: stopping wakes it at once).
+const LONGEST_IDLE: Duration = Duration::from_secs(1);
+
 /// [`ServerOptions::max_pending_handshakes`]); waits while no slot can be
 /// had. Returns false if the service stops meanwhile.
 fn take_slot(shared: &Shared, id: u64, conn: Pending) -> bool {
