@@ -76,22 +76,28 @@ impl Transport for PsmEngine {
                 .tracker
                 .completed(std::mem::ManuallyDrop::into_inner(buf), status);
         }
-        let core = xdev::devkit::abort_on_unwind(
+        // The device's reference and the handle are made together, with
+        // plain stores (`start_request`): a clone and `Request::new` would
+        // be two locked instructions per request in flight.
+        let (core, request) = xdev::devkit::abort_on_unwind(
             "moving a buffer PSM2 may still use into its request",
             || {
-                eng.tracker
-                    .start(RequestKind::Send, std::mem::ManuallyDrop::into_inner(buf))
+                eng.tracker.start_request(
+                    RequestKind::Send,
+                    std::mem::ManuallyDrop::into_inner(buf),
+                    eng.clone(),
+                )
             },
         );
         if let Some(slot) = l.queue.as_mut().and_then(|q| q.get_mut(key)) {
             *slot = Slot::Request {
-                core: core.clone(),
+                core,
                 send: Some((env, len)),
                 source: None,
             };
         }
         drop(l);
-        Request::new(core, eng.clone())
+        request
     }
 
     fn start_recv(self: &Arc<Self>, buf: Buffer, pattern: Pattern) -> Request {
@@ -140,23 +146,27 @@ impl Transport for PsmEngine {
                 .tracker
                 .completed(std::mem::ManuallyDrop::into_inner(buf), status);
         }
-        let core = xdev::devkit::abort_on_unwind(
+        // As in `start_send`: the device's reference and the handle at once.
+        let (core, request) = xdev::devkit::abort_on_unwind(
             "moving a buffer PSM2 may still use into its request",
             || {
-                eng.tracker
-                    .start(RequestKind::Recv, std::mem::ManuallyDrop::into_inner(buf))
+                eng.tracker.start_request(
+                    RequestKind::Recv,
+                    std::mem::ManuallyDrop::into_inner(buf),
+                    eng.clone(),
+                )
             },
         );
         core.set_token(key.to_u64());
         if let Some(slot) = l.queue.as_mut().and_then(|q| q.get_mut(key)) {
             *slot = Slot::Request {
-                core: core.clone(),
+                core,
                 send: None,
                 source,
             };
         }
         drop(l);
-        Request::new(core, eng.clone())
+        request
     }
 
     fn probe(&self, pattern: Pattern, block: bool) -> Result<Option<Status>> {

@@ -68,7 +68,11 @@ impl Transport for IbvEngine {
         // while it lives (its token ends the entry when it is released).
         let user = (buf.len() > self.fab.opts.eager_limit && self.fab.cache.adopt(&mut buf))
             .then(|| buf.id());
-        let core = self.tracker.start(RequestKind::Send, buf);
+        // The device's reference and the handle at once, with plain stores
+        // (`Request::new` would be a locked compare-exchange per request).
+        let (core, request) = self
+            .tracker
+            .start_request(RequestKind::Send, buf, self.clone());
         // SAFETY: the request owns the buffer; it is neither moved nor freed
         // while the core lives, and the engine keeps the core while it
         // holds the pointer.
@@ -80,7 +84,7 @@ impl Transport for IbvEngine {
             drop(l);
             self.tracker
                 .complete(&core, Status::failed(env, Error::Closed));
-            return Request::new(core, self.clone());
+            return request;
         }
         let out = Outgoing { to, data, user };
         match self.start(&mut l, out, || SendOwner::Request(core.clone())) {
@@ -93,7 +97,7 @@ impl Transport for IbvEngine {
             }
         }
         drop(l);
-        Request::new(core, self.clone())
+        request
     }
 
     fn start_recv(self: &Arc<Self>, buf: Buffer, pattern: Pattern) -> Request {
@@ -102,7 +106,9 @@ impl Transport for IbvEngine {
             tag: -1,
             context: pattern.context,
         };
-        let core = self.tracker.start(RequestKind::Recv, buf);
+        let (core, request) = self
+            .tracker
+            .start_request(RequestKind::Recv, buf, self.clone());
         let mut l = self.lock();
         if self.closing.load(Ordering::Acquire) {
             // `finish` began after our first check: it empties the posted
@@ -110,13 +116,13 @@ impl Transport for IbvEngine {
             drop(l);
             self.tracker
                 .complete(&core, Status::failed(env, Error::Closed));
-            return Request::new(core, self.clone());
+            return request;
         }
         self.post(&mut l, pattern, Target::Request(core.clone()), |id| {
             core.set_token(id.as_u64())
         });
         drop(l);
-        Request::new(core, self.clone())
+        request
     }
 
     fn recv_into(self: &Arc<Self>, buf: &mut [u8], pattern: Pattern) -> Result<Status> {
