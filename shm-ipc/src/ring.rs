@@ -109,6 +109,18 @@ pub struct Header {
     pub aux: u64,
 }
 
+impl Header {
+    /// The matching envelope of this message from `source`.
+    #[inline]
+    pub fn envelope(&self, source: xdev::Rank) -> xdev::Envelope {
+        xdev::Envelope {
+            source,
+            tag: self.tag,
+            context: self.context,
+        }
+    }
+}
+
 /// A malformed ring entry.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RingError {

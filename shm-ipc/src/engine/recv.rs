@@ -86,11 +86,7 @@ impl<M: Medium> Engine<M> {
             self.violation(l, s, what);
             return Step::Broken;
         }
-        let env = Envelope {
-            source: s,
-            tag: h.tag,
-            context: h.context,
-        };
+        let env = h.envelope(s);
         let direct_hit = match direct {
             Some(d) if l.matching.posted_len() == 0 && d.pattern.matches(&env) => Some(d),
             _ => None,
@@ -154,11 +150,7 @@ impl<M: Medium> Engine<M> {
         cap: usize,
     ) -> Status {
         let h = &msg.header;
-        let env = Envelope {
-            source: s,
-            tag: h.tag,
-            context: h.context,
-        };
+        let env = h.envelope(s);
         // SAFETY: dst is valid for cap bytes (a posted target's buffer or
         // the caller's slice), and nobody else writes it now.
         let out = unsafe { std::slice::from_raw_parts_mut(dst, cap) };
@@ -183,11 +175,7 @@ impl<M: Medium> Engine<M> {
         cap: usize,
     ) -> Outcome<M::Later> {
         let h = &msg.header;
-        let env = Envelope {
-            source: s,
-            tag: h.tag,
-            context: h.context,
-        };
+        let env = h.envelope(s);
         // SAFETY: once for this message, which is popped right after.
         let start = unsafe { M::take_rndv(self, l, s, msg) };
         M::rendezvous(self, l, env, h.aux as usize, start, dst, cap)
