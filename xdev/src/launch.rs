@@ -83,7 +83,7 @@ pub fn run_job(
             }
         }
         if reaped.iter().any(Option::is_none) {
-            exits.wait(|r| reaped[r].is_none());
+            exits.wait(|r| reaped[r].is_none(), ExitWatch::LONGEST);
         }
     }
     remove_psm2_shm_of_job(&server, &gone_at);
@@ -119,9 +119,9 @@ impl ExitWatch {
         ExitWatch { fds }
     }
 
-    /// Returns once a child `r` with `pending(r)` may have exited (or after
-    /// [`LONGEST`](Self::LONGEST)).
-    fn wait(&self, pending: impl Fn(usize) -> bool) {
+    /// Returns once a child `r` with `pending(r)` may have exited, or after
+    /// `at_most` (at most [`LONGEST`](Self::LONGEST)).
+    fn wait(&self, pending: impl Fn(usize) -> bool, at_most: Duration) {
         use rustix::event::{poll, PollFd, PollFlags, Timespec};
         let watched: Vec<usize> = (0..self.fds.len()).filter(|&r| pending(r)).collect();
         let mut polls: Vec<PollFd<'_>> = Vec::with_capacity(watched.len());
@@ -134,12 +134,13 @@ impl ExitWatch {
                 }
             }
         }
-        let longest = Timespec {
-            tv_sec: Self::LONGEST.as_secs() as i64,
-            tv_nsec: 0,
+        let at_most = at_most.min(Self::LONGEST);
+        let timeout = Timespec {
+            tv_sec: at_most.as_secs() as i64,
+            tv_nsec: at_most.subsec_nanos() as i64,
         };
         // An error (EINTR) only ends this wait early; the caller re-checks.
-        let _ = poll(&mut polls, Some(&longest));
+        let _ = poll(&mut polls, Some(&timeout));
     }
 }
 
@@ -303,24 +304,38 @@ impl LocalJob {
             })
             .collect();
         let mut timed_out = false;
-        let mut success = Vec::with_capacity(self.children.len());
-        for c in &mut self.children {
-            let st = loop {
-                match c.try_wait() {
-                    Ok(Some(st)) => break st.success(),
-                    Ok(None) => {}
-                    Err(_) => break false,
+        let exits_of = ExitWatch::new(&self.children);
+        let mut success: Vec<Option<bool>> = vec![None; self.children.len()];
+        loop {
+            for (r, c) in self.children.iter_mut().enumerate() {
+                if success[r].is_none() {
+                    success[r] = match c.try_wait() {
+                        Ok(Some(st)) => Some(st.success()),
+                        Ok(None) => None,
+                        Err(_) => Some(false),
+                    };
                 }
-                if Instant::now() > deadline {
-                    timed_out = true;
-                    let _ = c.kill();
+            }
+            if success.iter().all(Option::is_some) {
+                break;
+            }
+            let now = Instant::now();
+            if now > deadline && !timed_out {
+                timed_out = true;
+                for (r, c) in self.children.iter_mut().enumerate() {
+                    if success[r].is_none() {
+                        let _ = c.kill();
+                    }
                 }
-                std::thread::sleep(Duration::from_millis(5));
-            };
-            success.push(st);
+                continue;
+            }
+            // Until the next exit, or the deadline.
+            let left = deadline.saturating_duration_since(now);
+            exits_of.wait(|r| success[r].is_none(), left.max(ExitWatch::FALLBACK));
         }
         let exits: Vec<RankExit> = success
             .into_iter()
+            .map(|s| s.unwrap_or(false))
             .zip(readers)
             .map(|(success, h)| {
                 let (stdout, stderr) = h.join().unwrap_or_default();

@@ -97,3 +97,16 @@ fn the_launcher_and_its_service_sleep_while_the_ranks_run() {
         "the accept loop woke {acceptor} times in 0.3 s"
     );
 }
+
+#[test]
+fn a_local_job_is_waited_for_without_a_timer() {
+    let me = std::fs::read_link("/proc/thread-self").unwrap();
+    let me = me.file_name().unwrap().to_string_lossy().into_owned();
+    let job = LocalJob::start(2, "sleep", &["0.6"], &[]).unwrap();
+    let before = voluntary_switches(&me);
+    let exits = job.wait(Duration::from_secs(30)).unwrap();
+    let woke = voluntary_switches(&me) - before;
+    assert!(exits.iter().all(|e| e.success));
+    // A 5 ms poll of the children would wake about 120 times.
+    assert!(woke <= 20, "the waiting thread woke {woke} times");
+}
