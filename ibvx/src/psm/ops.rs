@@ -5,9 +5,10 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use xdev::devkit::{RequestKind, Seat, SendTo, Transport};
-use xdev::{Buffer, Envelope, Error, Pattern, Peeked, Request, Result, Source, Status};
+use xdev::{Buffer, Envelope, Error, Pattern, Peeked, Rank, Request, Result, Source, Status};
 
-use super::engine::{lost, PsmEngine, Slot};
+use super::engine::{lost, Inner, PsmEngine, Slot};
+use super::layer::RequestKey;
 use super::setup;
 
 impl Transport for PsmEngine {
@@ -76,28 +77,7 @@ impl Transport for PsmEngine {
                 .tracker
                 .completed(std::mem::ManuallyDrop::into_inner(buf), status);
         }
-        // The device's reference and the handle are made together, with
-        // plain stores (`start_request`): a clone and `Request::new` would
-        // be two locked instructions per request in flight.
-        let (core, request) = xdev::devkit::abort_on_unwind(
-            "moving a buffer PSM2 may still use into its request",
-            || {
-                eng.tracker.start_request(
-                    RequestKind::Send,
-                    std::mem::ManuallyDrop::into_inner(buf),
-                    eng.clone(),
-                )
-            },
-        );
-        if let Some(slot) = l.queue.as_mut().and_then(|q| q.get_mut(key)) {
-            *slot = Slot::Request {
-                core,
-                send: Some((env, len)),
-                source: None,
-            };
-        }
-        drop(l);
-        request
+        eng.into_request(&mut l, key, RequestKind::Send, buf, Some((env, len)), None)
     }
 
     fn start_recv(self: &Arc<Self>, buf: Buffer, pattern: Pattern) -> Request {
@@ -146,27 +126,7 @@ impl Transport for PsmEngine {
                 .tracker
                 .completed(std::mem::ManuallyDrop::into_inner(buf), status);
         }
-        // As in `start_send`: the device's reference and the handle at once.
-        let (core, request) = xdev::devkit::abort_on_unwind(
-            "moving a buffer PSM2 may still use into its request",
-            || {
-                eng.tracker.start_request(
-                    RequestKind::Recv,
-                    std::mem::ManuallyDrop::into_inner(buf),
-                    eng.clone(),
-                )
-            },
-        );
-        core.set_token(key.to_u64());
-        if let Some(slot) = l.queue.as_mut().and_then(|q| q.get_mut(key)) {
-            *slot = Slot::Request {
-                core,
-                send: None,
-                source,
-            };
-        }
-        drop(l);
-        request
+        eng.into_request(&mut l, key, RequestKind::Recv, buf, None, source)
     }
 
     fn probe(&self, pattern: Pattern, block: bool) -> Result<Option<Status>> {
@@ -239,5 +199,42 @@ impl Transport for PsmEngine {
         }
         drop(l);
         r
+    }
+}
+
+impl PsmEngine {
+    /// The request of an operation still in flight after its post and one
+    /// test: `buf`, which PSM2 may still use under `key`, moves into a new
+    /// request core, which the table's entry (a placeholder until now)
+    /// holds from then on. The caller holds the engine's lock (`l`).
+    ///
+    /// The device's reference and the handle are made together, with plain
+    /// stores (`Tracker::start_request`): a clone and `Request::new` would
+    /// be two locked instructions per request in flight. The key is the
+    /// core's token (for `cancel`).
+    fn into_request(
+        self: &Arc<Self>,
+        l: &mut Inner,
+        key: RequestKey,
+        kind: RequestKind,
+        buf: std::mem::ManuallyDrop<Buffer>,
+        send: Option<(Envelope, usize)>,
+        source: Option<Rank>,
+    ) -> Request {
+        let (core, request) = xdev::devkit::abort_on_unwind(
+            "moving a buffer PSM2 may still use into its request",
+            || {
+                self.tracker.start_request(
+                    kind,
+                    std::mem::ManuallyDrop::into_inner(buf),
+                    self.clone(),
+                )
+            },
+        );
+        core.set_token(key.to_u64());
+        if let Some(slot) = l.queue.as_mut().and_then(|q| q.get_mut(key)) {
+            *slot = Slot::Request { core, send, source };
+        }
+        request
     }
 }
