@@ -123,16 +123,13 @@ impl ExitWatch {
     /// `at_most` (at most [`LONGEST`](Self::LONGEST)).
     fn wait(&self, pending: impl Fn(usize) -> bool, at_most: Duration) {
         use rustix::event::{poll, PollFd, PollFlags, Timespec};
-        let watched: Vec<usize> = (0..self.fds.len()).filter(|&r| pending(r)).collect();
-        let mut polls: Vec<PollFd<'_>> = Vec::with_capacity(watched.len());
-        for &r in &watched {
-            match &self.fds[r] {
-                Some(fd) => polls.push(PollFd::new(fd, PollFlags::IN)),
-                None => {
-                    std::thread::sleep(Self::FALLBACK);
-                    return;
-                }
-            }
+        let mut polls: Vec<PollFd<'_>> = Vec::with_capacity(self.fds.len());
+        for r in (0..self.fds.len()).filter(|&r| pending(r)) {
+            let Some(fd) = &self.fds[r] else {
+                std::thread::sleep(Self::FALLBACK);
+                return;
+            };
+            polls.push(PollFd::new(fd, PollFlags::IN));
         }
         let at_most = at_most.min(Self::LONGEST);
         let timeout = Timespec {
