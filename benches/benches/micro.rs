@@ -46,6 +46,34 @@ fn matching_posted(c: &mut Criterion) {
     g.finish();
 }
 
+/// osu_bibw's receive side: post a window of 64 receives from one source,
+/// then deliver its 64 messages in order (each matches the head of its
+/// source's queue). Reported per window.
+fn matching_window(c: &mut Criterion) {
+    let mut g = c.benchmark_group("matching/posted_window");
+    let mut m: MatchingEngine<u64, u64> = MatchingEngine::new();
+    let env = Envelope {
+        source: 1,
+        tag: 4,
+        context: 7,
+    };
+    let pattern = Pattern::new(Source::Rank(1), TagSel::Tag(4), 7);
+    g.bench_function("64", |b| {
+        b.iter(|| {
+            for i in 0..64u64 {
+                let _ = m.post(black_box(pattern), i);
+            }
+            for _ in 0..64 {
+                match m.take_posted(black_box(&env)) {
+                    Some((_, recv)) => black_box(recv),
+                    None => panic!("no match"),
+                };
+            }
+        })
+    });
+    g.finish();
+}
+
 /// Take the newest of `depth` unexpected messages with an ANY_SOURCE receive
 /// (a long unexpected queue), then queue it again.
 fn matching_unexpected(c: &mut Criterion) {
@@ -135,5 +163,12 @@ fn headers(c: &mut Criterion) {
     });
 }
 
-criterion_group!(benches, matching_posted, matching_unexpected, ring, headers);
+criterion_group!(
+    benches,
+    matching_posted,
+    matching_window,
+    matching_unexpected,
+    ring,
+    headers
+);
 criterion_main!(benches);
