@@ -251,15 +251,11 @@ impl<M, R> MatchingEngine<M, R> {
         let seq = self.next_post;
         // 2^64 posts cannot happen; wrapping only rules out a panic.
         self.next_post = seq.wrapping_add(1);
-        let entry = PostedRecv {
-            seq,
-            tag: pattern.tag,
-            recv,
-        };
         let ctx = self.ctx_for_push(pattern.context);
+        let tag = pattern.tag;
         match pattern.source {
-            Source::Any => ctx.wild.push_back(entry),
-            Source::Rank(r) => ctx.posted.push(r, entry),
+            Source::Any => ctx.wild.push_back(PostedRecv { seq, tag, recv }),
+            Source::Rank(r) => ctx.posted.push(r, PostedRecv { seq, tag, recv }),
         }
         self.posted_len += 1;
         Posted::Queued(PostedId(seq))

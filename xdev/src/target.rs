@@ -89,12 +89,19 @@ impl Target {
 
     /// Completes the receive with `st`.
     pub fn complete(self, tracker: &Tracker, st: Status) {
+        self.complete_with(tracker, || st)
+    }
+
+    /// Completes the receive with the status `st` makes, built where the
+    /// receive keeps it (see [`Tracker::complete_with`]).
+    #[inline]
+    pub fn complete_with(self, tracker: &Tracker, st: impl FnOnce() -> Status) {
         match self {
             Target::Request(core) => {
-                tracker.complete(&core, st);
+                tracker.complete_with(&core, st);
             }
             Target::Blocking(b) => {
-                *b.status.lock().unwrap_or_else(|p| p.into_inner()) = Some(st);
+                *b.status.lock().unwrap_or_else(|p| p.into_inner()) = Some(st());
                 // Release: the status is written before the waiter sees done.
                 b.done.store(true, Ordering::Release);
             }

@@ -103,8 +103,16 @@ impl<M: Medium> Engine<M> {
             }
         } else if let Some((_, target)) = l.matching.take_posted(&env) {
             let (p, n) = target.dst();
-            let out = self.deliver_from_ring(l, s, msg, p, n);
-            self.settle(l, env, out, target);
+            if h.kind == KIND_EAGER {
+                // The status is built where the receive keeps it (built
+                // here and moved, it would be a stalled wide load).
+                self.eager_payload(l, s, msg, p, n);
+                let len = h.len as usize;
+                target.complete_with(&self.tracker, || Status::received(env, len, n));
+            } else {
+                let out = self.rendezvous_from_ring(l, s, msg, p, n);
+                self.settle(l, env, out, target);
+            }
         } else {
             if leave_unmatched {
                 // Not consumed: it is admitted again when it is read for real.
@@ -149,8 +157,17 @@ impl<M: Medium> Engine<M> {
         dst: *mut u8,
         cap: usize,
     ) -> Status {
+        self.eager_payload(l, s, msg, dst, cap);
         let h = &msg.header;
-        let env = h.envelope(s);
+        Status::received(h.envelope(s), h.len as usize, cap)
+    }
+
+    /// What delivering an eager message from the head of `s`'s ring does
+    /// besides its status: the copy into `dst` (`cap` bytes), the credit,
+    /// the acknowledgement of a synchronous send.
+    #[inline(always)]
+    fn eager_payload(&self, l: &mut Local<M>, s: Rank, msg: &Incoming, dst: *mut u8, cap: usize) {
+        let h = &msg.header;
         // SAFETY: dst is valid for cap bytes (a posted target's buffer or
         // the caller's slice), and nobody else writes it now.
         let out = unsafe { std::slice::from_raw_parts_mut(dst, cap) };
@@ -161,7 +178,6 @@ impl<M: Medium> Engine<M> {
             let ack = unsafe { M::take_ack(h) };
             M::acknowledge(self, l, s, ack);
         }
-        Status::received(env, h.len as usize, cap)
     }
 
     /// [`deliver_from_ring`](Self::deliver_from_ring) of a rendezvous start.

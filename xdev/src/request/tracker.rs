@@ -172,13 +172,22 @@ impl Tracker {
     /// not touch the buffer again.
     #[inline]
     pub fn complete(&self, core: &CoreRef, status: Status) -> bool {
+        self.complete_with(core, || status)
+    }
+
+    /// [`complete`](Tracker::complete) with the status made by `status`
+    /// (called only if this call completes the request), built where the
+    /// core keeps it: for a device's per-message path, where a status built
+    /// first and then moved costs a stalled load.
+    #[inline]
+    pub fn complete_with(&self, core: &CoreRef, status: impl FnOnce() -> Status) -> bool {
         if !self.started(core) {
             return false;
         }
         match core.claim() {
             None => false,
             Some(hooked) => {
-                core.finish(hooked, None, status);
+                core.finish_with(hooked, None, status);
                 true
             }
         }
