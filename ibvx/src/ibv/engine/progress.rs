@@ -17,12 +17,11 @@ use super::{IbvEngine, Local, POLL_BATCH, WR_KIND, WR_SLOT, WR_UNSIG, WR_WRITE};
 use crate::ibv::wire;
 use crate::verbs::WorkCompletion;
 
-/// Empty polls of an idle wait before it sleeps (the rule that keeps an
-/// oversubscribed host moving).
-const SPIN_POLLS: u32 = 4_000;
-/// Empty polls of an idle wait before its first yield; after them it
-/// yields every 64 polls until it sleeps.
-const QUIET_POLLS: u32 = 1_024;
+/// A blocking wait polls the send CQ on every this many passes (and on
+/// its first, and whenever a pass found something): send completions only
+/// free send slots and send-queue room, or finish sends that wait for
+/// them, and each poll is a locked provider call.
+const SEND_POLL_EVERY: u32 = 8;
 /// Longest sleep of a wait (departures are checked at least this often).
 const SLEEP: Duration = Duration::from_millis(20);
 /// How often a busy rank looks at the bootstrap's departure list.
@@ -30,10 +29,30 @@ const DEPARTURE_CHECK: Duration = Duration::from_millis(20);
 /// Calls of a busy wait between two looks at the clock for departures (the
 /// clock is a system call in a virtual machine without a stable TSC).
 const DEPARTURE_POLLS: u32 = 4_096;
+/// Empty polls of a quiet wait between two looks at the clock (see
+/// [`Spin`]): reading it is a system call in the soft-RoCE guest, and a
+/// wait for a reply there takes a few hundred polls.
+pub(super) const CLOCK_POLLS: u32 = 2_048;
+/// Empty polls between two yields once the wait is past [`QUIET`] (the
+/// clock is read at each yield).
+pub(super) const YIELD_POLLS: u32 = 64;
+/// How long an idle wait polls without yielding, from its first look at
+/// the clock (a reply usually comes well within it, and a yield is a
+/// system call).
+pub(super) const QUIET: Duration = Duration::from_micros(500);
+/// How long an idle wait spins, from its first look at the clock, before
+/// it sleeps (the sleep-after-spin rule that keeps an oversubscribed host
+/// moving).
+pub(super) const SPIN: Duration = Duration::from_millis(5);
+/// Empty polls after which an idle wait sleeps whatever the clock says (a
+/// safety net: the clock decides long before).
+pub(super) const MAX_POLLS: u32 = 1 << 22;
 
-/// What an idle wait does after its `idle`-th empty poll in a row.
+/// What an idle wait does after an empty poll.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub(super) enum IdleStep {
+    /// Poll again at once.
+    Poll,
     /// A spin-loop hint (`pause`), then poll.
     Pause,
     /// Give the core away once (`sched_yield`), then poll.
@@ -42,23 +61,61 @@ pub(super) enum IdleStep {
     Sleep,
 }
 
-/// The spin policy of [`IbvEngine::block_until`]: a spin-loop hint between
-/// polls, no yield in the first [`QUIET_POLLS`] (a reply usually comes
-/// within them, and a yield is a system call), then a yield every 64, and
-/// from [`SPIN_POLLS`] on, sleep.
+/// The spin policy of [`IbvEngine::block_until`], by time: for [`QUIET`]
+/// the wait polls back to back, then it yields every [`YIELD_POLLS`] polls
+/// (with a spin-loop hint between polls), and from [`SPIN`] on it sleeps.
+/// While quiet the clock is read only every [`CLOCK_POLLS`] empty polls
+/// (the first read starts the wait's clock), since reading it can be a
+/// system call; after that, at each yield.
 ///
-/// Polling with no pause in the quiet polls (as perftest does) was tried:
-/// under qemu TCG a `pause` leaves the translated code and took three
-/// quarters of the spinning wait's own samples, but without it the wait
-/// reached its yields and its sleep sooner on a loaded host, and no
-/// latency gain showed in the soft-RoCE guest (host load 8-30).
-pub(super) fn idle_step(idle: u32) -> IdleStep {
-    if idle >= SPIN_POLLS {
-        IdleStep::Sleep
-    } else if idle > QUIET_POLLS && idle % 64 == 0 {
-        IdleStep::Yield
-    } else {
-        IdleStep::Pause
+/// Why by time and without `pause` while quiet: under qemu TCG a `pause`
+/// leaves the translated code (it took three quarters of the spinning
+/// wait's own samples), and with a count of polls, a cheaper poll made a
+/// wait reach its yields and its sleep sooner, raising the system calls
+/// per message (as skipping the send CQ poll did). Measured by time, how
+/// cheap a poll is no longer moves the wait's yields.
+#[derive(Debug, Default)]
+pub(super) struct Spin {
+    idle: u32,
+    since: Option<Instant>,
+    phase: Phase,
+}
+
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+enum Phase {
+    #[default]
+    Quiet,
+    Yielding,
+    Sleeping,
+}
+
+impl Spin {
+    /// Something happened: the next empty poll starts a new idle spell.
+    pub(super) fn reset(&mut self) {
+        *self = Spin::default();
+    }
+
+    /// The step after one more empty poll; `now` reads the clock (called
+    /// once per [`CLOCK_POLLS`] calls while quiet, then once per yield).
+    pub(super) fn step(&mut self, now: impl FnOnce() -> Instant) -> IdleStep {
+        self.idle = self.idle.saturating_add(1);
+        match self.phase {
+            Phase::Sleeping => return IdleStep::Sleep,
+            Phase::Quiet if self.idle % CLOCK_POLLS != 0 => return IdleStep::Poll,
+            Phase::Yielding if self.idle % YIELD_POLLS != 0 => return IdleStep::Pause,
+            _ => {}
+        }
+        let t = now();
+        let spun = t.saturating_duration_since(*self.since.get_or_insert(t));
+        if spun >= SPIN || self.idle >= MAX_POLLS {
+            self.phase = Phase::Sleeping;
+            IdleStep::Sleep
+        } else if spun >= QUIET {
+            self.phase = Phase::Yielding;
+            IdleStep::Yield
+        } else {
+            IdleStep::Poll
+        }
     }
 }
 
@@ -91,17 +148,38 @@ impl IbvEngine {
     /// Polls both completion queues and moves queued work; true if anything
     /// happened.
     pub(super) fn progress_locked(&self, l: &mut Local) -> bool {
+        self.progress_polling(l, true)
+    }
+
+    /// [`progress_locked`](Self::progress_locked), polling the send CQ only
+    /// with `poll_send` (a blocking wait polls it every [`SEND_POLL_EVERY`]
+    /// passes: see `block_until`).
+    ///
+    /// Receive slots handled in one pass are re-posted at the start of the
+    /// next (or at once in a burst of [`POLL_BATCH`]), so that re-posting
+    /// them is not between a message's arrival and the caller's next step
+    /// (a reply, in a pingpong). The credit they return goes out in that
+    /// next pass, with the message or `CREDIT` that carries it.
+    pub(super) fn progress_polling(&self, l: &mut Local, poll_send: bool) -> bool {
         let before = l.events;
+        let reposted = !l.reposts.is_empty();
+        if reposted {
+            self.repost_all(l);
+        }
         let mut wcs = std::mem::take(&mut l.wcs);
         loop {
             let n = self.fab.recv_cq.poll(&mut wcs).unwrap_or(0);
             for wc in &wcs[..n] {
                 self.on_recv_completion(l, wc);
             }
-            if !l.reposts.is_empty() {
+            if n == POLL_BATCH && !l.reposts.is_empty() {
                 self.repost_all(l);
             }
-            let m = self.fab.send_cq.poll(&mut wcs).unwrap_or(0);
+            let m = if poll_send {
+                self.fab.send_cq.poll(&mut wcs).unwrap_or(0)
+            } else {
+                0
+            };
             for wc in &wcs[..m] {
                 self.on_send_completion(l, wc);
             }
@@ -112,10 +190,11 @@ impl IbvEngine {
         }
         l.wcs = wcs;
         let any = l.events != before;
-        if any {
-            // Completions return credits, send slots and send-queue room:
-            // what waited for them (queued messages, credit owed to peers)
-            // goes now. Nothing else frees these resources.
+        if any || reposted {
+            // Completions return credits, send slots and send-queue room,
+            // and re-posted slots are credit owed: what waited for them
+            // (queued messages, credit owed to peers) goes now. Nothing
+            // else frees these resources.
             for d in 0..self.fab.size {
                 if d == self.fab.rank {
                     continue;
@@ -165,8 +244,8 @@ impl IbvEngine {
         match self.on_frame(l, src, frame) {
             Ok(kind) => {
                 if l.peers[src].gone.is_none() {
-                    // Re-posted with the batch, and the credit owed goes
-                    // with it (progress_locked).
+                    // Re-posted with the batch, at the start of the next
+                    // pass, and the credit owed goes then (progress_polling).
                     l.reposts.push((src, slot, kind != wire::Kind::Credit));
                 }
             }
@@ -250,10 +329,12 @@ impl IbvEngine {
         until_closed: bool,
         mut done: impl FnMut(&Self, &mut Local) -> Result<bool>,
     ) -> Result<()> {
-        let mut idle = 0u32;
+        let mut spin = Spin::default();
+        let mut pass = 0u32;
         let mut l = self.lock();
         loop {
-            let moved = self.progress_locked(&mut l);
+            let moved = self.progress_polling(&mut l, pass % SEND_POLL_EVERY == 0);
+            pass = if moved { 0 } else { pass.wrapping_add(1) };
             self.check_departures(&mut l, false);
             if done(self, &mut l)? {
                 return Ok(());
@@ -262,16 +343,15 @@ impl IbvEngine {
                 return Err(Error::Closed);
             }
             if moved {
-                idle = 0;
+                spin.reset();
             }
-            idle = idle.saturating_add(1);
-            let step = idle_step(idle);
+            let step = spin.step(Instant::now);
             if step != IdleStep::Sleep {
                 drop(l);
-                if step == IdleStep::Yield {
-                    std::thread::yield_now();
-                } else {
-                    std::hint::spin_loop();
+                match step {
+                    IdleStep::Yield => std::thread::yield_now(),
+                    IdleStep::Pause => std::hint::spin_loop(),
+                    _ => {}
                 }
                 l = self.lock();
                 continue;
