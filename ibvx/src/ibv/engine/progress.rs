@@ -35,7 +35,7 @@ const DEPARTURE_POLLS: u32 = 4_096;
 pub(super) const CLOCK_POLLS: u32 = 2_048;
 /// Empty polls between two yields once the wait is past [`QUIET`] (the
 /// clock is read at each yield).
-pub(super) const YIELD_POLLS: u32 = 64;
+pub(super) const YIELD_POLLS: u32 = 256;
 /// How long an idle wait polls without yielding, from its first look at
 /// the clock (a reply usually comes well within it, and a yield is a
 /// system call).
