@@ -14,7 +14,9 @@
 # With --profile it then records, one run each, `perf record -e cpu-clock
 # -F 999 -g -a` around the ibv run and around ib_send_lat (same size and
 # count) and writes `perf report --no-children --sort comm,dso,sym` of each
-# (symbols resolved in the guest) to WORK/perf-ibv.txt and WORK/perf-pt.txt.
+# (symbols resolved in the guest) to WORK/perf-ibv.txt and WORK/perf-pt.txt,
+# and the bench's own samples by symbol+offset (count, sym+0xoff) to
+# WORK/perf-ibv-offsets.txt, to read against `objdump -d` of the binary.
 # With --baseline BIN (another build of xdev-bench, e.g. the main branch's)
 # every round also runs BIN's ibv latency (the tool "base", between the two
 # others), and with --syscalls the system calls and writes per message of
@@ -109,6 +111,12 @@ if [ "$PROFILE" = 1 ]; then
     >"$LOG/perf-ibv.out" 2>&1
   { perf report --stdio --no-children --sort comm,dso -g none -i /tmp/ibv.data; $REPORT -i /tmp/ibv.data; } \
     >/share/perf-ibv.txt 2>"$LOG/perf-ibv-report.err"
+  # Every sample of the bench's own code as symbol+offset, to read against
+  # `objdump -d` of the same binary on the host.
+  perf script -i /tmp/ibv.data --comm xdev-bench -F sym,symoff,dso --hide-call-graph 2>"$LOG/perf-ibv-script.err" \
+    | awk '/xdev-bench\)$/ { sub(/^[ \t]+/, ""); sub(/ \([^ ]*xdev-bench\)$/, ""); print }' \
+    | sort | uniq -c | sort -rn >/share/perf-ibv-offsets.txt
+  cp /tmp/ibv.data /share/perf-ibv.data 2>/dev/null || true
   ib_send_lat $D -p 21000 -s "$SIZE" -n "$ITERS" >"$LOG/perf-pt.server" 2>&1 &
   wait_listen 21000
   $PERF -o /tmp/pt.data -- ib_send_lat $D -p 21000 -s "$SIZE" -n "$ITERS" "$VM_PEER_IP" >"$LOG/perf-pt.client" 2>&1

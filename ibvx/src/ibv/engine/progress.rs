@@ -22,6 +22,10 @@ use crate::verbs::WorkCompletion;
 /// free send slots and send-queue room, or finish sends that wait for
 /// them, and each poll is a locked provider call.
 const SEND_POLL_EVERY: u32 = 8;
+/// A blocking wait looks at its condition after a pass that moved
+/// something, and on every this many passes (another thread's progress
+/// may have met it).
+const LOOK_EVERY: u32 = 64;
 /// Longest sleep of a wait (departures are checked at least this often).
 const SLEEP: Duration = Duration::from_millis(20);
 /// How often a busy rank looks at the bootstrap's departure list.
@@ -148,27 +152,33 @@ impl IbvEngine {
     /// Polls both completion queues and moves queued work; true if anything
     /// happened.
     pub(super) fn progress_locked(&self, l: &mut Local) -> bool {
-        self.progress_polling(l, true)
+        self.progress_polling(l, true, 0)
     }
 
     /// [`progress_locked`](Self::progress_locked), polling the send CQ only
     /// with `poll_send` (a blocking wait polls it every [`SEND_POLL_EVERY`]
-    /// passes: see `block_until`).
+    /// passes: see `block_until`); the first `polled` receive completions
+    /// are already in `l.wcs` (the wait's own poll found them).
     ///
     /// Receive slots handled in one pass are re-posted at the start of the
     /// next (or at once in a burst of [`POLL_BATCH`]), so that re-posting
     /// them is not between a message's arrival and the caller's next step
     /// (a reply, in a pingpong). The credit they return goes out in that
     /// next pass, with the message or `CREDIT` that carries it.
-    pub(super) fn progress_polling(&self, l: &mut Local, poll_send: bool) -> bool {
+    pub(super) fn progress_polling(&self, l: &mut Local, poll_send: bool, polled: usize) -> bool {
         let before = l.events;
+        let mut polled = polled;
         let reposted = !l.reposts.is_empty();
         if reposted {
             self.repost_all(l);
         }
         let mut wcs = std::mem::take(&mut l.wcs);
         loop {
-            let n = self.fab.recv_cq.poll(&mut wcs).unwrap_or(0);
+            let n = if polled > 0 {
+                std::mem::take(&mut polled)
+            } else {
+                self.fab.recv_cq.poll(&mut wcs).unwrap_or(0)
+            };
             for wc in &wcs[..n] {
                 self.on_recv_completion(l, wc);
             }
@@ -333,10 +343,23 @@ impl IbvEngine {
         let mut pass = 0u32;
         let mut l = self.lock();
         loop {
-            let moved = self.progress_polling(&mut l, pass % SEND_POLL_EVERY == 0);
+            // Most passes only poll the receive CQ here; the full pass (the
+            // send CQ too, re-posts) only when that found something, or
+            // every SEND_POLL_EVERY passes. Under qemu TCG every call and
+            // return of a pass costs, and nothing else is done there.
+            let moved = if pass % SEND_POLL_EVERY != 0 && l.reposts.is_empty() {
+                let n = self.fab.recv_cq.poll(&mut l.wcs).unwrap_or(0);
+                n > 0 && self.progress_polling(&mut l, false, n)
+            } else {
+                self.progress_polling(&mut l, true, 0)
+            };
+            // `done` changes with this thread's progress, or (rarely) with
+            // another thread's: looked at after progress, and every
+            // LOOK_EVERY passes.
+            let look = moved || pass % LOOK_EVERY == 0;
             pass = if moved { 0 } else { pass.wrapping_add(1) };
             self.check_departures(&mut l, false);
-            if done(self, &mut l)? {
+            if look && done(self, &mut l)? {
                 return Ok(());
             }
             if until_closed && self.closed.load(Ordering::Acquire) {
@@ -389,19 +412,26 @@ impl IbvEngine {
 
     /// Applies the bootstrap's departure notices (at most every
     /// [`DEPARTURE_CHECK`] unless `now`).
+    #[inline]
     pub(super) fn check_departures(&self, l: &mut Local, now: bool) {
         if !now {
             // The clock is read every DEPARTURE_POLLS calls only: a busy
             // wait calls this on every poll, and reading the clock can be a
-            // system call (in a virtual machine, it often is).
+            // system call (in a virtual machine, it often is). Inlined: a
+            // call per pass costs under qemu TCG.
             l.departure_polls += 1;
             if l.departure_polls < DEPARTURE_POLLS {
                 return;
             }
             l.departure_polls = 0;
-            if l.last_departure_check.elapsed() < DEPARTURE_CHECK {
-                return;
-            }
+        }
+        self.apply_departures(l, now);
+    }
+
+    #[inline(never)]
+    fn apply_departures(&self, l: &mut Local, now: bool) {
+        if !now && l.last_departure_check.elapsed() < DEPARTURE_CHECK {
+            return;
         }
         l.last_departure_check = Instant::now();
         let Ok(deps) = self.boot.departures() else {
