@@ -14,7 +14,10 @@
 # With --profile it then records, one run each, `perf record -e cpu-clock
 # -F 999 -g -a` around the ibv run and around ib_send_lat (same size and
 # count) and writes `perf report --no-children --sort comm,dso,sym` of each
-# (symbols resolved in the guest) to WORK/perf-ibv.txt and WORK/perf-pt.txt.
+# (symbols resolved in the guest) to WORK/perf-ibv.txt and WORK/perf-pt.txt,
+# and on the host the bench's own samples by address and symbol+offset to
+# WORK/perf-ibv-offsets.txt (the 60 hottest; read them against `objdump -d`
+# of the binary), from WORK/perf-ibv.data.
 # With --baseline BIN (another build of xdev-bench, e.g. the main branch's)
 # every round also runs BIN's ibv latency (the tool "base", between the two
 # others), and with --syscalls the system calls and writes per message of
@@ -109,6 +112,7 @@ if [ "$PROFILE" = 1 ]; then
     >"$LOG/perf-ibv.out" 2>&1
   { perf report --stdio --no-children --sort comm,dso -g none -i /tmp/ibv.data; $REPORT -i /tmp/ibv.data; } \
     >/share/perf-ibv.txt 2>"$LOG/perf-ibv-report.err"
+  cp /tmp/ibv.data /share/perf-ibv.data # for the offsets, on the host
   ib_send_lat $D -p 21000 -s "$SIZE" -n "$ITERS" >"$LOG/perf-pt.server" 2>&1 &
   wait_listen 21000
   $PERF -o /tmp/pt.data -- ib_send_lat $D -p 21000 -s "$SIZE" -n "$ITERS" "$VM_PEER_IP" >"$LOG/perf-pt.client" 2>&1
@@ -132,4 +136,34 @@ status=0
   --extra-bin "$TARGET_DIR/xdev-bench" --extra-bin "$TARGET_DIR/xdev-run" "${extra[@]}" \
   -- 'bash /share/run.sh' || status=$?
 say "host load average after: $(cut -d' ' -f1-3 /proc/loadavg); logs in $WORK"
+if ((PROFILE)) && [[ -f $WORK/perf-ibv.data ]]; then
+  # The samples in the bench's own code (every rank) by symbol+offset, hot
+  # first, to read against `objdump -d` of the same binary: under qemu TCG
+  # they land on the boundaries of calls, returns and atomics.
+  perf script -i "$WORK/perf-ibv.data" --show-mmap-events -F pid,ip,dso --hide-call-graph 2>/dev/null \
+    | python3 -c '
+import bisect, collections, re, subprocess, sys
+binary = sys.argv[1]
+maps, hits = {}, collections.Counter()
+for line in sys.stdin:
+    m = re.search(r"MMAP2? (\d+)/\d+: \[(0x[0-9a-f]+)\((0x[0-9a-f]+)\) @ (0x[0-9a-f]+) .*r-xp .*/xdev-bench$", line)
+    if m:
+        maps[int(m[1])] = (int(m[2], 16), int(m[4], 16))
+        continue
+    f = line.split()
+    if len(f) == 3 and f[2].endswith("xdev-bench)") and int(f[0]) in maps:
+        base, off = maps[int(f[0])]
+        hits[int(f[1], 16) - base + off] += 1
+# file offsets to addresses: the executable segment of the binary
+seg = [l.split() for l in subprocess.run(["readelf", "-lW", binary], capture_output=True, text=True).stdout.splitlines() if "LOAD" in l and "R E" in l][0]
+delta = int(seg[2], 16) - int(seg[1], 16)
+syms = sorted((int(a, 16), n) for a, t, n in (l.split(" ", 2) for l in subprocess.run(["nm", "-C", "--defined-only", binary], capture_output=True, text=True).stdout.splitlines() if l.count(" ") >= 2) if t in "tT")
+keys = [a for a, _ in syms]
+total = sum(hits.values()) or 1
+for off, n in hits.most_common(60):
+    a = off + delta
+    i = bisect.bisect_right(keys, a) - 1
+    print(f"{n:6d} {100 * n / total:5.1f}% {a:#x} {syms[i][1]}+{a - syms[i][0]:#x}")
+' "$TARGET_DIR/xdev-bench" >"$WORK/perf-ibv-offsets.txt" || say "no offsets (perf, python3, readelf and nm on the host)"
+fi
 exit "$status"

@@ -58,7 +58,7 @@ use xdev::bootstrap::Bootstrap;
 use xdev::devkit::matching::{FxMap, MatchingEngine};
 use xdev::devkit::target::{SendOwner, Target};
 use xdev::devkit::{SendTo, Tracker};
-use xdev::{BufferId, Context, Envelope, Error, Rank, Result, Source, Status, Tag};
+use xdev::{BufferId, Context, Envelope, Error, Pattern, Rank, Result, Source, Status, Tag};
 
 use super::options::IbvOptions;
 use super::regcache::{Registration, RegistrationCache};
@@ -315,6 +315,11 @@ struct Peer {
 /// One rank's protocol state, behind the engine lock.
 struct Local {
     matching: MatchingEngine<Unexpected, Target>,
+    /// A blocking receive posted while no other receive was posted: the
+    /// earliest posted receive, so matched before any in `matching`, and
+    /// kept out of it (queueing a receive there and taking it back costs
+    /// hash look-ups and queue bookkeeping per message).
+    first: Option<(Pattern, Target)>,
     peers: Vec<Peer>,
     sends: FxMap<u64, OutSend>,
     incoming: FxMap<u64, Incoming>,
@@ -401,6 +406,7 @@ impl IbvEngine {
             tracker: Arc::new(Tracker::new()),
             local: Mutex::new(Local {
                 matching: MatchingEngine::new(),
+                first: None,
                 peers,
                 sends: FxMap::default(),
                 incoming: FxMap::default(),
@@ -508,10 +514,14 @@ impl IbvEngine {
             tag: -1,
             context: 0,
         };
-        for t in l
+        let first = l
+            .first
+            .take_if(|(p, _)| p.source == Source::Rank(d))
+            .map(|(_, t)| t);
+        let posted = l
             .matching
-            .remove_posted_where(|p, _| p.source == Source::Rank(d))
-        {
+            .remove_posted_where(|p, _| p.source == Source::Rank(d));
+        for t in first.into_iter().chain(posted) {
             self.complete_target(l, t, Status::failed(env, err.clone()));
         }
         let queued: Vec<u64> = l.peers[d].backlog.drain(..).collect();

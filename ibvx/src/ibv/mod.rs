@@ -115,6 +115,8 @@
 #[cfg(test)]
 mod device_tests;
 mod engine;
+#[cfg(test)]
+mod first_slot_tests;
 mod options;
 pub(crate) mod regcache;
 mod setup;

@@ -140,7 +140,7 @@ impl Transport for IbvEngine {
             if self.closing.load(Ordering::Acquire) {
                 return Err(Error::Closed);
             }
-            self.post(&mut l, pattern, Target::Blocking(b.clone()), |p| {
+            self.post_blocking(&mut l, pattern, Target::Blocking(b.clone()), |p| {
                 guard.id = Some(p)
             });
         }
@@ -213,7 +213,9 @@ impl Transport for IbvEngine {
             tag: -1,
             context: 0,
         };
-        for t in l.matching.remove_posted_where(|_, _| true) {
+        let first = l.first.take().map(|(_, t)| t);
+        let posted = l.matching.remove_posted_where(|_, _| true);
+        for t in first.into_iter().chain(posted) {
             self.complete_target(&mut l, t, Status::failed(env, Error::Closed));
         }
         l.matching.drain_unexpected();
@@ -267,6 +269,8 @@ impl Drop for Unpost<'_> {
         let mut l = eng.lock();
         if let Some(id) = self.id {
             l.matching.cancel(id);
+        } else if l.first.as_ref().is_some_and(|(_, t)| t.is(self.recv)) {
+            l.first = None;
         }
         // A peer granted our buffer must stop writing it before we return.
         let writer = l

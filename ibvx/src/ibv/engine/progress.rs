@@ -17,23 +17,38 @@ use super::{IbvEngine, Local, POLL_BATCH, WR_KIND, WR_SLOT, WR_UNSIG, WR_WRITE};
 use crate::ibv::wire;
 use crate::verbs::WorkCompletion;
 
-/// Empty polls of an idle wait before it sleeps (the rule that keeps an
-/// oversubscribed host moving).
-const SPIN_POLLS: u32 = 4_000;
-/// Empty polls of an idle wait before its first yield; after them it
-/// yields every 64 polls until it sleeps.
-const QUIET_POLLS: u32 = 1_024;
+/// A blocking wait polls the send CQ on every this many passes (and on
+/// its first, and whenever a pass found something): send completions only
+/// free send slots and send-queue room, or finish sends that wait for
+/// them, and each poll is a locked provider call.
+const SEND_POLL_EVERY: u32 = 8;
+/// A blocking wait looks at its condition after a pass that moved
+/// something, and on every this many passes (another thread's progress
+/// may have met it).
+const LOOK_EVERY: u32 = 64;
 /// Longest sleep of a wait (departures are checked at least this often).
 const SLEEP: Duration = Duration::from_millis(20);
 /// How often a busy rank looks at the bootstrap's departure list.
 const DEPARTURE_CHECK: Duration = Duration::from_millis(20);
 /// Calls of a busy wait between two looks at the clock for departures (the
-/// clock is a system call in a virtual machine without a stable TSC).
+/// clock is a system call in a virtual machine without a stable TSC). Not
+/// more: `Request::test` in a loop with a 1 ms sleep calls this once per
+/// test, and 65,536 made a departed peer go unnoticed for over a minute
+/// (the VM suite's `qp_in_error_state_fails_only_its_peer`).
 const DEPARTURE_POLLS: u32 = 4_096;
+/// Empty polls of an idle wait before its first yield, back to back (a
+/// reply usually comes well within them, and a yield is a system call).
+pub(super) const QUIET_POLLS: u32 = 16_384;
+/// Empty polls of an idle wait before it sleeps (the sleep-after-spin rule
+/// that keeps an oversubscribed host moving); between [`QUIET_POLLS`] and
+/// this, a spin-loop hint between polls and a yield every 64.
+pub(super) const SPIN_POLLS: u32 = QUIET_POLLS + 3_000;
 
-/// What an idle wait does after its `idle`-th empty poll in a row.
+/// What an idle wait does after an empty poll.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub(super) enum IdleStep {
+    /// Poll again at once.
+    Poll,
     /// A spin-loop hint (`pause`), then poll.
     Pause,
     /// Give the core away once (`sched_yield`), then poll.
@@ -42,23 +57,44 @@ pub(super) enum IdleStep {
     Sleep,
 }
 
-/// The spin policy of [`IbvEngine::block_until`]: a spin-loop hint between
-/// polls, no yield in the first [`QUIET_POLLS`] (a reply usually comes
-/// within them, and a yield is a system call), then a yield every 64, and
-/// from [`SPIN_POLLS`] on, sleep.
+/// The spin policy of [`IbvEngine::block_until`], by count of empty polls
+/// (no clock: reading it is a system call in the soft-RoCE guest): the
+/// first [`QUIET_POLLS`] back to back, then a spin-loop hint between polls
+/// and a yield every 64, and from [`SPIN_POLLS`] on, sleep.
 ///
-/// Polling with no pause in the quiet polls (as perftest does) was tried:
-/// under qemu TCG a `pause` leaves the translated code and took three
-/// quarters of the spinning wait's own samples, but without it the wait
-/// reached its yields and its sleep sooner on a loaded host, and no
-/// latency gain showed in the soft-RoCE guest (host load 8-30).
-pub(super) fn idle_step(idle: u32) -> IdleStep {
-    if idle >= SPIN_POLLS {
-        IdleStep::Sleep
-    } else if idle > QUIET_POLLS && idle % 64 == 0 {
-        IdleStep::Yield
-    } else {
-        IdleStep::Pause
+/// No `pause` while quiet: under qemu TCG a `pause` leaves the translated
+/// code (it took three quarters of the spinning wait's own samples). A
+/// quiet poll is so several times cheaper than a poll with `pause` (and a
+/// wait's pass only polls the receive CQ), so the quiet count is 16 times
+/// the old 1,024 polls with `pause`: with a count too small, a cheaper poll
+/// reaches the yields and the sleep sooner, raising the system calls per
+/// message. A policy by time (the clock read every 2,048 polls, 500 us
+/// quiet, 5 ms to the sleep) was tried: its clock reads and yields made
+/// 3.61 calls per message in the VM suite's strace count (1.57x perftest).
+#[derive(Debug, Default)]
+pub(super) struct Spin {
+    idle: u32,
+}
+
+impl Spin {
+    /// Something happened: the next empty poll starts a new idle spell.
+    pub(super) fn reset(&mut self) {
+        self.idle = 0;
+    }
+
+    /// The step after one more empty poll.
+    pub(super) fn step(&mut self) -> IdleStep {
+        self.idle = self.idle.saturating_add(1);
+        let idle = self.idle;
+        if idle >= SPIN_POLLS {
+            IdleStep::Sleep
+        } else if idle <= QUIET_POLLS {
+            IdleStep::Poll
+        } else if (idle - QUIET_POLLS) % 64 == 0 {
+            IdleStep::Yield
+        } else {
+            IdleStep::Pause
+        }
     }
 }
 
@@ -91,17 +127,44 @@ impl IbvEngine {
     /// Polls both completion queues and moves queued work; true if anything
     /// happened.
     pub(super) fn progress_locked(&self, l: &mut Local) -> bool {
+        self.progress_polling(l, true, 0)
+    }
+
+    /// [`progress_locked`](Self::progress_locked), polling the send CQ only
+    /// with `poll_send` (a blocking wait polls it every [`SEND_POLL_EVERY`]
+    /// passes: see `block_until`); the first `polled` receive completions
+    /// are already in `l.wcs` (the wait's own poll found them).
+    ///
+    /// Receive slots handled in one pass are re-posted at the start of the
+    /// next (or at once in a burst of [`POLL_BATCH`]), so that re-posting
+    /// them is not between a message's arrival and the caller's next step
+    /// (a reply, in a pingpong). The credit they return goes out in that
+    /// next pass, with the message or `CREDIT` that carries it.
+    pub(super) fn progress_polling(&self, l: &mut Local, poll_send: bool, polled: usize) -> bool {
         let before = l.events;
+        let mut polled = polled;
+        let reposted = !l.reposts.is_empty();
+        if reposted {
+            self.repost_all(l);
+        }
         let mut wcs = std::mem::take(&mut l.wcs);
         loop {
-            let n = self.fab.recv_cq.poll(&mut wcs).unwrap_or(0);
+            let n = if polled > 0 {
+                std::mem::take(&mut polled)
+            } else {
+                self.fab.recv_cq.poll(&mut wcs).unwrap_or(0)
+            };
             for wc in &wcs[..n] {
                 self.on_recv_completion(l, wc);
             }
-            if !l.reposts.is_empty() {
+            if n == POLL_BATCH && !l.reposts.is_empty() {
                 self.repost_all(l);
             }
-            let m = self.fab.send_cq.poll(&mut wcs).unwrap_or(0);
+            let m = if poll_send {
+                self.fab.send_cq.poll(&mut wcs).unwrap_or(0)
+            } else {
+                0
+            };
             for wc in &wcs[..m] {
                 self.on_send_completion(l, wc);
             }
@@ -112,10 +175,11 @@ impl IbvEngine {
         }
         l.wcs = wcs;
         let any = l.events != before;
-        if any {
-            // Completions return credits, send slots and send-queue room:
-            // what waited for them (queued messages, credit owed to peers)
-            // goes now. Nothing else frees these resources.
+        if any || reposted {
+            // Completions return credits, send slots and send-queue room,
+            // and re-posted slots are credit owed: what waited for them
+            // (queued messages, credit owed to peers) goes now. Nothing
+            // else frees these resources.
             for d in 0..self.fab.size {
                 if d == self.fab.rank {
                     continue;
@@ -165,8 +229,8 @@ impl IbvEngine {
         match self.on_frame(l, src, frame) {
             Ok(kind) => {
                 if l.peers[src].gone.is_none() {
-                    // Re-posted with the batch, and the credit owed goes
-                    // with it (progress_locked).
+                    // Re-posted with the batch, at the start of the next
+                    // pass, and the credit owed goes then (progress_polling).
                     l.reposts.push((src, slot, kind != wire::Kind::Credit));
                 }
             }
@@ -250,28 +314,42 @@ impl IbvEngine {
         until_closed: bool,
         mut done: impl FnMut(&Self, &mut Local) -> Result<bool>,
     ) -> Result<()> {
-        let mut idle = 0u32;
+        let mut spin = Spin::default();
+        let mut pass = 0u32;
         let mut l = self.lock();
         loop {
-            let moved = self.progress_locked(&mut l);
+            // Most passes only poll the receive CQ here; the full pass (the
+            // send CQ too, re-posts) only when that found something, or
+            // every SEND_POLL_EVERY passes. Under qemu TCG every call and
+            // return of a pass costs, and nothing else is done there.
+            let moved = if pass % SEND_POLL_EVERY != 0 && l.reposts.is_empty() {
+                let n = self.fab.recv_cq.poll(&mut l.wcs).unwrap_or(0);
+                n > 0 && self.progress_polling(&mut l, false, n)
+            } else {
+                self.progress_polling(&mut l, true, 0)
+            };
+            // `done` changes with this thread's progress, or (rarely) with
+            // another thread's: looked at after progress, and every
+            // LOOK_EVERY passes.
+            let look = moved || pass % LOOK_EVERY == 0;
+            pass = if moved { 0 } else { pass.wrapping_add(1) };
             self.check_departures(&mut l, false);
-            if done(self, &mut l)? {
+            if look && done(self, &mut l)? {
                 return Ok(());
             }
             if until_closed && self.closed.load(Ordering::Acquire) {
                 return Err(Error::Closed);
             }
             if moved {
-                idle = 0;
+                spin.reset();
             }
-            idle = idle.saturating_add(1);
-            let step = idle_step(idle);
+            let step = spin.step();
             if step != IdleStep::Sleep {
                 drop(l);
-                if step == IdleStep::Yield {
-                    std::thread::yield_now();
-                } else {
-                    std::hint::spin_loop();
+                match step {
+                    IdleStep::Yield => std::thread::yield_now(),
+                    IdleStep::Pause => std::hint::spin_loop(),
+                    _ => {}
                 }
                 l = self.lock();
                 continue;
@@ -309,19 +387,26 @@ impl IbvEngine {
 
     /// Applies the bootstrap's departure notices (at most every
     /// [`DEPARTURE_CHECK`] unless `now`).
+    #[inline]
     pub(super) fn check_departures(&self, l: &mut Local, now: bool) {
         if !now {
             // The clock is read every DEPARTURE_POLLS calls only: a busy
             // wait calls this on every poll, and reading the clock can be a
-            // system call (in a virtual machine, it often is).
+            // system call (in a virtual machine, it often is). Inlined: a
+            // call per pass costs under qemu TCG.
             l.departure_polls += 1;
             if l.departure_polls < DEPARTURE_POLLS {
                 return;
             }
             l.departure_polls = 0;
-            if l.last_departure_check.elapsed() < DEPARTURE_CHECK {
-                return;
-            }
+        }
+        self.apply_departures(l, now);
+    }
+
+    #[inline(never)]
+    fn apply_departures(&self, l: &mut Local, now: bool) {
+        if !now && l.last_departure_check.elapsed() < DEPARTURE_CHECK {
+            return;
         }
         l.last_departure_check = Instant::now();
         let Ok(deps) = self.boot.departures() else {

@@ -61,7 +61,7 @@ impl IbvEngine {
             return Err(format!("eager data beyond its window of {window} bytes"));
         }
         let sync = (head.flags & FLAG_SYNC != 0).then_some(head.id);
-        if let Some((_, t)) = l.matching.take_posted(&env) {
+        if let Some(t) = Self::take_posted(l, &env) {
             self.copy_into(l, env, payload, t);
             l.peers[src].owed_bytes += n;
             if let Some(id) = sync {
@@ -131,6 +131,41 @@ impl IbvEngine {
             unsafe { ptr::copy_nonoverlapping(data.as_ptr(), dst, n) };
         }
         self.complete_target(l, t, Status::received(env, data.len(), cap));
+    }
+
+    /// The earliest posted receive that matches `env`, taken out: the
+    /// first slot's (see `Local::first`), else the matching engine's.
+    pub(super) fn take_posted(l: &mut Local, env: &Envelope) -> Option<Target> {
+        if l.first.as_ref().is_some_and(|(p, _)| p.matches(env)) {
+            return l.first.take().map(|(_, t)| t);
+        }
+        l.matching.take_posted(env).map(|(_, t)| t)
+    }
+
+    /// Posts the receive of a blocking call: as [`post`](Self::post), but
+    /// while no other receive is posted it goes in the first slot (see
+    /// `Local::first`) instead of the matching engine; `queued` gets its
+    /// id when it is queued there.
+    pub(super) fn post_blocking(
+        &self,
+        l: &mut Local,
+        pattern: Pattern,
+        t: Target,
+        queued: impl FnOnce(PostedId),
+    ) {
+        if l.first.is_some() || l.matching.posted_len() != 0 || self.post_to_gone(l, pattern) {
+            return self.post(l, pattern, t, queued);
+        }
+        match l.matching.take(&pattern) {
+            Some((env, msg)) => self.deliver(l, env, msg, t),
+            None => l.first = Some((pattern, t)),
+        }
+    }
+
+    /// Whether `pattern` names a peer that is gone (`post` then delivers
+    /// what it sent before leaving, or fails the receive).
+    fn post_to_gone(&self, l: &Local, pattern: Pattern) -> bool {
+        matches!(pattern.source, Source::Rank(s) if s != self.fab.rank && l.peers[s].gone.is_some())
     }
 
     /// Posts receive `t`: delivers a matching unexpected message, or queues

@@ -37,7 +37,7 @@ impl IbvEngine {
                 rndv_window()
             ));
         }
-        if let Some((_, t)) = l.matching.take_posted(&env) {
+        if let Some(t) = Self::take_posted(l, &env) {
             self.reply(l, env, head.id, len, t);
         } else {
             l.matching

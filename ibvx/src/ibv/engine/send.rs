@@ -190,7 +190,7 @@ impl IbvEngine {
             tag,
             context,
         };
-        if let Some((_, t)) = l.matching.take_posted(&env) {
+        if let Some(t) = Self::take_posted(l, &env) {
             self.copy_into(l, env, data, t);
             return false;
         }

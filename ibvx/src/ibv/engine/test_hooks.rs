@@ -45,6 +45,14 @@ impl IbvEngine {
         (l.unsignaled_posts, l.peers[peer].sq.has_room(wrs))
     }
 
+    /// Whether a blocking receive waits in the first slot, and how many
+    /// receives wait in the matching engine.
+    #[cfg(test)]
+    pub(crate) fn posted(&self) -> (bool, usize) {
+        let l = self.lock();
+        (l.first.is_some(), l.matching.posted_len())
+    }
+
     /// The last remote-write grant this rank sent in an `RNDZ_REPLY`.
     #[cfg(test)]
     pub(crate) fn last_grant(&self) -> Option<RemoteAddr> {
