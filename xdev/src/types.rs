@@ -106,11 +106,6 @@ impl Pattern {
 /// For a receive, `count` is the number of bytes delivered into the buffer and
 /// `message_len` the length the sender sent; they differ only when the message
 /// was truncated, in which case `error` is [`Error::Truncated`].
-///
-/// 48 bytes: the error, rare, is boxed, so that a status is cheap to store
-/// and move on every message's path (an 80-byte status with the error
-/// inline was moved several times per message, measured as a large part of
-/// a request's cost).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Status {
     /// The sender (for a send: the destination).
@@ -125,9 +120,8 @@ pub struct Status {
     pub message_len: usize,
     /// Whether the operation was cancelled before it matched.
     pub cancelled: bool,
-    /// The error that ended the operation, if any (boxed: see above; match
-    /// it through `status.error.as_deref()`).
-    pub error: Option<Box<Error>>,
+    /// The error that ended the operation, if any.
+    pub error: Option<Error>,
 }
 
 impl Status {
@@ -153,12 +147,12 @@ impl Status {
         let mut st = Status::ok(env, message_len.min(capacity));
         st.message_len = message_len;
         if message_len > capacity {
-            st.error = Some(Box::new(Error::Truncated {
+            st.error = Some(Error::Truncated {
                 sender: env.source,
                 tag: env.tag,
                 message_len,
                 capacity,
-            }));
+            });
         }
         st
     }
@@ -173,7 +167,7 @@ impl Status {
             count: 0,
             message_len: 0,
             cancelled: false,
-            error: Some(Box::new(error)),
+            error: Some(error),
         }
     }
 
@@ -210,7 +204,7 @@ impl Status {
     #[inline]
     pub fn into_result(self) -> Result<Status, Error> {
         match self.error {
-            Some(e) => Err(*e),
+            Some(e) => Err(e),
             None => Ok(self),
         }
     }
