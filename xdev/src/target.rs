@@ -53,6 +53,7 @@ impl BlockingRecv {
     }
 
     /// Whether a message was delivered (or the receive failed).
+    #[inline]
     pub fn is_done(&self) -> bool {
         // Acquire pairs with the Release in `Target::complete`.
         self.done.load(Ordering::Acquire)
@@ -142,6 +143,7 @@ impl BlockingSend {
     }
 
     /// Whether the send completed (or failed).
+    #[inline]
     pub fn is_done(&self) -> bool {
         // Acquire pairs with the Release in `SendOwner::complete`.
         self.done.load(Ordering::Acquire)
