@@ -538,6 +538,15 @@ impl<M, R> MatchingEngine<M, R> {
     }
 }
 
+/// The property tests' settings: 300 cases, no regression files.
+fn config() -> proptest::prelude::ProptestConfig {
+    proptest::prelude::ProptestConfig {
+        cases: 300,
+        failure_persistence: None,
+        ..Default::default()
+    }
+}
+
 mod invariants {
     use super::*;
     use proptest::prelude::*;
@@ -555,11 +564,7 @@ mod invariants {
     }
 
     proptest! {
-        #![proptest_config(ProptestConfig {
-            cases: 300,
-            failure_persistence: None,
-            ..ProptestConfig::default()
-        })]
+        #![proptest_config(config())]
 
         /// Random operations keep every internal invariant.
         #[test]
@@ -675,14 +680,10 @@ mod against_reference {
     }
 
     proptest! {
-        #![proptest_config(ProptestConfig {
-            cases: 300,
-            failure_persistence: None,
-            ..ProptestConfig::default()
-        })]
+        #![proptest_config(config())]
 
         /// Every operation gives what the reference gives, in any mix of
-        /// sources (dense and hashed), tags, contexts and wildcards.
+        /// sources (small and large ranks), tags, contexts and wildcards.
         #[test]
         fn the_engine_matches_as_the_reference_does(
             slack in 0usize..3,
