@@ -96,9 +96,10 @@ impl<M: Medium> Engine<M> {
             if h.kind == KIND_EAGER {
                 // The common case, with the status written straight into
                 // `d` (through an `Outcome` it would be written, then moved).
-                d.status = Some(self.eager_from_ring(l, s, msg, p, n));
+                self.eager_payload(l, s, msg, p, n);
+                d.status = Some(Status::received(env, h.len as usize, n));
             } else {
-                let out = self.deliver_from_ring(l, s, msg, p, n);
+                let out = self.rendezvous_from_ring(l, s, msg, p, n);
                 self.settle_direct(l, env, out, d);
             }
         } else if let Some((_, target)) = l.matching.take_posted(&env) {
@@ -128,40 +129,6 @@ impl<M: Medium> Engine<M> {
         Step::Taken
     }
 
-    /// Delivers the message at the head of `s`'s ring into `dst` (valid for
-    /// `cap` bytes while its receive is in the engine).
-    pub(crate) fn deliver_from_ring(
-        &self,
-        l: &mut Local<M>,
-        s: Rank,
-        msg: &Incoming,
-        dst: *mut u8,
-        cap: usize,
-    ) -> Outcome<M::Later> {
-        if msg.header.kind == KIND_EAGER {
-            Outcome::Done(self.eager_from_ring(l, s, msg, dst, cap))
-        } else {
-            self.rendezvous_from_ring(l, s, msg, dst, cap)
-        }
-    }
-
-    /// [`deliver_from_ring`](Self::deliver_from_ring) of an eager message:
-    /// copies it into `dst` and returns its status. Inlined, so that the
-    /// status is written where the caller keeps it.
-    #[inline(always)]
-    fn eager_from_ring(
-        &self,
-        l: &mut Local<M>,
-        s: Rank,
-        msg: &Incoming,
-        dst: *mut u8,
-        cap: usize,
-    ) -> Status {
-        self.eager_payload(l, s, msg, dst, cap);
-        let h = &msg.header;
-        Status::received(h.envelope(s), h.len as usize, cap)
-    }
-
     /// What delivering an eager message from the head of `s`'s ring does
     /// besides its status: the copy into `dst` (`cap` bytes), the credit,
     /// the acknowledgement of a synchronous send.
@@ -180,7 +147,8 @@ impl<M: Medium> Engine<M> {
         }
     }
 
-    /// [`deliver_from_ring`](Self::deliver_from_ring) of a rendezvous start.
+    /// Delivers the rendezvous start at the head of `s`'s ring into `dst`
+    /// (valid for `cap` bytes while its receive is in the engine).
     #[inline(never)]
     fn rendezvous_from_ring(
         &self,
