@@ -179,43 +179,48 @@ impl Buffer {
     /// The attachment is dropped first, while the memory is still held.
     pub fn into_vec(self) -> Vec<u8> {
         let mut me = std::mem::ManuallyDrop::new(self);
-        let side = me.side.take();
-        let cap = match side {
-            None => me.len,
-            Some(mut side) => {
-                drop(side.attachment.take());
-                if side.storage.is_some() {
-                    let copy = me[..].to_vec();
-                    drop(side); // releases the foreign memory
-                    return copy;
-                }
-                side.heap_cap
+        match me.release_side() {
+            Ok(cap) => {
+                // SAFETY: `ptr`, `len` and `cap` are the raw parts of the Vec
+                // this heap buffer took in `From<Vec<u8>>` (see `side`),
+                // whose allocation nothing else owns; `me` is never dropped,
+                // so the Vec is rebuilt exactly once.
+                unsafe { Vec::from_raw_parts(me.ptr.as_ptr(), me.len, cap) }
             }
+            Err(foreign) => {
+                let copy = me[..].to_vec();
+                drop(foreign); // releases the foreign memory
+                copy
+            }
+        }
+    }
+
+    /// Takes the out-of-line part apart, its attachment dropped first
+    /// (while the memory is still held): `Ok` with the `Vec` capacity of a
+    /// heap buffer, or `Err` with the foreign storage, still holding the
+    /// memory until the caller drops it.
+    fn release_side(&mut self) -> Result<usize, Box<Side>> {
+        let Some(mut side) = self.side.take() else {
+            // A plain heap buffer: its capacity is its length (see `side`).
+            return Ok(self.len);
         };
-        // SAFETY: `ptr`, `len` and `cap` are the raw parts of the Vec this
-        // heap buffer took in `From<Vec<u8>>` (see `side`), whose
-        // allocation nothing else owns; `me` is never dropped, so the Vec is
-        // rebuilt exactly once.
-        unsafe { Vec::from_raw_parts(me.ptr.as_ptr(), me.len, cap) }
+        drop(side.attachment.take());
+        if side.storage.is_some() {
+            return Err(side);
+        }
+        Ok(side.heap_cap)
     }
 }
 
 impl Drop for Buffer {
     fn drop(&mut self) {
-        let cap = match self.side.take() {
-            None => self.len,
-            Some(mut side) => {
-                // The attachment goes first, while the memory is still held.
-                drop(side.attachment.take());
-                if side.storage.is_some() {
-                    return; // dropping `side` releases the foreign memory
-                }
-                side.heap_cap
-            }
-        };
-        // SAFETY: as in `into_vec`: the raw parts of the Vec this heap buffer
-        // owns, rebuilt once, here, to free it.
-        drop(unsafe { Vec::from_raw_parts(self.ptr.as_ptr(), self.len, cap) });
+        // A foreign buffer's memory is released with its storage, dropped
+        // here with the `Err`.
+        if let Ok(cap) = self.release_side() {
+            // SAFETY: as in `into_vec`: the raw parts of the Vec this heap
+            // buffer owns, rebuilt once, here, to free it.
+            drop(unsafe { Vec::from_raw_parts(self.ptr.as_ptr(), self.len, cap) });
+        }
     }
 }
 
