@@ -25,18 +25,30 @@
 //! its source's bucket with the first earlier match in the wildcard FIFO.
 //! So long queues spread over many senders do not turn every match into a
 //! scan of everything, while the common case (empty or near-empty queues,
-//! head matches) costs a few hash probes of small integer keys and no
-//! allocation once the buckets exist. Emptied buckets and contexts are kept
-//! for reuse but swept once they outnumber the live ones by a bounded slack
-//! (see [`MatchingEngine::with_sweep_slack`]), and storage that has become
-//! mostly empty is shrunk, so memory follows the live queue lengths.
+//! head matches) costs no hashing and no allocation once the buckets exist:
+//! the context used last is tried first, and buckets are found by indexing
+//! a vector by rank (ranks are dense; see `buckets` for the few above
+//! 65,536, which are hashed). Cancelling a posted receive searches for it
+//! rather than keeping an index every post would pay for. Emptied buckets
+//! and contexts are kept for reuse but swept once they outnumber the live
+//! ones by a bounded slack (see [`MatchingEngine::with_sweep_slack`]), and
+//! storage that has become mostly empty is shrunk, so memory follows the
+//! live queue lengths (plus, per context in use, one 32-byte bucket header
+//! per rank up to the highest that sent or was named).
 
-use std::collections::hash_map::{Entry, HashMap};
+use std::collections::HashMap;
 use std::collections::VecDeque;
 use std::fmt;
-use std::hash::{BuildHasherDefault, Hash};
+use std::hash::BuildHasherDefault;
 
 use crate::{Context, Envelope, Pattern, Rank, Source, Tag, TagSel};
+
+mod buckets;
+
+#[cfg(test)]
+use buckets::DENSE_RANKS;
+use buckets::{extract_where, first_match, shrink_deque, shrink_map};
+use buckets::{Buckets, Sequenced, SHRINK_MIN};
 
 /// Identifies a queued posted receive, for cancellation.
 ///
@@ -100,22 +112,26 @@ pub enum Posted<M, R> {
 ///
 /// See the [module documentation](crate::devkit::matching) for the rules.
 pub struct MatchingEngine<M, R> {
-    /// Per-context queues. Contexts whose queues are empty are kept (so a
-    /// context in steady use does not reallocate) but swept once they
-    /// outnumber the live ones by more than `slack`.
-    contexts: FxMap<Context, Ctx<M, R>>,
-    /// How many entries of `contexts` are empty.
+    /// Per-context queues, in no particular order. Contexts whose queues
+    /// are empty are kept (so a context in steady use does not reallocate)
+    /// but swept once they outnumber the live ones by more than `slack`.
+    ctxs: Vec<Ctx<M, R>>,
+    /// Where each context of `ctxs` is.
+    index: FxMap<Context, usize>,
+    /// The slot of `ctxs` used last: tried before `index` (a hint, checked
+    /// against the slot's own context).
+    hot: usize,
+    /// How many entries of `ctxs` are empty.
     empty_contexts: usize,
-    /// Where each queued posted receive lives, by posting sequence number
-    /// (= its [`PostedId`]). Its length is the posted-queue length.
-    ids: PostIndex,
+    /// Number of queued posted receives.
+    posted_len: usize,
     /// Sequence number of the next arriving (unexpected) message.
     next_arrival: u64,
     /// Sequence number of the next queued posted receive.
     next_post: u64,
     /// Total number of unexpected messages.
     unexpected_len: usize,
-    /// How many empty contexts, empty buckets (per context) and stale log
+    /// How many empty contexts, idle buckets (per context) and stale log
     /// entries (per context) are tolerated beyond the live ones before they
     /// are swept.
     slack: usize,
@@ -132,7 +148,7 @@ impl<M, R> fmt::Debug for MatchingEngine<M, R> {
         f.debug_struct("MatchingEngine")
             .field("posted_len", &self.posted_len())
             .field("unexpected_len", &self.unexpected_len)
-            .field("contexts", &(self.contexts.len() - self.empty_contexts))
+            .field("contexts", &(self.ctxs.len() - self.empty_contexts))
             .finish()
     }
 }
@@ -144,17 +160,20 @@ impl<M, R> MatchingEngine<M, R> {
     }
 
     /// Like [`new`](Self::new), with a different bound on retained empty
-    /// storage: empty per-source buckets and empty contexts are kept for reuse
-    /// (so steady traffic does not reallocate) until they outnumber the live
-    /// ones by more than `slack`; stale entries of the arrival index likewise.
-    /// `new` uses 32. Smaller values use less memory after bursts over many
-    /// sources and contexts, at the price of more frequent sweeps; 0 is valid
-    /// (and exercises the sweeps constantly, for testing).
+    /// storage: emptied per-source buckets and empty contexts are kept for
+    /// reuse (so steady traffic does not reallocate) until they outnumber
+    /// the live ones by more than `slack`; stale entries of the arrival
+    /// index likewise. `new` uses 32. Smaller values use less memory after
+    /// bursts over many sources and contexts, at the price of more frequent
+    /// sweeps; 0 is valid (and exercises the sweeps constantly, for
+    /// testing).
     pub fn with_sweep_slack(slack: usize) -> Self {
         MatchingEngine {
-            contexts: FxMap::default(),
+            ctxs: Vec::new(),
+            index: FxMap::default(),
+            hot: 0,
             empty_contexts: 0,
-            ids: PostIndex::default(),
+            posted_len: 0,
             next_arrival: 0,
             next_post: 0,
             unexpected_len: 0,
@@ -183,16 +202,23 @@ impl<M, R> MatchingEngine<M, R> {
     /// before it has built an unexpected-message payload; when it returns
     /// `None`, the message must be passed to
     /// [`push_unexpected`](Self::push_unexpected) before the next arrival.
+    #[inline]
     pub fn take_posted(&mut self, env: &Envelope) -> Option<(Pattern, R)> {
-        if self.ids.is_empty() {
+        if self.posted_len == 0 {
             return None;
         }
-        let ctx = self.contexts.get_mut(&env.context)?;
-        let p = ctx.take_posted(env.source, env.tag)?;
+        let at = self.slot_of(env.context)?;
+        let ctx = &mut self.ctxs[at];
+        let (p, wild) = ctx.take_posted(env.source, env.tag)?;
         let now_empty = ctx.is_empty();
-        self.forget_id(p.seq);
+        self.posted_len -= 1;
         self.note_ctx_removal(now_empty);
-        Some((p.pattern, p.recv))
+        let source = if wild {
+            Source::Any
+        } else {
+            Source::Rank(env.source)
+        };
+        Some((Pattern::new(source, p.tag, env.context), p.recv))
     }
 
     /// The second half of [`deliver`](Self::deliver): queues an arriving
@@ -217,6 +243,7 @@ impl<M, R> MatchingEngine<M, R> {
     /// Posts a receive: the earliest-arrived matching unexpected message is
     /// removed and returned together with `recv`; if none matches, the
     /// receive is queued and its id returned.
+    #[inline]
     pub fn post(&mut self, pattern: Pattern, recv: R) -> Posted<M, R> {
         if let Some((env, msg)) = self.take(&pattern) {
             return Posted::Matched { env, msg, recv };
@@ -224,13 +251,17 @@ impl<M, R> MatchingEngine<M, R> {
         let seq = self.next_post;
         // 2^64 posts cannot happen; wrapping only rules out a panic.
         self.next_post = seq.wrapping_add(1);
-        let entry = PostedRecv { seq, pattern, recv };
+        let entry = PostedRecv {
+            seq,
+            tag: pattern.tag,
+            recv,
+        };
         let ctx = self.ctx_for_push(pattern.context);
         match pattern.source {
             Source::Any => ctx.wild.push_back(entry),
             Source::Rank(r) => ctx.posted.push(r, entry),
         }
-        self.ids.push(seq, pattern.context, pattern.source);
+        self.posted_len += 1;
         Posted::Queued(PostedId(seq))
     }
 
@@ -240,7 +271,7 @@ impl<M, R> MatchingEngine<M, R> {
         if self.unexpected_len == 0 {
             return None;
         }
-        let ctx = self.contexts.get(&pattern.context)?;
+        let ctx = &self.ctxs[self.find_slot(pattern.context)?];
         let (source, u) = ctx.find_unexpected(pattern.source, pattern.tag)?;
         let env = Envelope {
             source,
@@ -252,11 +283,13 @@ impl<M, R> MatchingEngine<M, R> {
 
     /// Removes and returns the earliest unexpected message matching `pattern`
     /// (used by blocking receives that never queue).
+    #[inline]
     pub fn take(&mut self, pattern: &Pattern) -> Option<(Envelope, M)> {
         if self.unexpected_len == 0 {
             return None;
         }
-        let ctx = self.contexts.get_mut(&pattern.context)?;
+        let at = self.slot_of(pattern.context)?;
+        let ctx = &mut self.ctxs[at];
         let (source, u) = ctx.take_unexpected(pattern.source, pattern.tag)?;
         let now_empty = ctx.is_empty();
         self.unexpected_len -= 1;
@@ -271,21 +304,30 @@ impl<M, R> MatchingEngine<M, R> {
 
     /// Removes a still-queued posted receive. None if it already matched or
     /// never existed.
+    ///
+    /// Not on the per-message path: it searches every context's wildcard
+    /// queue and per-source buckets (by bisection, each being in posting
+    /// order), rather than keeping an index that every post and match would
+    /// pay for.
     pub fn cancel(&mut self, id: PostedId) -> Option<R> {
-        let (context, source) = self.ids.get(id.0)?;
-        let ctx = self.contexts.get_mut(&context)?;
+        if self.posted_len == 0 {
+            return None;
+        }
         let by_seq = |q: &VecDeque<PostedRecv<R>>| q.binary_search_by_key(&id.0, |p| p.seq).ok();
-        let entry = match source {
-            Source::Any => {
-                let i = by_seq(&ctx.wild)?;
+        let (at, entry) = self.ctxs.iter_mut().enumerate().find_map(|(at, ctx)| {
+            if let Some(i) = by_seq(&ctx.wild) {
                 let e = ctx.wild.remove(i)?;
                 shrink_deque(&mut ctx.wild);
-                e
+                return Some((at, e));
             }
-            Source::Rank(r) => ctx.posted.remove_in(r, by_seq)?,
-        };
-        let now_empty = ctx.is_empty();
-        self.forget_id(id.0);
+            if ctx.posted.len == 0 {
+                return None;
+            }
+            let key = ctx.posted.iter().find(|(_, b)| by_seq(b).is_some())?.0;
+            Some((at, ctx.posted.remove_in(key, by_seq)?))
+        })?;
+        let now_empty = self.ctxs[at].is_empty();
+        self.posted_len -= 1;
         self.note_ctx_removal(now_empty);
         Some(entry.recv)
     }
@@ -297,20 +339,27 @@ impl<M, R> MatchingEngine<M, R> {
     /// `pred` is called once per queued receive, in posting order, before
     /// anything is removed (so a panicking `pred` leaves the engine intact).
     pub fn remove_posted_where(&mut self, mut pred: impl FnMut(&Pattern, &R) -> bool) -> Vec<R> {
-        if self.ids.is_empty() {
+        if self.posted_len == 0 {
             return Vec::new();
         }
         // Decide, in posting order, without touching the queues.
         let doomed: Vec<u64> = {
-            let mut all: Vec<&PostedRecv<R>> = Vec::with_capacity(self.ids.len());
-            for ctx in self.contexts.values() {
-                all.extend(ctx.wild.iter());
-                all.extend(ctx.posted.map.values().flatten());
+            let mut all: Vec<(Pattern, &PostedRecv<R>)> = Vec::with_capacity(self.posted_len);
+            for ctx in &self.ctxs {
+                let c = ctx.context;
+                let wild = ctx.wild.iter();
+                all.extend(wild.map(|p| (Pattern::new(Source::Any, p.tag, c), p)));
+                for (r, b) in ctx.posted.iter() {
+                    all.extend(
+                        b.iter()
+                            .map(|p| (Pattern::new(Source::Rank(r), p.tag, c), p)),
+                    );
+                }
             }
-            all.sort_unstable_by_key(|p| p.seq);
+            all.sort_unstable_by_key(|(_, p)| p.seq);
             all.into_iter()
-                .filter(|p| pred(&p.pattern, &p.recv))
-                .map(|p| p.seq)
+                .filter(|(pattern, p)| pred(pattern, &p.recv))
+                .map(|(_, p)| p.seq)
                 .collect()
         };
         if doomed.is_empty() {
@@ -319,15 +368,12 @@ impl<M, R> MatchingEngine<M, R> {
         // `doomed` is sorted, being in posting order.
         let is_doomed = |p: &PostedRecv<R>| doomed.binary_search(&p.seq).is_ok();
         let mut out = Vec::with_capacity(doomed.len());
-        for ctx in self.contexts.values_mut() {
+        for ctx in self.ctxs.iter_mut() {
             extract_where(&mut ctx.wild, is_doomed, &mut out);
             ctx.posted.extract_where(is_doomed, &mut out);
         }
         out.sort_unstable_by_key(|p| p.seq);
-        for p in &out {
-            self.ids.kill(p.seq);
-        }
-        self.ids.tidy(self.slack);
+        self.posted_len -= out.len();
         self.sweep_contexts();
         out.into_iter().map(|p| p.recv).collect()
     }
@@ -338,7 +384,8 @@ impl<M, R> MatchingEngine<M, R> {
             return Vec::new();
         }
         let mut all = Vec::with_capacity(self.unexpected_len);
-        for (&context, ctx) in self.contexts.iter_mut() {
+        for ctx in self.ctxs.iter_mut() {
+            let context = ctx.context;
             ctx.clear_log();
             ctx.unexpected.drain_each(|source, u| {
                 let env = Envelope {
@@ -356,8 +403,9 @@ impl<M, R> MatchingEngine<M, R> {
     }
 
     /// Number of queued posted receives.
+    #[inline]
     pub fn posted_len(&self) -> usize {
-        self.ids.len()
+        self.posted_len
     }
 
     /// Number of queued unexpected messages.
@@ -367,28 +415,53 @@ impl<M, R> MatchingEngine<M, R> {
 
     /// Whether both queues are empty.
     pub fn is_empty(&self) -> bool {
-        self.ids.is_empty() && self.unexpected_len == 0
+        self.posted_len == 0 && self.unexpected_len == 0
+    }
+
+    /// The slot of context `c`, if it has one (the hot slot first).
+    #[inline]
+    fn find_slot(&self, c: Context) -> Option<usize> {
+        if self.ctxs.get(self.hot).is_some_and(|x| x.context == c) {
+            return Some(self.hot);
+        }
+        self.index.get(&c).copied()
+    }
+
+    /// [`find_slot`](Self::find_slot), remembering the slot as the hot one.
+    #[inline]
+    fn slot_of(&mut self, c: Context) -> Option<usize> {
+        let at = self.find_slot(c)?;
+        self.hot = at;
+        Some(at)
     }
 
     /// The queues of context `c`, created if absent, for adding an entry.
+    #[inline]
     fn ctx_for_push(&mut self, c: Context) -> &mut Ctx<M, R> {
-        match self.contexts.entry(c) {
-            Entry::Occupied(o) => {
-                let ctx = o.into_mut();
-                if ctx.is_empty() {
+        let at = match self.slot_of(c) {
+            Some(at) => {
+                if self.ctxs[at].is_empty() {
                     self.empty_contexts -= 1;
                 }
-                ctx
+                at
             }
-            Entry::Vacant(v) => v.insert(Ctx::new(self.slack)),
-        }
+            None => {
+                let at = self.ctxs.len();
+                self.ctxs.push(Ctx::new(c, self.slack));
+                self.index.insert(c, at);
+                self.hot = at;
+                at
+            }
+        };
+        &mut self.ctxs[at]
     }
 
     /// Bookkeeping after one entry was removed from a context's queues.
+    #[inline]
     fn note_ctx_removal(&mut self, now_empty: bool) {
         if now_empty {
             self.empty_contexts += 1;
-            let live = self.contexts.len() - self.empty_contexts;
+            let live = self.ctxs.len() - self.empty_contexts;
             if self.empty_contexts > live + self.slack {
                 self.sweep_contexts();
             }
@@ -396,23 +469,24 @@ impl<M, R> MatchingEngine<M, R> {
     }
 
     /// Drops every empty context.
+    #[cold]
     fn sweep_contexts(&mut self) {
-        self.contexts.retain(|_, ctx| !ctx.is_empty());
+        self.ctxs.retain(|ctx| !ctx.is_empty());
+        if self.ctxs.capacity() > SHRINK_MIN && self.ctxs.len() * 4 < self.ctxs.capacity() {
+            self.ctxs.shrink_to(self.ctxs.len() * 2);
+        }
+        self.index.clear();
+        for (at, ctx) in self.ctxs.iter().enumerate() {
+            self.index.insert(ctx.context, at);
+        }
+        shrink_map(&mut self.index);
         self.empty_contexts = 0;
-        shrink_map(&mut self.contexts);
-    }
-
-    /// Forgets the id of a posted receive that left the queue.
-    fn forget_id(&mut self, seq: u64) {
-        self.ids.kill(seq);
-        self.ids.tidy(self.slack);
+        self.hot = 0;
     }
 }
 
 /// The sweep slack of [`MatchingEngine::new`].
 const DEFAULT_SWEEP_SLACK: usize = 32;
-/// Deques and maps with at most this capacity are never shrunk.
-const SHRINK_MIN: usize = 64;
 
 /// A queued unexpected message (its source and context are its bucket's).
 struct Unexpected<M> {
@@ -421,16 +495,13 @@ struct Unexpected<M> {
     msg: M,
 }
 
-/// A queued posted receive.
+/// A queued posted receive (its source and context are where it is queued:
+/// a source's bucket or the wildcard queue, of its context's queues). Kept
+/// small, since a match moves it out of its queue.
 struct PostedRecv<R> {
     seq: u64,
-    pattern: Pattern,
+    tag: TagSel,
     recv: R,
-}
-
-/// Entries ordered by a global sequence number.
-trait Sequenced {
-    fn seq(&self) -> u64;
 }
 
 impl<M> Sequenced for Unexpected<M> {
@@ -454,237 +525,6 @@ fn tag_ok(sel: TagSel, tag: Tag) -> bool {
     }
 }
 
-/// Index and sequence number of the first entry of `q` satisfying `ok`,
-/// looking only at entries with a sequence number below `before`.
-#[inline]
-fn first_match<E: Sequenced>(
-    q: &VecDeque<E>,
-    before: u64,
-    mut ok: impl FnMut(&E) -> bool,
-) -> Option<(usize, u64)> {
-    q.iter()
-        .enumerate()
-        .take_while(|(_, e)| e.seq() < before)
-        .find(|(_, e)| ok(e))
-        .map(|(i, e)| (i, e.seq()))
-}
-
-/// Moves the entries of `q` satisfying `f` to `out`, keeping the order of
-/// the others.
-fn extract_where<E>(q: &mut VecDeque<E>, mut f: impl FnMut(&E) -> bool, out: &mut Vec<E>) {
-    for _ in 0..q.len() {
-        if let Some(e) = q.pop_front() {
-            if f(&e) {
-                out.push(e);
-            } else {
-                q.push_back(e);
-            }
-        }
-    }
-    shrink_deque(q);
-}
-
-/// Gives back the memory of a deque that has become mostly empty.
-#[inline]
-fn shrink_deque<E>(q: &mut VecDeque<E>) {
-    if q.capacity() > SHRINK_MIN && q.len() * 4 < q.capacity() {
-        q.shrink_to(q.len() * 2);
-    }
-}
-
-/// Gives back the memory of a map that has become mostly empty.
-#[inline]
-fn shrink_map<K: Eq + Hash, V>(m: &mut FxMap<K, V>) {
-    if m.capacity() > SHRINK_MIN && m.len() * 4 < m.capacity() {
-        m.shrink_to(m.len() * 2);
-    }
-}
-
-/// Where a queued posted receive lives.
-#[derive(Clone, Copy, Debug, PartialEq)]
-struct Loc {
-    seq: u64,
-    context: Context,
-    source: Source,
-    /// False once the receive left the queue (lazy deletion).
-    live: bool,
-}
-
-/// The locations of the queued posted receives, in posting order, i.e. by
-/// id. Searched by bisection: for the short queues of the common case this
-/// is cheaper than hashing, and matching in posting order (the usual case)
-/// only ever touches the front.
-#[derive(Default)]
-struct PostIndex {
-    locs: VecDeque<Loc>,
-    /// Number of entries of `locs` that are not live.
-    dead: usize,
-}
-
-impl PostIndex {
-    fn len(&self) -> usize {
-        self.locs.len() - self.dead
-    }
-
-    fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// Records a new receive (with the highest sequence number so far).
-    fn push(&mut self, seq: u64, context: Context, source: Source) {
-        self.locs.push_back(Loc {
-            seq,
-            context,
-            source,
-            live: true,
-        });
-    }
-
-    /// Position of the live entry for `seq`.
-    fn find(&self, seq: u64) -> Option<usize> {
-        // Receives usually match in posting order: the front first.
-        let i = if self.locs.front().is_some_and(|l| l.seq == seq) {
-            0
-        } else {
-            self.locs.binary_search_by_key(&seq, |l| l.seq).ok()?
-        };
-        self.locs.get(i)?.live.then_some(i)
-    }
-
-    /// Where the receive with id `seq` lives, if still queued.
-    fn get(&self, seq: u64) -> Option<(Context, Source)> {
-        let l = self.locs.get(self.find(seq)?)?;
-        Some((l.context, l.source))
-    }
-
-    /// Marks the receive `seq` as gone; [`tidy`](Self::tidy) must follow.
-    fn kill(&mut self, seq: u64) {
-        if let Some(l) = self.find(seq).and_then(|i| self.locs.get_mut(i)) {
-            l.live = false;
-            self.dead += 1;
-        }
-    }
-
-    /// Drops dead entries at the front, and all of them once they outnumber
-    /// the live ones by more than `slack`.
-    fn tidy(&mut self, slack: usize) {
-        while self.locs.front().is_some_and(|l| !l.live) {
-            self.locs.pop_front();
-            self.dead -= 1;
-        }
-        if self.dead > self.len() + slack {
-            self.locs.retain(|l| l.live);
-            self.dead = 0;
-        }
-        shrink_deque(&mut self.locs);
-    }
-}
-
-/// FIFO buckets keyed by source rank, each in sequence order.
-struct Buckets<E> {
-    map: FxMap<Rank, VecDeque<E>>,
-    /// How many buckets of `map` are empty (kept for reuse until swept).
-    empty: usize,
-    /// Total number of entries over all buckets.
-    len: usize,
-    /// Empty buckets tolerated beyond the live ones before a sweep.
-    slack: usize,
-}
-
-impl<E: Sequenced> Buckets<E> {
-    fn new(slack: usize) -> Self {
-        Buckets {
-            map: FxMap::default(),
-            empty: 0,
-            len: 0,
-            slack,
-        }
-    }
-
-    /// Appends `e` (which must carry the highest sequence number so far) to
-    /// bucket `key`.
-    fn push(&mut self, key: Rank, e: E) {
-        match self.map.entry(key) {
-            Entry::Occupied(o) => {
-                let b = o.into_mut();
-                if b.is_empty() {
-                    self.empty -= 1;
-                }
-                b.push_back(e);
-            }
-            Entry::Vacant(v) => v.insert(VecDeque::new()).push_back(e),
-        }
-        self.len += 1;
-    }
-
-    /// Removes the entry of bucket `key` at the index `pick` chooses.
-    fn remove_in(
-        &mut self,
-        key: Rank,
-        pick: impl FnOnce(&VecDeque<E>) -> Option<usize>,
-    ) -> Option<E> {
-        if self.len == 0 {
-            return None;
-        }
-        let b = self.map.get_mut(&key)?;
-        let e = b.remove(pick(b)?)?;
-        let now_empty = b.is_empty();
-        shrink_deque(b);
-        self.note_removed(now_empty);
-        Some(e)
-    }
-
-    /// Bookkeeping after one entry was removed from a bucket.
-    fn note_removed(&mut self, now_empty: bool) {
-        self.len -= 1;
-        if now_empty {
-            self.empty += 1;
-            let live = self.map.len() - self.empty;
-            if self.empty > live + self.slack {
-                self.sweep();
-            }
-        }
-    }
-
-    /// Moves the entries satisfying `f` to `out`, in no particular order.
-    fn extract_where(&mut self, mut f: impl FnMut(&E) -> bool, out: &mut Vec<E>) {
-        let mut emptied = 0;
-        for b in self.map.values_mut() {
-            let before = b.len();
-            if before == 0 {
-                continue;
-            }
-            extract_where(b, &mut f, out);
-            self.len -= before - b.len();
-            if b.is_empty() {
-                emptied += 1;
-            }
-        }
-        self.empty += emptied;
-        let live = self.map.len() - self.empty;
-        if self.empty > live + self.slack {
-            self.sweep();
-        }
-    }
-
-    /// Drops every empty bucket.
-    fn sweep(&mut self) {
-        self.map.retain(|_, b| !b.is_empty());
-        self.empty = 0;
-        shrink_map(&mut self.map);
-    }
-
-    /// Moves every entry out, with its key, leaving no buckets.
-    fn drain_each(&mut self, mut f: impl FnMut(Rank, E)) {
-        for (key, b) in self.map.drain() {
-            b.into_iter().for_each(|e| f(key, e));
-        }
-        shrink_map(&mut self.map);
-        self.empty = 0;
-        self.len = 0;
-    }
-}
-
 /// One entry of a context's arrival log.
 #[derive(Clone, Copy)]
 struct LogEntry {
@@ -695,6 +535,8 @@ struct LogEntry {
 
 /// The queues of one context.
 struct Ctx<M, R> {
+    /// The context these queues belong to.
+    context: Context,
     /// Unexpected messages by source.
     unexpected: Buckets<Unexpected<M>>,
     /// Every unexpected message of the context in arrival order, for
@@ -713,15 +555,17 @@ struct Ctx<M, R> {
 /// Index in its bucket of the still-queued message a log entry refers to;
 /// `None` if the entry is stale.
 #[inline]
-fn live_index<M>(map: &FxMap<Rank, VecDeque<Unexpected<M>>>, l: &LogEntry) -> Option<usize> {
-    map.get(&l.source)?
+fn live_index<M>(unexpected: &Buckets<Unexpected<M>>, l: &LogEntry) -> Option<usize> {
+    unexpected
+        .get(l.source)?
         .binary_search_by_key(&l.seq, |u| u.seq)
         .ok()
 }
 
 impl<M, R> Ctx<M, R> {
-    fn new(slack: usize) -> Self {
+    fn new(context: Context, slack: usize) -> Self {
         Ctx {
+            context,
             unexpected: Buckets::new(slack),
             log: VecDeque::new(),
             stale: 0,
@@ -730,6 +574,7 @@ impl<M, R> Ctx<M, R> {
         }
     }
 
+    #[inline]
     fn is_empty(&self) -> bool {
         self.unexpected.len == 0 && self.posted.len == 0 && self.wild.is_empty()
     }
@@ -753,43 +598,38 @@ impl<M, R> Ctx<M, R> {
 
     /// Removes the earliest-posted receive accepting a message from `source`
     /// with `tag`: the earlier of the first match in `source`'s bucket and the
-    /// first match in the wildcard list.
-    fn take_posted(&mut self, source: Rank, tag: Tag) -> Option<PostedRecv<R>> {
-        let posted = &mut self.posted;
-        let wild = &mut self.wild;
-        let bucket = if posted.len == 0 {
-            None
-        } else {
-            posted.map.get_mut(&source)
+    /// first match in the wildcard list (then also `true`).
+    #[inline]
+    fn take_posted(&mut self, source: Rank, tag: Tag) -> Option<(PostedRecv<R>, bool)> {
+        let accepts = |p: &PostedRecv<R>| tag_ok(p.tag, tag);
+        let specific = match self.posted.len {
+            0 => None,
+            _ => self
+                .posted
+                .get(source)
+                .and_then(|b| first_match(b, u64::MAX, accepts)),
         };
-        let accepts = |p: &PostedRecv<R>| tag_ok(p.pattern.tag, tag);
-        let specific = bucket
-            .as_deref()
-            .and_then(|b| first_match(b, u64::MAX, accepts));
-        let before = specific.map_or(u64::MAX, |(_, seq)| seq);
-        if let Some((i, _)) = first_match(wild, before, accepts) {
-            let e = wild.remove(i);
-            shrink_deque(wild);
-            return e;
+        if !self.wild.is_empty() {
+            let before = specific.map_or(u64::MAX, |(_, seq)| seq);
+            if let Some((i, _)) = first_match(&self.wild, before, accepts) {
+                let e = self.wild.remove(i)?;
+                shrink_deque(&mut self.wild);
+                return Some((e, true));
+            }
         }
         let (i, _) = specific?;
-        let b = bucket?;
-        let e = b.remove(i)?;
-        let now_empty = b.is_empty();
-        shrink_deque(b);
-        posted.note_removed(now_empty);
-        Some(e)
+        Some((self.posted.remove_in(source, |_| Some(i))?, false))
     }
 
     /// Position in the log, source and index in its bucket of the
     /// earliest-arrived queued message with a tag accepted by `tag`.
     fn find_in_log(&self, tag: TagSel) -> Option<(usize, Rank, usize)> {
-        let map = &self.unexpected.map;
+        let unexpected = &self.unexpected;
         self.log
             .iter()
             .enumerate()
             .filter(|(_, l)| tag_ok(tag, l.tag))
-            .find_map(|(i, l)| Some((i, l.source, live_index(map, l)?)))
+            .find_map(|(i, l)| Some((i, l.source, live_index(unexpected, l)?)))
     }
 
     /// The earliest-arrived unexpected message accepted by `source` and `tag`:
@@ -800,7 +640,7 @@ impl<M, R> Ctx<M, R> {
         }
         let (r, i) = match source {
             Source::Rank(r) => {
-                let b = self.unexpected.map.get(&r)?;
+                let b = self.unexpected.get(r)?;
                 (r, first_match(b, u64::MAX, |u| tag_ok(tag, u.tag))?.0)
             }
             Source::Any => {
@@ -808,7 +648,7 @@ impl<M, R> Ctx<M, R> {
                 (r, i)
             }
         };
-        Some((r, self.unexpected.map.get(&r)?.get(i)?))
+        Some((r, self.unexpected.get(r)?.get(i)?))
     }
 
     /// Removes the earliest-arrived unexpected message accepted by `source`
@@ -836,7 +676,7 @@ impl<M, R> Ctx<M, R> {
                         i += 1;
                         continue;
                     }
-                    match live_index(&self.unexpected.map, &l) {
+                    match live_index(&self.unexpected, &l) {
                         Some(j) if wanted => break (i, l.source, j),
                         Some(_) => i += 1,
                         None if i == 0 => {
@@ -866,14 +706,19 @@ impl<M, R> Ctx<M, R> {
     fn tidy_log(&mut self) {
         if self.unexpected.len == 0 {
             self.clear_log();
-        } else if self.stale > self.unexpected.len + self.unexpected.slack {
-            let map = &self.unexpected.map;
-            self.log.retain(|l| live_index(map, l).is_some());
+        } else if self.stale > self.unexpected.len + self.slack() {
+            let unexpected = &self.unexpected;
+            self.log.retain(|l| live_index(unexpected, l).is_some());
             self.stale = 0;
             shrink_deque(&mut self.log);
         } else {
             shrink_deque(&mut self.log);
         }
+    }
+
+    /// The sweep slack (the same for both bucket sets).
+    fn slack(&self) -> usize {
+        self.unexpected.slack
     }
 
     /// Empties the log (when no unexpected message is left).

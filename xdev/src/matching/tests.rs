@@ -346,10 +346,10 @@ fn memory_is_bounded_after_many_sources_and_contexts() {
         assert_eq!(matched_recv(e.deliver(env(i, 1, c), 0)).0, 0);
     }
     assert!(e.is_empty());
-    assert!(e.contexts.len() <= DEFAULT_SWEEP_SLACK + 1);
-    for ctx in e.contexts.values() {
-        assert!(ctx.unexpected.map.len() <= DEFAULT_SWEEP_SLACK + 1);
-        assert!(ctx.posted.map.len() <= DEFAULT_SWEEP_SLACK + 1);
+    assert!(e.ctxs.len() <= DEFAULT_SWEEP_SLACK + 1);
+    for ctx in &e.ctxs {
+        assert!(ctx.unexpected.idle.len() <= DEFAULT_SWEEP_SLACK + 1);
+        assert!(ctx.posted.idle.len() <= DEFAULT_SWEEP_SLACK + 1);
     }
     // Many sources in one context.
     for i in 0..10_000usize {
@@ -360,12 +360,19 @@ fn memory_is_bounded_after_many_sources_and_contexts() {
         assert!(e.take(&pat(Source::Any, TagSel::Any, 0)).is_some());
     }
     assert!(e.is_empty());
-    let ctx_buckets: usize = e.contexts.values().map(|c| c.unexpected.map.len()).sum();
-    assert!(ctx_buckets <= DEFAULT_SWEEP_SLACK + 1);
-    assert!(e
-        .contexts
-        .values()
-        .all(|c| c.unexpected.map.capacity() <= 4 * SHRINK_MIN));
+    // What is left: at most the slack's worth of buckets holding storage,
+    // and one empty header per rank up to the highest (10,000 x 32 bytes).
+    let holding: usize = e
+        .ctxs
+        .iter()
+        .flat_map(|c| c.unexpected.iter())
+        .filter(|(_, b)| b.capacity() > 0)
+        .count();
+    assert!(
+        holding <= DEFAULT_SWEEP_SLACK + 1,
+        "{holding} buckets hold storage"
+    );
+    assert!(e.ctxs.iter().all(|c| c.unexpected.dense.len() <= 10_000));
     // A long queue in one bucket gives its memory back.
     for i in 0..10_000u32 {
         let _ = queued_id(e.post(pat(R0, TagSel::Any, 0), i));
@@ -373,12 +380,51 @@ fn memory_is_bounded_after_many_sources_and_contexts() {
     for i in 0..10_000u32 {
         assert_eq!(matched_recv(e.deliver(env(0, 1, 0), i)), (i, i));
     }
-    assert!(e.ids.locs.capacity() <= SHRINK_MIN);
     assert!(e
-        .contexts
-        .values()
-        .flat_map(|c| c.posted.map.values())
-        .all(|b| b.capacity() <= SHRINK_MIN));
+        .ctxs
+        .iter()
+        .flat_map(|c| c.posted.iter())
+        .all(|(_, b)| b.capacity() <= SHRINK_MIN));
+}
+
+#[test]
+fn ranks_beyond_the_dense_range_are_hashed() {
+    // A rank far above any world this machine runs (and above DENSE_RANKS)
+    // costs a map entry, not a vector that long.
+    let big = DENSE_RANKS * 1000 + 7;
+    let mut e = MatchingEngine::<u32, u32>::new();
+    let _ = e.deliver(env(big, 1, 0), 5);
+    let _ = queued_id(e.post(pat(Source::Rank(big + 1), TagSel::Any, 0), 9));
+    assert!(e.ctx(0).unexpected.dense.is_empty());
+    assert!(e.ctx(0).posted.dense.is_empty());
+    assert_eq!(
+        e.take(&pat(Source::Rank(big), TagSel::Any, 0)),
+        Some((env(big, 1, 0), 5))
+    );
+    assert_eq!(matched_recv(e.deliver(env(big + 1, 3, 0), 1)), (9, 1));
+    assert!(e.is_empty());
+    e.check_invariants();
+}
+
+#[test]
+fn cancel_finds_receives_in_any_context_and_bucket() {
+    let mut e = MatchingEngine::<u32, u32>::new();
+    let ids: Vec<PostedId> = (0..30u32)
+        .map(|i| {
+            let source = match i % 3 {
+                0 => Source::Any,
+                1 => Source::Rank(i as usize),
+                _ => Source::Rank(DENSE_RANKS + i as usize),
+            };
+            queued_id(e.post(pat(source, TagSel::Tag(i as Tag), i % 4), i))
+        })
+        .collect();
+    for (i, id) in ids.iter().enumerate().rev() {
+        assert_eq!(e.cancel(*id), Some(i as u32));
+        assert_eq!(e.cancel(*id), None, "a cancelled id is gone");
+        e.check_invariants();
+    }
+    assert!(e.is_empty());
 }
 
 #[test]
@@ -393,7 +439,7 @@ fn arrival_log_stays_bounded() {
         let _ = e.deliver(env(1, 2, 0), i);
         assert_eq!(e.take(&pat(R1, TagSel::Tag(2), 0)).map(|(_, m)| m), Some(i));
         assert_eq!(e.take(&pat(R1, TagSel::Any, 0)).map(|(_, m)| m), Some(i));
-        let ctx = &e.contexts[&0];
+        let ctx = e.ctx(0);
         assert_eq!(ctx.log.len(), ctx.unexpected.len + ctx.stale);
         assert!(ctx.log.len() <= 2 + ctx.unexpected.len + DEFAULT_SWEEP_SLACK);
     }
@@ -402,7 +448,7 @@ fn arrival_log_stays_bounded() {
         e.take(&pat(Source::Any, TagSel::Any, 0)),
         Some((env(0, 1, 0), 0))
     );
-    assert!(e.contexts[&0].log.is_empty());
+    assert!(e.ctx(0).log.is_empty());
 }
 
 #[test]
@@ -419,7 +465,7 @@ fn any_source_take_skips_stale_entries() {
             .map(|(_, m)| m),
         Some(2)
     );
-    assert_eq!(e.contexts[&0].stale, 3);
+    assert_eq!(e.ctx(0).stale, 3);
     assert_eq!(
         e.probe(&pat(Source::Any, TagSel::Tag(1), 0))
             .map(|(_, m)| *m),
@@ -429,10 +475,7 @@ fn any_source_take_skips_stale_entries() {
         e.take(&pat(Source::Any, TagSel::Tag(1), 0)).map(|(_, m)| m),
         Some(4)
     );
-    assert_eq!(
-        e.contexts[&0].stale, 0,
-        "stale entries at the front are dropped"
-    );
+    assert_eq!(e.ctx(0).stale, 0, "stale entries at the front are dropped");
     assert_eq!(
         e.take(&pat(Source::Any, TagSel::Any, 0)).map(|(_, m)| m),
         Some(3)
@@ -453,36 +496,39 @@ fn steady_state_keeps_buckets() {
         assert_eq!(e.take(&pat(R0, TagSel::Any, 2)), None);
         assert!(e.take(&pat(Source::Rank(3), TagSel::Any, 2)).is_some());
     }
-    assert_eq!(e.contexts.len(), 1);
+    assert_eq!(e.ctxs.len(), 1);
     assert_eq!(e.empty_contexts, 1);
-    assert_eq!(
-        e.contexts
-            .values()
-            .map(|c| c.unexpected.map.len())
-            .sum::<usize>(),
-        1
-    );
+    // Bucket 3 kept its storage (no allocation per message), and is the
+    // only one on the idle list (listed once: the list is tidied).
+    let u = &e.ctx(2).unexpected;
+    assert!(u.get(3).is_some_and(|b| b.capacity() > 0));
+    assert!(u.idle.iter().all(|&k| k == 3));
+    assert!(u.idle.len() <= DEFAULT_SWEEP_SLACK + 1);
 }
 
 impl<M, R> MatchingEngine<M, R> {
+    /// The queues of context `c` (test builds only).
+    fn ctx(&self, c: Context) -> &Ctx<M, R> {
+        &self.ctxs[self.index[&c]]
+    }
+
     /// Checks every internal invariant (test builds only).
     fn check_invariants(&self) {
         let live = |n: usize, empty: usize| n.checked_sub(empty).expect("empty <= len");
         let mut unexpected = 0;
         let mut posted = 0;
         let mut empty_contexts = 0;
-        for (&c, ctx) in &self.contexts {
+        let mut seqs = Vec::new();
+        assert_eq!(self.index.len(), self.ctxs.len());
+        for (at, ctx) in self.ctxs.iter().enumerate() {
+            assert_eq!(self.index[&ctx.context], at);
             empty_contexts += usize::from(ctx.is_empty());
             // Unexpected buckets: sorted, counted, indexed by the log.
             let u = &ctx.unexpected;
-            let mut n = 0;
-            for b in u.map.values() {
+            u.check_invariants(self.slack);
+            for (_, b) in u.iter() {
                 assert!(b.iter().zip(b.iter().skip(1)).all(|(x, y)| x.seq < y.seq));
-                n += b.len();
             }
-            assert_eq!(n, u.len);
-            assert_eq!(u.empty, u.map.values().filter(|b| b.is_empty()).count());
-            assert!(u.empty <= live(u.map.len(), u.empty) + self.slack);
             assert_eq!(ctx.log.len(), u.len + ctx.stale);
             assert!(ctx.stale <= u.len + self.slack);
             let log = &ctx.log;
@@ -491,50 +537,54 @@ impl<M, R> MatchingEngine<M, R> {
                 .zip(log.iter().skip(1))
                 .all(|(x, y)| x.seq < y.seq));
             let live_entries = log.iter().filter(|l| {
-                let Some(i) = live_index(&u.map, l) else {
+                let Some(i) = live_index(u, l) else {
                     return false;
                 };
-                assert_eq!(u.map[&l.source][i].tag, l.tag);
+                assert_eq!(u.get(l.source).unwrap()[i].tag, l.tag);
                 true
             });
             assert_eq!(live_entries.count(), u.len);
             unexpected += u.len;
-            // Posted receives: sorted, in the right place, with ids.
+            // Posted receives: sorted, counted, ids unique.
             let p = &ctx.posted;
-            let mut n = 0;
-            for (&r, b) in &p.map {
+            p.check_invariants(self.slack);
+            for (_, b) in p.iter() {
                 assert!(b.iter().zip(b.iter().skip(1)).all(|(x, y)| x.seq < y.seq));
-                for e in b {
-                    assert_eq!(e.pattern.source, Source::Rank(r));
-                    assert_eq!(e.pattern.context, c);
-                    assert_eq!(self.ids.get(e.seq), Some((c, e.pattern.source)));
-                }
-                n += b.len();
+                seqs.extend(b.iter().map(|e| e.seq));
             }
-            assert_eq!(n, p.len);
-            assert_eq!(p.empty, p.map.values().filter(|b| b.is_empty()).count());
-            assert!(p.empty <= live(p.map.len(), p.empty) + self.slack);
             let w = &ctx.wild;
             assert!(w.iter().zip(w.iter().skip(1)).all(|(x, y)| x.seq < y.seq));
-            for e in w {
-                assert_eq!(e.pattern.source, Source::Any);
-                assert_eq!(e.pattern.context, c);
-                assert_eq!(self.ids.get(e.seq), Some((c, Source::Any)));
-            }
+            seqs.extend(w.iter().map(|e| e.seq));
             posted += p.len + w.len();
         }
         assert_eq!(unexpected, self.unexpected_len);
-        assert_eq!(posted, self.ids.len());
-        let locs = &self.ids.locs;
-        assert!(locs
-            .iter()
-            .zip(locs.iter().skip(1))
-            .all(|(x, y)| x.seq < y.seq));
-        assert_eq!(self.ids.dead, locs.iter().filter(|l| !l.live).count());
-        assert!(locs.front().map_or(true, |l| l.live));
-        assert!(self.ids.dead <= self.ids.len() + self.slack);
+        assert_eq!(posted, self.posted_len);
+        seqs.sort_unstable();
+        seqs.dedup();
+        assert_eq!(seqs.len(), posted, "posted ids are unique");
+        assert!(seqs.iter().all(|&s| s < self.next_post));
         assert_eq!(empty_contexts, self.empty_contexts);
-        assert!(empty_contexts <= live(self.contexts.len(), empty_contexts) + self.slack);
+        assert!(empty_contexts <= live(self.ctxs.len(), empty_contexts) + self.slack);
+    }
+}
+
+impl<E: Sequenced> Buckets<E> {
+    /// Checks the bucket set's own invariants (test builds only).
+    fn check_invariants(&self, slack: usize) {
+        let n: usize = self.iter().map(|(_, b)| b.len()).sum();
+        assert_eq!(n, self.len);
+        let nonempty = self.iter().filter(|(_, b)| !b.is_empty()).count();
+        assert_eq!(nonempty, self.live);
+        assert!(self.dense.len() <= DENSE_RANKS);
+        assert!(self.sparse.keys().all(|&k| k >= DENSE_RANKS));
+        // Every bucket that is empty and holds storage is on the idle list,
+        // which stays within the slack of the live count.
+        for (k, b) in self.iter() {
+            if b.is_empty() && (k >= DENSE_RANKS || b.capacity() > 0) {
+                assert!(self.idle.contains(&k), "idle bucket {k} not listed");
+            }
+        }
+        assert!(self.idle.len() <= self.live + slack);
     }
 }
 
@@ -551,10 +601,18 @@ mod invariants {
     use super::*;
     use proptest::prelude::*;
 
+    /// Ranks 0-5, and one above the dense range (a hashed bucket).
+    fn rank(s: u8) -> Rank {
+        match s % 7 {
+            6 => DENSE_RANKS + 3,
+            r => usize::from(r),
+        }
+    }
+
     fn pattern(s: u8, t: u8, c: u8) -> Pattern {
         let source = match s % 4 {
             0 => Source::Any,
-            _ => Source::Rank(usize::from(s % 7)),
+            _ => Source::Rank(rank(s)),
         };
         let tag = match t % 3 {
             0 => TagSel::Any,
@@ -578,7 +636,7 @@ mod invariants {
                 let i = i as u32;
                 match kind {
                     0..=6 => {
-                        let env = env(usize::from(s % 7), Tag::from(t % 2), Context::from(c % 3));
+                        let env = env(rank(s), Tag::from(t % 2), Context::from(c % 3));
                         let _ = e.deliver(env, i);
                     }
                     7..=13 => {
@@ -656,11 +714,11 @@ mod against_reference {
     use super::*;
     use proptest::prelude::*;
 
-    /// Ranks 0-4, and two large ones.
+    /// Ranks 0-4, and two above the dense range.
     fn rank(s: u8) -> Rank {
         match s % 7 {
-            5 => 1 << 16,
-            6 => (1 << 20) + 1,
+            5 => DENSE_RANKS,
+            6 => DENSE_RANKS * 3 + 1,
             r => usize::from(r),
         }
     }
@@ -683,7 +741,7 @@ mod against_reference {
         #![proptest_config(config())]
 
         /// Every operation gives what the reference gives, in any mix of
-        /// sources (small and large ranks), tags, contexts and wildcards.
+        /// sources (dense and hashed), tags, contexts and wildcards.
         #[test]
         fn the_engine_matches_as_the_reference_does(
             slack in 0usize..3,
