@@ -546,6 +546,7 @@ impl IbvEngine {
         s.owner.complete(&self.tracker, env, s.len, r);
     }
 
+    #[inline]
     fn complete_target(&self, l: &mut Local, t: Dest, st: Status) {
         l.events += 1;
         match t {

@@ -14,6 +14,7 @@ use crate::verbs::RemoteAddr;
 impl IbvEngine {
     /// Handles one frame from `src` and says what kind it was. Errors are
     /// protocol violations.
+    #[inline]
     pub(super) fn on_frame(
         &self,
         l: &mut Local,
@@ -47,6 +48,7 @@ impl IbvEngine {
 
     /// Eager data: into a posted receive that matches, else held
     /// unexpected (within the sender's byte window).
+    #[inline]
     fn on_eager(
         &self,
         l: &mut Local,
@@ -121,6 +123,7 @@ impl IbvEngine {
     }
 
     /// Copies a message into a matched receive and completes it.
+    #[inline]
     pub(super) fn copy_into(&self, l: &mut Local, env: Envelope, data: &[u8], t: Dest) {
         let (dst, cap) = t.dst(l);
         let n = data.len().min(cap);
@@ -136,6 +139,7 @@ impl IbvEngine {
 
     /// The earliest posted receive that matches `env`, taken out: the
     /// first slot's (see `Local::first`), else the matching engine's.
+    #[inline]
     pub(super) fn take_posted(l: &mut Local, env: &Envelope) -> Option<Dest> {
         if let Some(f) = l.first.as_mut() {
             if f.is_posted() && f.pattern.matches(env) {
