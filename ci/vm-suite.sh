@@ -18,7 +18,7 @@
 #      unknown device, an unreachable peer, a peer killed mid-run (both
 #      directions), a perftest server met without --perftest,
 #   6. a comparison run, same sizes and iterations, of ibvx-pingpong against
-#      ib_send_lat / ib_write_lat (8 B) and ib_write_bw (1 MiB), alternating
+#      ib_send_lat / ib_write_lat (8 B) and ib_write_bw (1 MiB and 4 MiB), alternating
 #      the tools over several rounds; prints both tables and the ratios,
 #   7. system calls and writes per message of the ibv device's latency test
 #      (xdev-bench, 8 B) against ib_send_lat, counted with strace -f -c
@@ -410,10 +410,11 @@ fi
 
 # --------------------------------------------------------------- 6 comparison
 section "comparison: ibvx-pingpong vs perftest (same sizes and iterations, $ROUNDS rounds, alternating)"
-# compare: test, perftest program, size, iterations, field (5 = t_typical, 4 = BW average)
+# compare: test, perftest program, size, iterations, field (5 = t_typical, 4 =
+# BW average)[, name (of its logs and RATIO line; default the test's)]
 compare() {
-  local test=$1 pt=$2 size=$3 n=$4 field=$5 r tool order srv cli hdr
-  : >"$LOG/cmp-$test.pt" ; : >"$LOG/cmp-$test.ibvx"
+  local test=$1 pt=$2 size=$3 n=$4 field=$5 name=${6:-$1} r tool order srv cli hdr
+  : >"$LOG/cmp-$name.pt" ; : >"$LOG/cmp-$name.ibvx"
   r=1
   while [ $r -le "$ROUNDS" ]; do
     # alternate which tool goes first
@@ -425,19 +426,19 @@ compare() {
       else
         srv="$P $D -p $PORT --test $test -s $size -n $n"; cli="$P $D -p $PORT --test $test -s $size -n $n $HOST"
       fi
-      pair "$test $tool round $r" "cmp-$test-$tool-$r" "$srv" "$cli" >"$LOG/cmp-$test-$tool-$r.status"
-      grep -q '^PASS' "$LOG/cmp-$test-$tool-$r.status" || cat "$LOG/cmp-$test-$tool-$r.status"
-      row "$LOG/cmp-$test-$tool-$r.client" >>"$LOG/cmp-$test.$tool"
+      pair "$name $tool round $r" "cmp-$name-$tool-$r" "$srv" "$cli" >"$LOG/cmp-$name-$tool-$r.status"
+      grep -q '^PASS' "$LOG/cmp-$name-$tool-$r.status" || cat "$LOG/cmp-$name-$tool-$r.status"
+      row "$LOG/cmp-$name-$tool-$r.client" >>"$LOG/cmp-$name.$tool"
     done
     r=$((r + 1))
   done
   case $field in 5) hdr=" #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    t_avg[usec]    t_stdev[usec]   99% percentile[usec]   99.9% percentile[usec]";;
                   *) hdr=" #bytes     #iterations    BW peak[MB/sec]    BW average[MB/sec]   MsgRate[Mpps]";; esac
   echo "--- $pt (perftest), client side, one row per round"
-  echo "$hdr"; cat "$LOG/cmp-$test.pt"
+  echo "$hdr"; cat "$LOG/cmp-$name.pt"
   echo "--- ibvx-pingpong --test $test, client side, one row per round"
-  echo "$hdr"; cat "$LOG/cmp-$test.ibvx"
-  awk -v f="$field" -v name="$test" -v strict="$STRICT" '
+  echo "$hdr"; cat "$LOG/cmp-$name.ibvx"
+  awk -v f="$field" -v name="$name" -v strict="$STRICT" '
     function median(a, n,   i, j, t) {
       for (i = 1; i <= n; i++) for (j = i + 1; j <= n; j++) if (a[j] < a[i]) { t = a[i]; a[i] = a[j]; a[j] = t }
       return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2
@@ -455,7 +456,7 @@ compare() {
       for (k in bad) { n = k; sub(".*/cmp-", "", n); printf "  (%d unusable %s row(s) left out)", bad[k], n }
       printf "\n"
       exit (strict && within == "NO") ? 1 : 0
-    }' "$LOG/cmp-$test.pt" "$LOG/cmp-$test.ibvx" | tee -a "$LOG/ratios.txt"
+    }' "$LOG/cmp-$name.pt" "$LOG/cmp-$name.ibvx" | tee -a "$LOG/ratios.txt"
   [ "${PIPESTATUS[0]}" = 0 ] || FAILS=$((FAILS + 1))
 }
 # warm the device and caches up before measuring
@@ -465,6 +466,8 @@ pair "warm-up" warmup "$P $D -p $PORT -s 8 -n 3000" "$P $D -p $PORT -s 8 -n 3000
 compare send_lat ib_send_lat 8 2000 5
 compare write_lat ib_write_lat 8 2000 5
 compare write_bw ib_write_bw 1048576 120 4
+# the size issue 24 names (the ratio at 4 MiB at least 0.9)
+compare write_bw ib_write_bw 4194304 60 4 write_bw_4M
 printf '\n== comparison summary (median over %s rounds)\n' "$ROUNDS"
 cat "$LOG/ratios.txt"
 

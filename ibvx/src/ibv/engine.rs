@@ -251,9 +251,65 @@ struct Incoming {
     env: Envelope,
     len: usize,
     cap: usize,
-    target: Target,
+    target: Dest,
     _reg: Registration,
 }
+
+/// Where a matched message goes: a receive of the matching engine (a
+/// request, or a blocking receive queued behind others), or the blocking
+/// receive in the first slot (`Local::first`).
+///
+/// A `Dest` is handed out once per receive (taken off its queue or its
+/// slot) and completed once, by [`IbvEngine::complete_target`] (or held by
+/// an [`Incoming`] entry until then).
+enum Dest {
+    Recv(Target),
+    First,
+}
+
+impl Dest {
+    /// The buffer to deliver into (see [`Target::dst`]; the first slot's
+    /// buffer is borrowed by its waiting call, which takes the slot back
+    /// before it returns).
+    fn dst(&self, l: &Local) -> (*mut u8, usize) {
+        match self {
+            Dest::Recv(t) => t.dst(),
+            Dest::First => l
+                .first
+                .as_ref()
+                .map_or((std::ptr::null_mut(), 0), |f| (f.dst, f.cap)),
+        }
+    }
+}
+
+/// The blocking receive in the first slot: its call's buffer, and its
+/// outcome, kept by the engine (no shared completion state to allocate or
+/// lock per message). The slot is the call's from `post_first` until the
+/// call takes it back (`FirstGuard`), whatever happened meanwhile.
+struct FirstRecv {
+    pattern: Pattern,
+    /// The calling thread's buffer (borrowed while the call waits).
+    dst: *mut u8,
+    cap: usize,
+    /// Taken by a message (a `Dest::First` is out: delivered, or held by an
+    /// `Incoming` entry while the peer writes).
+    matched: bool,
+    /// The outcome, once completed (exactly once).
+    status: Option<Status>,
+}
+
+impl FirstRecv {
+    /// Still waiting for a message (matches before any receive in
+    /// `matching`).
+    fn is_posted(&self) -> bool {
+        !self.matched && self.status.is_none()
+    }
+}
+
+// SAFETY: `dst` is only an address: the engine writes through it under its
+// lock while the slot is occupied, and the call that borrows the buffer
+// takes the slot back (stopping any writer first) before it returns.
+unsafe impl Send for FirstRecv {}
 
 /// Protocol messages waiting for credits, a send slot or send-queue room.
 enum Control {
@@ -318,8 +374,9 @@ struct Local {
     /// A blocking receive posted while no other receive was posted: the
     /// earliest posted receive, so matched before any in `matching`, and
     /// kept out of it (queueing a receive there and taking it back costs
-    /// hash look-ups and queue bookkeeping per message).
-    first: Option<(Pattern, Target)>,
+    /// hash look-ups and queue bookkeeping per message). Its outcome is
+    /// kept here too, until its call takes the slot back.
+    first: Option<FirstRecv>,
     peers: Vec<Peer>,
     sends: FxMap<u64, OutSend>,
     incoming: FxMap<u64, Incoming>,
@@ -489,9 +546,29 @@ impl IbvEngine {
         s.owner.complete(&self.tracker, env, s.len, r);
     }
 
-    fn complete_target(&self, l: &mut Local, t: Target, st: Status) {
+    #[inline]
+    fn complete_target(&self, l: &mut Local, t: Dest, st: Status) {
         l.events += 1;
-        t.complete(&self.tracker, st);
+        match t {
+            Dest::Recv(t) => t.complete(&self.tracker, st),
+            Dest::First => {
+                if let Some(f) = l.first.as_mut() {
+                    debug_assert!(f.status.is_none(), "the first slot completed twice");
+                    f.status = Some(st);
+                }
+            }
+        }
+    }
+
+    /// Completes the first slot's receive with `st` if it is still posted
+    /// (not matched) and `which` accepts its pattern.
+    fn fail_first_if(&self, l: &mut Local, which: impl FnOnce(&Pattern) -> bool, st: Status) {
+        if l.first
+            .as_ref()
+            .is_some_and(|f| f.is_posted() && which(&f.pattern))
+        {
+            self.complete_target(l, Dest::First, st);
+        }
     }
 
     /// Fails everything that involves `d` with `err`; its queue pair goes to
@@ -514,15 +591,16 @@ impl IbvEngine {
             tag: -1,
             context: 0,
         };
-        let first = l
-            .first
-            .take_if(|(p, _)| p.source == Source::Rank(d))
-            .map(|(_, t)| t);
+        self.fail_first_if(
+            l,
+            |p| p.source == Source::Rank(d),
+            Status::failed(env, err.clone()),
+        );
         let posted = l
             .matching
             .remove_posted_where(|p, _| p.source == Source::Rank(d));
-        for t in first.into_iter().chain(posted) {
-            self.complete_target(l, t, Status::failed(env, err.clone()));
+        for t in posted {
+            self.complete_target(l, Dest::Recv(t), Status::failed(env, err.clone()));
         }
         let queued: Vec<u64> = l.peers[d].backlog.drain(..).collect();
         let control: Vec<Control> = l.peers[d].control.drain(..).collect();

@@ -222,6 +222,7 @@ fn u64_at(b: &[u8], o: usize) -> u64 {
 /// copies right after the header) into `out`; returns the bytes written
 /// (the header plus the fixed body). `out` must hold
 /// [`MAX_CONTROL_LEN`] bytes.
+#[inline]
 pub fn encode(head: &Header, body: &Body<'_>, out: &mut [u8]) -> usize {
     let kind = body.kind();
     out[0] = kind as u8;
@@ -252,6 +253,7 @@ pub fn encode(head: &Header, body: &Body<'_>, out: &mut [u8]) -> usize {
 
 /// Decodes and validates one received frame (`frame` is exactly the bytes
 /// the completion reported). `eager_limit` is the largest eager payload.
+#[inline]
 pub fn decode(frame: &[u8], eager_limit: usize) -> Result<(Header, Body<'_>), WireError> {
     if frame.len() < HEADER_LEN {
         return Err(WireError::Short {

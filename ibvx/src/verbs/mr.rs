@@ -238,6 +238,7 @@ impl<'buf> MemoryRegion<'buf> {
     /// Start of the registered bytes, for copying in and out under the
     /// contract of [`MemoryRegion::as_slice`] (no work request or peer may
     /// be accessing the range at the same time).
+    #[inline]
     pub fn as_mut_ptr(&self) -> *mut u8 {
         self.ptr.as_ptr()
     }
@@ -291,6 +292,7 @@ impl<'buf> MemoryRegion<'buf> {
     ///
     /// # Panics
     /// If the range is not inside the region.
+    #[inline]
     pub fn sge(&self, offset: usize, len: usize) -> Sge<'_> {
         self.check_range(offset, len);
         Sge {
@@ -320,6 +322,7 @@ impl<'buf> MemoryRegion<'buf> {
     ///
     /// # Panics
     /// If the range is not inside the region.
+    #[inline]
     pub fn write(&mut self, offset: usize, data: &[u8]) {
         self.check_range(offset, data.len());
         // SAFETY: in bounds (checked); `data` cannot overlap the region

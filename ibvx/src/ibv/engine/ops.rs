@@ -12,7 +12,7 @@ use xdev::{Buffer, Envelope, Error, Pattern, Peeked, Request, Result, Source, St
 
 #[cfg(test)]
 use super::PANIC_AFTER_PUBLISH;
-use super::{IbvEngine, Local, Outgoing};
+use super::{Dest, IbvEngine, Local, Outgoing};
 
 impl Transport for IbvEngine {
     const NAME: &'static str = "ibv";
@@ -126,6 +126,30 @@ impl Transport for IbvEngine {
     }
 
     fn recv_into(self: &Arc<Self>, buf: &mut [u8], pattern: Pattern) -> Result<Status> {
+        // Made before the lock is taken (it locks on an unwind, after the
+        // lock's own guard is gone): the first slot is taken back from the
+        // engine on any exit once it is ours.
+        let mut first = FirstGuard {
+            engine: self,
+            ours: false,
+        };
+        let mut l = self.lock();
+        if self.closing.load(Ordering::Acquire) {
+            return Err(Error::Closed);
+        }
+        first.ours = self.post_first(&mut l, pattern, buf.as_mut_ptr(), buf.len());
+        if first.ours {
+            let done =
+                |_: &Self, l: &mut Local| Ok(l.first.as_ref().is_some_and(|f| f.status.is_some()));
+            let (mut l, r) = self.wait_locked(l, true, done);
+            return match first.take_back(&mut l) {
+                Some(st) => st.into_result(),
+                None => r.and(Err(Error::Closed)),
+            };
+        }
+        drop(l);
+        // Another receive is posted: this one queues behind it, with its
+        // completion state shared with the engine.
         let b = BlockingRecv::new(buf);
         // Made before the receive is posted: on any exit, an unwind
         // included, it takes the receive back out of the engine (and stops
@@ -140,7 +164,7 @@ impl Transport for IbvEngine {
             if self.closing.load(Ordering::Acquire) {
                 return Err(Error::Closed);
             }
-            self.post_blocking(&mut l, pattern, Target::Blocking(b.clone()), |p| {
+            self.post(&mut l, pattern, Target::Blocking(b.clone()), |p| {
                 guard.id = Some(p)
             });
         }
@@ -213,10 +237,10 @@ impl Transport for IbvEngine {
             tag: -1,
             context: 0,
         };
-        let first = l.first.take().map(|(_, t)| t);
+        self.fail_first_if(&mut l, |_| true, Status::failed(env, Error::Closed));
         let posted = l.matching.remove_posted_where(|_, _| true);
-        for t in first.into_iter().chain(posted) {
-            self.complete_target(&mut l, t, Status::failed(env, Error::Closed));
+        for t in posted {
+            self.complete_target(&mut l, Dest::Recv(t), Status::failed(env, Error::Closed));
         }
         l.matching.drain_unexpected();
         self.closed.store(true, Ordering::Release);
@@ -269,17 +293,59 @@ impl Drop for Unpost<'_> {
         let mut l = eng.lock();
         if let Some(id) = self.id {
             l.matching.cancel(id);
-        } else if l.first.as_ref().is_some_and(|(_, t)| t.is(self.recv)) {
-            l.first = None;
         }
         // A peer granted our buffer must stop writing it before we return.
         let writer = l
             .incoming
             .values()
-            .find(|i| i.target.is(self.recv))
+            .find(|i| matches!(&i.target, Dest::Recv(t) if t.is(self.recv)))
             .map(|i| i.src);
         if let Some(src) = writer {
             eng.fail_peer(&mut l, src, Error::Closed);
+        }
+    }
+}
+
+/// The first slot's receive belongs to its blocking call (`ours`) until the
+/// call takes it back, on every exit, an unwind included: a peer granted
+/// the buffer is stopped first, so nothing writes the buffer after the
+/// call returns.
+struct FirstGuard<'e> {
+    engine: &'e IbvEngine,
+    ours: bool,
+}
+
+impl FirstGuard<'_> {
+    /// Takes the slot back (under the engine lock `l`): its outcome, if it
+    /// completed. A receive still posted is simply removed; one a peer is
+    /// writing into by rendezvous fails that peer, which stops it.
+    fn take_back(&mut self, l: &mut Local) -> Option<Status> {
+        if !std::mem::take(&mut self.ours) {
+            return None;
+        }
+        if l.first
+            .as_ref()
+            .is_some_and(|f| f.matched && f.status.is_none())
+        {
+            let writer = l
+                .incoming
+                .values()
+                .find(|i| matches!(i.target, Dest::First))
+                .map(|i| i.src);
+            if let Some(src) = writer {
+                self.engine.fail_peer(l, src, Error::Closed);
+            }
+        }
+        l.first.take().and_then(|f| f.status)
+    }
+}
+
+impl Drop for FirstGuard<'_> {
+    fn drop(&mut self) {
+        if self.ours {
+            let eng = self.engine;
+            let mut l = eng.lock();
+            self.take_back(&mut l);
         }
     }
 }

@@ -12,6 +12,7 @@ impl IbvEngine {
     /// Posts one message to `dest` from a send slot, with the credit owed
     /// to it. The caller checked [`can_post`](Self::can_post). `completes`
     /// is the send that this message's completion finishes.
+    #[inline]
     pub(super) fn post_message(
         &self,
         l: &mut Local,
@@ -43,6 +44,7 @@ impl IbvEngine {
     /// the send queue's signalling period is up, see `sendq`): the provider
     /// copied it into the work request, so its slot is free again at once,
     /// and no completion is polled for it.
+    #[inline]
     pub(super) fn post_frame(
         &self,
         l: &mut Local,

@@ -5,6 +5,7 @@
 
 use std::os::fd::AsRawFd;
 use std::sync::atomic::Ordering;
+use std::sync::MutexGuard;
 use std::time::{Duration, Instant};
 
 use xdev::devkit::target::{cancelled, lost, unpost};
@@ -13,7 +14,7 @@ use xdev::{Error, Rank, Result};
 
 #[cfg(test)]
 use super::WR_RAW;
-use super::{IbvEngine, Local, POLL_BATCH, WR_KIND, WR_SLOT, WR_UNSIG, WR_WRITE};
+use super::{Dest, IbvEngine, Local, POLL_BATCH, WR_KIND, WR_SLOT, WR_UNSIG, WR_WRITE};
 use crate::ibv::wire;
 use crate::verbs::WorkCompletion;
 
@@ -312,11 +313,23 @@ impl IbvEngine {
     pub(super) fn block_until(
         &self,
         until_closed: bool,
-        mut done: impl FnMut(&Self, &mut Local) -> Result<bool>,
+        done: impl FnMut(&Self, &mut Local) -> Result<bool>,
     ) -> Result<()> {
+        self.wait_locked(self.lock(), until_closed, done).1
+    }
+
+    /// [`block_until`](Self::block_until) from the engine lock `l` the
+    /// caller holds, which it gets back (held) with the outcome: a caller
+    /// that posted under the lock and reads its result under it saves a
+    /// lock and an unlock on each side of the wait.
+    pub(super) fn wait_locked<'a>(
+        &'a self,
+        mut l: MutexGuard<'a, Local>,
+        until_closed: bool,
+        mut done: impl FnMut(&Self, &mut Local) -> Result<bool>,
+    ) -> (MutexGuard<'a, Local>, Result<()>) {
         let mut spin = Spin::default();
         let mut pass = 0u32;
-        let mut l = self.lock();
         loop {
             // Most passes only poll the receive CQ here; the full pass (the
             // send CQ too, re-posts) only when that found something, or
@@ -334,11 +347,14 @@ impl IbvEngine {
             let look = moved || pass % LOOK_EVERY == 0;
             pass = if moved { 0 } else { pass.wrapping_add(1) };
             self.check_departures(&mut l, false);
-            if look && done(self, &mut l)? {
-                return Ok(());
+            if look {
+                match done(self, &mut l) {
+                    Ok(false) => {}
+                    r => return (l, r.map(drop)),
+                }
             }
             if until_closed && self.closed.load(Ordering::Acquire) {
-                return Err(Error::Closed);
+                return (l, Err(Error::Closed));
             }
             if moved {
                 spin.reset();
@@ -360,7 +376,14 @@ impl IbvEngine {
                 let armed = self.fab.send_cq.req_notify(false).is_ok()
                     && self.fab.recv_cq.req_notify(false).is_ok();
                 let moved = self.progress_locked(&mut l);
-                if !armed || moved || done(self, &mut l)? {
+                match done(self, &mut l) {
+                    Ok(false) => {}
+                    r => {
+                        self.sleeper.store(false, Ordering::Release);
+                        return (l, r.map(drop));
+                    }
+                }
+                if !armed || moved {
                     self.sleeper.store(false, Ordering::Release);
                     continue;
                 }
@@ -505,7 +528,7 @@ impl Progress for IbvEngine {
     fn cancel(&self, core: &xdev::devkit::CoreRef) -> bool {
         let mut l = self.lock();
         let t = unpost(&mut l.matching, core);
-        t.map(|t| self.complete_target(&mut l, t, cancelled()))
+        t.map(|t| self.complete_target(&mut l, Dest::Recv(t), cancelled()))
             .is_some()
     }
 }

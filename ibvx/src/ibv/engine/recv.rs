@@ -7,13 +7,14 @@ use xdev::devkit::matching::{Posted, PostedId};
 use xdev::devkit::target::Target;
 use xdev::{Envelope, Pattern, Rank, Source, Status};
 
-use super::{Control, IbvEngine, Local, Stage, Unexpected};
+use super::{Control, Dest, FirstRecv, IbvEngine, Local, Stage, Unexpected};
 use crate::ibv::wire::{self, Body, Header, FLAG_SYNC};
 use crate::verbs::RemoteAddr;
 
 impl IbvEngine {
     /// Handles one frame from `src` and says what kind it was. Errors are
     /// protocol violations.
+    #[inline]
     pub(super) fn on_frame(
         &self,
         l: &mut Local,
@@ -47,6 +48,7 @@ impl IbvEngine {
 
     /// Eager data: into a posted receive that matches, else held
     /// unexpected (within the sender's byte window).
+    #[inline]
     fn on_eager(
         &self,
         l: &mut Local,
@@ -91,7 +93,7 @@ impl IbvEngine {
     }
 
     /// Delivers a message taken from the unexpected queue into `t`.
-    pub(super) fn deliver(&self, l: &mut Local, env: Envelope, msg: Unexpected, t: Target) {
+    pub(super) fn deliver(&self, l: &mut Local, env: Envelope, msg: Unexpected, t: Dest) {
         match msg {
             Unexpected::Eager { data, sync } => {
                 self.copy_into(l, env, &data, t);
@@ -121,13 +123,15 @@ impl IbvEngine {
     }
 
     /// Copies a message into a matched receive and completes it.
-    pub(super) fn copy_into(&self, l: &mut Local, env: Envelope, data: &[u8], t: Target) {
-        let (dst, cap) = t.dst();
+    #[inline]
+    pub(super) fn copy_into(&self, l: &mut Local, env: Envelope, data: &[u8], t: Dest) {
+        let (dst, cap) = t.dst(l);
         let n = data.len().min(cap);
         if n > 0 {
             // SAFETY: `dst` is the receive's buffer of `cap` bytes, owned by
-            // its request or borrowed by its waiting blocking call; `data` is
-            // a different buffer (a receive slot, a copy or the sender's).
+            // its request or borrowed by its waiting blocking call (which
+            // takes its receive out of the engine before it returns); `data`
+            // is a different buffer (a receive slot, a copy or the sender's).
             unsafe { ptr::copy_nonoverlapping(data.as_ptr(), dst, n) };
         }
         self.complete_target(l, t, Status::received(env, data.len(), cap));
@@ -135,31 +139,46 @@ impl IbvEngine {
 
     /// The earliest posted receive that matches `env`, taken out: the
     /// first slot's (see `Local::first`), else the matching engine's.
-    pub(super) fn take_posted(l: &mut Local, env: &Envelope) -> Option<Target> {
-        if l.first.as_ref().is_some_and(|(p, _)| p.matches(env)) {
-            return l.first.take().map(|(_, t)| t);
+    #[inline]
+    pub(super) fn take_posted(l: &mut Local, env: &Envelope) -> Option<Dest> {
+        if let Some(f) = l.first.as_mut() {
+            if f.is_posted() && f.pattern.matches(env) {
+                f.matched = true;
+                return Some(Dest::First);
+            }
         }
-        l.matching.take_posted(env).map(|(_, t)| t)
+        l.matching.take_posted(env).map(|(_, t)| Dest::Recv(t))
     }
 
-    /// Posts the receive of a blocking call: as [`post`](Self::post), but
-    /// while no other receive is posted it goes in the first slot (see
-    /// `Local::first`) instead of the matching engine; `queued` gets its
-    /// id when it is queued there.
-    pub(super) fn post_blocking(
+    /// Posts the receive of a blocking call into the first slot (see
+    /// `Local::first`) if the slot is free and no other receive is posted,
+    /// delivering a matching unexpected message at once; false (nothing
+    /// done) otherwise, and the caller posts with [`post`](Self::post).
+    ///
+    /// After true the slot is the caller's: it must take it back
+    /// (`FirstGuard`) before `dst` stops being valid for `cap` bytes.
+    pub(super) fn post_first(
         &self,
         l: &mut Local,
         pattern: Pattern,
-        t: Target,
-        queued: impl FnOnce(PostedId),
-    ) {
+        dst: *mut u8,
+        cap: usize,
+    ) -> bool {
         if l.first.is_some() || l.matching.posted_len() != 0 || self.post_to_gone(l, pattern) {
-            return self.post(l, pattern, t, queued);
+            return false;
         }
-        match l.matching.take(&pattern) {
-            Some((env, msg)) => self.deliver(l, env, msg, t),
-            None => l.first = Some((pattern, t)),
+        let taken = l.matching.take(&pattern);
+        l.first = Some(FirstRecv {
+            pattern,
+            dst,
+            cap,
+            matched: taken.is_some(),
+            status: None,
+        });
+        if let Some((env, msg)) = taken {
+            self.deliver(l, env, msg, Dest::First);
         }
+        true
     }
 
     /// Whether `pattern` names a peer that is gone (`post` then delivers
@@ -181,7 +200,7 @@ impl IbvEngine {
             if s != self.fab.rank && l.peers[s].gone.is_some() {
                 // What it sent before leaving is still deliverable.
                 if let Some((env, msg)) = l.matching.take(&pattern) {
-                    self.deliver(l, env, msg, t);
+                    self.deliver(l, env, msg, Dest::Recv(t));
                 } else {
                     let env = Envelope {
                         source: s,
@@ -189,13 +208,13 @@ impl IbvEngine {
                         context: pattern.context,
                     };
                     let e = Self::gone_error(l, s).expect("gone");
-                    self.complete_target(l, t, Status::failed(env, e));
+                    self.complete_target(l, Dest::Recv(t), Status::failed(env, e));
                 }
                 return;
             }
         }
         match l.matching.post(pattern, t) {
-            Posted::Matched { env, msg, recv } => self.deliver(l, env, msg, recv),
+            Posted::Matched { env, msg, recv } => self.deliver(l, env, msg, Dest::Recv(recv)),
             Posted::Queued(id) => queued(id),
         }
     }

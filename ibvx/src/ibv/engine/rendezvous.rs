@@ -4,10 +4,9 @@
 //! registered, the write and `RNDZ_END` queued), the `RNDZ_END` that ends the
 //! receive, and the count of a sender's unfinished starts.
 
-use xdev::devkit::target::Target;
 use xdev::{Envelope, Error, Rank, Status};
 
-use super::{rndv_window, Control, IbvEngine, Incoming, Local, Stage, Unexpected};
+use super::{rndv_window, Control, Dest, IbvEngine, Incoming, Local, Stage, Unexpected};
 use crate::ibv::wire::{Header, FLAG_FAILED};
 use crate::verbs::RemoteAddr;
 
@@ -140,8 +139,8 @@ impl IbvEngine {
 
     /// Answers a matched rendezvous start: registers the receive buffer and
     /// sends its address and key (or a zero-length grant).
-    pub(super) fn reply(&self, l: &mut Local, env: Envelope, id: u64, len: usize, t: Target) {
-        let (dst, cap) = t.dst();
+    pub(super) fn reply(&self, l: &mut Local, env: Envelope, id: u64, len: usize, t: Dest) {
+        let (dst, cap) = t.dst(l);
         let grant = len.min(cap);
         let src = env.source;
         let none = RemoteAddr::default();

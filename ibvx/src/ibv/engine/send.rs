@@ -16,6 +16,7 @@ use crate::ibv::wire::{Body, Header, FLAG_SYNC};
 impl IbvEngine {
     /// Whether a message to `dest` can be posted now (`credit_only`: a
     /// `CREDIT`, which may use the last credit).
+    #[inline]
     pub(super) fn can_post(&self, l: &Local, dest: Rank, wrs: u32, credit_only: bool) -> bool {
         let p = &l.peers[dest];
         let need = if credit_only { 1 } else { 2 };
@@ -24,11 +25,13 @@ impl IbvEngine {
 
     /// Whether a `len`-byte message to `dest` goes eager: within the eager
     /// limit and the peer's byte window (else it is a rendezvous).
+    #[inline]
     pub(super) fn goes_eager(&self, l: &Local, dest: Rank, len: usize) -> bool {
         len <= self.fab.opts.eager_limit && l.peers[dest].window >= len as u64
     }
 
     /// Posts an eager message and charges it to the peer's byte window.
+    #[inline]
     pub(super) fn post_eager(
         &self,
         l: &mut Local,
@@ -226,6 +229,7 @@ impl IbvEngine {
 
     /// Takes the credit a frame from `src` returns (slots and eager
     /// bytes); more than it was given is a protocol violation.
+    #[inline]
     pub(super) fn accept_credit(
         &self,
         l: &mut Local,
@@ -248,6 +252,7 @@ impl IbvEngine {
 
     /// Sends a `CREDIT` to `dest` if enough is owed and nothing else is
     /// going there to carry it.
+    #[inline]
     pub(super) fn return_credit(&self, l: &mut Local, dest: Rank) {
         if !self.owes_enough(&l.peers[dest]) || l.peers[dest].gone.is_some() {
             return;
@@ -270,6 +275,7 @@ impl IbvEngine {
     /// messages could be left with one credit and a reply it cannot send.
     /// Each `CREDIT` it triggers returns at least half the slots and uses
     /// one, so `CREDIT`s cannot bounce back and forth for long.
+    #[inline]
     pub(super) fn owes_enough(&self, p: &Peer) -> bool {
         let depth = self.fab.opts.recv_depth;
         p.owed_by_data >= (depth / 4).max(1)

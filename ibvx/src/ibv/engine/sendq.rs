@@ -43,17 +43,20 @@ impl SendQueue {
     }
 
     /// Whether `wrs` requests can be posted now.
+    #[inline]
     pub(super) fn has_room(&self, wrs: u32) -> bool {
         self.free >= wrs
     }
 
     /// Whether the next request must be signalled: `required` (something
     /// waits for its completion), or `every - 1` unsignalled ones precede it.
+    #[inline]
     pub(super) fn must_signal(&self, required: bool) -> bool {
         required || self.unsignaled + 1 >= self.every
     }
 
     /// Records one request posted (the caller checked [`has_room`](Self::has_room)).
+    #[inline]
     pub(super) fn posted(&mut self, signaled: bool) {
         self.free -= 1;
         if signaled {
@@ -66,6 +69,7 @@ impl SendQueue {
 
     /// A signalled request completed: frees its entry and those of the
     /// unsignalled requests posted before it.
+    #[inline]
     pub(super) fn completed(&mut self) {
         self.free += self.signaled.pop_front().unwrap_or(1);
     }
