@@ -75,6 +75,7 @@ pub struct Seat<'e> {
 
 impl<'e> Seat<'e> {
     /// An engine's seat (`closing`: set once `finish` began).
+    #[inline]
     pub fn new(rank: Rank, size: usize, tracker: &'e Tracker, closing: &'e AtomicBool) -> Self {
         Seat {
             rank,
@@ -85,6 +86,7 @@ impl<'e> Seat<'e> {
     }
 
     /// `Err(Error::Closed)` once `finish` began.
+    #[inline]
     pub fn check_open(&self) -> Result<()> {
         if self.closing.load(Ordering::Acquire) {
             Err(Error::Closed)
