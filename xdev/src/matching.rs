@@ -47,8 +47,8 @@ mod buckets;
 
 #[cfg(test)]
 use buckets::DENSE_RANKS;
-use buckets::{extract_where, first_match, shrink_deque, shrink_map};
-use buckets::{Buckets, Sequenced, SHRINK_MIN};
+use buckets::{extract_where, first_match, shrink_deque, shrink_map, shrunk_capacity};
+use buckets::{Buckets, Sequenced};
 
 /// Identifies a queued posted receive, for cancellation.
 ///
@@ -472,8 +472,8 @@ impl<M, R> MatchingEngine<M, R> {
     #[cold]
     fn sweep_contexts(&mut self) {
         self.ctxs.retain(|ctx| !ctx.is_empty());
-        if self.ctxs.capacity() > SHRINK_MIN && self.ctxs.len() * 4 < self.ctxs.capacity() {
-            self.ctxs.shrink_to(self.ctxs.len() * 2);
+        if let Some(c) = shrunk_capacity(self.ctxs.len(), self.ctxs.capacity()) {
+            self.ctxs.shrink_to(c);
         }
         self.index.clear();
         for (at, ctx) in self.ctxs.iter().enumerate() {

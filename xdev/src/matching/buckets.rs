@@ -258,18 +258,27 @@ pub(super) fn extract_where<E>(
     shrink_deque(q);
 }
 
+/// The capacity to shrink storage of `len` entries and capacity `cap` to,
+/// if it has become mostly empty (under a quarter full, and larger than
+/// [`SHRINK_MIN`]): twice its length. The one rule for every queue, map
+/// and vector of the engine.
+#[inline]
+pub(super) fn shrunk_capacity(len: usize, cap: usize) -> Option<usize> {
+    (cap > SHRINK_MIN && len * 4 < cap).then_some(len * 2)
+}
+
 /// Gives back the memory of a deque that has become mostly empty.
 #[inline]
 pub(super) fn shrink_deque<E>(q: &mut VecDeque<E>) {
-    if q.capacity() > SHRINK_MIN && q.len() * 4 < q.capacity() {
-        q.shrink_to(q.len() * 2);
+    if let Some(c) = shrunk_capacity(q.len(), q.capacity()) {
+        q.shrink_to(c);
     }
 }
 
 /// Gives back the memory of a map that has become mostly empty.
 #[inline]
 pub(super) fn shrink_map<K: Eq + std::hash::Hash, V>(m: &mut FxMap<K, V>) {
-    if m.capacity() > SHRINK_MIN && m.len() * 4 < m.capacity() {
-        m.shrink_to(m.len() * 2);
+    if let Some(c) = shrunk_capacity(m.len(), m.capacity()) {
+        m.shrink_to(c);
     }
 }

@@ -1,3 +1,4 @@
+use super::buckets::SHRINK_MIN;
 use super::*;
 
 type Engine = MatchingEngine<&'static str, u32>;
