@@ -323,8 +323,8 @@ impl<M, R> MatchingEngine<M, R> {
             if ctx.posted.len == 0 {
                 return None;
             }
-            let key = ctx.posted.iter().find(|(_, b)| by_seq(b).is_some())?.0;
-            Some((at, ctx.posted.remove_in(key, by_seq)?))
+            let (key, i) = ctx.posted.iter().find_map(|(k, b)| Some((k, by_seq(b)?)))?;
+            Some((at, ctx.posted.remove_in(key, |_| Some(i))?))
         })?;
         let now_empty = self.ctxs[at].is_empty();
         self.posted_len -= 1;
