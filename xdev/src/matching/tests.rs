@@ -590,6 +590,32 @@ impl<E: Sequenced> Buckets<E> {
 }
 
 /// The property tests' settings: 300 cases, no regression files.
+/// The property tests' ranks: 0-4, and two at or above the dense range
+/// (hashed buckets), the first on its boundary.
+fn rank(s: u8) -> Rank {
+    match s % 7 {
+        5 => DENSE_RANKS,
+        6 => DENSE_RANKS * 3 + 1,
+        r => usize::from(r),
+    }
+}
+
+/// The property tests' patterns: a wildcard source one time in five, a
+/// wildcard tag one time in three, over three tags and three contexts.
+fn pattern(s: u8, t: u8, c: u8) -> Pattern {
+    let source = if s % 5 == 0 {
+        Source::Any
+    } else {
+        Source::Rank(rank(s))
+    };
+    let tag = if t % 3 == 0 {
+        TagSel::Any
+    } else {
+        TagSel::Tag(Tag::from(t % 3))
+    };
+    Pattern::new(source, tag, Context::from(c % 3))
+}
+
 fn config() -> proptest::prelude::ProptestConfig {
     proptest::prelude::ProptestConfig {
         cases: 300,
@@ -601,26 +627,6 @@ fn config() -> proptest::prelude::ProptestConfig {
 mod invariants {
     use super::*;
     use proptest::prelude::*;
-
-    /// Ranks 0-5, and one above the dense range (a hashed bucket).
-    fn rank(s: u8) -> Rank {
-        match s % 7 {
-            6 => DENSE_RANKS + 3,
-            r => usize::from(r),
-        }
-    }
-
-    fn pattern(s: u8, t: u8, c: u8) -> Pattern {
-        let source = match s % 4 {
-            0 => Source::Any,
-            _ => Source::Rank(rank(s)),
-        };
-        let tag = match t % 3 {
-            0 => TagSel::Any,
-            _ => TagSel::Tag(Tag::from(t % 2)),
-        };
-        Pattern::new(source, tag, Context::from(c % 3))
-    }
 
     proptest! {
         #![proptest_config(config())]
@@ -637,7 +643,7 @@ mod invariants {
                 let i = i as u32;
                 match kind {
                     0..=6 => {
-                        let env = env(rank(s), Tag::from(t % 2), Context::from(c % 3));
+                        let env = env(rank(s), Tag::from(t % 3), Context::from(c % 3));
                         let _ = e.deliver(env, i);
                     }
                     7..=13 => {
@@ -714,29 +720,6 @@ impl Reference {
 mod against_reference {
     use super::*;
     use proptest::prelude::*;
-
-    /// Ranks 0-4, and two above the dense range.
-    fn rank(s: u8) -> Rank {
-        match s % 7 {
-            5 => DENSE_RANKS,
-            6 => DENSE_RANKS * 3 + 1,
-            r => usize::from(r),
-        }
-    }
-
-    fn pattern(s: u8, t: u8, c: u8) -> Pattern {
-        let source = if s % 5 == 0 {
-            Source::Any
-        } else {
-            Source::Rank(rank(s))
-        };
-        let tag = if t % 3 == 0 {
-            TagSel::Any
-        } else {
-            TagSel::Tag(Tag::from(t % 3))
-        };
-        Pattern::new(source, tag, Context::from(c % 3))
-    }
 
     proptest! {
         #![proptest_config(config())]
