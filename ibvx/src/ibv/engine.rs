@@ -560,6 +560,17 @@ impl IbvEngine {
         }
     }
 
+    /// Stops the peer that is writing by rendezvous into the receive `into`
+    /// picks, if any, by failing it (its writes are over once it has failed:
+    /// see `fail_peer`): for a blocking call taking its receive back before
+    /// its buffer goes away.
+    fn stop_writer_into(&self, l: &mut Local, into: impl Fn(&Dest) -> bool) {
+        let writer = l.incoming.values().find(|i| into(&i.target)).map(|i| i.src);
+        if let Some(src) = writer {
+            self.fail_peer(l, src, Error::Closed);
+        }
+    }
+
     /// Completes the first slot's receive with `st` if it is still posted
     /// (not matched) and `which` accepts its pattern.
     fn fail_first_if(&self, l: &mut Local, which: impl FnOnce(&Pattern) -> bool, st: Status) {

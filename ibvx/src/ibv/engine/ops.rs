@@ -295,14 +295,7 @@ impl Drop for Unpost<'_> {
             l.matching.cancel(id);
         }
         // A peer granted our buffer must stop writing it before we return.
-        let writer = l
-            .incoming
-            .values()
-            .find(|i| matches!(&i.target, Dest::Recv(t) if t.is(self.recv)))
-            .map(|i| i.src);
-        if let Some(src) = writer {
-            eng.fail_peer(&mut l, src, Error::Closed);
-        }
+        eng.stop_writer_into(&mut l, |d| matches!(d, Dest::Recv(t) if t.is(self.recv)));
     }
 }
 
@@ -327,14 +320,8 @@ impl FirstGuard<'_> {
             .as_ref()
             .is_some_and(|f| f.matched && f.status.is_none())
         {
-            let writer = l
-                .incoming
-                .values()
-                .find(|i| matches!(i.target, Dest::First))
-                .map(|i| i.src);
-            if let Some(src) = writer {
-                self.engine.fail_peer(l, src, Error::Closed);
-            }
+            self.engine
+                .stop_writer_into(l, |d| matches!(d, Dest::First));
         }
         l.first.take().and_then(|f| f.status)
     }
