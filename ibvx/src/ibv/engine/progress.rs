@@ -376,16 +376,17 @@ impl IbvEngine {
                 let armed = self.fab.send_cq.req_notify(false).is_ok()
                     && self.fab.recv_cq.req_notify(false).is_ok();
                 let moved = self.progress_locked(&mut l);
-                match done(self, &mut l) {
-                    Ok(false) => {}
-                    r => {
-                        self.sleeper.store(false, Ordering::Release);
-                        return (l, r.map(drop));
-                    }
-                }
-                if !armed || moved {
+                let finished = match done(self, &mut l) {
+                    Ok(false) => None,
+                    r => Some(r.map(drop)),
+                };
+                // Not sleeping after all: the sleeper's role goes back.
+                if finished.is_some() || !armed || moved {
                     self.sleeper.store(false, Ordering::Release);
-                    continue;
+                    match finished {
+                        Some(r) => return (l, r),
+                        None => continue,
+                    }
                 }
                 drop(l);
                 self.sleep_on_channel();
