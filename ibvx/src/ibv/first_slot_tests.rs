@@ -1,7 +1,8 @@
 //! The first slot of a blocking receive (see the engine's `Local::first`)
 //! over a real RDMA device (soft-RoCE in the VM suite): it is matched
 //! before receives posted after it, a wildcard in it takes a self-send,
-//! and it fails with a typed error when its peer fails. Without an RDMA
+//! and it fails with a typed error when its peer fails or its device is
+//! finished. Without an RDMA
 //! device they say `skipped: ...`.
 
 use std::time::{Duration, Instant};
@@ -84,6 +85,27 @@ fn a_wildcard_in_the_first_slot_takes_a_self_send() {
     }
 }
 
+/// Rank 1 of a fresh 2-rank job blocks in a receive from rank 0 in its
+/// first slot, `end` is done to it, and the receive's result comes back;
+/// no receive may be left behind in rank 1's engine.
+fn first_slot_receive_ended_by(end: impl FnOnce(&IbvDevice)) -> xdev::Result<xdev::Status> {
+    let j = job(2, &[]);
+    let b = &j.devs[1];
+    let r = std::thread::scope(|s| {
+        let waiter = s.spawn(|| {
+            let mut buf = [0u8; 8];
+            b.recv(&mut buf, Source::Rank(0), TagSel::Tag(1), 0)
+        });
+        wait_posted(b, 0);
+        end(b);
+        waiter.join().unwrap()
+    });
+    assert_eq!(b.engine.posted(), (false, 0), "receives left behind");
+    let _ = j.devs[0].finish();
+    let _ = j.devs[1].finish();
+    r
+}
+
 /// A blocking receive in the first slot fails with a typed error, instead
 /// of waiting forever, when its peer's queue pair fails.
 #[test]
@@ -91,19 +113,19 @@ fn the_first_slot_fails_with_its_peer() {
     if unavailable().is_some() {
         return;
     }
-    let j = job(2, &[]);
-    let b = &j.devs[1];
-    std::thread::scope(|s| {
-        let waiter = s.spawn(|| {
-            let mut buf = [0u8; 8];
-            b.recv(&mut buf, Source::Rank(0), TagSel::Tag(1), 0)
-        });
-        wait_posted(b, 0);
-        b.engine.inject_qp_error(0);
-        let r = waiter.join().unwrap();
-        assert!(r.is_err(), "the receive from the failed peer: {r:?}");
-        assert_eq!(b.engine.posted(), (false, 0), "receives left behind");
+    let r = first_slot_receive_ended_by(|b| b.engine.inject_qp_error(0));
+    assert!(r.is_err(), "the receive from the failed peer: {r:?}");
+}
+
+/// A blocking receive in the first slot ends with `Error::Closed` when its
+/// device is finished from another thread, and leaves nothing behind.
+#[test]
+fn the_first_slot_fails_with_closed_at_finish() {
+    if unavailable().is_some() {
+        return;
+    }
+    let r = first_slot_receive_ended_by(|b| {
+        let _ = b.finish();
     });
-    let _ = j.devs[0].finish();
-    let _ = j.devs[1].finish();
+    assert_eq!(r.err(), Some(xdev::Error::Closed), "the receive at finish");
 }
