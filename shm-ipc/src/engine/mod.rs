@@ -335,8 +335,92 @@ pub struct Local<M: Medium> {
     /// posting the sends its peer is waiting for, so that the two ranks of a
     /// bidirectional exchange would copy in turn instead of together).
     pub(crate) defer_copies: bool,
+    /// Receives queued behind others that skip their look at the ring
+    /// (see `post_recv`), and how many the next empty look makes skip.
+    pub(crate) post_looks: PostLooks,
     /// The medium's own.
     pub(crate) m: M::State,
+}
+
+/// When a receive queued behind others looks at its source's ring (see
+/// `post_recv`): always while looks find messages; after a look that finds
+/// the ring empty, the next 1, then 2, 4, 8 and at most
+/// [`POST_LOOK_SKIP_MAX`] receives do not look, until a look finds a message
+/// again. So a receiver that posts a window of 64 before its messages come
+/// looks about once per window in steady state.
+#[derive(Debug, Default)]
+pub(crate) struct PostLooks {
+    skip: u8,
+    backoff: u8,
+}
+
+/// The most queued receives in a row that skip their look at the ring (the
+/// osu window).
+const POST_LOOK_SKIP_MAX: u8 = 64;
+
+impl PostLooks {
+    /// Whether this receive looks (counting a skipped one).
+    #[inline]
+    pub(crate) fn take_turn(&mut self) -> bool {
+        if self.skip == 0 {
+            return true;
+        }
+        self.skip -= 1;
+        false
+    }
+
+    /// What the look found: a message (looks go on) or an empty ring (the
+    /// next receives skip theirs, twice as many as after the last empty
+    /// one).
+    #[inline]
+    pub(crate) fn found(&mut self, message: bool) {
+        if message {
+            self.backoff = 0;
+        } else {
+            self.backoff = (self.backoff * 2).clamp(1, POST_LOOK_SKIP_MAX);
+        }
+        self.skip = self.backoff;
+    }
+}
+
+#[cfg(test)]
+mod post_looks_tests {
+    use super::{PostLooks, POST_LOOK_SKIP_MAX};
+
+    /// The turns taken by `n` posts whose looks find `message`.
+    fn turns(p: &mut PostLooks, n: usize, message: bool) -> Vec<bool> {
+        (0..n)
+            .map(|_| {
+                let look = p.take_turn();
+                if look {
+                    p.found(message);
+                }
+                look
+            })
+            .collect()
+    }
+
+    #[test]
+    fn looks_go_on_while_they_find_messages() {
+        let mut p = PostLooks::default();
+        assert!(turns(&mut p, 10, true).iter().all(|&t| t));
+    }
+
+    #[test]
+    fn empty_looks_back_off_doubling_up_to_the_cap_and_a_message_resets() {
+        let mut p = PostLooks::default();
+        let t = turns(&mut p, 400, false);
+        let looks: Vec<usize> = (0..t.len()).filter(|&i| t[i]).collect();
+        let gaps: Vec<usize> = looks.windows(2).map(|w| w[1] - w[0] - 1).collect();
+        let cap = usize::from(POST_LOOK_SKIP_MAX);
+        assert_eq!(&gaps[..7], &[1, 2, 4, 8, 16, 32, 64][..7.min(gaps.len())]);
+        assert!(gaps.iter().all(|&g| g <= cap), "{gaps:?}");
+        assert_eq!(*gaps.last().unwrap(), cap);
+        // The next look finds a message: looks are taken on every post again.
+        while !p.take_turn() {}
+        p.found(true);
+        assert!(turns(&mut p, 5, true).iter().all(|&t| t));
+    }
 }
 
 impl<M: Medium> Local<M> {
@@ -359,6 +443,7 @@ impl<M: Medium> Local<M> {
             broken: vec![false; n],
             spare_payloads: Vec::new(),
             defer_copies: false,
+            post_looks: PostLooks::default(),
             m,
         }
     }
