@@ -44,6 +44,12 @@ pub(crate) const FLAG_SYNC: u8 = 1;
 /// On `FIN`: the receiver could not read the data (the send fails); on
 /// `WROTE`: the sender could not write the tail.
 pub(crate) const FLAG_FAILED: u8 = 2;
+/// On `RNDV` (process device): the sender has receives posted that name
+/// the receiver, so it waits for data from it (a two-way exchange) and
+/// will be copying that; the receiver does not ask it to write half of
+/// this message (no split copy), which would make the two cores wait for
+/// each other instead of copying side by side.
+pub(crate) const FLAG_EXPECTING: u8 = 4;
 
 /// The unit of a split point.
 pub(crate) const SPLIT_PAGE: usize = 4096;

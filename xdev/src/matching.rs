@@ -408,6 +408,17 @@ impl<M, R> MatchingEngine<M, R> {
         self.posted_len
     }
 
+    /// Whether a receive naming `source` is queued (in any context):
+    /// whether this rank waits for data from that rank. Receives with
+    /// `Source::Any` are not counted.
+    pub fn posted_from(&self, source: Rank) -> bool {
+        self.posted_len > 0
+            && self
+                .ctxs
+                .iter()
+                .any(|c| c.posted.get(source).is_some_and(|b| !b.is_empty()))
+    }
+
     /// Number of queued unexpected messages.
     pub fn unexpected_len(&self) -> usize {
         self.unexpected_len

@@ -19,7 +19,7 @@ use crate::futex::Scope;
 use crate::liveness::PeerWatch;
 use crate::ring::{Header, Incoming, RingRef};
 use crate::segment::{state, Inbox};
-use crate::wire::{ENTRY_CHARGE, KIND_ACK, KIND_EAGER};
+use crate::wire::{ENTRY_CHARGE, FLAG_EXPECTING, KIND_ACK, KIND_EAGER};
 
 pub(super) type Eng = Engine<ProcessMedium>;
 pub(super) type Loc = Local<ProcessMedium>;
@@ -189,6 +189,7 @@ unsafe impl Medium for ProcessMedium {
         RndvStart {
             id: msg.header.cookie,
             addr: u64::from_le_bytes(a),
+            may_split: msg.header.flags & FLAG_EXPECTING == 0,
         }
     }
 

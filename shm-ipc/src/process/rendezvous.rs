@@ -11,7 +11,9 @@ use xdev::{Envelope, Error, Rank, Result, Status};
 use super::medium::{Eng, Loc, ProcessMedium};
 use crate::engine::{Direct, Outcome, Publication, Sent};
 use crate::ring::Header;
-use crate::wire::{FLAG_FAILED, KIND_DATA, KIND_FIN, KIND_PULL, KIND_RNDV, KIND_WRITE, SPLIT_PAGE};
+use crate::wire::{
+    FLAG_EXPECTING, FLAG_FAILED, KIND_DATA, KIND_FIN, KIND_PULL, KIND_RNDV, KIND_WRITE, SPLIT_PAGE,
+};
 
 /// A send that waits for the receiver.
 pub(super) struct OutSend {
@@ -37,10 +39,13 @@ unsafe impl Send for OutSend {}
 unsafe impl Sync for OutSend {}
 
 /// A rendezvous start as the receiver keeps it: the sender's send id and
-/// buffer address.
+/// buffer address, and whether the sender may be asked to write half of it
+/// (a split copy; not while it expects data itself, `FLAG_EXPECTING`).
+#[derive(Copy, Clone, Debug)]
 pub struct RndvStart {
     pub(super) id: u64,
     pub(super) addr: u64,
+    pub(super) may_split: bool,
 }
 
 /// A split CMA copy under way: we read the head, the sender writes the
@@ -82,7 +87,7 @@ pub enum Later {
     /// the next progress ([`PendingCopy`]), so that the caller goes on
     /// posting (its peer may be waiting for its sends) instead of copying.
     /// (Also a copy large enough to split: the split needs its target.)
-    Copy { id: u64, addr: u64, len: usize },
+    Copy { start: RndvStart, len: usize },
     /// A split CMA copy (see [`SplitRecv`]): the head is read, the tail
     /// comes from the sender.
     Split(SplitStart),
@@ -93,8 +98,7 @@ pub enum Later {
 /// buffer until it completes.
 pub(super) struct PendingCopy {
     env: Envelope,
-    id: u64,
-    addr: u64,
+    start: RndvStart,
     len: usize,
     target: Target,
 }
@@ -117,8 +121,7 @@ impl ProcessMedium {
         let s = env.source;
         let n = len.min(cap);
         if n > 0 && !l.gone[s] && l.m.cma[s] && (l.defer_copies || Self::splits(e, n, len)) {
-            let RndvStart { id, addr } = r;
-            return Outcome::Later(Later::Copy { id, addr, len });
+            return Outcome::Later(Later::Copy { start: r, len });
         }
         Self::transfer(e, l, env, (r, len), dst, cap, false)
     }
@@ -186,7 +189,11 @@ impl ProcessMedium {
         split: bool,
     ) -> Outcome<Later> {
         let s = env.source;
-        let RndvStart { id, addr } = r;
+        let RndvStart {
+            id,
+            addr,
+            may_split,
+        } = r;
         // A sender that left cannot have finished with this send
         // outstanding: it died (or claims to have left; either way we copy
         // nothing from a departed peer). Its process is asked (a system
@@ -209,7 +216,7 @@ impl ProcessMedium {
         // otherwise its core is already copying our data (a two-way
         // exchange), and a split only adds messages (measured: osu_bibw
         // 10% slower at 64-256 KiB with it).
-        if l.m.cma[s] && split && l.m.rndv_out[s] == 0 && Self::splits(e, n, len) {
+        if l.m.cma[s] && split && may_split && l.m.rndv_out[s] == 0 && Self::splits(e, n, len) {
             return Outcome::Later(Later::Split(Self::split_copy(e, l, s, (r, len), dst, n)));
         }
         if l.m.cma[s] {
@@ -251,7 +258,7 @@ impl ProcessMedium {
         dst: *mut u8,
         n: usize,
     ) -> SplitStart {
-        let RndvStart { id, addr } = r;
+        let RndvStart { id, addr, .. } = r;
         let half = (n / 2) / SPLIT_PAGE * SPLIT_PAGE;
         let h = Header {
             kind: KIND_WRITE,
@@ -302,11 +309,10 @@ impl ProcessMedium {
         match x {
             Later::Stream { id, len } => Self::start_stream(l, env, id, len, target),
             Later::Split(start) => Self::hold_split(l, env, start, target),
-            Later::Copy { id, addr, len } => {
+            Later::Copy { start, len } => {
                 let c = PendingCopy {
                     env,
-                    id,
-                    addr,
+                    start,
                     len,
                     target,
                 };
@@ -333,11 +339,7 @@ impl ProcessMedium {
         // A request's buffer stays with its core until it completes; a
         // blocking receive's `Unpost` guard waits for a split copy into its
         // slice to end (see `abandon`): the sender may write into either.
-        let r = RndvStart {
-            id: c.id,
-            addr: c.addr,
-        };
-        let out = Self::transfer(e, l, c.env, (r, c.len), dst, cap, true);
+        let out = Self::transfer(e, l, c.env, (c.start, c.len), dst, cap, true);
         e.settle(l, c.env, out, c.target);
     }
 
@@ -360,11 +362,11 @@ impl ProcessMedium {
         d: &mut Direct<'_, Later>,
     ) {
         let b = match x {
-            Later::Copy { id, addr, len } => {
+            Later::Copy { start, len } => {
                 // Copy into its slice now (split with the sender if large:
                 // its guard then waits for the sender).
                 let (p, n) = (d.buf.as_mut_ptr(), d.buf.len());
-                let out = Self::transfer(e, l, env, (RndvStart { id, addr }, len), p, n, true);
+                let out = Self::transfer(e, l, env, (start, len), p, n, true);
                 return e.settle_direct(l, env, out, d);
             }
             Later::Split(start) => {
@@ -404,7 +406,9 @@ impl ProcessMedium {
         header.cookie = id;
         let rndv = header.kind == KIND_RNDV;
         if rndv {
-            header.flags = 0;
+            // A rendezvous is synchronous anyway (no FLAG_SYNC); what the
+            // receiver needs to know is whether we expect data ourselves.
+            header.flags &= FLAG_EXPECTING;
         }
         match e.push_message(l, out.dest, &header, payload) {
             Ok(true) => {}

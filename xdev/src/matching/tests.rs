@@ -805,3 +805,24 @@ fn fx_hasher_hashes_bytes() {
     c.write_u8(1);
     assert_ne!(c.finish(), 0);
 }
+
+#[test]
+fn posted_from_says_whether_a_receive_names_the_source() {
+    let mut m = Engine::new();
+    assert!(!m.posted_from(1));
+    // A wildcard receive names no source.
+    let any = queued_id(m.post(pat(Source::Any, TagSel::Any, 4), 1));
+    assert!(!m.posted_from(1));
+    // One naming rank 1, in another context.
+    let one = queued_id(m.post(pat(R1, TagSel::Tag(3), 9), 2));
+    assert!(m.posted_from(1));
+    assert!(!m.posted_from(0));
+    // Matched or cancelled, it no longer counts.
+    assert_eq!(m.cancel(one), Some(2));
+    assert!(!m.posted_from(1));
+    let _ = queued_id(m.post(pat(R1, TagSel::Tag(3), 9), 3));
+    let (recv, _) = matched_recv(m.deliver(env(1, 3, 9), "x"));
+    assert_eq!(recv, 3);
+    assert!(!m.posted_from(1));
+    assert_eq!(m.cancel(any), Some(1));
+}
