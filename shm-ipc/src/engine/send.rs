@@ -10,7 +10,7 @@ use xdev::{Error, Rank, Status};
 
 use super::{gone_error, Engine, Local, Medium, Outgoing, Publication, Sent};
 use crate::ring::Header;
-use crate::wire::{ENTRY_CHARGE, FLAG_EXPECTING, FLAG_SYNC, KIND_EAGER, KIND_RNDV};
+use crate::wire::{ENTRY_CHARGE, FLAG_SYNC, KIND_EAGER, KIND_RNDV};
 
 impl<M: Medium> Engine<M> {
     /// Whether `charge` more eager bytes to `dest` stay within its credit.
@@ -54,15 +54,9 @@ impl<M: Medium> Engine<M> {
             // after setting `closing`.
             return Sent::Refused(Error::Closed);
         }
-        let sync = if out.sync { FLAG_SYNC } else { 0 };
-        let expecting = if !eager && l.matching.posted_from(dest) {
-            FLAG_EXPECTING
-        } else {
-            0
-        };
         let header = Header {
             kind: if eager { KIND_EAGER } else { KIND_RNDV },
-            flags: sync | expecting,
+            flags: if out.sync { FLAG_SYNC } else { 0 },
             tag: out.tag,
             context: out.context,
             aux: out.data.len() as u64,

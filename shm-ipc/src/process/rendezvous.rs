@@ -407,8 +407,12 @@ impl ProcessMedium {
         let rndv = header.kind == KIND_RNDV;
         if rndv {
             // A rendezvous is synchronous anyway (no FLAG_SYNC); what the
-            // receiver needs to know is whether we expect data ourselves.
-            header.flags &= FLAG_EXPECTING;
+            // receiver needs to know is whether we expect data from it.
+            header.flags = if l.matching.posted_from(out.dest) {
+                FLAG_EXPECTING
+            } else {
+                0
+            };
         }
         match e.push_message(l, out.dest, &header, payload) {
             Ok(true) => {}
