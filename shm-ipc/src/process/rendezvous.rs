@@ -120,7 +120,11 @@ impl ProcessMedium {
     ) -> Outcome<Later> {
         let s = env.source;
         let n = len.min(cap);
-        if n > 0 && !l.gone[s] && l.m.cma[s] && (l.defer_copies || Self::splits(e, n, len)) {
+        if n > 0
+            && !l.gone[s]
+            && l.m.cma[s]
+            && (l.defer_copies || Self::splits(e, l, s, &r, n, len))
+        {
             return Outcome::Later(Later::Copy { start: r, len });
         }
         Self::transfer(e, l, env, (r, len), dst, cap, false)
@@ -151,11 +155,21 @@ impl ProcessMedium {
         l.m.rndv_in[s] = l.m.rndv_in[s].saturating_sub(1);
     }
 
-    /// Whether a CMA copy of `n` of a rendezvous's `len` bytes is worth
-    /// splitting with its sender (`cma_split_bytes`).
-    fn splits(e: &Eng, n: usize, len: usize) -> bool {
+    /// Whether the CMA copy of `n` of the `len` bytes of `r`, from `s`, is
+    /// split with its sender: a whole message of at least `cma_split_bytes`,
+    /// and not in a two-way exchange, where the sender's core is busy with
+    /// data of its own: neither while our own rendezvous to it is out (its
+    /// core is copying our data; measured: osu_bibw 10% slower at 64-256 KiB
+    /// with a split) nor when its `RNDV` says it waits for data from us
+    /// (`FLAG_EXPECTING`).
+    fn splits(e: &Eng, l: &Loc, s: Rank, r: &RndvStart, n: usize, len: usize) -> bool {
         let min = e.m.sh.opts.cma_split_bytes;
-        min > 0 && n == len && n >= min.max(2 * SPLIT_PAGE)
+        l.m.cma[s]
+            && r.may_split
+            && l.m.rndv_out[s] == 0
+            && min > 0
+            && n == len
+            && n >= min.max(2 * SPLIT_PAGE)
     }
 
     /// Whether a CMA call on peer `s` may be made now: it has not departed
@@ -189,11 +203,7 @@ impl ProcessMedium {
         split: bool,
     ) -> Outcome<Later> {
         let s = env.source;
-        let RndvStart {
-            id,
-            addr,
-            may_split,
-        } = r;
+        let RndvStart { id, addr, .. } = r;
         // A sender that left cannot have finished with this send
         // outstanding: it died (or claims to have left; either way we copy
         // nothing from a departed peer). Its process is asked (a system
@@ -212,11 +222,7 @@ impl ProcessMedium {
             Self::reply(e, l, s, KIND_FIN, 0, id);
             return Outcome::Done(Status::received(env, len, cap));
         }
-        // Only while we have no rendezvous of our own out to the sender:
-        // otherwise its core is already copying our data (a two-way
-        // exchange), and a split only adds messages (measured: osu_bibw
-        // 10% slower at 64-256 KiB with it).
-        if l.m.cma[s] && split && may_split && l.m.rndv_out[s] == 0 && Self::splits(e, n, len) {
+        if split && Self::splits(e, l, s, &r, n, len) {
             return Outcome::Later(Later::Split(Self::split_copy(e, l, s, (r, len), dst, n)));
         }
         if l.m.cma[s] {
