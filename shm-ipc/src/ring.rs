@@ -74,11 +74,13 @@ const CLAIM_AHEAD: u64 = 2;
 /// `Consumer::read_ahead`): two messages of two slots (up to 64 bytes), four
 /// of one. Measured against one (the earlier choice, made on 8-byte messages
 /// only, before the producer wrote a message's first slot last) and eight,
-/// 4 alternating rounds of /tmp/quick4.sh: osu_bw 64 B +17-25% (464/417 ->
-/// 542/523 MB/s, thread/shm), bibw 8 B +4-10%, rate 8 B +4-6%; eight gave
-/// less at 64 B. A slot read ahead of the producer is only a hint: a line
-/// pulled too early costs the producer a transfer, which is why this stays
-/// short. x86_64 only, like `CLAIM_AHEAD`.
+/// 4 alternating rounds of `xdev-bench --device thread --device shm --test
+/// bw|bibw|rate` at 8 and 64 B: osu_bw 64 B +17-25% (464/417 -> 542/523
+/// MB/s, thread/shm), bibw 8 B +4-10%, rate 8 B +4-6%; eight gave less at
+/// 64 B. In `xdev-bench report` runs the change is within noise. A slot
+/// read ahead of the producer is only a hint: a line pulled too early costs
+/// the producer a transfer, which is why this stays short. x86_64 only,
+/// like `CLAIM_AHEAD`.
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 const READ_AHEAD: u64 = 4;
 /// Bytes of the control block before the slots.
