@@ -473,7 +473,7 @@ impl Producer {
             ptr::write_unaligned(slot.add(OFF_LEN) as *mut u32, payload.len() as u32);
             ptr::write_unaligned(slot.add(OFF_COOKIE) as *mut u64, header.cookie);
             ptr::write_unaligned(slot.add(OFF_AUX) as *mut u64, header.aux);
-            ptr::copy_nonoverlapping(payload.as_ptr(), slot.add(HEADER), first);
+            copy_small(payload.as_ptr(), slot.add(HEADER), first);
         }
         // Release: publication (pairs with the consumer's Acquire load of
         // seq). A sleeping consumer is covered by the doorbell the caller
@@ -666,7 +666,7 @@ impl Consumer {
         // bytes from the area's start too. Every tail position and every len
         // are checked against a byte model in the unit tests.
         unsafe {
-            ptr::copy_nonoverlapping(slot.add(HEADER), dst.as_mut_ptr(), first);
+            copy_small(slot.add(HEADER), dst.as_mut_ptr(), first);
             if len > first {
                 let area = self.ring.area();
                 let size = self.ring.nslots * SLOT;
@@ -732,6 +732,39 @@ impl Consumer {
     #[inline]
     fn payload_len(&self, msg: &Incoming) -> usize {
         (msg.header.len as usize).min(self.ring.max_payload())
+    }
+}
+
+/// Copies `n` bytes from `src` to `dst`, inline for the sizes a first slot
+/// carries (at most [`INLINE`]): two overlapping word moves, where a call
+/// to `memcpy` for an 8-byte payload costs both sides of every small
+/// message a call and the library's size dispatch.
+///
+/// # Safety
+/// As [`ptr::copy_nonoverlapping`]`(src, dst, n)`.
+#[inline(always)]
+unsafe fn copy_small(src: *const u8, dst: *mut u8, n: usize) {
+    // SAFETY: the caller's contract; every access below lies within the
+    // first `n` bytes of both ranges (8 <= n <= 16 reads and writes
+    // [0, 8) and [n - 8, n); 4 <= n < 8 likewise with 4-byte words).
+    unsafe {
+        if (8..=16).contains(&n) {
+            let a = ptr::read_unaligned(src as *const u64);
+            let b = ptr::read_unaligned(src.add(n - 8) as *const u64);
+            ptr::write_unaligned(dst as *mut u64, a);
+            ptr::write_unaligned(dst.add(n - 8) as *mut u64, b);
+        } else if (4..8).contains(&n) {
+            let a = ptr::read_unaligned(src as *const u32);
+            let b = ptr::read_unaligned(src.add(n - 4) as *const u32);
+            ptr::write_unaligned(dst as *mut u32, a);
+            ptr::write_unaligned(dst.add(n - 4) as *mut u32, b);
+        } else if n < 4 {
+            for i in 0..n {
+                *dst.add(i) = *src.add(i);
+            }
+        } else {
+            ptr::copy_nonoverlapping(src, dst, n);
+        }
     }
 }
 

@@ -283,11 +283,20 @@ impl<M, R> MatchingEngine<M, R> {
 
     /// Removes and returns the earliest unexpected message matching `pattern`
     /// (used by blocking receives that never queue).
-    #[inline]
+    ///
+    /// The check for an empty unexpected queue is inlined into every caller
+    /// (`post` among them): a receive posted ahead of its message, the
+    /// common case of a window of receives, then pays no call for it.
+    #[inline(always)]
     pub fn take(&mut self, pattern: &Pattern) -> Option<(Envelope, M)> {
         if self.unexpected_len == 0 {
             return None;
         }
+        self.take_queued(pattern)
+    }
+
+    /// [`take`](Self::take) once some unexpected message is queued.
+    fn take_queued(&mut self, pattern: &Pattern) -> Option<(Envelope, M)> {
         let at = self.slot_of(pattern.context)?;
         let ctx = &mut self.ctxs[at];
         let (source, u) = ctx.take_unexpected(pattern.source, pattern.tag)?;

@@ -65,15 +65,6 @@ const REPORTED: u8 = 2;
 /// The handle consumed the completion, was dropped, or was taken apart.
 const RELEASED: u8 = 3;
 
-/// What a reused core's previous request left behind (see
-/// `RequestCore::reset`).
-type Leftovers = (
-    Option<Buffer>,
-    Option<Status>,
-    Option<CompletionHook>,
-    OnceLock<(CoreRef, Arc<dyn Progress>)>,
-);
-
 /// The device-side state of one non-blocking operation: it owns the buffer
 /// until completion.
 ///
@@ -90,8 +81,9 @@ type Leftovers = (
 ///   bits (see `finish` and `on_complete`);
 /// - a reused core is reset only by the one thread that took it from the
 ///   pool, when no other reference to it exists but the pool's own (which
-///   reads only the atomics, and the status of a `LIVE` handle under the
-///   pool's lock; see `pool`).
+///   reads only the atomics, and the status of a done `LIVE` handle under
+///   the pool's lock; see `pool`); the reset leaves the previous status in
+///   place, unread until the next completion overwrites it.
 pub struct RequestCore {
     /// Counted references ([`CoreRef`]), the pool's own included.
     refs: std::sync::atomic::AtomicUsize,
@@ -149,28 +141,34 @@ impl RequestCore {
         }
     }
 
-    /// Makes a core new again, complete with `status` if given, with a
-    /// handle already if `handle` (then published as `LIVE`). Returns what
-    /// the previous request left (a buffer or status nobody took, a relayed
-    /// request), for the caller to drop outside its locks.
+    /// Makes a core new again: in flight, with `buf` (if any) as its
+    /// buffer, and with a handle already if `handle` (then published as
+    /// `LIVE`).
+    ///
+    /// Writes only what the next request reads before its completion
+    /// writes the rest. What the previous request left goes in place: a
+    /// buffer nobody took, a hook or a relayed request (each only if there
+    /// is one). Its status stays until the completion overwrites it: the
+    /// status is read only once `done` is set, and every completion that
+    /// sets `done` for a core with a handle writes it first (a hooked
+    /// completion has no handle to read it).
     ///
     /// # Safety
     /// The caller holds the only reference to the core besides its pool's
     /// (taken from the pool, see `pool`): nobody else reads or writes the
     /// cells or `span` meanwhile.
+    #[inline]
     unsafe fn reset(
         &self,
         id: RequestId,
         kind: RequestKind,
         mut buf: Option<Buffer>,
-        status: Option<Status>,
         handle: bool,
-    ) -> Leftovers {
+    ) {
         let span = match &mut buf {
             Some(b) => (b.as_mut_ptr(), b.len()),
             None => (std::ptr::null_mut(), 0),
         };
-        let done = status.is_some();
         // Relaxed stores: whoever gets the core from us gets it through a
         // synchronizing hand-off (a lock, a channel, this thread); the pool
         // reads these only after an Acquire load of `handle` (below) or of
@@ -179,24 +177,24 @@ impl RequestCore {
         self.id.store(id.0, Ordering::Relaxed);
         self.kind.store(kind as u8, Ordering::Relaxed);
         self.token.store(u64::MAX, Ordering::Relaxed);
-        self.state
-            .store(if done { CLAIMED } else { 0 }, Ordering::Relaxed);
+        self.state.store(0, Ordering::Relaxed);
         // SAFETY: exclusive access to the cells (the caller's contract).
-        let leftovers = unsafe {
+        unsafe {
             *self.span.get() = span;
-            (
-                std::mem::replace(&mut *self.buf.get(), buf),
-                std::mem::replace(&mut *self.status.get(), status),
-                (*self.hook.get()).take(),
-                std::mem::take(&mut *self.below.get()),
-            )
-        };
+            *self.buf.get() = buf;
+            if (*self.hook.get()).is_some() {
+                *self.hook.get() = None;
+            }
+            if (*self.below.get()).get().is_some() {
+                *self.below.get() = OnceLock::new();
+            }
+        }
         // Release: peek, which reads the id and the status of a LIVE core
-        // after an Acquire load of `handle`, sees this request's values.
-        self.done.store(done, Ordering::Release);
+        // after an Acquire load of `handle` (and only once `done`), sees
+        // this request's values.
+        self.done.store(false, Ordering::Release);
         self.handle
             .store(if handle { LIVE } else { NO_HANDLE }, Ordering::Release);
-        leftovers
     }
 
     /// The request's id.

@@ -17,6 +17,18 @@ fn recv(c: &mut Consumer) -> Option<(Header, Vec<u8>)> {
 }
 
 #[test]
+fn small_copies_move_exactly_their_bytes() {
+    let src: Vec<u8> = (1..=40).collect();
+    for n in 0..=32 {
+        let mut dst = vec![0xEEu8; 40];
+        // SAFETY: both buffers hold 40 >= n bytes and do not overlap.
+        unsafe { copy_small(src.as_ptr(), dst.as_mut_ptr(), n) };
+        assert_eq!(&dst[..n], &src[..n], "n = {n}");
+        assert!(dst[n..].iter().all(|&b| b == 0xEE), "wrote past {n}");
+    }
+}
+
+#[test]
 fn small_message_is_one_slot() {
     assert_eq!(slots_for(0), 1);
     assert_eq!(slots_for(INLINE), 1);

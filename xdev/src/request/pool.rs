@@ -244,6 +244,15 @@ pub(super) fn take_core(tracker: u64, pool: &crate::lock::RankLock<Pool>) -> (Co
     let mut evicted = None;
     let from_stash = STASH.try_with(|stashes| {
         let mut stashes = stashes.try_borrow_mut().ok()?;
+        // The common case first: the stash in front is this tracker's and
+        // holds a core (no search, no reordering, no refill).
+        if let Some(stash) = stashes.first_mut().filter(|s| s.tracker == tracker) {
+            if let Some(core) = stash.cores.pop() {
+                let id = RequestId(stash.next_id);
+                stash.next_id += 1;
+                return Some((core, id));
+            }
+        }
         let at = match stashes.iter().position(|s| s.tracker == tracker) {
             Some(at) => at,
             None => {

@@ -376,3 +376,32 @@ fn start_request_is_start_plus_a_handle() {
     t.complete(&core, Status::ok(env(), 1));
     assert!(t.pop_completed().is_none(), "no handle, nothing to report");
 }
+
+#[test]
+fn a_reused_core_reports_only_its_own_status() {
+    let t = Tracker::new();
+    let mut used = std::collections::HashSet::new();
+    for _ in 0..100 {
+        let (core, r) = t.start_request(RequestKind::Recv, Buffer::zeroed(2), Arc::new(Inert));
+        used.insert(CoreRef::as_ptr(&core) as usize);
+        assert!(t.complete(&core, Status::failed(env(), crate::Error::Closed)));
+        drop(core);
+        assert!(r.wait().status.error.is_some());
+    }
+    // The cores come back with the failed statuses still in them (a reset
+    // leaves the status for the completion to overwrite).
+    let mut reused = 0;
+    for _ in 0..100 {
+        let (core, r) = t.start_request(RequestKind::Recv, Buffer::zeroed(2), Arc::new(Inert));
+        reused += usize::from(used.contains(&(CoreRef::as_ptr(&core) as usize)));
+        assert!(t.pop_completed().is_none(), "not done, nothing to report");
+        let r = r.take_if_done().expect_err("in flight");
+        assert!(t.complete(&core, Status::ok(env(), 2)));
+        let peeked = t.pop_completed().expect("done, reported once");
+        assert!(peeked.status.error.is_none() && peeked.status.count == 2);
+        drop(core);
+        let c = r.wait();
+        assert!(c.status.error.is_none() && c.status.count == 2);
+    }
+    assert!(reused > 0, "no core was reused");
+}

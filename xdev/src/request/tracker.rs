@@ -93,7 +93,7 @@ impl Tracker {
     /// Starts a request that owns `buf`; it counts as outstanding until
     /// completed.
     pub fn start(&self, kind: RequestKind, buf: Buffer) -> CoreRef {
-        self.start_core(kind, Some(buf), None, false)
+        self.start_core(kind, Some(buf), false)
     }
 
     /// Starts a request that owns `buf` and makes its handle at once: the
@@ -109,7 +109,7 @@ impl Tracker {
         buf: Buffer,
         engine: Arc<dyn Progress>,
     ) -> (CoreRef, Request) {
-        let core = self.start_core(kind, Some(buf), None, true);
+        let core = self.start_core(kind, Some(buf), true);
         // SAFETY: `start_core` just took the core from the pool and made no
         // reference to it but `core`.
         let held = unsafe { core.share_fresh() };
@@ -143,21 +143,14 @@ impl Tracker {
     /// [`RequestCore::relay`]). Its [`buffer_ptr`](RequestCore::buffer_ptr)
     /// is null and its length 0.
     pub fn start_relay(&self, kind: RequestKind) -> CoreRef {
-        self.start_core(kind, None, None, false)
+        self.start_core(kind, None, false)
     }
 
-    fn start_core(
-        &self,
-        kind: RequestKind,
-        buf: Option<Buffer>,
-        status: Option<Status>,
-        handle: bool,
-    ) -> CoreRef {
+    fn start_core(&self, kind: RequestKind, buf: Option<Buffer>, handle: bool) -> CoreRef {
         let (core, id) = pool::take_core(self.id, &self.pool);
         // SAFETY: `take_core` gives a core whose only other reference is
         // its pool's.
-        let leftovers = unsafe { core.reset(id, kind, buf, status, handle) };
-        drop(leftovers);
+        unsafe { core.reset(id, kind, buf, handle) };
         core
     }
 
