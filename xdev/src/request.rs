@@ -563,12 +563,22 @@ impl Drop for Held {
 }
 
 impl Held {
-    /// Takes the completion of a done core and lets the handle go.
+    /// Takes the completion of a done core and lets the handle go (the core
+    /// to this thread's stash if nobody else holds it, see
+    /// [`pool::recycle`]).
     fn consume(self) -> Completion {
         // Released first: after that, `peek` no longer reads the status we
         // take, and the pool cannot reuse the core while we hold it.
         self.core.release_handle();
-        self.core.take()
+        let completion = self.core.take();
+        let this = std::mem::ManuallyDrop::new(self);
+        // SAFETY: `this` is never used or dropped again; each field is read
+        // out exactly once (the handle is released already, which is all
+        // `Held`'s own drop does).
+        let (core, engine) = unsafe { (std::ptr::read(&this.core), std::ptr::read(&this.engine)) };
+        drop(engine);
+        pool::recycle(core);
+        completion
     }
 }
 

@@ -220,8 +220,13 @@ impl Pool {
             out.push(unsafe { self.all[i].share_unique() });
             taken += 1;
         }
+        self.reserve_ids(taken as u64)
+    }
+
+    /// Reserves `n` request ids; returns the first.
+    pub(super) fn reserve_ids(&mut self, n: u64) -> u64 {
         let first = self.next_id;
-        self.next_id += taken as u64;
+        self.next_id += n;
         first
     }
 }
@@ -230,12 +235,64 @@ impl Pool {
 struct Stash {
     tracker: u64,
     cores: Vec<CoreRef>,
+    /// The next reserved id, and how many are left from it.
     next_id: u64,
+    ids_left: u64,
 }
 
 thread_local! {
     /// This thread's stashes, most recently used first.
     static STASH: RefCell<Vec<Stash>> = const { RefCell::new(Vec::new()) };
+}
+
+impl Stash {
+    /// The next reserved id (one is left).
+    #[inline]
+    fn next(&mut self) -> RequestId {
+        debug_assert!(self.ids_left > 0);
+        let id = RequestId(self.next_id);
+        self.next_id += 1;
+        self.ids_left -= 1;
+        id
+    }
+}
+
+/// Cores a thread's stash takes back from [`recycle`] beyond a refill.
+const STASH_KEEP: usize = 2 * STASH_BATCH;
+
+/// Lets go of a completed core whose handle consumed it: into this thread's
+/// stash for its tracker, with the reference still counted, when only its
+/// pool holds it besides us (the device has dropped its reference); else
+/// an ordinary drop.
+///
+/// Kept, the core skips the two costs of going back through the pool: the
+/// locked decrement, and the sweep that finds free cores by their count.
+/// Nobody can take a second reference meanwhile: the pool hands out only
+/// cores whose count is 1, and the count stays 2 while the stash holds
+/// ours. (With the pool already gone, a count of 2 may include a device
+/// still holding the core; no start of that tracker pops it any more, and
+/// the stash drops it like any other reference.)
+pub(super) fn recycle(core: CoreRef) {
+    // Acquire (in `count`): the device's uses of the core, before its
+    // Release decrement, happen before the core is reset for reuse.
+    if core.count() != 2 {
+        return;
+    }
+    let tracker = core.tracker;
+    // If this thread's stashes are gone or busy, the closure does not run
+    // or hands the core back, and it is dropped.
+    let _ = STASH.try_with(move |stashes| {
+        let Ok(mut stashes) = stashes.try_borrow_mut() else {
+            return Some(core);
+        };
+        match stashes.first_mut() {
+            Some(s) if s.tracker == tracker && s.cores.len() < STASH_KEEP => {
+                s.cores.push(core);
+                None
+            }
+            _ => Some(core),
+        }
+    });
 }
 
 /// A free core of `tracker` (its second reference) and a fresh id, from
@@ -246,11 +303,12 @@ pub(super) fn take_core(tracker: u64, pool: &crate::lock::RankLock<Pool>) -> (Co
         let mut stashes = stashes.try_borrow_mut().ok()?;
         // The common case first: the stash in front is this tracker's and
         // holds a core (no search, no reordering, no refill).
-        if let Some(stash) = stashes.first_mut().filter(|s| s.tracker == tracker) {
+        if let Some(stash) = stashes
+            .first_mut()
+            .filter(|s| s.tracker == tracker && s.ids_left > 0)
+        {
             if let Some(core) = stash.cores.pop() {
-                let id = RequestId(stash.next_id);
-                stash.next_id += 1;
-                return Some((core, id));
+                return Some((core, stash.next()));
             }
         }
         let at = match stashes.iter().position(|s| s.tracker == tracker) {
@@ -265,6 +323,7 @@ pub(super) fn take_core(tracker: u64, pool: &crate::lock::RankLock<Pool>) -> (Co
                     tracker,
                     cores: Vec::with_capacity(STASH_BATCH),
                     next_id: 0,
+                    ids_left: 0,
                 });
                 stashes.len() - 1
             }
@@ -274,12 +333,17 @@ pub(super) fn take_core(tracker: u64, pool: &crate::lock::RankLock<Pool>) -> (Co
         }
         let stash = &mut stashes[0];
         if stash.cores.is_empty() {
+            // Ids left over from recycled cores are dropped: ids need only
+            // be unique.
             stash.next_id = pool.lock().take(tracker, STASH_BATCH, &mut stash.cores);
+            stash.ids_left = stash.cores.len() as u64;
+        } else if stash.ids_left == 0 {
+            // Cores came back by `recycle`, which reserves no ids.
+            stash.next_id = pool.lock().reserve_ids(STASH_BATCH as u64);
+            stash.ids_left = STASH_BATCH as u64;
         }
         let core = stash.cores.pop()?;
-        let id = RequestId(stash.next_id);
-        stash.next_id += 1;
-        Some((core, id))
+        Some((core, stash.next()))
     });
     drop(evicted);
     match from_stash {

@@ -405,3 +405,37 @@ fn a_reused_core_reports_only_its_own_status() {
     }
     assert!(reused > 0, "no core was reused");
 }
+
+#[test]
+fn a_consumed_core_goes_back_to_this_threads_stash_and_ids_stay_unique() {
+    let t = Tracker::new();
+    let mut ids = std::collections::HashSet::new();
+    let mut last = None;
+    for i in 0..1000 {
+        let (core, r) = t.start_request(RequestKind::Recv, Buffer::zeroed(1), Arc::new(Inert));
+        assert!(ids.insert(r.id()), "id {:?} handed out twice", r.id());
+        if i > 0 {
+            // The core the previous handle consumed came straight back.
+            assert_eq!(Some(CoreRef::as_ptr(&core)), last);
+        }
+        last = Some(CoreRef::as_ptr(&core));
+        assert!(t.complete(&core, Status::ok(env(), 1)));
+        // The device lets go first; the handle's wait then keeps the core.
+        drop(core);
+        assert_eq!(r.wait().status.count, 1);
+    }
+    // A core the device still holds is not kept: it goes back by its count.
+    let (core, r) = t.start_request(RequestKind::Recv, Buffer::zeroed(1), Arc::new(Inert));
+    assert!(t.complete(&core, Status::ok(env(), 1)));
+    drop(r.wait());
+    assert_eq!(core.count(), 2, "the pool's and the device's");
+    let (next, r2) = t.start_request(RequestKind::Recv, Buffer::zeroed(1), Arc::new(Inert));
+    assert!(!CoreRef::ptr_eq(&next, &core));
+    assert!(ids.insert(r2.id()));
+    drop(core);
+    let n = t.pool.lock().all.len();
+    assert!(
+        n <= pool::STASH_BATCH,
+        "one refill served every request, pool has {n}"
+    );
+}
