@@ -26,7 +26,7 @@
 //! same fence pair (`light_fence`, `heavy_fence`; see
 //! `ring::Producer::set_waiting`).
 
-use std::sync::atomic::{compiler_fence, fence, AtomicU32, Ordering};
+use std::sync::atomic::{compiler_fence, fence, AtomicBool, AtomicU32, Ordering};
 use std::sync::OnceLock;
 use std::time::Duration;
 
@@ -172,22 +172,34 @@ pub enum FenceMode {
 
 static FENCE_MODE: OnceLock<FenceMode> = OnceLock::new();
 
+/// `FENCE_MODE` is `Asymmetric`, as one load for the fences on every
+/// message (a `OnceLock::get` is an ordered load of its state, a branch and
+/// a second load). Set once, after `membarrier` registration succeeded.
+/// Like `FENCE_MODE`, it reaches the threads that use a device through the
+/// hand-off that gave them the device, made after `init_fences`.
+static ASYMMETRIC: AtomicBool = AtomicBool::new(false);
+
 /// Registers this process for `membarrier` and fixes the fence mode. Device
 /// constructors call it before creating anything that rings or sleeps;
 /// calling it again is free.
 pub fn init_fences() -> FenceMode {
-    *FENCE_MODE.get_or_init(|| {
+    let mode = *FENCE_MODE.get_or_init(|| {
         if crate::futex::membarrier_register_global_expedited().is_ok() {
             FenceMode::Asymmetric
         } else {
             FenceMode::Symmetric
         }
-    })
+    });
+    if mode == FenceMode::Asymmetric {
+        ASYMMETRIC.store(true, Ordering::Relaxed);
+    }
+    mode
 }
 
+#[inline]
 fn asymmetric() -> bool {
     // Unset (nothing initialised yet) counts as symmetric: the safe side.
-    FENCE_MODE.get() == Some(&FenceMode::Asymmetric)
+    ASYMMETRIC.load(Ordering::Relaxed)
 }
 
 /// The publisher's half of the store-buffer handshake: between its

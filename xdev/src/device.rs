@@ -157,6 +157,7 @@ pub trait Device: Send + Sync {
 }
 
 /// Checks a destination rank and tag for a send.
+#[inline]
 pub fn check_send(dest: Rank, tag: Tag, size: usize) -> Result<()> {
     if dest >= size {
         return Err(Error::InvalidRank { rank: dest, size });
@@ -165,6 +166,7 @@ pub fn check_send(dest: Rank, tag: Tag, size: usize) -> Result<()> {
 }
 
 /// Checks a tag (`0..=TAG_UB`).
+#[inline]
 pub fn check_tag(tag: Tag) -> Result<()> {
     if !(0..=TAG_UB).contains(&tag) {
         return Err(Error::InvalidTag(tag));
@@ -173,6 +175,7 @@ pub fn check_tag(tag: Tag) -> Result<()> {
 }
 
 /// Checks a receive selector.
+#[inline]
 pub fn check_recv(source: Source, tag: TagSel, size: usize) -> Result<()> {
     if let Source::Rank(r) = source {
         if r >= size {

@@ -26,7 +26,27 @@ impl<M: Medium> Engine<M> {
     /// straight from the ring (one copy) and leaves later ones there for
     /// later receives, instead of copying them into the unexpected queue and
     /// out again. Returns whether anything was processed.
+    ///
+    /// The eager credit of the messages delivered is returned to `s` once,
+    /// at the end, not per message: one store to the line the sender reads
+    /// per call instead of one per message.
     pub(crate) fn drain(
+        &self,
+        l: &mut Local<M>,
+        s: Rank,
+        direct: Option<&mut Direct<'_, M::Later>>,
+        leave_unmatched: bool,
+    ) -> bool {
+        let freed = l.freed_local[s];
+        let any = self.drain_ring(l, s, direct, leave_unmatched);
+        if l.freed_local[s] != freed {
+            self.m.return_credit(s, l.freed_local[s]);
+        }
+        any
+    }
+
+    /// [`drain`](Self::drain) but for returning the credit.
+    fn drain_ring(
         &self,
         l: &mut Local<M>,
         s: Rank,
@@ -130,8 +150,9 @@ impl<M: Medium> Engine<M> {
     }
 
     /// What delivering an eager message from the head of `s`'s ring does
-    /// besides its status: the copy into `dst` (`cap` bytes), the credit,
-    /// the acknowledgement of a synchronous send.
+    /// besides its status: the copy into `dst` (`cap` bytes), the credit
+    /// (counted here, returned by `drain` when it is done), the
+    /// acknowledgement of a synchronous send.
     #[inline(always)]
     fn eager_payload(&self, l: &mut Local<M>, s: Rank, msg: &Incoming, dst: *mut u8, cap: usize) {
         let h = &msg.header;
@@ -139,7 +160,7 @@ impl<M: Medium> Engine<M> {
         // the caller's slice), and nobody else writes it now.
         let out = unsafe { std::slice::from_raw_parts_mut(dst, cap) };
         Self::consumer_of(l, s).copy_payload(msg, out);
-        self.credit(l, s, h.len as u64);
+        l.freed_local[s] += h.len as u64 + crate::wire::ENTRY_CHARGE;
         if h.flags & FLAG_SYNC != 0 {
             // SAFETY: once for this message, which is popped right after.
             let ack = unsafe { M::take_ack(h) };

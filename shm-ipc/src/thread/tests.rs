@@ -41,3 +41,38 @@ fn an_irecv_leaves_its_rendezvous_copy_to_the_next_progress() {
         }
     });
 }
+
+#[test]
+fn a_drain_returns_the_credit_of_what_it_delivered() {
+    use crate::engine::Medium;
+    const N: u64 = 10;
+    ThreadWorld::new(2).run(|dev| {
+        if dev.id() == 0 {
+            // Posted before the messages exist: one drain delivers them.
+            let rs: Vec<_> = (0..N)
+                .map(|_| dev.irecv(Buffer::zeroed(8), Source::Rank(1), TagSel::Tag(7), 0))
+                .collect();
+            dev.send(&[], 1, 1, 0).unwrap();
+            for r in rs {
+                assert!(r.wait().status.error.is_none());
+            }
+            let freed = dev.engine.lock().freed_local[1];
+            assert_eq!(freed, N * (8 + crate::wire::ENTRY_CHARGE));
+            dev.send(&[], 1, 2, 0).unwrap();
+        } else {
+            dev.recv(&mut [], Source::Rank(0), TagSel::Tag(1), 0)
+                .unwrap();
+            for i in 0..N {
+                dev.send(&[i as u8; 8], 0, 7, 0).unwrap();
+            }
+            dev.recv(&mut [], Source::Rank(0), TagSel::Tag(2), 0)
+                .unwrap();
+            // Returned by the time the receives completed, not held back
+            // for a later batch.
+            assert_eq!(
+                dev.engine.m.returned_credit(0),
+                N * (8 + crate::wire::ENTRY_CHARGE)
+            );
+        }
+    });
+}
