@@ -567,18 +567,24 @@ impl Held {
     /// to this thread's stash if nobody else holds it, see
     /// [`pool::recycle`]).
     fn consume(self) -> Completion {
-        // Released first: after that, `peek` no longer reads the status we
-        // take, and the pool cannot reuse the core while we hold it.
-        self.core.release_handle();
-        let completion = self.core.take();
-        let this = std::mem::ManuallyDrop::new(self);
-        // SAFETY: `this` is never used or dropped again; each field is read
-        // out exactly once (the handle is released already, which is all
-        // `Held`'s own drop does).
-        let (core, engine) = unsafe { (std::ptr::read(&this.core), std::ptr::read(&this.engine)) };
+        // Released first (by `into_parts`): after that, `peek` no longer
+        // reads the status we take, and the pool cannot reuse the core
+        // while we hold it.
+        let (core, engine) = self.into_parts();
+        let completion = core.take();
         drop(engine);
         pool::recycle(core);
         completion
+    }
+
+    /// Releases the handle and gives up the core and the engine, without
+    /// `Held`'s own drop (which would only release the handle again).
+    fn into_parts(self) -> (CoreRef, Arc<dyn Progress>) {
+        self.core.release_handle();
+        let this = std::mem::ManuallyDrop::new(self);
+        // SAFETY: `this` is never used or dropped again; each field is read
+        // out exactly once.
+        unsafe { (std::ptr::read(&this.core), std::ptr::read(&this.engine)) }
     }
 }
 
@@ -705,14 +711,7 @@ impl Request {
     /// progresses, waits for and cancels it. The request is no longer
     /// reported by its device's `peek`.
     fn into_parts(self) -> Result<Completion, (CoreRef, Arc<dyn Progress>)> {
-        let h = std::mem::ManuallyDrop::new(match self.split() {
-            Ok(done) => return Ok(done),
-            Err(h) => h,
-        });
-        h.core.release_handle();
-        // SAFETY: `h` is never used or dropped again; each field is read out
-        // exactly once.
-        Err(unsafe { (std::ptr::read(&h.core), std::ptr::read(&h.engine)) })
+        self.split().map_err(Held::into_parts)
     }
 
     #[inline]
