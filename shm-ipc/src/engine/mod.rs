@@ -635,10 +635,17 @@ impl<M: Medium> Engine<M> {
         }
     }
 
-    /// Returns eager credit for `len` payload bytes to sender `s`.
+    /// Returns eager credit for `len` payload bytes to sender `s` at once.
     pub(crate) fn credit(&self, l: &mut Local<M>, s: Rank, len: u64) {
-        l.freed_local[s] += len + crate::wire::ENTRY_CHARGE;
+        Self::count_credit(l, s, len);
         self.m.return_credit(s, l.freed_local[s]);
+    }
+
+    /// Counts eager credit for `len` payload bytes from sender `s`, to be
+    /// returned later (by `drain`, once per call).
+    #[inline]
+    pub(crate) fn count_credit(l: &mut Local<M>, s: Rank, len: u64) {
+        l.freed_local[s] += len + crate::wire::ENTRY_CHARGE;
     }
 
     pub(crate) fn complete_target(&self, t: Target, st: Status) {

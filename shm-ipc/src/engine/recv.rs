@@ -160,7 +160,7 @@ impl<M: Medium> Engine<M> {
         // the caller's slice), and nobody else writes it now.
         let out = unsafe { std::slice::from_raw_parts_mut(dst, cap) };
         Self::consumer_of(l, s).copy_payload(msg, out);
-        l.freed_local[s] += h.len as u64 + crate::wire::ENTRY_CHARGE;
+        Self::count_credit(l, s, h.len as u64);
         if h.flags & FLAG_SYNC != 0 {
             // SAFETY: once for this message, which is popped right after.
             let ack = unsafe { M::take_ack(h) };
