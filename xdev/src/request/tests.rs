@@ -439,3 +439,26 @@ fn a_consumed_core_goes_back_to_this_threads_stash_and_ids_stay_unique() {
         "one refill served every request, pool has {n}"
     );
 }
+
+#[test]
+fn a_consumed_core_is_kept_only_by_its_own_trackers_stash() {
+    // Two devices used from one thread: the stash in front is the other
+    // tracker's when a handle is consumed, so its core must not go there.
+    let (a, b) = (Tracker::new(), Tracker::new());
+    let mut ids = std::collections::HashSet::new();
+    for _ in 0..200 {
+        for (t, other) in [(&a, &b), (&b, &a)] {
+            let (core, r) = t.start_request(RequestKind::Send, Buffer::zeroed(1), Arc::new(Inert));
+            // Bring the other tracker's stash to the front.
+            let (oc, or) =
+                other.start_request(RequestKind::Send, Buffer::zeroed(1), Arc::new(Inert));
+            assert!(t.started(&core) && other.started(&oc));
+            assert!(ids.insert((t as *const Tracker as usize, r.id())));
+            assert!(t.complete(&core, Status::ok(env(), 1)));
+            assert!(other.complete(&oc, Status::ok(env(), 1)));
+            drop((core, oc));
+            assert_eq!(r.wait().status.count, 1);
+            assert_eq!(or.wait().status.count, 1);
+        }
+    }
+}
