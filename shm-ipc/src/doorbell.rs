@@ -27,7 +27,7 @@
 //! `ring::Producer::set_waiting`).
 
 use std::sync::atomic::{compiler_fence, fence, AtomicBool, AtomicU32, Ordering};
-use std::sync::Once;
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use crate::futex::{self, Scope};
@@ -170,28 +170,30 @@ pub enum FenceMode {
     Symmetric,
 }
 
-/// Whether this process runs the fences asymmetrically: set once, by the
-/// first `init_fences` whose `membarrier` registration succeeded. Read with
-/// one relaxed load by the fences on every message; it reaches the threads
-/// that use a device through the hand-off that gave them the device, made
-/// after `init_fences` (whose `Once` orders the store before its return).
+static FENCE_MODE: OnceLock<FenceMode> = OnceLock::new();
+
+/// `FENCE_MODE` is `Asymmetric`, as one load for the fences on every
+/// message (a `OnceLock::get` is an ordered load of its state, a branch and
+/// a second load). Set once, after `membarrier` registration succeeded.
+/// Like `FENCE_MODE`, it reaches the threads that use a device through the
+/// hand-off that gave them the device, made after `init_fences`.
 static ASYMMETRIC: AtomicBool = AtomicBool::new(false);
 
 /// Registers this process for `membarrier` and fixes the fence mode. Device
 /// constructors call it before creating anything that rings or sleeps;
 /// calling it again is free.
 pub fn init_fences() -> FenceMode {
-    static REGISTER: Once = Once::new();
-    REGISTER.call_once(|| {
+    let mode = *FENCE_MODE.get_or_init(|| {
         if crate::futex::membarrier_register_global_expedited().is_ok() {
-            ASYMMETRIC.store(true, Ordering::Relaxed);
+            FenceMode::Asymmetric
+        } else {
+            FenceMode::Symmetric
         }
     });
-    if asymmetric() {
-        FenceMode::Asymmetric
-    } else {
-        FenceMode::Symmetric
+    if mode == FenceMode::Asymmetric {
+        ASYMMETRIC.store(true, Ordering::Relaxed);
     }
+    mode
 }
 
 #[inline]
