@@ -652,6 +652,7 @@ impl Consumer {
     /// `Incoming` made up by the caller still never reads outside the ring
     /// (its length is capped at [`RingRef::max_payload`]), it only copies
     /// garbage.
+    #[inline]
     pub fn copy_payload(&self, msg: &Incoming, dst: &mut [u8]) -> usize {
         let len = self.payload_len(msg).min(dst.len());
         let first = len.min(INLINE);
@@ -683,6 +684,7 @@ impl Consumer {
     /// Releases the head message. Returns true when the producer has flagged
     /// that it waits for room (the caller then rings its doorbell); see
     /// [`Producer::set_waiting`] for why the flag is never missed.
+    #[inline]
     pub fn pop(&mut self, msg: &Incoming) -> bool {
         // At most nslots/2 slots, whatever `msg` says (see copy_payload).
         let k = slots_for(self.payload_len(msg));

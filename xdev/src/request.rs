@@ -198,11 +198,13 @@ impl RequestCore {
     }
 
     /// The request's id.
+    #[inline]
     pub fn id(&self) -> RequestId {
         RequestId(self.id.load(Ordering::Relaxed))
     }
 
     /// Send or receive.
+    #[inline]
     pub fn kind(&self) -> RequestKind {
         if self.kind.load(Ordering::Relaxed) == RequestKind::Send as u8 {
             RequestKind::Send
@@ -217,11 +219,13 @@ impl RequestCore {
     /// Devices may read through it (sends) or write through it (receives)
     /// only before completing the request, and only one party may write at a
     /// time; that is the device's protocol to guarantee.
+    #[inline]
     pub fn buffer_ptr(&self) -> *mut u8 {
         self.span().0
     }
 
     /// Length of the owned buffer.
+    #[inline]
     pub fn buffer_len(&self) -> usize {
         self.span().1
     }
@@ -241,11 +245,13 @@ impl RequestCore {
     }
 
     /// Device cookie (`u64::MAX` when unset).
+    #[inline]
     pub fn token(&self) -> u64 {
         self.token.load(Ordering::Relaxed)
     }
 
     /// Sets the device cookie.
+    #[inline]
     pub fn set_token(&self, t: u64) {
         self.token.store(t, Ordering::Relaxed)
     }
@@ -588,6 +594,32 @@ impl Held {
     }
 }
 
+/// The caller's share of a request that [`Tracker::start_request`] just
+/// started, before it becomes the [`Request`] handed to the caller
+/// ([`into_request`](Handle::into_request)). Three words where a `Request`
+/// is fifteen: a device moves this through its posting path and makes the
+/// `Request` where it returns it, so the large value is written once, in
+/// place, instead of being copied at every return. Dropping it is dropping
+/// the request (the handle is released; the device keeps the core).
+#[must_use = "a started request must reach its caller"]
+pub struct Handle(Held);
+
+impl Handle {
+    /// The request handed to the caller.
+    #[inline]
+    pub fn into_request(self) -> Request {
+        Request {
+            inner: Inner::InFlight(self.0),
+        }
+    }
+}
+
+impl fmt::Debug for Handle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("Handle").field(&self.0.core.id()).finish()
+    }
+}
+
 impl Request {
     /// Wraps a core created by [`Tracker::start`] (or
     /// [`Tracker::start_relay`]), with the engine that progresses, waits
@@ -609,6 +641,7 @@ impl Request {
     }
 
     /// The request id (as reported by `peek`).
+    #[inline]
     pub fn id(&self) -> RequestId {
         match &self.inner {
             Inner::Done { id, .. } => *id,
@@ -666,9 +699,11 @@ impl Request {
     /// buffer and status.
     #[inline]
     pub fn wait(self) -> Completion {
-        match self.split() {
-            Ok(done) => done,
-            Err(h) => {
+        // Matched here, not through `split`: the completion of a request
+        // born complete is then built once, in the caller's slot.
+        match self.inner {
+            Inner::Done { buf, status, .. } => Completion { buf, status },
+            Inner::InFlight(h) => {
                 if !h.core.is_done() {
                     h.engine.wait(&h.core);
                 }

@@ -221,7 +221,7 @@ impl PsmEngine {
         send: Option<(Envelope, usize)>,
         source: Option<Rank>,
     ) -> Request {
-        let (core, request) = xdev::devkit::abort_on_unwind(
+        let (core, handle) = xdev::devkit::abort_on_unwind(
             "moving a buffer PSM2 may still use into its request",
             || {
                 self.tracker.start_request(
@@ -235,6 +235,6 @@ impl PsmEngine {
         if let Some(slot) = l.queue.as_mut().and_then(|q| q.get_mut(key)) {
             *slot = Slot::Request { core, send, source };
         }
-        request
+        handle.into_request()
     }
 }

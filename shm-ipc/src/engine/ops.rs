@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use xdev::devkit::matching::Posted;
 use xdev::devkit::target::{lost, BlockingRecv, Pending, Target};
-use xdev::devkit::{CoreRef, RequestKind, Seat, SendTo, Transport};
+use xdev::devkit::{CoreRef, Handle, RequestKind, Seat, SendTo, Transport};
 use xdev::{
     Buffer, Context, Envelope, Error, Pattern, Peeked, Rank, Request, Result, Source, Status, Tag,
 };
@@ -122,11 +122,11 @@ impl<M: Medium> Transport for Engine<M> {
                 }
             }
         }
-        let (core, request) = self
+        let (core, handle) = self
             .tracker
             .start_request(RequestKind::Send, buf, self.clone());
         self.queue_send(&core, dest, tag, context, sync);
-        request
+        handle.into_request()
     }
 
     /// Receives the first message that matches `pattern` into `buf`.
@@ -222,18 +222,21 @@ impl<M: Medium> Transport for Engine<M> {
                 Here::Later(env, x) => {
                     // (The pool's lock is a leaf: taking it under ours is
                     // fine.)
-                    let (core, request) =
+                    let (core, handle) =
                         self.tracker
                             .start_request(RequestKind::Recv, buf, self.clone());
                     M::settle(self, &mut l, env, x, Target::Request(core));
                     l.defer_copies = false;
-                    return request;
+                    return handle.into_request();
                 }
             }
         }
-        let request = self.post_recv(&mut l, buf, pattern);
+        // The handle, not the request, comes back through `post_recv`:
+        // the request is made here, in the caller's slot.
+        let handle = self.post_recv(&mut l, buf, pattern);
         l.defer_copies = false;
-        request
+        drop(l);
+        handle.into_request()
     }
 
     /// The status of the first message that matches `pattern`, without
@@ -421,8 +424,8 @@ impl<M: Medium> Engine<M> {
     }
 
     /// Posts a receive request (matched against the unexpected queue first).
-    fn post_recv(self: &Arc<Self>, l: &mut Local<M>, buf: Buffer, pattern: Pattern) -> Request {
-        let (core, request) = self
+    fn post_recv(self: &Arc<Self>, l: &mut Local<M>, buf: Buffer, pattern: Pattern) -> Handle {
+        let (core, handle) = self
             .tracker
             .start_request(RequestKind::Recv, buf, self.clone());
         // The cancel token is the id `post` gives a queued receive, set
@@ -481,6 +484,6 @@ impl<M: Medium> Engine<M> {
                 }
             }
         }
-        request
+        handle
     }
 }

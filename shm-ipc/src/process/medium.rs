@@ -150,6 +150,7 @@ unsafe impl Medium for ProcessMedium {
         self.sh.mine.departures().load(order)
     }
 
+    #[inline]
     fn peer_gone(&self, r: Rank) -> bool {
         self.sh.gone(r)
     }

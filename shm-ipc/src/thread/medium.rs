@@ -90,6 +90,7 @@ unsafe impl Medium for ThreadMedium {
         self.world.departures.load(order)
     }
 
+    #[inline]
     fn peer_gone(&self, r: Rank) -> bool {
         self.world.gone(r)
     }
@@ -163,6 +164,7 @@ unsafe impl Medium for ThreadMedium {
         }
     }
 
+    #[inline]
     fn unstall(e: &Eng, l: &mut Loc) {
         if std::mem::take(&mut l.m.stalled_any) {
             for f in e.m.stalled.iter() {

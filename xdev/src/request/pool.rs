@@ -88,6 +88,7 @@ impl CoreRef {
     /// to it has been made since: its count is 2 (the pool's and `self`),
     /// and no other thread can reach the core to change it (the pool only
     /// reads the count).
+    #[inline]
     pub(super) unsafe fn share_fresh(&self) -> CoreRef {
         debug_assert_eq!(self.count(), 2);
         self.refs.store(3, Ordering::Relaxed);
@@ -272,6 +273,7 @@ const STASH_KEEP: usize = 2 * STASH_BATCH;
 /// ours. (With the pool already gone, a count of 2 may include a device
 /// still holding the core; no start of that tracker pops it any more, and
 /// the stash drops it like any other reference.)
+#[inline]
 pub(super) fn recycle(core: CoreRef) {
     // Acquire (in `count`): the device's uses of the core, before its
     // Release decrement, happen before the core is reset for reuse.
@@ -297,20 +299,34 @@ pub(super) fn recycle(core: CoreRef) {
 
 /// A free core of `tracker` (its second reference) and a fresh id, from
 /// this thread's stash, refilled from `pool` (under its lock) when empty.
+///
+/// Inlined into the request's start: the common case is the stash in front
+/// being this tracker's with a core and an id left (no search, no
+/// reordering, no refill); everything else is [`take_core_slow`].
+#[inline]
 pub(super) fn take_core(tracker: u64, pool: &crate::lock::RankLock<Pool>) -> (CoreRef, RequestId) {
+    let fast = STASH.try_with(|stashes| {
+        let mut stashes = stashes.try_borrow_mut().ok()?;
+        let stash = stashes
+            .first_mut()
+            .filter(|s| s.tracker == tracker && s.ids_left > 0)?;
+        let core = stash.cores.pop()?;
+        Some((core, stash.next()))
+    });
+    match fast {
+        Ok(Some(got)) => got,
+        _ => take_core_slow(tracker, pool),
+    }
+}
+
+/// [`take_core`] when the stash in front cannot give a core at once: finds
+/// or makes this tracker's stash, moves it to the front, refills it.
+#[cold]
+#[inline(never)]
+fn take_core_slow(tracker: u64, pool: &crate::lock::RankLock<Pool>) -> (CoreRef, RequestId) {
     let mut evicted = None;
     let from_stash = STASH.try_with(|stashes| {
         let mut stashes = stashes.try_borrow_mut().ok()?;
-        // The common case first: the stash in front is this tracker's and
-        // holds a core (no search, no reordering, no refill).
-        if let Some(stash) = stashes
-            .first_mut()
-            .filter(|s| s.tracker == tracker && s.ids_left > 0)
-        {
-            if let Some(core) = stash.cores.pop() {
-                return Some((core, stash.next()));
-            }
-        }
         let at = match stashes.iter().position(|s| s.tracker == tracker) {
             Some(at) => at,
             None => {

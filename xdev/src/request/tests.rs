@@ -355,10 +355,35 @@ fn a_core_has_one_handle() {
     let _b = Request::new(core, Arc::new(Inert));
 }
 
+/// The handle a device moves through its posting path is three words, and
+/// dropped before it becomes a request it is a dropped request: `peek`
+/// never reports the completion, and the core is reused once the device
+/// lets go of it.
+#[test]
+fn a_handle_is_small_and_dropping_it_drops_the_request() {
+    assert!(std::mem::size_of::<Handle>() <= 3 * std::mem::size_of::<usize>());
+    assert!(std::mem::size_of::<Handle>() < std::mem::size_of::<Request>());
+    let t = Tracker::new();
+    let (core, handle) = t.start_request(RequestKind::Recv, Buffer::zeroed(2), Arc::new(Inert));
+    drop(handle);
+    assert_eq!(core.count(), 2, "the pool's and the device's");
+    assert!(t.complete(&core, Status::ok(env(), 2)));
+    assert!(t.pop_completed().is_none(), "no handle, nothing to report");
+    let first = core.id();
+    drop(core);
+    // The core is free again: the next request may take it, with a new id.
+    let (next, handle) = t.start_request(RequestKind::Recv, Buffer::zeroed(1), Arc::new(Inert));
+    let r = handle.into_request();
+    assert_ne!(next.id(), first);
+    assert!(t.complete(&next, Status::ok(env(), 1)));
+    assert_eq!(r.wait().status.count, 1);
+}
+
 #[test]
 fn start_request_is_start_plus_a_handle() {
     let t = Tracker::new();
     let (core, r) = t.start_request(RequestKind::Recv, Buffer::zeroed(3), Arc::new(Inert));
+    let r = r.into_request();
     assert!(!r.was_born_complete());
     assert_eq!(r.id(), core.id());
     assert_eq!(core.count(), 3, "the pool's, the device's and the handle's");
@@ -371,6 +396,7 @@ fn start_request_is_start_plus_a_handle() {
     // Dropped early: the device's reference keeps the core until it
     // completes, and the pool reuses it after.
     let (core, r) = t.start_request(RequestKind::Send, Buffer::zeroed(1), Arc::new(Inert));
+    let r = r.into_request();
     drop(r);
     assert_eq!(core.count(), 2);
     t.complete(&core, Status::ok(env(), 1));
@@ -383,6 +409,7 @@ fn a_reused_core_reports_only_its_own_status() {
     let mut used = std::collections::HashSet::new();
     for _ in 0..100 {
         let (core, r) = t.start_request(RequestKind::Recv, Buffer::zeroed(2), Arc::new(Inert));
+        let r = r.into_request();
         used.insert(CoreRef::as_ptr(&core) as usize);
         assert!(t.complete(&core, Status::failed(env(), crate::Error::Closed)));
         drop(core);
@@ -393,6 +420,7 @@ fn a_reused_core_reports_only_its_own_status() {
     let mut reused = 0;
     for _ in 0..100 {
         let (core, r) = t.start_request(RequestKind::Recv, Buffer::zeroed(2), Arc::new(Inert));
+        let r = r.into_request();
         reused += usize::from(used.contains(&(CoreRef::as_ptr(&core) as usize)));
         assert!(t.pop_completed().is_none(), "not done, nothing to report");
         let r = r.take_if_done().expect_err("in flight");
@@ -413,6 +441,7 @@ fn a_consumed_core_goes_back_to_this_threads_stash_and_ids_stay_unique() {
     let mut last = None;
     for i in 0..1000 {
         let (core, r) = t.start_request(RequestKind::Recv, Buffer::zeroed(1), Arc::new(Inert));
+        let r = r.into_request();
         assert!(ids.insert(r.id()), "id {:?} handed out twice", r.id());
         if i > 0 {
             // The core the previous handle consumed came straight back.
@@ -426,10 +455,12 @@ fn a_consumed_core_goes_back_to_this_threads_stash_and_ids_stay_unique() {
     }
     // A core the device still holds is not kept: it goes back by its count.
     let (core, r) = t.start_request(RequestKind::Recv, Buffer::zeroed(1), Arc::new(Inert));
+    let r = r.into_request();
     assert!(t.complete(&core, Status::ok(env(), 1)));
     drop(r.wait());
     assert_eq!(core.count(), 2, "the pool's and the device's");
     let (next, r2) = t.start_request(RequestKind::Recv, Buffer::zeroed(1), Arc::new(Inert));
+    let r2 = r2.into_request();
     assert!(!CoreRef::ptr_eq(&next, &core));
     assert!(ids.insert(r2.id()));
     drop(core);
@@ -449,9 +480,11 @@ fn a_consumed_core_is_kept_only_by_its_own_trackers_stash() {
     for _ in 0..200 {
         for (t, other) in [(&a, &b), (&b, &a)] {
             let (core, r) = t.start_request(RequestKind::Send, Buffer::zeroed(1), Arc::new(Inert));
+            let r = r.into_request();
             // Bring the other tracker's stash to the front.
             let (oc, or) =
                 other.start_request(RequestKind::Send, Buffer::zeroed(1), Arc::new(Inert));
+            let or = or.into_request();
             assert!(t.started(&core) && other.started(&oc));
             assert!(ids.insert((t as *const Tracker as usize, r.id())));
             assert!(t.complete(&core, Status::ok(env(), 1)));

@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use super::pool::{self, CoreRef, Pool};
-use super::{Held, Inner, Peeked, Progress, Request, RequestCore, RequestId, RequestKind};
+use super::{Handle, Held, Inner, Peeked, Progress, Request, RequestCore, RequestId, RequestKind};
 use super::{LIVE, REPORTED};
 use crate::lock::RankLock;
 use crate::{Buffer, Status};
@@ -108,15 +108,12 @@ impl Tracker {
         kind: RequestKind,
         buf: Buffer,
         engine: Arc<dyn Progress>,
-    ) -> (CoreRef, Request) {
+    ) -> (CoreRef, Handle) {
         let core = self.start_core(kind, Some(buf), true);
         // SAFETY: `start_core` just took the core from the pool and made no
         // reference to it but `core`.
         let held = unsafe { core.share_fresh() };
-        let request = Request {
-            inner: Inner::InFlight(Held { core: held, engine }),
-        };
-        (core, request)
+        (core, Handle(Held { core: held, engine }))
     }
 
     /// The handle of a request born complete with `status`, owning `buf`:

@@ -70,7 +70,7 @@ impl Transport for IbvEngine {
             .then(|| buf.id());
         // The device's reference and the handle at once, with plain stores
         // (`Request::new` would be a locked compare-exchange per request).
-        let (core, request) = self
+        let (core, handle) = self
             .tracker
             .start_request(RequestKind::Send, buf, self.clone());
         // SAFETY: the request owns the buffer; it is neither moved nor freed
@@ -84,7 +84,7 @@ impl Transport for IbvEngine {
             drop(l);
             self.tracker
                 .complete(&core, Status::failed(env, Error::Closed));
-            return request;
+            return handle.into_request();
         }
         let out = Outgoing { to, data, user };
         match self.start(&mut l, out, || SendOwner::Request(core.clone())) {
@@ -97,7 +97,7 @@ impl Transport for IbvEngine {
             }
         }
         drop(l);
-        request
+        handle.into_request()
     }
 
     fn start_recv(self: &Arc<Self>, buf: Buffer, pattern: Pattern) -> Request {
@@ -106,7 +106,7 @@ impl Transport for IbvEngine {
             tag: -1,
             context: pattern.context,
         };
-        let (core, request) = self
+        let (core, handle) = self
             .tracker
             .start_request(RequestKind::Recv, buf, self.clone());
         let mut l = self.lock();
@@ -116,13 +116,13 @@ impl Transport for IbvEngine {
             drop(l);
             self.tracker
                 .complete(&core, Status::failed(env, Error::Closed));
-            return request;
+            return handle.into_request();
         }
         self.post(&mut l, pattern, Target::Request(core.clone()), |id| {
             core.set_token(id.as_u64())
         });
         drop(l);
-        request
+        handle.into_request()
     }
 
     fn recv_into(self: &Arc<Self>, buf: &mut [u8], pattern: Pattern) -> Result<Status> {
