@@ -176,6 +176,51 @@ pub fn bibandwidth(
     Ok((me == 0).then_some(mb / secs))
 }
 
+/// osu_bibw's exchange made with the window calls: both ranks post their
+/// [`WINDOW`] receives with one [`Device::irecv_many`], then their sends
+/// with one [`Device::isend_many`], and wait for all with
+/// [`Request::wait_all`]. Not OSU's loop (an MPI program posts one call per
+/// message), so it is a series of its own beside `bibw`: what a runtime
+/// that batches its posts gets. The buffers, the requests and the
+/// completions live in vectors allocated once. MB/s of both directions on
+/// rank 0.
+pub fn bibandwidth_window(
+    dev: &dyn Device,
+    size: usize,
+    iters: usize,
+    skip: usize,
+) -> xdev::Result<Option<f64>> {
+    let me = dev.id();
+    let c = BENCH_CONTEXT + 6;
+    let mut rbufs: Vec<Buffer> = (0..WINDOW).map(|_| Buffer::from(vec![0u8; size])).collect();
+    let mut sbufs: Vec<Buffer> = (0..WINDOW)
+        .map(|_| Buffer::from(vec![0x3Cu8; size]))
+        .collect();
+    let mut reqs = Vec::with_capacity(2 * WINDOW);
+    let mut done = Vec::with_capacity(2 * WINDOW);
+    let secs = timed(iters, skip, || {
+        let peer = match me {
+            0 => 1,
+            1 => 0,
+            _ => return Ok(()),
+        };
+        dev.irecv_many(&mut rbufs, Source::Rank(peer), TagSel::Tag(4), c, &mut reqs);
+        dev.isend_many(&mut sbufs, peer, 4, c, &mut reqs);
+        Request::wait_all(&mut reqs, &mut done);
+        for (i, d) in done.drain(..).enumerate() {
+            let (b, _) = d.into_result()?;
+            if i < WINDOW {
+                rbufs.push(b);
+            } else {
+                sbufs.push(b);
+            }
+        }
+        Ok(())
+    })?;
+    let mb = (2 * size * WINDOW * iters) as f64 / 1e6;
+    Ok((me == 0).then_some(mb / secs))
+}
+
 /// The pairs of an osu_mbw_mr run on `ranks` ranks: rank `i` of the first
 /// half sends to rank `i + ranks / 2` (an odd last rank idles).
 pub fn mbw_pairs(ranks: usize) -> usize {

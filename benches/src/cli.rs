@@ -14,7 +14,7 @@ USAGE: xdev-bench [OPTIONS]
 
 OPTIONS:
   --device NAME      device to measure (repeatable; default: every device in this build)
-  --test TEST        latency | bw | bibw | rate | mbw_mr | all (default: latency and bw) |
+  --test TEST        latency | bw | bibw | bibw_window | rate | mbw_mr | all (default: latency and bw) |
                      crossover (eager vs rendezvous by size; thread devices only);
                      repeatable, or a comma-separated list
   -n, --ranks N      ranks of the mbw_mr test (N/2 pairs; default 4); the other
@@ -90,10 +90,11 @@ pub enum Parsed {
 
 /// Tests `--test` takes besides `all`; `floor` (the floors alone) is not
 /// advertised. `crossover` and `floor` run alone.
-const TESTS: [&str; 7] = [
+const TESTS: [&str; 8] = [
     "latency",
     "bw",
     "bibw",
+    "bibw_window",
     "rate",
     "mbw_mr",
     "crossover",

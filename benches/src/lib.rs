@@ -38,8 +38,8 @@ mod suite;
 
 pub(crate) use benchmarks::timed;
 pub use benchmarks::{
-    bandwidth, bandwidth_iterations, bibandwidth, latency, latency_iterations, mbw_pairs,
-    message_rate, multi_bandwidth, sizes, BENCH_CONTEXT, WINDOW,
+    bandwidth, bandwidth_iterations, bibandwidth, bibandwidth_window, latency, latency_iterations,
+    mbw_pairs, message_rate, multi_bandwidth, sizes, BENCH_CONTEXT, WINDOW,
 };
 pub use floors::{
     cache_line_floor, memcpy_floor, parallel_memcpy_floor, rate_floor, HandoffLine, FLOOR_BUDGET,

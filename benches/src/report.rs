@@ -21,6 +21,7 @@ mod plots;
 mod records;
 mod tables;
 mod ucx;
+mod window;
 
 use std::time::Duration;
 
@@ -36,6 +37,7 @@ pub use ucx::{
     measure_ucx, parse_perftest, PerftestError, PerftestFigures, UcxTest, UCX, UCX_INSTALL,
     UCX_LOOP_NOTE, UCX_PERFTEST,
 };
+pub use window::{window_args, window_records, WINDOW_DEVICES, WINDOW_MAX_SIZE, WINDOW_SUFFIX};
 
 /// The devices the project names (issue 7), measured when in the build.
 pub const KNOWN_DEVICES: [&str; 5] = ["thread", "shm", "ibv", "psm", "hybrid"];

@@ -7,8 +7,8 @@ use xdev::Device;
 use crate::cli::{floor_iters, rounds, Args};
 use crate::rig::{rank0, world, Rig};
 use crate::{
-    bandwidth, bandwidth_iterations, bibandwidth, latency, latency_iterations, mbw_pairs,
-    message_rate, multi_bandwidth, osu, rate_floor,
+    bandwidth, bandwidth_iterations, bibandwidth, bibandwidth_window, latency, latency_iterations,
+    mbw_pairs, message_rate, multi_bandwidth, osu, rate_floor,
 };
 
 mod psm_vs_raw;
@@ -101,6 +101,9 @@ pub(crate) enum BwTest {
     Uni,
     /// osu_bibw: both directions at once.
     Bi,
+    /// osu_bibw's exchange with the window calls (`isend_many`,
+    /// `irecv_many`, `wait_all`).
+    BiWindow,
     /// osu_mbw_mr: `pairs` pairs at once.
     Multi { pairs: usize },
 }
@@ -111,6 +114,7 @@ impl BwTest {
         match self {
             BwTest::Uni => "bw",
             BwTest::Bi => "bibw",
+            BwTest::BiWindow => "bibw_window",
             BwTest::Multi { .. } => "mbw_mr",
         }
     }
@@ -120,7 +124,7 @@ impl BwTest {
     fn copiers(self) -> usize {
         match self {
             BwTest::Uni => 1,
-            BwTest::Bi => 2,
+            BwTest::Bi | BwTest::BiWindow => 2,
             BwTest::Multi { pairs } => pairs,
         }
     }
@@ -130,6 +134,7 @@ impl BwTest {
         match self {
             BwTest::Uni => osu::bandwidth_header(device),
             BwTest::Bi => osu::bibandwidth_header(device),
+            BwTest::BiWindow => osu::bibandwidth_header(&format!("{device} (window calls)")),
             BwTest::Multi { pairs } => osu::multi_bandwidth_header(device, pairs),
         }
     }
@@ -145,6 +150,7 @@ impl BwTest {
         match self {
             BwTest::Uni => bandwidth(dev, size, n, skip),
             BwTest::Bi => bibandwidth(dev, size, n, skip),
+            BwTest::BiWindow => bibandwidth_window(dev, size, n, skip),
             BwTest::Multi { .. } => multi_bandwidth(dev, size, n, skip),
         }
     }
@@ -226,6 +232,7 @@ pub(crate) fn run_tests(a: &Args, device: &str, rig: &dyn Rig, ranks: usize) -> 
             "latency" => run_latency(a, device, rig)?,
             "bw" => run_bandwidth(a, device, rig, BwTest::Uni)?,
             "bibw" => run_bandwidth(a, device, rig, BwTest::Bi)?,
+            "bibw_window" => run_bandwidth(a, device, rig, BwTest::BiWindow)?,
             "rate" => run_rate(a, device, rig)?,
             "mbw_mr" => run_bandwidth(
                 a,

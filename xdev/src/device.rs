@@ -115,6 +115,45 @@ pub trait Device: Send + Sync {
     /// Starts a receive into the whole buffer.
     fn irecv(&self, buf: Buffer, source: Source, tag: TagSel, context: Context) -> Request;
 
+    /// Starts a send of each buffer of `bufs` to `dest` with `tag` in
+    /// `context`, in order (their messages match in that order), and
+    /// appends the requests to `out` in the same order. `bufs` is left
+    /// empty with its allocation kept, so a loop of windows allocates
+    /// nothing. Each request is what [`isend`](Device::isend) of its buffer
+    /// would return (an invalid argument fails every one, each with its
+    /// buffer); the default makes exactly those calls, and a device may
+    /// check the arguments and take its lock once for the window instead.
+    fn isend_many(
+        &self,
+        bufs: &mut Vec<Buffer>,
+        dest: Rank,
+        tag: Tag,
+        context: Context,
+        out: &mut Vec<Request>,
+    ) {
+        out.reserve(bufs.len());
+        for buf in bufs.drain(..) {
+            out.push(self.isend(buf, dest, tag, context));
+        }
+    }
+    /// Starts a receive into each buffer of `bufs`, in order (messages that
+    /// all match go to them in that order), and appends the requests to
+    /// `out` in the same order; as [`isend_many`](Device::isend_many) for
+    /// `bufs`, errors and the default.
+    fn irecv_many(
+        &self,
+        bufs: &mut Vec<Buffer>,
+        source: Source,
+        tag: TagSel,
+        context: Context,
+        out: &mut Vec<Request>,
+    ) {
+        out.reserve(bufs.len());
+        for buf in bufs.drain(..) {
+            out.push(self.irecv(buf, source, tag, context));
+        }
+    }
+
     /// Blocks until a matching message is available and describes it without
     /// receiving it (`count` is its full length).
     fn probe(&self, source: Source, tag: TagSel, context: Context) -> Result<Status>;

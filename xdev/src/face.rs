@@ -116,6 +116,35 @@ pub trait Transport: Progress + Sized + 'static {
     fn recv_into(self: &Arc<Self>, buf: &mut [u8], pattern: Pattern) -> Result<Status>;
     /// Starts a receive into `buf`, which moves into the request.
     fn start_recv(self: &Arc<Self>, buf: Buffer, pattern: Pattern) -> Request;
+    /// Starts one send per buffer of `bufs` (drained, in order) to `to`,
+    /// appending the requests to `out` in order. The default starts each
+    /// with [`start_send`](Transport::start_send); an engine may take its
+    /// lock once for the window.
+    fn start_send_many(
+        self: &Arc<Self>,
+        bufs: &mut Vec<Buffer>,
+        to: SendTo,
+        out: &mut Vec<Request>,
+    ) {
+        out.reserve(bufs.len());
+        for buf in bufs.drain(..) {
+            out.push(self.start_send(buf, to));
+        }
+    }
+    /// Starts one receive per buffer of `bufs` (drained, in order) for
+    /// `pattern`, appending the requests to `out` in order; as
+    /// [`start_send_many`](Transport::start_send_many) otherwise.
+    fn start_recv_many(
+        self: &Arc<Self>,
+        bufs: &mut Vec<Buffer>,
+        pattern: Pattern,
+        out: &mut Vec<Request>,
+    ) {
+        out.reserve(bufs.len());
+        for buf in bufs.drain(..) {
+            out.push(self.start_recv(buf, pattern));
+        }
+    }
     /// The status of the first message that matches `pattern`, without
     /// receiving it; `block`: wait for one (then `None` only if the engine
     /// closed meanwhile).
@@ -152,6 +181,20 @@ pub trait Face: Send + Sync {
 /// buffer given back through the handle as usual.
 fn refused<T: Transport>(engine: &Arc<T>, buf: Buffer, env: Envelope, e: Error) -> Request {
     engine.seat().tracker.completed(buf, Status::failed(env, e))
+}
+
+/// Every buffer of `bufs` (drained) as a request refused with `e`.
+fn refuse_all<T: Transport>(
+    engine: &Arc<T>,
+    bufs: &mut Vec<Buffer>,
+    env: Envelope,
+    e: &Error,
+    out: &mut Vec<Request>,
+) {
+    out.reserve(bufs.len());
+    for buf in bufs.drain(..) {
+        out.push(refused(engine, buf, env, e.clone()));
+    }
 }
 
 impl<D: Face> crate::Device for D {
@@ -208,6 +251,46 @@ impl<D: Face> crate::Device for D {
         }
         self.engine()
             .start_recv(buf, Pattern::new(source, tag, context))
+    }
+
+    fn isend_many(
+        &self,
+        bufs: &mut Vec<Buffer>,
+        dest: Rank,
+        tag: Tag,
+        context: Context,
+        out: &mut Vec<Request>,
+    ) {
+        let engine = self.engine();
+        let to = SendTo::new(dest, tag, context, false);
+        let checked = check_send(dest, tag, engine.seat().size);
+        if let Err(e) = checked.and_then(|_| engine.seat().check_open()) {
+            refuse_all(engine, bufs, to.envelope(), &e, out);
+            return;
+        }
+        engine.start_send_many(bufs, to, out)
+    }
+
+    fn irecv_many(
+        &self,
+        bufs: &mut Vec<Buffer>,
+        source: Source,
+        tag: TagSel,
+        context: Context,
+        out: &mut Vec<Request>,
+    ) {
+        let engine = self.engine();
+        let checked = check_recv(source, tag, engine.seat().size);
+        if let Err(e) = checked.and_then(|_| engine.seat().check_open()) {
+            let env = Envelope {
+                source: engine.seat().rank,
+                tag: -1,
+                context,
+            };
+            refuse_all(engine, bufs, env, &e, out);
+            return;
+        }
+        engine.start_recv_many(bufs, Pattern::new(source, tag, context), out)
     }
 
     fn probe(&self, source: Source, tag: TagSel, context: Context) -> Result<Status> {

@@ -718,6 +718,16 @@ impl Request {
         }
     }
 
+    /// Waits for every request of `reqs`, which is left empty with its
+    /// allocation kept, and appends their completions to `out` in the order
+    /// of the requests (`MPI_Waitall`): every buffer comes back, those of
+    /// failed operations too. The requests are waited for in order; the
+    /// progress made for one completes the later ones it reaches as well.
+    pub fn wait_all(reqs: &mut Vec<Request>, out: &mut Vec<Completion>) {
+        out.reserve(reqs.len());
+        out.extend(reqs.drain(..).map(Request::wait));
+    }
+
     /// Waits for the operation and returns its buffer and status, or the
     /// error that ended it together with the buffer (so nothing is lost:
     /// a truncated receive's first bytes are in it; boxed, so that the

@@ -22,7 +22,10 @@ USAGE: xdev-bench report [OPTIONS]
 
 Runs latency, bw, bibw and rate on every device that works here (with the
 floors, and raw PSM2 on the psm device's endpoint), shm's bibw once more per
-rendezvous path (cma=on with the split on and off, cma=off), builds
+rendezvous path (cma=on with the split on and off, cma=off), thread's and
+shm's bibw up to 64 KiB once more with the window calls (isend_many,
+irecv_many, wait_all; not in the headline: osu's loop posts one call per
+message), builds
 benches/mpi/osu_peer.c with the mpicc of Open MPI and of MPICH where installed
 and runs it on two ranks, runs UCX's ucx_perftest (tag_lat, tag_bw over shared
 memory) where installed, and writes DIR/report.md, DIR/latency.svg,
@@ -119,6 +122,7 @@ pub fn report_main(args: &[String], reg: &Registry) -> Result<PathBuf, String> {
 
     let mut results = measure_suite(&exe, r.max_size, r.quick);
     super::paths::measure_paths(&exe, r.max_size, r.quick, &mut results);
+    super::window::measure_window_calls(&exe, r.max_size, r.quick, &mut results);
     let mut peers = vec![raw_psm2_status(&results)];
     if r.mpi || r.ucx {
         measure_floors_for_peers(&exe, r.max_size, r.quick, &mut results);

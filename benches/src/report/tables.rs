@@ -5,7 +5,9 @@
 use std::fmt::Write as _;
 
 use super::lines::Line;
-use super::{Report, PATH_PREFIX, PERFTEST, PSM_VS_RAW, RAW_PSM2, UCX, UCX_LOOP_NOTE};
+use super::{
+    Report, PATH_PREFIX, PERFTEST, PSM_VS_RAW, RAW_PSM2, UCX, UCX_LOOP_NOTE, WINDOW_SUFFIX,
+};
 use crate::plot::size_label;
 
 /// A latency figure whose cache-line floor, measured alongside it, was more
@@ -31,8 +33,12 @@ impl Report {
         let mut names: Vec<String> = Vec::new();
         for (test, _) in picks {
             for l in self.lines(test) {
-                // The path series have their own table (bibw section).
-                if !names.contains(&l.name) && !l.name.starts_with(PATH_PREFIX) {
+                // The path series have their own table (bibw section); the
+                // window series are not osu's loop.
+                if !names.contains(&l.name)
+                    && !l.name.starts_with(PATH_PREFIX)
+                    && !l.name.ends_with(WINDOW_SUFFIX)
+                {
                     names.push(l.name);
                 }
             }

@@ -192,51 +192,65 @@ impl<M: Medium> Transport for Engine<M> {
 
     /// Starts a receive into `buf`, which moves into the request.
     fn start_recv(self: &Arc<Self>, buf: Buffer, pattern: Pattern) -> Request {
-        let env = Envelope {
-            source: self.rank,
-            tag: -1,
-            context: pattern.context,
-        };
         let mut l = self.lock();
-        if self.closing.load(Ordering::Acquire) {
-            // `finish` began after our first check; it sets `closing` before
-            // it empties the queues under this lock, so nothing posted now
-            // would be completed.
-            drop(l);
-            return self.refused(buf, env, Error::Closed);
+        self.start_recv_locked(&mut l, buf, pattern)
+    }
+
+    /// A window of receives under one lock: each is what `start_recv`
+    /// would make.
+    fn start_recv_many(
+        self: &Arc<Self>,
+        bufs: &mut Vec<Buffer>,
+        pattern: Pattern,
+        out: &mut Vec<Request>,
+    ) {
+        out.reserve(bufs.len());
+        let mut l = self.lock();
+        for buf in bufs.drain(..) {
+            out.push(self.start_recv_locked(&mut l, buf, pattern));
         }
-        // A rendezvous this call matches is not copied here (see
-        // `Local::defer_copies`). Every exit below clears the flag.
-        l.defer_copies = true;
-        let mut buf = buf;
-        if l.matching.posted_len() == 0 {
-            // Each request is returned from where it is made: through a
-            // `Result` or a local it would be moved once more.
-            match self.recv_here(&mut l, &mut buf, pattern) {
-                Here::Absent => {}
-                Here::Done(status) => {
-                    l.defer_copies = false;
-                    drop(l);
-                    return self.tracker.completed(buf, status);
+    }
+
+    /// A window of sends: the eager ones that fit go into the ring under
+    /// one lock, each born complete as in `start_send`; from the first one
+    /// that cannot (too long, no credit, a full ring, a backlog), that one
+    /// and the rest take `start_send` one by one, so they stay in order.
+    fn start_send_many(
+        self: &Arc<Self>,
+        bufs: &mut Vec<Buffer>,
+        to: SendTo,
+        out: &mut Vec<Request>,
+    ) {
+        let (dest, tag, context, sync) = to.parts();
+        out.reserve(bufs.len());
+        let mut rest = bufs.drain(..);
+        if !sync && (dest == self.rank || !self.m.peer_gone(dest)) {
+            let env = to.envelope();
+            let mut l = self.lock();
+            for buf in rest.by_ref() {
+                if buf.len() <= self.eager_max && l.backlog[dest].is_empty() {
+                    let msg = Outgoing {
+                        dest,
+                        tag,
+                        context,
+                        data: &buf,
+                        sync,
+                        eager_only: true,
+                    };
+                    if let Sent::Complete = self.push(&mut l, &msg, None) {
+                        let len = buf.len();
+                        out.push(self.tracker.completed(buf, Status::ok(env, len)));
+                        continue;
+                    }
                 }
-                Here::Later(env, x) => {
-                    // (The pool's lock is a leaf: taking it under ours is
-                    // fine.)
-                    let (core, handle) =
-                        self.tracker
-                            .start_request(RequestKind::Recv, buf, self.clone());
-                    M::settle(self, &mut l, env, x, Target::Request(core));
-                    l.defer_copies = false;
-                    return handle.into_request();
-                }
+                drop(l);
+                out.push(self.start_send(buf, to));
+                break;
             }
         }
-        // The handle, not the request, comes back through `post_recv`:
-        // the request is made here, in the caller's slot.
-        let handle = self.post_recv(&mut l, buf, pattern);
-        l.defer_copies = false;
-        drop(l);
-        handle.into_request()
+        for buf in rest {
+            out.push(self.start_send(buf, to));
+        }
     }
 
     /// The status of the first message that matches `pattern`, without
@@ -397,6 +411,58 @@ impl<M: Medium> Engine<M> {
             return Ok(Some(false));
         }
         Ok(None)
+    }
+
+    /// `start_recv` under the lock `l` (held by the caller, for one
+    /// receive or a window of them).
+    #[inline]
+    fn start_recv_locked(
+        self: &Arc<Self>,
+        l: &mut Local<M>,
+        buf: Buffer,
+        pattern: Pattern,
+    ) -> Request {
+        let env = Envelope {
+            source: self.rank,
+            tag: -1,
+            context: pattern.context,
+        };
+        if self.closing.load(Ordering::Acquire) {
+            // `finish` began after our first check; it sets `closing` before
+            // it empties the queues under this lock, so nothing posted now
+            // would be completed.
+            return self.refused(buf, env, Error::Closed);
+        }
+        // A rendezvous this call matches is not copied here (see
+        // `Local::defer_copies`). Every exit below clears the flag.
+        l.defer_copies = true;
+        let mut buf = buf;
+        if l.matching.posted_len() == 0 {
+            // Each request is returned from where it is made: through a
+            // `Result` or a local it would be moved once more.
+            match self.recv_here(l, &mut buf, pattern) {
+                Here::Absent => {}
+                Here::Done(status) => {
+                    l.defer_copies = false;
+                    return self.tracker.completed(buf, status);
+                }
+                Here::Later(env, x) => {
+                    // (The pool's lock is a leaf: taking it under ours is
+                    // fine.)
+                    let (core, handle) =
+                        self.tracker
+                            .start_request(RequestKind::Recv, buf, self.clone());
+                    M::settle(self, l, env, x, Target::Request(core));
+                    l.defer_copies = false;
+                    return handle.into_request();
+                }
+            }
+        }
+        // The handle, not the request, comes back through `post_recv`:
+        // the request is made here, in the caller's slot.
+        let handle = self.post_recv(l, buf, pattern);
+        l.defer_copies = false;
+        handle.into_request()
     }
 
     /// The common case of `start_recv`: nothing else is posted (so this

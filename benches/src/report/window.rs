@@ -1,0 +1,87 @@
+//! The window calls in the report: the bibw exchange of thread and shm made
+//! with `irecv_many`, `isend_many` and `wait_all` (`--test bibw_window`),
+//! each a series of its own in the bibw table and plot. Not in the
+//! headline: osu_bibw, like an MPI program, posts one call per message.
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use super::measure::run_captured;
+use super::records::{parse_results, Results};
+
+/// How the window series' names end (`"shm (window calls)"`).
+pub const WINDOW_SUFFIX: &str = " (window calls)";
+
+/// The devices measured with the window calls.
+pub const WINDOW_DEVICES: [&str; 2] = ["thread", "shm"];
+
+/// The largest size of the window series: the calls save per-message work,
+/// which shows on small messages.
+pub const WINDOW_MAX_SIZE: usize = 64 << 10;
+
+/// The arguments of `device`'s window run of `xdev-bench`.
+pub fn window_args(device: &str, max_size: usize, quick: bool) -> Vec<String> {
+    let mut a: Vec<String> = ["--json", "--device", device, "--test", "bibw_window"]
+        .map(String::from)
+        .to_vec();
+    a.extend(["--min-size".into(), "1".into(), "--max-size".into()]);
+    a.push(max_size.min(WINDOW_MAX_SIZE).to_string());
+    if quick {
+        a.push("--quick".into());
+    }
+    a
+}
+
+/// The records of `text` (`device`'s window run) as bibw records of the
+/// series `device (window calls)`.
+pub fn window_records(text: &str, device: &str) -> Results {
+    let mut r = parse_results(text);
+    let series = format!("{device}{WINDOW_SUFFIX}");
+    r.records
+        .retain(|x| x.device == device && x.test == "bibw_window");
+    for x in &mut r.records {
+        x.device = series.clone();
+        x.test = "bibw".into();
+    }
+    r
+}
+
+/// Measures the window series with `exe` for each device whose bibw the
+/// suite measured: the records go into `results`.
+pub(super) fn measure_window_calls(
+    exe: &Path,
+    max_size: usize,
+    quick: bool,
+    results: &mut Results,
+) {
+    for device in WINDOW_DEVICES {
+        let measured = results
+            .records
+            .iter()
+            .any(|x| x.device == device && x.test == "bibw");
+        if !measured {
+            continue;
+        }
+        eprintln!("report: measuring {device} bibw with the window calls");
+        let (text, status) = run_captured(
+            Command::new(exe).args(window_args(device, max_size, quick)),
+            Duration::from_secs(1800),
+            |_| {},
+        );
+        if let Err(e) = status {
+            eprintln!("report: {device}{WINDOW_SUFFIX}: {e}");
+        }
+        let r = window_records(&text, device);
+        if r.records.is_empty() {
+            results.not_measured.push((
+                format!("{device}{WINDOW_SUFFIX}"),
+                "the window run gave no bibw".into(),
+            ));
+        }
+        results.records.extend(r.records);
+    }
+}
+
+#[cfg(test)]
+mod tests;
