@@ -415,7 +415,7 @@ impl<M: Medium> Engine<M> {
 
     /// `start_recv` under the lock `l` (held by the caller, for one
     /// receive or a window of them).
-    #[inline]
+    #[inline(always)]
     fn start_recv_locked(
         self: &Arc<Self>,
         l: &mut Local<M>,
@@ -490,6 +490,9 @@ impl<M: Medium> Engine<M> {
     }
 
     /// Posts a receive request (matched against the unexpected queue first).
+    /// Inlined into `start_recv_locked`, its one caller: the per-message
+    /// path pays no call.
+    #[inline(always)]
     fn post_recv(self: &Arc<Self>, l: &mut Local<M>, buf: Buffer, pattern: Pattern) -> Handle {
         let (core, handle) = self
             .tracker
