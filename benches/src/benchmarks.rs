@@ -147,10 +147,7 @@ pub fn bibandwidth(
 ) -> xdev::Result<Option<f64>> {
     let me = dev.id();
     let c = BENCH_CONTEXT + 3;
-    let mut rbufs: Vec<Buffer> = (0..WINDOW).map(|_| Buffer::from(vec![0u8; size])).collect();
-    let mut sbufs: Vec<Buffer> = (0..WINDOW)
-        .map(|_| Buffer::from(vec![0x3Cu8; size]))
-        .collect();
+    let (mut rbufs, mut sbufs) = bibw_buffers(size);
     let secs = timed(iters, skip, || {
         let peer = match me {
             0 => 1,
@@ -176,6 +173,16 @@ pub fn bibandwidth(
     Ok((me == 0).then_some(mb / secs))
 }
 
+/// One side's buffers of a bibw exchange: [`WINDOW`] receive buffers and
+/// [`WINDOW`] send buffers of `size` bytes, allocated once and reused.
+fn bibw_buffers(size: usize) -> (Vec<Buffer>, Vec<Buffer>) {
+    let rbufs = (0..WINDOW).map(|_| Buffer::from(vec![0u8; size])).collect();
+    let sbufs = (0..WINDOW)
+        .map(|_| Buffer::from(vec![0x3Cu8; size]))
+        .collect();
+    (rbufs, sbufs)
+}
+
 /// osu_bibw's exchange made with the window calls: both ranks post their
 /// [`WINDOW`] receives with one [`Device::irecv_many`], then their sends
 /// with one [`Device::isend_many`], and wait for all with
@@ -192,10 +199,7 @@ pub fn bibandwidth_window(
 ) -> xdev::Result<Option<f64>> {
     let me = dev.id();
     let c = BENCH_CONTEXT + 6;
-    let mut rbufs: Vec<Buffer> = (0..WINDOW).map(|_| Buffer::from(vec![0u8; size])).collect();
-    let mut sbufs: Vec<Buffer> = (0..WINDOW)
-        .map(|_| Buffer::from(vec![0x3Cu8; size]))
-        .collect();
+    let (mut rbufs, mut sbufs) = bibw_buffers(size);
     let mut reqs = Vec::with_capacity(2 * WINDOW);
     let mut done = Vec::with_capacity(2 * WINDOW);
     let secs = timed(iters, skip, || {

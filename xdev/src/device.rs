@@ -131,10 +131,7 @@ pub trait Device: Send + Sync {
         context: Context,
         out: &mut Vec<Request>,
     ) {
-        out.reserve(bufs.len());
-        for buf in bufs.drain(..) {
-            out.push(self.isend(buf, dest, tag, context));
-        }
+        crate::face::start_each(bufs, out, |buf| self.isend(buf, dest, tag, context))
     }
     /// Starts a receive into each buffer of `bufs`, in order (messages that
     /// all match go to them in that order), and appends the requests to
@@ -148,10 +145,7 @@ pub trait Device: Send + Sync {
         context: Context,
         out: &mut Vec<Request>,
     ) {
-        out.reserve(bufs.len());
-        for buf in bufs.drain(..) {
-            out.push(self.irecv(buf, source, tag, context));
-        }
+        crate::face::start_each(bufs, out, |buf| self.irecv(buf, source, tag, context))
     }
 
     /// Blocks until a matching message is available and describes it without

@@ -48,7 +48,7 @@
 //! out-of-tree device should pin `xdev` with `=` too.
 
 pub use crate::device::{check_recv, check_send, check_tag};
-pub use crate::face::{Face, Seat, SendTo, Transport};
+pub use crate::face::{start_each, Face, Seat, SendTo, Transport};
 pub use crate::options::{OptionSpec, Options};
 pub use crate::request::{
     abort_on_unwind, Completion, CompletionHook, CoreRef, Handle, Progress, RequestCore,

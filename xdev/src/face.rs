@@ -126,10 +126,7 @@ pub trait Transport: Progress + Sized + 'static {
         to: SendTo,
         out: &mut Vec<Request>,
     ) {
-        out.reserve(bufs.len());
-        for buf in bufs.drain(..) {
-            out.push(self.start_send(buf, to));
-        }
+        start_each(bufs, out, |buf| self.start_send(buf, to))
     }
     /// Starts one receive per buffer of `bufs` (drained, in order) for
     /// `pattern`, appending the requests to `out` in order; as
@@ -140,10 +137,7 @@ pub trait Transport: Progress + Sized + 'static {
         pattern: Pattern,
         out: &mut Vec<Request>,
     ) {
-        out.reserve(bufs.len());
-        for buf in bufs.drain(..) {
-            out.push(self.start_recv(buf, pattern));
-        }
+        start_each(bufs, out, |buf| self.start_recv(buf, pattern))
     }
     /// The status of the first message that matches `pattern`, without
     /// receiving it; `block`: wait for one (then `None` only if the engine
@@ -177,6 +171,20 @@ pub trait Face: Send + Sync {
     fn engine(&self) -> &Arc<Self::Engine>;
 }
 
+/// Starts one request per buffer of `bufs` with `start`, in order, and
+/// appends them to `out` (`bufs` is left empty, its allocation kept): the
+/// one-by-one form of the window calls, for their defaults and for an
+/// engine's own window under its lock.
+#[inline]
+pub fn start_each(
+    bufs: &mut Vec<Buffer>,
+    out: &mut Vec<Request>,
+    start: impl FnMut(Buffer) -> Request,
+) {
+    out.reserve(bufs.len());
+    out.extend(bufs.drain(..).map(start));
+}
+
 /// A request that failed before it started: complete at once with `e`, its
 /// buffer given back through the handle as usual.
 fn refused<T: Transport>(engine: &Arc<T>, buf: Buffer, env: Envelope, e: Error) -> Request {
@@ -191,10 +199,7 @@ fn refuse_all<T: Transport>(
     e: &Error,
     out: &mut Vec<Request>,
 ) {
-    out.reserve(bufs.len());
-    for buf in bufs.drain(..) {
-        out.push(refused(engine, buf, env, e.clone()));
-    }
+    start_each(bufs, out, |buf| refused(engine, buf, env, e.clone()))
 }
 
 impl<D: Face> crate::Device for D {

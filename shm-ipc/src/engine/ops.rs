@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use xdev::devkit::matching::Posted;
 use xdev::devkit::target::{lost, BlockingRecv, Pending, Target};
-use xdev::devkit::{CoreRef, Handle, RequestKind, Seat, SendTo, Transport};
+use xdev::devkit::{start_each, CoreRef, Handle, RequestKind, Seat, SendTo, Transport};
 use xdev::{
     Buffer, Context, Envelope, Error, Pattern, Peeked, Rank, Request, Result, Source, Status, Tag,
 };
@@ -106,20 +106,10 @@ impl<M: Medium> Transport for Engine<M> {
             // instruction after the ring push, so a window of sends overlaps
             // its publications).
             let mut l = self.lock();
-            if l.backlog[dest].is_empty() {
-                let out = Outgoing {
-                    dest,
-                    tag,
-                    context,
-                    data: &buf,
-                    sync,
-                    eager_only: true,
-                };
-                if let Sent::Complete = self.push(&mut l, &out, None) {
-                    drop(l);
-                    let len = buf.len();
-                    return self.tracker.completed(buf, Status::ok(env, len));
-                }
+            if self.push_eager_now(&mut l, &buf, to) {
+                drop(l);
+                let len = buf.len();
+                return self.tracker.completed(buf, Status::ok(env, len));
             }
         }
         let (core, handle) = self
@@ -204,11 +194,10 @@ impl<M: Medium> Transport for Engine<M> {
         pattern: Pattern,
         out: &mut Vec<Request>,
     ) {
-        out.reserve(bufs.len());
         let mut l = self.lock();
-        for buf in bufs.drain(..) {
-            out.push(self.start_recv_locked(&mut l, buf, pattern));
-        }
+        start_each(bufs, out, |buf| {
+            self.start_recv_locked(&mut l, buf, pattern)
+        });
     }
 
     /// A window of sends: the eager ones that fit go into the ring under
@@ -221,27 +210,17 @@ impl<M: Medium> Transport for Engine<M> {
         to: SendTo,
         out: &mut Vec<Request>,
     ) {
-        let (dest, tag, context, sync) = to.parts();
+        let (dest, sync) = (to.dest, to.sync);
         out.reserve(bufs.len());
         let mut rest = bufs.drain(..);
         if !sync && (dest == self.rank || !self.m.peer_gone(dest)) {
             let env = to.envelope();
             let mut l = self.lock();
             for buf in rest.by_ref() {
-                if buf.len() <= self.eager_max && l.backlog[dest].is_empty() {
-                    let msg = Outgoing {
-                        dest,
-                        tag,
-                        context,
-                        data: &buf,
-                        sync,
-                        eager_only: true,
-                    };
-                    if let Sent::Complete = self.push(&mut l, &msg, None) {
-                        let len = buf.len();
-                        out.push(self.tracker.completed(buf, Status::ok(env, len)));
-                        continue;
-                    }
+                if self.push_eager_now(&mut l, &buf, to) {
+                    let len = buf.len();
+                    out.push(self.tracker.completed(buf, Status::ok(env, len)));
+                    continue;
                 }
                 drop(l);
                 out.push(self.start_send(buf, to));
@@ -411,6 +390,28 @@ impl<M: Medium> Engine<M> {
             return Ok(Some(false));
         }
         Ok(None)
+    }
+
+    /// Pushes the small send `data` to `to` into the ring now, under `l`,
+    /// if it is eager-sized, nothing of ours waits before it (the backlog)
+    /// and it fits (credit, ring space); whether it went. Its request is
+    /// then born complete. For `start_send` and a window's sends; the
+    /// caller has ruled out a synchronous send and a departed peer.
+    #[inline(always)]
+    fn push_eager_now(&self, l: &mut Local<M>, data: &[u8], to: SendTo) -> bool {
+        let dest = to.dest;
+        if data.len() > self.eager_max || !l.backlog[dest].is_empty() {
+            return false;
+        }
+        let out = Outgoing {
+            dest,
+            tag: to.tag,
+            context: to.context,
+            data,
+            sync: false,
+            eager_only: true,
+        };
+        matches!(self.push(l, &out, None), Sent::Complete)
     }
 
     /// `start_recv` under the lock `l` (held by the caller, for one
