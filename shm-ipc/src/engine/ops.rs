@@ -24,7 +24,7 @@ impl<M: Medium> Transport for Engine<M> {
     /// receiver matched it).
     fn blocking_send(self: &Arc<Self>, buf: &[u8], to: SendTo) -> Result<()> {
         let (dest, tag, context, sync) = to.parts();
-        if dest != self.rank && self.m.peer_gone(dest) {
+        if self.dest_gone(dest) {
             return Err(lost(dest, "peer finished or died"));
         }
         // Holds the send's waiter from the moment the send is published
@@ -96,7 +96,7 @@ impl<M: Medium> Transport for Engine<M> {
     fn start_send(self: &Arc<Self>, buf: Buffer, to: SendTo) -> Request {
         let (dest, tag, context, sync) = to.parts();
         let env = to.envelope();
-        if dest != self.rank && self.m.peer_gone(dest) {
+        if self.dest_gone(dest) {
             let e = lost(dest, "peer finished or died");
             return self.refused(buf, env, e);
         }
@@ -213,7 +213,7 @@ impl<M: Medium> Transport for Engine<M> {
         let (dest, sync) = (to.dest, to.sync);
         out.reserve(bufs.len());
         let mut rest = bufs.drain(..);
-        if !sync && (dest == self.rank || !self.m.peer_gone(dest)) {
+        if !sync && !self.dest_gone(dest) {
             let env = to.envelope();
             let mut l = self.lock();
             for buf in rest.by_ref() {
@@ -390,6 +390,13 @@ impl<M: Medium> Engine<M> {
             return Ok(Some(false));
         }
         Ok(None)
+    }
+
+    /// Whether the destination `dest` of a send is another rank that
+    /// finished or died (a send to ourselves never finds us gone).
+    #[inline]
+    fn dest_gone(&self, dest: Rank) -> bool {
+        dest != self.rank && self.m.peer_gone(dest)
     }
 
     /// Pushes the small send `data` to `to` into the ring now, under `l`,

@@ -1,5 +1,5 @@
 use super::*;
-use xdev::{Buffer, Source, TagSel};
+use xdev::{Buffer, Request, Source, TagSel};
 
 #[test]
 fn an_irecv_leaves_its_rendezvous_copy_to_the_next_progress() {
@@ -73,6 +73,36 @@ fn a_drain_returns_the_credit_of_what_it_delivered() {
                 dev.engine.m.returned_credit(0),
                 N * (8 + crate::wire::ENTRY_CHARGE)
             );
+        }
+    });
+}
+
+/// A window started on a finished device fails every request with
+/// `Closed`, each with its buffer, and leaves the caller's vector empty.
+#[test]
+fn a_window_on_a_finished_device_gives_every_buffer_back_closed() {
+    ThreadWorld::new(1).run(|dev| {
+        dev.finish().unwrap();
+        let mut out = Vec::new();
+        let mut bufs: Vec<Buffer> = (0..3u8).map(|i| Buffer::from(vec![i; 4])).collect();
+        dev.isend_many(&mut bufs, 0, 1, 2, &mut out);
+        assert!(bufs.is_empty());
+        let mut bufs: Vec<Buffer> = (0..2).map(|_| Buffer::zeroed(6)).collect();
+        dev.irecv_many(&mut bufs, Source::Rank(0), TagSel::Tag(1), 2, &mut out);
+        let mut done = Vec::new();
+        Request::wait_all(&mut out, &mut done);
+        assert_eq!(done.len(), 5);
+        for (i, d) in done.iter().enumerate() {
+            assert!(
+                matches!(d.status.error, Some(xdev::Error::Closed)),
+                "request {i}: {:?}",
+                d.status
+            );
+            if i < 3 {
+                assert_eq!(d.buf[..], [i as u8; 4]);
+            } else {
+                assert_eq!(d.buf.len(), 6);
+            }
         }
     });
 }
