@@ -16,6 +16,35 @@ pub const MPI_PEER_SOURCE: &str = include_str!("../../mpi/osu_peer.c");
 /// How to install the MPI peers on Debian.
 pub const MPI_INSTALL: &str = "apt-get install openmpi-bin libopenmpi-dev mpich libmpich-dev";
 
+/// Runs `exe` with `args` as the series `series` (a run of its own beside
+/// the suite's, within 30 minutes) and adds what `records` makes of its
+/// output to `results`; a run that gave no bibw is listed as not measured,
+/// with the first reason it printed.
+pub(super) fn measure_series(
+    exe: &Path,
+    args: Vec<String>,
+    series: &str,
+    records: impl FnOnce(&str) -> Results,
+    results: &mut Results,
+) {
+    let (text, status) = run_captured(
+        Command::new(exe).args(args),
+        Duration::from_secs(1800),
+        |_| {},
+    );
+    if let Err(e) = status {
+        eprintln!("report: {series}: {e}");
+    }
+    let r = records(&text);
+    if r.records.is_empty() {
+        let why = r.not_measured.first().map_or("no records", |(_, w)| w);
+        results
+            .not_measured
+            .push((series.into(), format!("its run gave no bibw: {why}")));
+    }
+    results.records.extend(r.records);
+}
+
 /// Runs `cmd` with stdout captured line by line (each line also passed to
 /// `each`), stderr inherited, killed after `limit`. Returns what it printed
 /// on stdout (also when it failed), and whether it succeeded.

@@ -5,10 +5,8 @@
 
 use std::fmt::Write as _;
 use std::path::Path;
-use std::process::Command;
-use std::time::Duration;
 
-use super::measure::run_captured;
+use super::measure::measure_series;
 use super::records::{parse_results, Results};
 use super::Report;
 
@@ -71,22 +69,14 @@ pub(super) fn measure_paths(exe: &Path, max_size: usize, quick: bool, results: &
     }
     for (series, options) in PATHS {
         eprintln!("report: measuring shm bibw by path: {series}");
-        let (text, status) = run_captured(
-            Command::new(exe).args(path_args(options, max_size, quick)),
-            Duration::from_secs(1800),
-            |_| {},
+        let args = path_args(options, max_size, quick);
+        measure_series(
+            exe,
+            args,
+            series,
+            |text| path_records(text, series),
+            results,
         );
-        if let Err(e) = status {
-            eprintln!("report: {series}: {e}");
-        }
-        let r = path_records(&text, series);
-        if r.records.is_empty() {
-            let why = r.not_measured.first().map_or("no records", |(_, w)| w);
-            results
-                .not_measured
-                .push((series.into(), format!("the path's run gave no bibw: {why}")));
-        }
-        results.records.extend(r.records);
     }
 }
 

@@ -4,10 +4,8 @@
 //! headline: osu_bibw, like an MPI program, posts one call per message.
 
 use std::path::Path;
-use std::process::Command;
-use std::time::Duration;
 
-use super::measure::run_captured;
+use super::measure::measure_series;
 use super::records::{parse_results, Results};
 
 /// How the window series' names end (`"shm (window calls)"`).
@@ -64,22 +62,15 @@ pub(super) fn measure_window_calls(
             continue;
         }
         eprintln!("report: measuring {device} bibw with the window calls");
-        let (text, status) = run_captured(
-            Command::new(exe).args(window_args(device, max_size, quick)),
-            Duration::from_secs(1800),
-            |_| {},
+        let series = format!("{device}{WINDOW_SUFFIX}");
+        let args = window_args(device, max_size, quick);
+        measure_series(
+            exe,
+            args,
+            &series,
+            |text| window_records(text, device),
+            results,
         );
-        if let Err(e) = status {
-            eprintln!("report: {device}{WINDOW_SUFFIX}: {e}");
-        }
-        let r = window_records(&text, device);
-        if r.records.is_empty() {
-            results.not_measured.push((
-                format!("{device}{WINDOW_SUFFIX}"),
-                "the window run gave no bibw".into(),
-            ));
-        }
-        results.records.extend(r.records);
     }
 }
 
