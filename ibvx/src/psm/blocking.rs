@@ -176,7 +176,8 @@ impl PsmEngine {
             // SAFETY: `buf` is borrowed mutably for this call, which returns
             // only once the request completed or was cancelled (or the
             // endpoint closed); on an unwind `Settle` does the same first.
-            unsafe { self.post_recv(&mut l, (buf.as_mut_ptr(), cap), &p, Slot::Blocking) }?
+            unsafe { self.post_recv(&mut l, (buf.as_mut_ptr(), cap), &p, Slot::Blocking) }
+                .map_err(|(e, _)| e)?
         };
         // From here PSM2 may write `buf` until the request completes or is
         // cancelled: on any exit, an unwind included, the guard settles it.

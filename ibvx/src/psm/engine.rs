@@ -20,12 +20,18 @@ pub(super) type KeyMap<V> = xdev::devkit::matching::FxMap<RequestKey, V>;
 /// What an outstanding PSM2 request belongs to (the payload of its entry in
 /// the queue's table).
 pub(super) enum Slot {
-    /// A non-blocking request; completed through the tracker.
-    Request {
+    /// A non-blocking send PSM2 did not complete inside its post; completed
+    /// through the tracker.
+    Send {
         core: xdev::devkit::CoreRef,
-        /// For sends, the envelope (source = destination) and length.
-        send: Option<(Envelope, usize)>,
-        /// For receives, the source it names (to fail it if that peer leaves).
+        /// The envelope (source = destination) and length, for its status.
+        env: Envelope,
+        len: usize,
+    },
+    /// A non-blocking receive; completed through the tracker.
+    Recv {
+        core: xdev::devkit::CoreRef,
+        /// The source it names (to fail it if that peer leaves).
         source: Option<Rank>,
     },
     /// A blocking call's request: the call holds the memory and waits; a
@@ -157,11 +163,21 @@ impl PsmEngine {
 
     /// Polls PSM2 and completes what finished. Returns whether anything did.
     pub(super) fn progress_locked(&self, l: &mut Inner) -> bool {
+        let Some(q) = l.queue.as_mut() else {
+            return false;
+        };
+        q.poll();
+        self.collect_locked(l)
+    }
+
+    /// Completes what PSM2 has finished, without polling it first (a
+    /// receive posted for a message already here completes inside its
+    /// post). Returns whether anything did.
+    pub(super) fn collect_locked(&self, l: &mut Inner) -> bool {
         let Inner { queue, done, .. } = l;
         let Some(q) = queue.as_mut() else {
             return false;
         };
-        q.poll();
         let mut any = false;
         while let Some((key, slot, st)) = q.next_completion() {
             any = true;
@@ -170,12 +186,14 @@ impl PsmEngine {
                 Slot::Blocking => {
                     done.insert(key, st);
                 }
-                Slot::Request { core, send, .. } => {
-                    let status = match send {
-                        Some((env, len)) => Self::send_status(&st, env, len),
-                        None => self.recv_status(q.peer_of(&st), &st, Some(core.buffer_len())),
-                    };
-                    self.tracker.complete(&core, status);
+                Slot::Send { core, env, len } => {
+                    self.tracker
+                        .complete_with(&core, || Self::send_status(&st, env, len));
+                }
+                Slot::Recv { core, .. } => {
+                    let cap = core.buffer_len();
+                    self.tracker
+                        .complete_with(&core, || self.recv_status(q.peer_of(&st), &st, Some(cap)));
                 }
                 Slot::Abandoned | Slot::SelfCopy(_) => {}
             }
@@ -213,11 +231,8 @@ impl PsmEngine {
         let (mut recvs, mut sends) = (Vec::new(), Vec::new());
         for (k, s) in q.iter() {
             match s {
-                Slot::Request {
-                    send: Some((env, _)),
-                    ..
-                } if env.source == d => sends.push(k),
-                Slot::Request {
+                Slot::Send { env, .. } if env.source == d => sends.push(k),
+                Slot::Recv {
                     source: Some(s), ..
                 } if *s == d => recvs.push(k),
                 _ => {}
@@ -229,18 +244,13 @@ impl PsmEngine {
             context: 0,
         };
         for k in recvs {
-            if let Some(Slot::Request { core, .. }) = q.cancel(k) {
+            if let Some(Slot::Recv { core, .. }) = q.cancel(k) {
                 self.tracker.complete(&core, Status::failed(env, lost(d)));
             }
         }
         for k in sends {
             let Some(s) = q.get_mut(k) else { continue };
-            if let Slot::Request {
-                core,
-                send: Some((env, _)),
-                ..
-            } = std::mem::replace(s, Slot::Abandoned)
-            {
+            if let Slot::Send { core, env, .. } = std::mem::replace(s, Slot::Abandoned) {
                 self.tracker.complete(&core, Status::failed(env, lost(d)));
                 l.kept.push(core);
             }
@@ -256,11 +266,11 @@ impl PsmEngine {
         key: RequestKey,
     ) -> Option<xdev::devkit::CoreRef> {
         let q = l.queue.as_mut()?;
-        if !matches!(q.get(key), Some(Slot::Request { send: None, .. })) {
+        if !matches!(q.get(key), Some(Slot::Recv { .. })) {
             return None;
         }
         match q.cancel(key)? {
-            Slot::Request { core, .. } => Some(core),
+            Slot::Recv { core, .. } => Some(core),
             _ => None,
         }
     }
@@ -350,20 +360,44 @@ impl PsmEngine {
         unsafe { q.isend(dest, stag, (data, len), sync, slot) }
     }
 
+    /// Posts a send of `len` bytes at `data` and tests it once: the status
+    /// (`Err`) if PSM2 completed it inside the post, with no table entry;
+    /// else its key, with the slot `track` makes as its payload.
+    ///
+    /// # Safety
+    /// As [`TrackedQueue::isend_unless_done`].
+    pub(super) unsafe fn post_send_unless_done(
+        &self,
+        l: &mut Inner,
+        (data, len): (*const u8, usize),
+        (dest, t, context): (Rank, Tag, Context),
+        sync: bool,
+        track: impl FnOnce(RequestKey) -> Slot,
+    ) -> Result<std::result::Result<RequestKey, MqStatus>> {
+        let q = l.queue.as_mut().ok_or(Error::Closed)?;
+        let stag = tag(t, context, super::layer::msg_len(len)?);
+        // SAFETY: the caller's contract.
+        unsafe { q.isend_unless_done(dest, stag, (data, len), sync, track) }
+    }
+
     /// Posts a receive into `cap` bytes at `buf` for `p`, with `slot` as its
     /// payload.
     ///
     /// # Safety
     /// As [`TrackedQueue::irecv`]: `buf` stays valid and otherwise unused
     /// until the request leaves the queue.
+    ///
+    /// On failure the slot comes back with the error.
     pub(super) unsafe fn post_recv(
         &self,
         l: &mut Inner,
         (buf, cap): (*mut u8, usize),
         p: &Pattern,
         slot: Slot,
-    ) -> Result<RequestKey> {
-        let q = l.queue.as_mut().ok_or(Error::Closed)?;
+    ) -> std::result::Result<RequestKey, (Error, Slot)> {
+        let Some(q) = l.queue.as_mut() else {
+            return Err((Error::Closed, slot));
+        };
         // SAFETY: the caller's contract.
         unsafe { q.irecv(&selector(p), (buf, cap), slot) }
     }
@@ -385,6 +419,15 @@ impl Progress for PsmEngine {
     }
 
     fn wait(&self, core: &RequestCore) {
+        // What PSM2 finished already first: polling costs more than a
+        // collection (psm2_poll walks its devices), and a receive posted
+        // for a message already here completed inside its post.
+        if let Some(mut l) = self.inner.try_lock() {
+            self.collect_locked(&mut l);
+            if core.is_done() {
+                return;
+            }
+        }
         let _ = self.block_until(true, |_, _| Ok(core.is_done()));
     }
 
@@ -395,7 +438,7 @@ impl Progress for PsmEngine {
         let mut l = self.lock();
         let key = RequestKey::from_u64(core.token());
         let ours = l.queue.as_ref().and_then(|q| q.get(key));
-        if !matches!(ours, Some(Slot::Request { core: c, .. }) if xdev::devkit::CoreRef::ptr_eq(c, core))
+        if !matches!(ours, Some(Slot::Recv { core: c, .. }) if xdev::devkit::CoreRef::ptr_eq(c, core))
         {
             return false;
         }

@@ -4,10 +4,10 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use xdev::devkit::{RequestKind, Seat, SendTo, Transport};
-use xdev::{Buffer, Envelope, Error, Pattern, Peeked, Rank, Request, Result, Source, Status};
+use xdev::devkit::{CoreRef, RequestKind, Seat, SendTo, Transport};
+use xdev::{Buffer, Envelope, Error, Pattern, Peeked, Request, Result, Source, Status};
 
-use super::engine::{lost, Inner, PsmEngine, Slot};
+use super::engine::{lost, PsmEngine, Slot};
 use super::layer::RequestKey;
 use super::setup;
 
@@ -37,57 +37,58 @@ impl Transport for PsmEngine {
             drop(l);
             return reject(buf, lost(dest));
         }
-        // Posted from the buffer before any request core exists, then tested
-        // once: an eager send PSM2 has already copied out ends here, born
-        // complete (no pooled core, no reference count, no engine in the
-        // handle). Until a core owns it, the buffer is held in a
+        // Posted from the buffer before any request core exists, and tested
+        // inside the post: an eager send PSM2 has already copied out ends
+        // there, born complete (no pooled core, no table entry, no engine in
+        // the handle). Until a core owns it, the buffer is held in a
         // `ManuallyDrop`: should anything unwind while PSM2 may still read
-        // it, it leaks instead of being freed. The table's entry is a
-        // placeholder (`Abandoned`) until the core exists.
-        let buf = std::mem::ManuallyDrop::new(buf);
+        // it, it leaks instead of being freed.
         let (at, len) = (buf.as_ptr(), buf.len());
+        let mut held = Some(std::mem::ManuallyDrop::new(buf));
+        let mut handle = None;
+        let track = |key: RequestKey| {
+            // The send is still in flight: its buffer moves (by value, its
+            // memory unmoved) into a new core, which the table's entry holds
+            // from now on; an unwind while it moves aborts.
+            let (core, h) = xdev::devkit::abort_on_unwind(
+                "moving a buffer PSM2 may still read into its request",
+                || {
+                    let buf = held.take().map(std::mem::ManuallyDrop::into_inner);
+                    let buf = buf.expect("the buffer is held until it moves here");
+                    eng.tracker
+                        .start_request(RequestKind::Send, buf, eng.clone())
+                },
+            );
+            core.set_token(key.to_u64());
+            handle = Some(h);
+            Slot::Send { core, env, len }
+        };
         // SAFETY: the buffer's memory stays put and unwritten until the
-        // request leaves the queue: it is given back only once the test
-        // below found the request complete (it then left the table), and
-        // otherwise moves (by value, its memory unmoved) into the core that
-        // the entry holds from then on; an unwind leaks it, or aborts while
-        // it moves into the core (`abort_on_unwind`).
+        // request leaves the queue: it is given back below only when the
+        // post's test found the request complete (it never entered the
+        // table), and otherwise `track` moves it (its memory unmoved) into
+        // the core the table's entry holds; an unwind before that leaks it.
         let posted = unsafe {
-            eng.post_send(
-                &mut l,
-                (at, len),
-                (dest, tag, context),
-                sync,
-                Slot::Abandoned,
-            )
+            eng.post_send_unless_done(&mut l, (at, len), (dest, tag, context), sync, track)
         };
-        let key = match posted {
-            Ok(key) => key,
-            Err(e) => {
-                drop(l);
-                // The post failed: PSM2 never had the buffer.
-                return reject(std::mem::ManuallyDrop::into_inner(buf), e);
+        drop(l);
+        let given_back = || {
+            let buf = held.map(std::mem::ManuallyDrop::into_inner);
+            buf.expect("a send that did not start keeps its buffer here")
+        };
+        match posted {
+            Ok(Ok(_key)) => handle.expect("made by track").into_request(),
+            Ok(Err(st)) => {
+                let status = PsmEngine::send_status(&st, env, len);
+                eng.tracker.completed(given_back(), status)
             }
-        };
-        // (The queue is open: the post just used it, under this lock.)
-        if let Some((_, st)) = l.queue.as_mut().and_then(|q| q.test(key)) {
-            drop(l);
-            let status = PsmEngine::send_status(&st, env, len);
-            return eng
-                .tracker
-                .completed(std::mem::ManuallyDrop::into_inner(buf), status);
+            // The post failed: PSM2 never had the buffer.
+            Err(e) => reject(given_back(), e),
         }
-        eng.into_request(&mut l, key, RequestKind::Send, buf, Some((env, len)), None)
     }
 
     fn start_recv(self: &Arc<Self>, buf: Buffer, pattern: Pattern) -> Request {
         let eng = self;
-        let env = Envelope {
-            source: eng.rank,
-            tag: -1,
-            context: pattern.context,
-        };
-        let reject = |buf, e| eng.tracker.completed(buf, Status::failed(env, e));
         let mut l = eng.lock();
         let source = match pattern.source {
             Source::Rank(s) => Some(s),
@@ -95,38 +96,38 @@ impl Transport for PsmEngine {
         };
         if let Some(s) = source.filter(|&s| l.gone[s]) {
             drop(l);
-            return reject(buf, lost(s));
+            let env = Envelope {
+                source: eng.rank,
+                tag: -1,
+                context: pattern.context,
+            };
+            return eng.tracker.completed(buf, Status::failed(env, lost(s)));
         }
-        // As in `start_send`: posted from the buffer, tested once (a message
-        // already here is received inside `psm2_mq_irecv2`), and given a
-        // core only if it is still in flight.
-        let mut buf = std::mem::ManuallyDrop::new(buf);
-        let at = (buf.as_mut_ptr(), buf.len());
-        // SAFETY: the buffer's memory is not otherwise touched until the
-        // request leaves the queue: it is given back only once the test
-        // below found the request complete (it then left the table), and
-        // otherwise moves (by value, its memory unmoved) into the core that
-        // the entry holds from then on; an unwind leaks it, or aborts while
-        // it moves into the core (`abort_on_unwind`).
-        let key = match unsafe { eng.post_recv(&mut l, at, &pattern, Slot::Abandoned) } {
-            Ok(key) => key,
-            Err(e) => {
-                drop(l);
-                return reject(std::mem::ManuallyDrop::into_inner(buf), e);
-            }
-        };
-        let done = l
-            .queue
-            .as_mut()
-            .and_then(|q| q.test(key).map(|(_, st)| (q.peer_of(&st), st)));
-        if let Some((peer, st)) = done {
-            let status = eng.recv_status(peer, &st, Some(at.1));
+        // The core owns the buffer before PSM2 sees it, and the table's
+        // entry holds the core from the post until PSM2 is done with the
+        // memory: no placeholder, no test after the post (a receive whose
+        // message is already here completes inside the post, and the
+        // request's wait collects it without polling PSM2).
+        let (core, handle) = eng
+            .tracker
+            .start_request(RequestKind::Recv, buf, eng.clone());
+        let Some(q) = l.queue.as_mut() else {
             drop(l);
-            return eng
-                .tracker
-                .completed(std::mem::ManuallyDrop::into_inner(buf), status);
+            eng.fail_unposted(&core, &pattern, Error::Closed);
+            return handle.into_request();
+        };
+        core.set_token(q.next_key().to_u64());
+        let at = (core.buffer_ptr(), core.buffer_len());
+        // SAFETY: the buffer is the core's, and the core is the entry's
+        // payload: it stays alive, and its buffer out of safe code's reach
+        // (a core lends no buffer), until the request leaves the queue.
+        let posted = unsafe { eng.post_recv(&mut l, at, &pattern, Slot::Recv { core, source }) };
+        drop(l);
+        if let Err((e, Slot::Recv { core, .. })) = posted {
+            // The post failed: PSM2 never had the buffer.
+            eng.fail_unposted(&core, &pattern, e);
         }
-        eng.into_request(&mut l, key, RequestKind::Recv, buf, None, source)
+        handle.into_request()
     }
 
     fn probe(&self, pattern: Pattern, block: bool) -> Result<Option<Status>> {
@@ -178,7 +179,7 @@ impl Transport for PsmEngine {
             // close (they end with Closed below, with the rest).
             let recvs: Vec<_> = q
                 .iter()
-                .filter(|(_, s)| matches!(s, Slot::Request { send: None, .. }))
+                .filter(|(_, s)| matches!(s, Slot::Recv { .. }))
                 .map(|(k, _)| k)
                 .collect();
             ended.extend(recvs.into_iter().filter_map(|k| q.cancel(k)));
@@ -187,7 +188,7 @@ impl Transport for PsmEngine {
             ended.extend(q.close(setup::PSM_TIMEOUT));
         }
         for s in ended {
-            if let Slot::Request { core, .. } = s {
+            if let Slot::Send { core, .. } | Slot::Recv { core, .. } = s {
                 let env = Envelope {
                     source: eng.rank,
                     tag: -1,
@@ -203,38 +204,14 @@ impl Transport for PsmEngine {
 }
 
 impl PsmEngine {
-    /// The request of an operation still in flight after its post and one
-    /// test: `buf`, which PSM2 may still use under `key`, moves into a new
-    /// request core, which the table's entry (a placeholder until now)
-    /// holds from then on. The caller holds the engine's lock (`l`).
-    ///
-    /// The device's reference and the handle are made together, with plain
-    /// stores (`Tracker::start_request`): a clone and `Request::new` would
-    /// be two locked instructions per request in flight. The key is the
-    /// core's token (for `cancel`).
-    fn into_request(
-        self: &Arc<Self>,
-        l: &mut Inner,
-        key: RequestKey,
-        kind: RequestKind,
-        buf: std::mem::ManuallyDrop<Buffer>,
-        send: Option<(Envelope, usize)>,
-        source: Option<Rank>,
-    ) -> Request {
-        let (core, handle) = xdev::devkit::abort_on_unwind(
-            "moving a buffer PSM2 may still use into its request",
-            || {
-                self.tracker.start_request(
-                    kind,
-                    std::mem::ManuallyDrop::into_inner(buf),
-                    self.clone(),
-                )
-            },
-        );
-        core.set_token(key.to_u64());
-        if let Some(slot) = l.queue.as_mut().and_then(|q| q.get_mut(key)) {
-            *slot = Slot::Request { core, send, source };
-        }
-        handle.into_request()
+    /// Fails receive `core`, which was never posted (the queue closed, or
+    /// the post failed): its handle gets the buffer back with `e`.
+    fn fail_unposted(&self, core: &CoreRef, pattern: &Pattern, e: Error) {
+        let env = Envelope {
+            source: self.rank,
+            tag: -1,
+            context: pattern.context,
+        };
+        self.tracker.complete(core, Status::failed(env, e));
     }
 }

@@ -107,3 +107,33 @@ fn a_queue_talks_to_itself_and_owns_its_requests() {
     let lib = Library::get().unwrap();
     drop(lib.reserve_endpoint().expect("the close released the slot"));
 }
+
+#[test]
+fn a_send_done_inside_its_post_never_enters_the_table() {
+    let Some((_guard, mq)) = solo_queue() else {
+        return;
+    };
+    let mut q = TrackedQueue::new(mq);
+    let data = [5u8; 24];
+    // An eager send to itself: PSM2 copies it out inside the post, so the
+    // test there ends it, and `track` is never called.
+    // SAFETY: `data` outlives the call; when it returns the status, PSM2
+    // no longer reads `data`.
+    let done = unsafe {
+        q.isend_unless_done(0, MqTag([4, 1, 2]), (data.as_ptr(), 24), false, |_| {
+            panic!("a send done inside its post made a payload")
+        })
+    }
+    .unwrap();
+    let st = done.expect_err("an eager send ends inside its post");
+    assert!(st.is_ok());
+    assert!(q.is_empty(), "no table entry for it");
+    // It arrives whole. (The other branch, a send still in flight after
+    // its post entering the table under `next_key`, needs a second
+    // process: PSM2's self device completes every send inside the post.
+    // The conformance cases `ssend_semantics` and `large_64mib` take it.)
+    let mut buf = [0u8; 24];
+    let st = q.recv(&exact(4), &mut buf).unwrap();
+    assert_eq!((st.nbytes(), buf), (24, data));
+    assert!(q.is_empty());
+}

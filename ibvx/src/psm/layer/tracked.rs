@@ -131,9 +131,11 @@ impl<T> TrackedQueue<T> {
     }
 
     /// The next key `insert` hands out, as a context for PSM2 (the request
-    /// does not exist yet when it is posted).
+    /// does not exist yet when it is posted): the key the next
+    /// [`isend`](Self::isend) or [`irecv`](Self::irecv) returns, so that
+    /// its payload can name it before the post.
     #[inline]
-    fn next_key(&self) -> RequestKey {
+    pub fn next_key(&self) -> RequestKey {
         match self.free.last() {
             Some(&i) => RequestKey::new(i, self.slots[i].generation),
             None => RequestKey::new(self.slots.len(), 0),
@@ -169,9 +171,46 @@ impl<T> TrackedQueue<T> {
         Ok(self.insert(req, false, payload))
     }
 
+    /// Posts a send as [`isend`](Self::isend) does, then tests it once
+    /// (`psm2_mq_test2`): a send PSM2 completed inside the post (an eager
+    /// send it has copied out) never enters the table, and its status is
+    /// returned as `Err`. Otherwise `track` makes the payload, which enters
+    /// the table under the returned key.
+    ///
+    /// # Safety
+    /// As [`isend`](Self::isend); when this returns `Err` (the status),
+    /// PSM2 no longer uses `buf`.
+    #[inline]
+    pub unsafe fn isend_unless_done(
+        &mut self,
+        peer: usize,
+        tag: MqTag,
+        (buf, len): (*const u8, usize),
+        sync: bool,
+        track: impl FnOnce(RequestKey) -> T,
+    ) -> Result<Result<RequestKey, MqStatus>> {
+        let key = self.next_key();
+        // SAFETY: the caller's contract covers the post's; the request is
+        // tested at once, and entered in the table if it is still live.
+        let mut req = unsafe {
+            self.mq
+                .post_send(peer, sync, tag, (buf, len), key.0 as usize)?
+        };
+        let (_, psm) = self.mq.raw();
+        let mut st = MaybeUninit::<psm2_mq_status2_t>::zeroed();
+        // SAFETY: req is the live request just posted (nobody else can
+        // reach it: `&mut self`); test2 frees it, with the status filled,
+        // only when it returns PSM2_OK.
+        if unsafe { (psm.psm2_mq_test2)(&mut req, st.as_mut_ptr()) } == psm2_error::PSM2_OK {
+            // SAFETY: zero-initialised (plain data), then filled by PSM2.
+            return Ok(Err(MqStatus::from_raw(unsafe { st.assume_init_ref() })));
+        }
+        Ok(Ok(self.insert(req, false, track(key))))
+    }
+
     /// Posts a receive of up to `len` bytes at `buf` for what `sel` matches
-    /// (`psm2_mq_irecv2`), tracked with `payload` (dropped at once if the
-    /// post fails).
+    /// (`psm2_mq_irecv2`), tracked with `payload` (handed back with the
+    /// error if the post fails).
     ///
     /// # Safety
     /// `buf` must be valid for writes of `len` bytes and not be otherwise
@@ -184,11 +223,13 @@ impl<T> TrackedQueue<T> {
         sel: &Selector,
         (buf, len): (*mut u8, usize),
         payload: T,
-    ) -> Result<RequestKey> {
+    ) -> std::result::Result<RequestKey, (xdev::Error, T)> {
         let key = self.next_key();
         // SAFETY: as in `isend`.
-        let req = unsafe { self.mq.post_recv(sel, buf, len, key.0 as usize)? };
-        Ok(self.insert(req, true, payload))
+        match unsafe { self.mq.post_recv(sel, buf, len, key.0 as usize) } {
+            Ok(req) => Ok(self.insert(req, true, payload)),
+            Err(e) => Err((e, payload)),
+        }
     }
 
     /// The next completed request, if any (`psm2_mq_ipeek2`, then
