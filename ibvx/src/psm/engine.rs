@@ -161,19 +161,12 @@ impl PsmEngine {
         }
     }
 
-    /// Polls PSM2 and completes what finished. Returns whether anything did.
+    /// Completes what PSM2 has finished, and makes progress: collecting
+    /// ends with a `psm2_mq_ipeek2` on an empty completion queue, which
+    /// polls PSM2 ("ipeek ensures progress if and only if the MQ's
+    /// completion queue is empty", psm2_mq.h). No separate poll: that was a
+    /// second one per round. Returns whether anything completed.
     pub(super) fn progress_locked(&self, l: &mut Inner) -> bool {
-        let Some(q) = l.queue.as_mut() else {
-            return false;
-        };
-        q.poll();
-        self.collect_locked(l)
-    }
-
-    /// Completes what PSM2 has finished, without polling it first (a
-    /// receive posted for a message already here completes inside its
-    /// post). Returns whether anything did.
-    pub(super) fn collect_locked(&self, l: &mut Inner) -> bool {
         let Inner { queue, done, .. } = l;
         let Some(q) = queue.as_mut() else {
             return false;
@@ -419,15 +412,6 @@ impl Progress for PsmEngine {
     }
 
     fn wait(&self, core: &RequestCore) {
-        // What PSM2 finished already first: polling costs more than a
-        // collection (psm2_poll walks its devices), and a receive posted
-        // for a message already here completed inside its post.
-        if let Some(mut l) = self.inner.try_lock() {
-            self.collect_locked(&mut l);
-            if core.is_done() {
-                return;
-            }
-        }
         let _ = self.block_until(true, |_, _| Ok(core.is_done()));
     }
 

@@ -233,8 +233,10 @@ impl<T> TrackedQueue<T> {
     }
 
     /// The next completed request, if any (`psm2_mq_ipeek2`, then
-    /// `psm2_mq_test2`, which frees it): its key, payload and status. Does
-    /// not poll: call [`MatchedQueue::poll`] first.
+    /// `psm2_mq_test2`, which frees it): its key, payload and status.
+    /// PSM2 polls inside `psm2_mq_ipeek2` when its completion queue is
+    /// empty, and only then: calling this until it gives `None` both
+    /// collects and makes progress.
     #[inline]
     pub fn next_completion(&mut self) -> Option<(RequestKey, T, MqStatus)> {
         let (mq, psm) = self.mq.raw();
