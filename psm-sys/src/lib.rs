@@ -353,6 +353,10 @@ psm2_functions! {
     psm2_mq_improbe2: fn(mq: psm2_mq_t, src: psm2_epaddr_t, rtag: *mut psm2_mq_tag_t, rtagsel: *mut psm2_mq_tag_t, reqo: *mut psm2_mq_req_t, status: *mut psm2_mq_status2_t) -> psm2_error_t;
     /// `psm2_mq_ipeek2`: peek at the next completed request.
     psm2_mq_ipeek2: fn(mq: psm2_mq_t, req: *mut psm2_mq_req_t, status: *mut psm2_mq_status2_t) -> psm2_error_t;
+    /// `psm2_mq_ipeek_dequeue_multi`: take up to `count` completed requests
+    /// off the completion queue, each handed to `status_copy` and then
+    /// freed (polling first when the queue is empty, as `psm2_mq_ipeek2`).
+    psm2_mq_ipeek_dequeue_multi: fn(mq: psm2_mq_t, status_array: *mut core::ffi::c_void, status_copy: psmi_mq_status_copy_user_t, count: *mut core::ffi::c_int) -> psm2_error_t;
     /// `psm2_mq_test2`: complete a request if it is done.
     psm2_mq_test2: fn(request: *mut psm2_mq_req_t, status: *mut psm2_mq_status2_t) -> psm2_error_t;
     /// `psm2_mq_wait2`: block (polling) until a request completes.

@@ -12,7 +12,7 @@ use xdev::bootstrap::Bootstrap;
 use xdev::devkit::{Progress, RequestCore, RequestKind, Tracker};
 use xdev::{Context, Envelope, Error, Pattern, Rank, Result, Source, Status, Tag, TagSel};
 
-use super::layer::{Library, MqStatus, MqTag, RequestKey, Selector, TrackedQueue};
+use super::layer::{CompletionBatch, Library, MqStatus, MqTag, RequestKey, Selector, TrackedQueue};
 
 /// The maps below are on every message's path, where SipHash's cost shows.
 pub(super) type KeyMap<V> = xdev::devkit::matching::FxMap<RequestKey, V>;
@@ -162,36 +162,59 @@ impl PsmEngine {
     }
 
     /// Completes what PSM2 has finished, and makes progress: collecting
-    /// ends with a `psm2_mq_ipeek2` on an empty completion queue, which
-    /// polls PSM2 ("ipeek ensures progress if and only if the MQ's
-    /// completion queue is empty", psm2_mq.h). No separate poll: that was a
-    /// second one per round. Returns whether anything completed.
+    /// ends on an empty completion queue, where PSM2 polls (as
+    /// `psm2_mq_ipeek2` does: "ipeek ensures progress if and only if the
+    /// MQ's completion queue is empty", psm2_mq.h). No separate poll: that
+    /// was a second one per round. Returns whether anything completed.
     pub(super) fn progress_locked(&self, l: &mut Inner) -> bool {
         let Inner { queue, done, .. } = l;
         let Some(q) = queue.as_mut() else {
             return false;
         };
         let mut any = false;
-        while let Some((key, slot, st)) = q.next_completion() {
-            any = true;
-            match slot {
-                // A blocking call's request: hand its status over.
-                Slot::Blocking => {
-                    done.insert(key, st);
-                }
-                Slot::Send { core, env, len } => {
-                    self.tracker
-                        .complete_with(&core, || Self::send_status(&st, env, len));
-                }
-                Slot::Recv { core, .. } => {
-                    let cap = core.buffer_len();
-                    self.tracker
-                        .complete_with(&core, || self.recv_status(q.peer_of(&st), &st, Some(cap)));
-                }
-                Slot::Abandoned | Slot::SelfCopy(_) => {}
+        let mut batch = CompletionBatch::new();
+        loop {
+            let more = q.collect(&mut batch);
+            for st in batch.statuses() {
+                let Some((key, slot)) = q.take_completed(st) else {
+                    continue;
+                };
+                any = true;
+                self.complete_slot(q, done, key, slot, st);
+            }
+            if !more {
+                return any;
             }
         }
-        any
+    }
+
+    /// Completes what the table held for a request PSM2 finished with
+    /// status `st`.
+    #[inline]
+    fn complete_slot(
+        &self,
+        q: &TrackedQueue<Slot>,
+        done: &mut KeyMap<MqStatus>,
+        key: RequestKey,
+        slot: Slot,
+        st: &MqStatus,
+    ) {
+        match slot {
+            // A blocking call's request: hand its status over.
+            Slot::Blocking => {
+                done.insert(key, *st);
+            }
+            Slot::Send { core, env, len } => {
+                self.tracker
+                    .complete_with(&core, || Self::send_status(st, env, len));
+            }
+            Slot::Recv { core, .. } => {
+                let cap = core.buffer_len();
+                self.tracker
+                    .complete_with(&core, || self.recv_status(q.peer_of(st), st, Some(cap)));
+            }
+            Slot::Abandoned | Slot::SelfCopy(_) => {}
+        }
     }
 
     /// Applies the bootstrap's departure notices: receives naming a departed

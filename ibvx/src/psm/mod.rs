@@ -16,7 +16,9 @@
 //!   with the request's buffer; `ssend` uses `PSM2_MQ_FLAG_SENDSYNC` (done
 //!   only once matched); `probe` is `psm2_mq_iprobe2` in a progress loop;
 //!   cancel is `psm2_mq_cancel` (receives only, as in PSM2); completions are
-//!   collected with `psm2_mq_ipeek2` + `psm2_mq_test2` by every progress call.
+//!   collected in batches with `psm2_mq_ipeek_dequeue_multi` by every
+//!   progress call (which is also what polls PSM2: it polls when its
+//!   completion queue is empty).
 //!   Truncation is PSM2's: the bytes that fit are delivered and the status
 //!   reports the sender's length.
 //! * **Start-up** goes through the bootstrap: rank 0's job key (a PSM2 UUID)

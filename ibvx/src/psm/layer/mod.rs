@@ -41,7 +41,7 @@ mod tracked;
 pub use endpoint::Endpoint;
 pub use library::{EndpointSlot, JobKey, Library, Psm2Error, PsmMode};
 pub use queue::{msg_len, MatchedQueue, MqStatus, MqTag, Scope, Selector};
-pub use tracked::{RequestKey, TrackedQueue};
+pub use tracked::{CompletionBatch, RequestKey, TrackedQueue};
 
 #[cfg(test)]
 mod tests;

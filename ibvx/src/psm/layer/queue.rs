@@ -64,6 +64,26 @@ impl MqStatus {
         }
     }
 
+    /// A status from the fields of a completed request (what
+    /// `psm2_mq_test2` copies out of it).
+    #[inline]
+    pub(super) fn from_parts(
+        peer: usize,
+        tag: [u32; 3],
+        (msg_length, nbytes): (u32, u32),
+        code: u32,
+        context: usize,
+    ) -> MqStatus {
+        MqStatus {
+            peer,
+            tag,
+            msg_length,
+            nbytes,
+            code,
+            context,
+        }
+    }
+
     /// The message's tag.
     #[inline]
     pub fn tag(&self) -> MqTag {

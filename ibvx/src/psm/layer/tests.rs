@@ -87,12 +87,14 @@ fn a_queue_talks_to_itself_and_owns_its_requests() {
     // SAFETY: `data` outlives the request, completed below.
     let s = unsafe { q.isend(0, MqTag([9, 1, 2]), (data.as_ptr(), 16), false, "send") }.unwrap();
     let mut seen = Vec::new();
+    let mut batch = CompletionBatch::new();
     while seen.len() < 2 {
-        q.poll();
-        while let Some((k, p, st)) = q.next_completion() {
+        let more = q.collect(&mut batch);
+        for st in batch.statuses() {
             assert!(st.is_ok());
-            seen.push((k, p));
+            seen.push(q.take_completed(st).expect("both are in the table"));
         }
+        assert!(!more, "two completions fill no batch");
     }
     seen.sort_by_key(|(_, p)| *p);
     assert_eq!(seen, vec![(r2, "again"), (s, "send")]);
@@ -136,4 +138,49 @@ fn a_send_done_inside_its_post_never_enters_the_table() {
     let st = q.recv(&exact(4), &mut buf).unwrap();
     assert_eq!((st.nbytes(), buf), (24, data));
     assert!(q.is_empty());
+}
+
+#[test]
+fn completions_come_in_batches_until_none_is_left() {
+    let Some((_guard, mq)) = solo_queue() else {
+        return;
+    };
+    let mut q = TrackedQueue::new(mq);
+    // 40 receives, then 40 sends that match them: 80 completions, more
+    // than two batches' worth.
+    let mut bufs = vec![[0u8; 8]; 40];
+    let data: Vec<[u8; 8]> = (0..40u8).map(|i| [i; 8]).collect();
+    let mut want = Vec::new();
+    for (i, b) in bufs.iter_mut().enumerate() {
+        // SAFETY: `bufs` outlives the requests, all collected below before
+        // it is read.
+        let k = unsafe { q.irecv(&exact(100 + i as u32), (b.as_mut_ptr(), 8), i) }.unwrap();
+        want.push((k, i));
+    }
+    for (i, d) in data.iter().enumerate() {
+        let t = MqTag([100 + i as u32, 1, 2]);
+        // SAFETY: `data` outlives the requests, collected below.
+        let k = unsafe { q.isend(0, t, (d.as_ptr(), 8), false, 40 + i) }.unwrap();
+        want.push((k, 40 + i));
+    }
+    let (mut seen, mut full_batches) = (Vec::new(), 0);
+    let mut batch = CompletionBatch::new();
+    while seen.len() < want.len() {
+        let more = q.collect(&mut batch);
+        full_batches += usize::from(more);
+        assert!(batch.statuses().len() <= 32);
+        for st in batch.statuses() {
+            assert!(st.is_ok());
+            seen.push(q.take_completed(st).expect("every one is in the table"));
+        }
+    }
+    assert!(
+        full_batches >= 2,
+        "80 completions took {full_batches} full batches"
+    );
+    seen.sort_by_key(|&(k, p)| (p, k.to_u64()));
+    want.sort_by_key(|&(k, p)| (p, k.to_u64()));
+    assert_eq!(seen, want, "each request reported once, with its payload");
+    assert!(q.is_empty());
+    assert_eq!(bufs, data);
 }

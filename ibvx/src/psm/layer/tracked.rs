@@ -1,5 +1,6 @@
 //! A matched queue with its table of outstanding requests.
 
+use std::ffi::c_int;
 use std::mem::MaybeUninit;
 use std::ops::{Deref, DerefMut};
 use std::ptr;
@@ -232,36 +233,48 @@ impl<T> TrackedQueue<T> {
         }
     }
 
-    /// The next completed request, if any (`psm2_mq_ipeek2`, then
-    /// `psm2_mq_test2`, which frees it): its key, payload and status.
-    /// PSM2 polls inside `psm2_mq_ipeek2` when its completion queue is
-    /// empty, and only then: calling this until it gives `None` both
-    /// collects and makes progress.
+    /// Takes up to a batch of completed requests off PSM2's completion
+    /// queue into `batch` (`psm2_mq_ipeek_dequeue_multi`: PSM2 frees each
+    /// request once its status is copied, one call for the batch where
+    /// `psm2_mq_ipeek2` and `psm2_mq_test2` are two per request). Returns
+    /// whether the batch came back full: then more may be waiting. PSM2
+    /// polls inside the call when its completion queue is empty, and only
+    /// then: calling this until it returns `false` both collects and makes
+    /// progress. Each status's payload is then taken with
+    /// [`take_completed`](Self::take_completed).
     #[inline]
-    pub fn next_completion(&mut self) -> Option<(RequestKey, T, MqStatus)> {
+    pub fn collect(&mut self, batch: &mut CompletionBatch) -> bool {
         let (mq, psm) = self.mq.raw();
-        loop {
-            let mut req: psm2_mq_req_t = ptr::null_mut();
-            // SAFETY: the queue is open; req is a valid out-pointer; no
-            // status wanted.
-            let e = unsafe { (psm.psm2_mq_ipeek2)(mq, &mut req, ptr::null_mut()) };
-            if e != psm2_error::PSM2_OK {
-                return None;
-            }
-            let mut st = MaybeUninit::<psm2_mq_status2_t>::zeroed();
-            // SAFETY: req is a completed request of this queue (from ipeek);
-            // test2 frees it and fills the status.
-            unsafe { (psm.psm2_mq_test2)(&mut req, st.as_mut_ptr()) };
-            // SAFETY: zero-initialised (plain data), then filled by PSM2.
-            let st = MqStatus::from_raw(unsafe { st.assume_init_ref() });
-            let key = RequestKey(st.context as u64);
-            // Every request of this queue that ipeek can return is in the
-            // table: a scope or a blocking receive frees its own before it
-            // gives the queue back.
-            if let Some(payload) = self.remove(key) {
-                return Some((key, payload, st));
-            }
-        }
+        let mut count: c_int = BATCH as c_int;
+        // SAFETY: the queue is open; `copy_status` writes index `i` of the
+        // array for each `i` below `count` (BATCH, the array's length), and
+        // never unwinds; count is a valid in/out pointer.
+        let e = unsafe {
+            (psm.psm2_mq_ipeek_dequeue_multi)(
+                mq,
+                batch.statuses.as_mut_ptr().cast(),
+                Some(copy_status),
+                &mut count,
+            )
+        };
+        // `count` is the number of statuses written (PSM2_OK: all of them;
+        // PSM2_MQ_NO_COMPLETIONS: fewer). `copy_status` never fails, so the
+        // error return that puts its code in `count` cannot happen; clamp
+        // anyway.
+        batch.len = usize::try_from(count).unwrap_or(0).min(BATCH);
+        e == psm2_error::PSM2_OK && batch.len == BATCH
+    }
+
+    /// The key and payload of the request a status of
+    /// [`collect`](Self::collect) reports, which leaves the table (PSM2 has
+    /// freed its handle). `None` for a request the table does not hold.
+    #[inline]
+    pub fn take_completed(&mut self, st: &MqStatus) -> Option<(RequestKey, T)> {
+        let key = RequestKey(st.context as u64);
+        // Every request of this queue that PSM2 can report is in the table:
+        // a scope or a blocking receive frees its own before it gives the
+        // queue back.
+        self.remove(key).map(|p| (key, p))
     }
 
     /// Request `key`'s payload and status if it has completed
@@ -349,6 +362,76 @@ impl<T> TrackedQueue<T> {
         mq.close(timeout);
         slots.into_iter().filter_map(|e| e.payload).collect()
     }
+}
+
+/// How many completions [`TrackedQueue::collect`] takes per call.
+const BATCH: usize = 32;
+
+/// The statuses of one [`TrackedQueue::collect`] call.
+pub struct CompletionBatch {
+    statuses: [MaybeUninit<MqStatus>; BATCH],
+    len: usize,
+}
+
+impl CompletionBatch {
+    /// An empty batch.
+    #[inline]
+    pub fn new() -> Self {
+        CompletionBatch {
+            statuses: [MaybeUninit::uninit(); BATCH],
+            len: 0,
+        }
+    }
+
+    /// The statuses the last `collect` wrote, in completion order.
+    #[inline]
+    pub fn statuses(&self) -> &[MqStatus] {
+        // SAFETY: `collect` set `len` to the number of leading entries PSM2
+        // had `copy_status` write (at most BATCH).
+        unsafe { std::slice::from_raw_parts(self.statuses.as_ptr().cast(), self.len) }
+    }
+}
+
+impl Default for CompletionBatch {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// `psm2_mq_ipeek_dequeue_multi`'s callback: copies the status of completed
+/// request `req` to entry `i` of the batch, as `psm2_mq_test2` would fill a
+/// `psm2_mq_status2_t` (peer, tag, the sender's length, the bytes received,
+/// the error code, the context). Returns 1: stored, go on.
+///
+/// # Safety
+/// PSM2 calls it with a valid request and the array and index of the call
+/// (`i` below the count it was given).
+unsafe extern "C" fn copy_status(
+    req: *mut psm2_mq_req_user,
+    array: *mut core::ffi::c_void,
+    i: c_int,
+) -> c_int {
+    // SAFETY: the caller's contract: `req` is valid for reads during the
+    // call.
+    let r = unsafe { &*req };
+    // SAFETY: every bit pattern of the union is a valid [u32; 4].
+    let t = unsafe { r.tag.tag };
+    let st = MqStatus::from_parts(
+        r.peer as usize,
+        [t[0], t[1], t[2]],
+        (r.send_msglen, r.recv_msglen),
+        r.error_code,
+        r.context as usize,
+    );
+    // SAFETY: the caller's contract: `array` is the batch's array of BATCH
+    // entries and `i` (non-negative, below BATCH) one of them.
+    unsafe {
+        array
+            .cast::<MaybeUninit<MqStatus>>()
+            .add(i as usize)
+            .write(MaybeUninit::new(st))
+    };
+    1
 }
 
 impl<T> Deref for TrackedQueue<T> {
