@@ -17,7 +17,7 @@
 //! * [`TrackedQueue`]: a matched queue with its table of outstanding
 //!   requests, each carrying its owner's payload and named by a
 //!   [`RequestKey`]: non-blocking sends and receives, completions
-//!   ([`next_completion`](TrackedQueue::next_completion),
+//!   ([`collect`](TrackedQueue::collect) and [`take_completed`](TrackedQueue::take_completed),
 //!   [`test`](TrackedQueue::test)), cancellation. The table owns every PSM2
 //!   request handle, so none is used after PSM2 freed it; closing the queue
 //!   hands back the payloads of what was still outstanding.

@@ -150,7 +150,7 @@ impl<T> TrackedQueue<T> {
     /// # Safety
     /// `buf` must be valid for reads of `len` bytes and not be written until
     /// the request leaves the table: returned by
-    /// [`next_completion`](Self::next_completion) or
+    /// [`collect`](Self::collect) or
     /// [`test`](Self::test), or the queue closed or dropped. (Memory the
     /// payload owns qualifies, if moving the payload does not move it.)
     #[inline]
@@ -216,7 +216,7 @@ impl<T> TrackedQueue<T> {
     /// # Safety
     /// `buf` must be valid for writes of `len` bytes and not be otherwise
     /// accessed until the request leaves the table: returned by
-    /// [`next_completion`](Self::next_completion), [`test`](Self::test) or
+    /// [`collect`](Self::collect), [`test`](Self::test) or
     /// [`cancel`](Self::cancel), or the queue closed or dropped.
     #[inline]
     pub unsafe fn irecv(
