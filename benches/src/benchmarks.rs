@@ -5,7 +5,7 @@
 
 use std::time::Instant;
 
-use xdev::{Buffer, Device, Request, Source, TagSel};
+use xdev::{Buffer, Device, Rank, Request, Source, TagSel};
 
 /// Context the benchmarks use.
 pub const BENCH_CONTEXT: u32 = 0x4245_4e43;
@@ -145,15 +145,8 @@ pub fn bibandwidth(
     iters: usize,
     skip: usize,
 ) -> xdev::Result<Option<f64>> {
-    let me = dev.id();
     let c = BENCH_CONTEXT + 3;
-    let (mut rbufs, mut sbufs) = bibw_buffers(size);
-    let secs = timed(iters, skip, || {
-        let peer = match me {
-            0 => 1,
-            1 => 0,
-            _ => return Ok(()),
-        };
+    bibw_loop(dev, size, iters, skip, |peer, rbufs, sbufs| {
         let recvs: Vec<Request> = rbufs
             .drain(..)
             .map(|b| dev.irecv(b, Source::Rank(peer), TagSel::Tag(4), c))
@@ -168,19 +161,7 @@ pub fn bibandwidth(
             sbufs.push(b);
         }
         Ok(())
-    })?;
-    let mb = (2 * size * WINDOW * iters) as f64 / 1e6;
-    Ok((me == 0).then_some(mb / secs))
-}
-
-/// One side's buffers of a bibw exchange: [`WINDOW`] receive buffers and
-/// [`WINDOW`] send buffers of `size` bytes, allocated once and reused.
-fn bibw_buffers(size: usize) -> (Vec<Buffer>, Vec<Buffer>) {
-    let rbufs = (0..WINDOW).map(|_| Buffer::from(vec![0u8; size])).collect();
-    let sbufs = (0..WINDOW)
-        .map(|_| Buffer::from(vec![0x3Cu8; size]))
-        .collect();
-    (rbufs, sbufs)
+    })
 }
 
 /// osu_bibw's exchange made with the window calls: both ranks post their
@@ -197,19 +178,12 @@ pub fn bibandwidth_window(
     iters: usize,
     skip: usize,
 ) -> xdev::Result<Option<f64>> {
-    let me = dev.id();
     let c = BENCH_CONTEXT + 6;
-    let (mut rbufs, mut sbufs) = bibw_buffers(size);
     let mut reqs = Vec::with_capacity(2 * WINDOW);
     let mut done = Vec::with_capacity(2 * WINDOW);
-    let secs = timed(iters, skip, || {
-        let peer = match me {
-            0 => 1,
-            1 => 0,
-            _ => return Ok(()),
-        };
-        dev.irecv_many(&mut rbufs, Source::Rank(peer), TagSel::Tag(4), c, &mut reqs);
-        dev.isend_many(&mut sbufs, peer, 4, c, &mut reqs);
+    bibw_loop(dev, size, iters, skip, |peer, rbufs, sbufs| {
+        dev.irecv_many(rbufs, Source::Rank(peer), TagSel::Tag(4), c, &mut reqs);
+        dev.isend_many(sbufs, peer, 4, c, &mut reqs);
         Request::wait_all(&mut reqs, &mut done);
         for (i, d) in done.drain(..).enumerate() {
             let (b, _) = d.into_result()?;
@@ -220,6 +194,34 @@ pub fn bibandwidth_window(
             }
         }
         Ok(())
+    })
+}
+
+/// The loop of [`bibandwidth`] and [`bibandwidth_window`]: ranks 0 and 1
+/// each run `exchange` with the other's rank and their [`WINDOW`] receive
+/// and send buffers of `size` bytes (allocated once; `exchange` gives every
+/// one back), `skip` times and then `iters` timed times; other ranks run
+/// empty steps. MB/s of both directions on rank 0.
+fn bibw_loop(
+    dev: &dyn Device,
+    size: usize,
+    iters: usize,
+    skip: usize,
+    mut exchange: impl FnMut(Rank, &mut Vec<Buffer>, &mut Vec<Buffer>) -> xdev::Result<()>,
+) -> xdev::Result<Option<f64>> {
+    let me = dev.id();
+    let peer = match me {
+        0 => Some(1),
+        1 => Some(0),
+        _ => None,
+    };
+    let mut rbufs: Vec<Buffer> = (0..WINDOW).map(|_| Buffer::from(vec![0u8; size])).collect();
+    let mut sbufs: Vec<Buffer> = (0..WINDOW)
+        .map(|_| Buffer::from(vec![0x3Cu8; size]))
+        .collect();
+    let secs = timed(iters, skip, || match peer {
+        Some(peer) => exchange(peer, &mut rbufs, &mut sbufs),
+        None => Ok(()),
     })?;
     let mb = (2 * size * WINDOW * iters) as f64 / 1e6;
     Ok((me == 0).then_some(mb / secs))
