@@ -245,17 +245,11 @@ impl<D: Face> crate::Device for D {
     }
 
     fn irecv(&self, buf: Buffer, source: Source, tag: TagSel, context: Context) -> Request {
-        let checked = check_recv(source, tag, self.engine().seat().size);
-        if let Err(e) = checked.and_then(|_| self.engine().seat().check_open()) {
-            let env = Envelope {
-                source: self.engine().seat().rank,
-                tag: -1,
-                context,
-            };
-            return refused(self.engine(), buf, env, e);
+        let engine = self.engine();
+        if let Err((env, e)) = recv_checked(engine, source, tag, context) {
+            return refused(engine, buf, env, e);
         }
-        self.engine()
-            .start_recv(buf, Pattern::new(source, tag, context))
+        engine.start_recv(buf, Pattern::new(source, tag, context))
     }
 
     fn isend_many(
@@ -268,8 +262,7 @@ impl<D: Face> crate::Device for D {
     ) {
         let engine = self.engine();
         let to = SendTo::new(dest, tag, context, false);
-        let checked = check_send(dest, tag, engine.seat().size);
-        if let Err(e) = checked.and_then(|_| engine.seat().check_open()) {
+        if let Err(e) = send_checked(engine, to) {
             refuse_all(engine, bufs, to.envelope(), &e, out);
             return;
         }
@@ -285,13 +278,7 @@ impl<D: Face> crate::Device for D {
         out: &mut Vec<Request>,
     ) {
         let engine = self.engine();
-        let checked = check_recv(source, tag, engine.seat().size);
-        if let Err(e) = checked.and_then(|_| engine.seat().check_open()) {
-            let env = Envelope {
-                source: engine.seat().rank,
-                tag: -1,
-                context,
-            };
+        if let Err((env, e)) = recv_checked(engine, source, tag, context) {
             refuse_all(engine, bufs, env, &e, out);
             return;
         }
@@ -332,20 +319,46 @@ impl<D: Face> crate::Device for D {
 
 /// `send` and `ssend`: checked, then sent by the engine.
 fn blocking_send<D: Face + ?Sized>(dev: &D, buf: &[u8], to: SendTo) -> Result<()> {
-    let seat = dev.engine().seat();
-    check_send(to.dest, to.tag, seat.size)?;
-    seat.check_open()?;
+    send_checked(dev.engine(), to)?;
     dev.engine().blocking_send(buf, to)
 }
 
 /// `isend` and `issend`: checked, then started by the engine.
 fn start_send<D: Face + ?Sized>(dev: &D, buf: Buffer, to: SendTo) -> Request {
     let engine = dev.engine();
-    let checked = check_send(to.dest, to.tag, engine.seat().size);
-    if let Err(e) = checked.and_then(|_| engine.seat().check_open()) {
+    if let Err(e) = send_checked(engine, to) {
         return refused(engine, buf, to.envelope(), e);
     }
     engine.start_send(buf, to)
+}
+
+/// The checks of a send (blocking, non-blocking, a window): a valid rank
+/// and tag, an open device.
+#[inline]
+fn send_checked<T: Transport>(engine: &Arc<T>, to: SendTo) -> Result<()> {
+    check_send(to.dest, to.tag, engine.seat().size)?;
+    engine.seat().check_open()
+}
+
+/// The checks of a non-blocking receive (one or a window), as for a send;
+/// a refusal comes with the envelope of its status (this rank, no tag).
+#[inline]
+fn recv_checked<T: Transport>(
+    engine: &Arc<T>,
+    source: Source,
+    tag: TagSel,
+    context: Context,
+) -> std::result::Result<(), (Envelope, Error)> {
+    check_recv(source, tag, engine.seat().size)
+        .and_then(|_| engine.seat().check_open())
+        .map_err(|e| {
+            let env = Envelope {
+                source: engine.seat().rank,
+                tag: -1,
+                context,
+            };
+            (env, e)
+        })
 }
 
 #[cfg(test)]
