@@ -102,6 +102,19 @@ pub(super) fn selector(p: &Pattern) -> Selector {
     }
 }
 
+/// The queue a send is posted to, and the send's PSM2 tag: `Closed` if
+/// `finish` closed the queue after the caller's first check, and an error
+/// for a message PSM2 cannot carry (4 GiB or more).
+fn send_queue(
+    l: &mut Inner,
+    t: Tag,
+    context: Context,
+    len: usize,
+) -> Result<(&mut TrackedQueue<Slot>, MqTag)> {
+    let q = l.queue.as_mut().ok_or(Error::Closed)?;
+    Ok((q, tag(t, context, super::layer::msg_len(len)?)))
+}
+
 pub(super) fn lost(rank: Rank) -> Error {
     Error::PeerLost {
         rank,
@@ -369,31 +382,30 @@ impl PsmEngine {
         sync: bool,
         slot: Slot,
     ) -> Result<RequestKey> {
-        // `finish` may have closed the queue after the caller's first check.
-        let q = l.queue.as_mut().ok_or(Error::Closed)?;
-        let stag = tag(t, context, super::layer::msg_len(len)?);
+        let (q, stag) = send_queue(l, t, context, len)?;
         // SAFETY: the caller's contract.
         unsafe { q.isend(dest, stag, (data, len), sync, slot) }
     }
 
     /// Posts a send of `len` bytes at `data` and tests it once: the status
     /// (`Err`) if PSM2 completed it inside the post, with no table entry;
-    /// else its key, with the slot `track` makes as its payload.
+    /// else the slot `track` makes is its payload, and `track`'s other
+    /// value comes back.
     ///
     /// # Safety
     /// As [`TrackedQueue::isend_unless_done`].
-    pub(super) unsafe fn post_send_unless_done(
+    pub(super) unsafe fn post_send_unless_done<X>(
         &self,
         l: &mut Inner,
         (data, len): (*const u8, usize),
         (dest, t, context): (Rank, Tag, Context),
         sync: bool,
-        track: impl FnOnce(RequestKey) -> Slot,
-    ) -> Result<std::result::Result<RequestKey, MqStatus>> {
-        let q = l.queue.as_mut().ok_or(Error::Closed)?;
-        let stag = tag(t, context, super::layer::msg_len(len)?);
+        track: impl FnOnce() -> (Slot, X),
+    ) -> Result<std::result::Result<X, MqStatus>> {
+        let (q, stag) = send_queue(l, t, context, len)?;
         // SAFETY: the caller's contract.
-        unsafe { q.isend_unless_done(dest, stag, (data, len), sync, track) }
+        let posted = unsafe { q.isend_unless_done(dest, stag, (data, len), sync, |_| track()) }?;
+        Ok(posted.map(|(_, x)| x))
     }
 
     /// Posts a receive into `cap` bytes at `buf` for `p`, with `slot` as its

@@ -8,7 +8,6 @@ use xdev::devkit::{CoreRef, RequestKind, Seat, SendTo, Transport};
 use xdev::{Buffer, Envelope, Error, Pattern, Peeked, Request, Result, Source, Status};
 
 use super::engine::{lost, PsmEngine, Slot};
-use super::layer::RequestKey;
 use super::setup;
 
 impl Transport for PsmEngine {
@@ -45,12 +44,12 @@ impl Transport for PsmEngine {
         // it, it leaks instead of being freed.
         let (at, len) = (buf.as_ptr(), buf.len());
         let mut held = Some(std::mem::ManuallyDrop::new(buf));
-        let mut handle = None;
-        let track = |key: RequestKey| {
+        let track = || {
             // The send is still in flight: its buffer moves (by value, its
             // memory unmoved) into a new core, which the table's entry holds
-            // from now on; an unwind while it moves aborts.
-            let (core, h) = xdev::devkit::abort_on_unwind(
+            // from now on; an unwind while it moves aborts. (A send's token
+            // stays unset: only receives are cancelled.)
+            let (core, handle) = xdev::devkit::abort_on_unwind(
                 "moving a buffer PSM2 may still read into its request",
                 || {
                     let buf = held.take().map(std::mem::ManuallyDrop::into_inner);
@@ -59,9 +58,7 @@ impl Transport for PsmEngine {
                         .start_request(RequestKind::Send, buf, eng.clone())
                 },
             );
-            core.set_token(key.to_u64());
-            handle = Some(h);
-            Slot::Send { core, env, len }
+            (Slot::Send { core, env, len }, handle)
         };
         // SAFETY: the buffer's memory stays put and unwritten until the
         // request leaves the queue: it is given back below only when the
@@ -77,7 +74,7 @@ impl Transport for PsmEngine {
             buf.expect("a send that did not start keeps its buffer here")
         };
         match posted {
-            Ok(Ok(_key)) => handle.expect("made by track").into_request(),
+            Ok(Ok(handle)) => handle.into_request(),
             Ok(Err(st)) => {
                 let status = PsmEngine::send_status(&st, env, len);
                 eng.tracker.completed(given_back(), status)
@@ -96,12 +93,8 @@ impl Transport for PsmEngine {
         };
         if let Some(s) = source.filter(|&s| l.gone[s]) {
             drop(l);
-            let env = Envelope {
-                source: eng.rank,
-                tag: -1,
-                context: pattern.context,
-            };
-            return eng.tracker.completed(buf, Status::failed(env, lost(s)));
+            let status = Status::failed(eng.recv_env(&pattern), lost(s));
+            return eng.tracker.completed(buf, status);
         }
         // The core owns the buffer before PSM2 sees it, and the table's
         // entry holds the core from the post until PSM2 is done with the
@@ -207,11 +200,17 @@ impl PsmEngine {
     /// Fails receive `core`, which was never posted (the queue closed, or
     /// the post failed): its handle gets the buffer back with `e`.
     fn fail_unposted(&self, core: &CoreRef, pattern: &Pattern, e: Error) {
-        let env = Envelope {
+        self.tracker
+            .complete(core, Status::failed(self.recv_env(pattern), e));
+    }
+
+    /// The envelope of a receive for `pattern` that failed before it
+    /// matched: this rank, no tag.
+    fn recv_env(&self, pattern: &Pattern) -> Envelope {
+        Envelope {
             source: self.rank,
             tag: -1,
             context: pattern.context,
-        };
-        self.tracker.complete(core, Status::failed(env, e));
+        }
     }
 }

@@ -122,9 +122,13 @@ fn a_send_done_inside_its_post_never_enters_the_table() {
     // SAFETY: `data` outlives the call; when it returns the status, PSM2
     // no longer reads `data`.
     let done = unsafe {
-        q.isend_unless_done(0, MqTag([4, 1, 2]), (data.as_ptr(), 24), false, |_| {
-            panic!("a send done inside its post made a payload")
-        })
+        q.isend_unless_done(
+            0,
+            MqTag([4, 1, 2]),
+            (data.as_ptr(), 24),
+            false,
+            |_| -> (&str, ()) { panic!("a send done inside its post made a payload") },
+        )
     }
     .unwrap();
     let st = done.expect_err("an eager send ends inside its post");

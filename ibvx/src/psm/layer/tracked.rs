@@ -176,37 +176,35 @@ impl<T> TrackedQueue<T> {
     /// (`psm2_mq_test2`): a send PSM2 completed inside the post (an eager
     /// send it has copied out) never enters the table, and its status is
     /// returned as `Err`. Otherwise `track` makes the payload, which enters
-    /// the table under the returned key.
+    /// the table under the returned key, and a value of the caller's, which
+    /// is returned with the key.
     ///
     /// # Safety
     /// As [`isend`](Self::isend); when this returns `Err` (the status),
     /// PSM2 no longer uses `buf`.
     #[inline]
-    pub unsafe fn isend_unless_done(
+    pub unsafe fn isend_unless_done<X>(
         &mut self,
         peer: usize,
         tag: MqTag,
         (buf, len): (*const u8, usize),
         sync: bool,
-        track: impl FnOnce(RequestKey) -> T,
-    ) -> Result<Result<RequestKey, MqStatus>> {
+        track: impl FnOnce(RequestKey) -> (T, X),
+    ) -> Result<Result<(RequestKey, X), MqStatus>> {
         let key = self.next_key();
         // SAFETY: the caller's contract covers the post's; the request is
         // tested at once, and entered in the table if it is still live.
-        let mut req = unsafe {
+        let req = unsafe {
             self.mq
                 .post_send(peer, sync, tag, (buf, len), key.0 as usize)?
         };
-        let (_, psm) = self.mq.raw();
-        let mut st = MaybeUninit::<psm2_mq_status2_t>::zeroed();
         // SAFETY: req is the live request just posted (nobody else can
-        // reach it: `&mut self`); test2 frees it, with the status filled,
-        // only when it returns PSM2_OK.
-        if unsafe { (psm.psm2_mq_test2)(&mut req, st.as_mut_ptr()) } == psm2_error::PSM2_OK {
-            // SAFETY: zero-initialised (plain data), then filled by PSM2.
-            return Ok(Err(MqStatus::from_raw(unsafe { st.assume_init_ref() })));
+        // reach it: `&mut self`).
+        if let Some(st) = unsafe { self.test_live(req) } {
+            return Ok(Err(st));
         }
-        Ok(Ok(self.insert(req, false, track(key))))
+        let (payload, x) = track(key);
+        Ok(Ok((self.insert(req, false, payload), x)))
     }
 
     /// Posts a receive of up to `len` bytes at `buf` for what `sel` matches
@@ -282,17 +280,28 @@ impl<T> TrackedQueue<T> {
     /// not, or if `key` names no outstanding request. Does not poll.
     #[inline]
     pub fn test(&mut self, key: RequestKey) -> Option<(T, MqStatus)> {
-        let mut req = self.entry(key)?.req;
+        let req = self.entry(key)?.req;
+        // SAFETY: req is live: it is in the table.
+        let st = unsafe { self.test_live(req) }?;
+        Some((self.remove(key)?, st))
+    }
+
+    /// `psm2_mq_test2` on `req`: its status if it has completed (PSM2 then
+    /// freed it), else `None` (it is still live).
+    ///
+    /// # Safety
+    /// `req` is a live request of this queue: not freed by PSM2 yet.
+    #[inline]
+    unsafe fn test_live(&self, mut req: psm2_mq_req_t) -> Option<MqStatus> {
         let (_, psm) = self.mq.raw();
         let mut st = MaybeUninit::<psm2_mq_status2_t>::zeroed();
-        // SAFETY: req is live (in the table); test2 frees it only when it
-        // returns PSM2_OK, with the status filled.
+        // SAFETY: req is live (the caller's contract); test2 frees it only
+        // when it returns PSM2_OK, with the status filled.
         if unsafe { (psm.psm2_mq_test2)(&mut req, st.as_mut_ptr()) } != psm2_error::PSM2_OK {
             return None;
         }
         // SAFETY: zero-initialised (plain data), then filled by PSM2.
-        let st = MqStatus::from_raw(unsafe { st.assume_init_ref() });
-        Some((self.remove(key)?, st))
+        Some(MqStatus::from_raw(unsafe { st.assume_init_ref() }))
     }
 
     /// Cancels receive `key` if PSM2 has not matched it yet
