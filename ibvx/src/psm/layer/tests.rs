@@ -146,24 +146,26 @@ fn a_send_done_inside_its_post_never_enters_the_table() {
 
 #[test]
 fn completions_come_in_batches_until_none_is_left() {
+    // 40 receives, then 40 sends that match them: 80 completions, more
+    // than two batches' worth. The buffers are declared before the queue,
+    // so that they outlive it even if an assertion unwinds with requests
+    // outstanding (the queue's drop closes the endpoint first).
+    let mut bufs = vec![[0u8; 8]; 40];
+    let data: Vec<[u8; 8]> = (0..40u8).map(|i| [i; 8]).collect();
     let Some((_guard, mq)) = solo_queue() else {
         return;
     };
     let mut q = TrackedQueue::new(mq);
-    // 40 receives, then 40 sends that match them: 80 completions, more
-    // than two batches' worth.
-    let mut bufs = vec![[0u8; 8]; 40];
-    let data: Vec<[u8; 8]> = (0..40u8).map(|i| [i; 8]).collect();
     let mut want = Vec::new();
     for (i, b) in bufs.iter_mut().enumerate() {
-        // SAFETY: `bufs` outlives the requests, all collected below before
-        // it is read.
+        // SAFETY: `bufs` outlives the queue (declared first), and every
+        // request is collected below before it is read.
         let k = unsafe { q.irecv(&exact(100 + i as u32), (b.as_mut_ptr(), 8), i) }.unwrap();
         want.push((k, i));
     }
     for (i, d) in data.iter().enumerate() {
         let t = MqTag([100 + i as u32, 1, 2]);
-        // SAFETY: `data` outlives the requests, collected below.
+        // SAFETY: `data` outlives the queue (declared first).
         let k = unsafe { q.isend(0, t, (d.as_ptr(), 8), false, 40 + i) }.unwrap();
         want.push((k, 40 + i));
     }
