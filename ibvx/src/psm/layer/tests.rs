@@ -193,22 +193,23 @@ fn completions_come_in_batches_until_none_is_left() {
 
 #[test]
 fn a_post_that_fails_gives_its_payload_back_and_tracks_nothing() {
+    // Declared before the queue, so they outlive it whatever happens.
+    let (mut buf, data) = ([0u8; 8], [1u8; 8]);
     let Some((_guard, mq)) = solo_queue() else {
         return;
     };
     let mut q = TrackedQueue::new(mq);
-    let mut buf = [0u8; 8];
     // Peer 5 is not connected: PSM2 never sees either post.
     let from_5 = Selector {
         from: Some(5),
         ..exact(3)
     };
-    // SAFETY: the post fails, so PSM2 never has `buf`.
+    // SAFETY: `buf` outlives the queue; the post fails, so PSM2 never has
+    // it anyway.
     let r = unsafe { q.irecv(&from_5, (buf.as_mut_ptr(), 8), "recv") };
     let (e, payload) = r.expect_err("a receive from a peer not connected");
     assert!(matches!(e, xdev::Error::Config(_)), "{e:?}");
     assert_eq!(payload, "recv", "the payload comes back with the error");
-    let data = [1u8; 8];
     // SAFETY: as above.
     let s = unsafe {
         q.isend_unless_done(
