@@ -91,7 +91,8 @@ pub(crate) fn timed(
 /// `iters` times. MB/s (10^6 bytes per second) on rank 0.
 ///
 /// Each outstanding operation owns its buffer (the xdev rule), so the window
-/// uses `WINDOW` distinct buffers per side, allocated once and reused.
+/// uses `WINDOW` distinct buffers per side, allocated once and reused; the
+/// requests go into one vector allocated once (OSU's static array).
 pub fn bandwidth(
     dev: &dyn Device,
     size: usize,
@@ -103,22 +104,23 @@ pub fn bandwidth(
     let mut bufs: Vec<Buffer> = (0..WINDOW)
         .map(|_| Buffer::from(vec![0x5Au8; size]))
         .collect();
+    let mut reqs: Vec<Request> = Vec::with_capacity(WINDOW);
     let secs = timed(iters, skip, || {
         match me {
             0 => {
-                let reqs: Vec<Request> = bufs.drain(..).map(|b| dev.isend(b, 1, 2, c)).collect();
-                for r in reqs {
+                reqs.extend(bufs.drain(..).map(|b| dev.isend(b, 1, 2, c)));
+                for r in reqs.drain(..) {
                     let (b, _) = r.wait().into_result()?;
                     bufs.push(b);
                 }
                 dev.recv(&mut [], Source::Rank(1), TagSel::Tag(3), c)?;
             }
             1 => {
-                let reqs: Vec<Request> = bufs
-                    .drain(..)
-                    .map(|b| dev.irecv(b, Source::Rank(0), TagSel::Tag(2), c))
-                    .collect();
-                for r in reqs {
+                reqs.extend(
+                    bufs.drain(..)
+                        .map(|b| dev.irecv(b, Source::Rank(0), TagSel::Tag(2), c)),
+                );
+                for r in reqs.drain(..) {
                     let (b, _) = r.wait().into_result()?;
                     bufs.push(b);
                 }
@@ -138,7 +140,8 @@ pub fn bandwidth(
 /// second: `2 * size * WINDOW * iters / time`), on rank 0.
 ///
 /// Each side uses `WINDOW` receive and `WINDOW` send buffers, allocated once
-/// and reused (an outstanding operation owns its buffer).
+/// and reused (an outstanding operation owns its buffer), and one vector of
+/// requests, allocated once.
 pub fn bibandwidth(
     dev: &dyn Device,
     size: usize,
@@ -146,19 +149,24 @@ pub fn bibandwidth(
     skip: usize,
 ) -> xdev::Result<Option<f64>> {
     let c = BENCH_CONTEXT + 3;
+    // One vector for the window's requests, allocated once (OSU's loop
+    // keeps them in a static array): the loop allocates nothing per window.
+    let mut reqs: Vec<Request> = Vec::with_capacity(2 * WINDOW);
     bibw_loop(dev, size, iters, skip, |peer, rbufs, sbufs| {
-        let recvs: Vec<Request> = rbufs
-            .drain(..)
-            .map(|b| dev.irecv(b, Source::Rank(peer), TagSel::Tag(4), c))
-            .collect();
-        let sends: Vec<Request> = sbufs.drain(..).map(|b| dev.isend(b, peer, 4, c)).collect();
-        for r in recvs {
+        let receives = rbufs.len();
+        reqs.extend(
+            rbufs
+                .drain(..)
+                .map(|b| dev.irecv(b, Source::Rank(peer), TagSel::Tag(4), c)),
+        );
+        reqs.extend(sbufs.drain(..).map(|b| dev.isend(b, peer, 4, c)));
+        for (i, r) in reqs.drain(..).enumerate() {
             let (b, _) = r.wait().into_result()?;
-            rbufs.push(b);
-        }
-        for r in sends {
-            let (b, _) = r.wait().into_result()?;
-            sbufs.push(b);
+            if i < receives {
+                rbufs.push(b);
+            } else {
+                sbufs.push(b);
+            }
         }
         Ok(())
     })
