@@ -388,11 +388,24 @@ fn ordering_under_wildcards(dev: &dyn Device) -> CaseResult {
     let (me, n) = (dev.id(), dev.size());
     let c = ctx(3, 0);
     if me != 0 {
+        // Blocking and non-blocking sends alternate (a device may take
+        // different paths for each, and for small and large messages; the
+        // large ones are non-blocking, so later small ones start while
+        // they are still in flight): none may overtake another.
+        let mut pending = Vec::new();
         for i in 0..M {
             let size = if i % 50 == 7 { LARGE / 4 } else { 16 };
             let mut v = patterned(size, i);
             v[..8].copy_from_slice(&i.to_le_bytes());
-            dev.send(&v, 0, (i % 3) as i32, c).map_err(e("send"))?;
+            let tag = (i % 3) as i32;
+            if i % 2 == 1 {
+                pending.push(dev.isend(Buffer::from(v), 0, tag, c));
+            } else {
+                dev.send(&v, 0, tag, c).map_err(e("send"))?;
+            }
+        }
+        for r in pending {
+            wait_ok(r, "isend")?;
         }
     } else {
         let mut next = vec![0u64; n];

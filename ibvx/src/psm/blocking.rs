@@ -6,7 +6,7 @@ use std::cell::Cell;
 
 use xdev::{Context, Error, Pattern, Rank, Result, Source, Status, Tag};
 
-use super::engine::{lost, tag, PsmEngine, Slot};
+use super::engine::{lost, PsmEngine, Slot};
 use super::layer::RequestKey;
 
 /// Settles a blocking call's PSM2 request when the call ends before its
@@ -150,10 +150,7 @@ impl PsmEngine {
             // Below PSM2's rendezvous threshold a send completes locally
             // at once: psm2_mq_send2 returns when `data` may be reused,
             // with no request to track.
-            let q = l.queue.as_mut().ok_or(Error::Closed)?;
-            return q
-                .send(dest, tag(t, ctx, data.len() as u32), data)
-                .map(|_| None);
+            return self.send_eager(&mut l, data, (dest, t, ctx)).map(|_| None);
         }
         let at = (data.as_ptr(), data.len());
         // SAFETY: `data` is borrowed for the whole blocking call (our only

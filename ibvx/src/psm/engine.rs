@@ -387,6 +387,19 @@ impl PsmEngine {
         unsafe { q.isend(dest, stag, (data, len), sync, slot) }
     }
 
+    /// Sends `data` to `dest` with `psm2_mq_send2`, which returns once
+    /// `data` may be reused: for an eager message (shorter than
+    /// `eager_max`), once PSM2 has copied it out.
+    pub(super) fn send_eager(
+        &self,
+        l: &mut Inner,
+        data: &[u8],
+        (dest, t, context): (Rank, Tag, Context),
+    ) -> Result<()> {
+        let (q, stag) = send_queue(l, t, context, data.len())?;
+        q.send(dest, stag, data)
+    }
+
     /// Posts a send of `len` bytes at `data` and tests it once: the status
     /// (`Err`) if PSM2 completed it inside the post, with no table entry;
     /// else the slot `track` makes is its payload, and `track`'s other

@@ -13,7 +13,10 @@
 //!   `ANY_SOURCE`); the sender's rank comes back from the status's
 //!   `msg_peer`. PSM2's MQ keeps MPI's ordering rules.
 //! * **Operations.** `isend`/`irecv` are `psm2_mq_isend2`/`psm2_mq_irecv2`
-//!   with the request's buffer; `ssend` uses `PSM2_MQ_FLAG_SENDSYNC` (done
+//!   with the request's buffer, except an eager `isend` to another rank
+//!   (shorter than `rndv_shm_bytes`): `psm2_mq_send2` returns once PSM2 has
+//!   copied it out, so it is born complete with no PSM2 request to test and
+//!   free, as a blocking send is; `ssend` uses `PSM2_MQ_FLAG_SENDSYNC` (done
 //!   only once matched); `probe` is `psm2_mq_iprobe2` in a progress loop;
 //!   cancel is `psm2_mq_cancel` (receives only, as in PSM2); completions are
 //!   collected in batches with `psm2_mq_ipeek_dequeue_multi` by every

@@ -36,6 +36,21 @@ impl Transport for PsmEngine {
             drop(l);
             return reject(buf, lost(dest));
         }
+        if !sync && buf.len() < eng.eager_max && dest != eng.rank {
+            // An eager send is over once `psm2_mq_send2` returns (PSM2 has
+            // copied it out), as in the blocking send: born complete, with
+            // no PSM2 request to post, test and free. (Not to this rank:
+            // PSM2's self device ends a send only when a receive matches.)
+            let sent = eng.send_eager(&mut l, &buf, (dest, tag, context));
+            drop(l);
+            return match sent {
+                Ok(()) => {
+                    let len = buf.len();
+                    eng.tracker.completed(buf, Status::ok(env, len))
+                }
+                Err(e) => reject(buf, e),
+            };
+        }
         // Posted from the buffer before any request core exists, and tested
         // inside the post: an eager send PSM2 has already copied out ends
         // there, born complete (no pooled core, no table entry, no engine in
