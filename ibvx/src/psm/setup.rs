@@ -149,6 +149,7 @@ impl PsmDevice {
                 inner: shm_ipc::biased::BiasedLock::new(Inner {
                     queue: Some(TrackedQueue::new(mq)),
                     done: KeyMap::default(),
+                    batch: Box::default(),
                     gone: vec![false; size],
                     departures_seen: 0,
                     kept: Vec::new(),
