@@ -146,7 +146,7 @@ impl PsmEngine {
             unsafe { self.post_send(&mut l, at, (dest, t, ctx), false, slot) }?;
             return Ok(None);
         }
-        if !sync && data.len() < self.eager_max {
+        if self.sends_eagerly(dest, data.len(), sync) {
             // Below PSM2's rendezvous threshold a send completes locally
             // at once: psm2_mq_send2 returns when `data` may be reused,
             // with no request to track.

@@ -391,6 +391,16 @@ impl PsmEngine {
         unsafe { q.isend(dest, stag, (data, len), sync, slot) }
     }
 
+    /// Whether a send of `len` bytes to `dest` is over once
+    /// `psm2_mq_send2` returns ([`send_eager`](Self::send_eager)): an eager
+    /// one (shorter than `eager_max`), not synchronous, to another rank
+    /// (to this rank, `psm2_mq_send2` returns only once a receive matches:
+    /// see [`Slot::SelfCopy`]).
+    #[inline]
+    pub(super) fn sends_eagerly(&self, dest: Rank, len: usize, sync: bool) -> bool {
+        !sync && len < self.eager_max && dest != self.rank
+    }
+
     /// Sends `data` to `dest` with `psm2_mq_send2`, which returns once
     /// `data` may be reused: for an eager message (shorter than
     /// `eager_max`), once PSM2 has copied it out.

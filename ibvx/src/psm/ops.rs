@@ -36,11 +36,9 @@ impl Transport for PsmEngine {
             drop(l);
             return reject(buf, lost(dest));
         }
-        if !sync && buf.len() < eng.eager_max && dest != eng.rank {
-            // An eager send is over once `psm2_mq_send2` returns (PSM2 has
-            // copied it out), as in the blocking send: born complete, with
-            // no PSM2 request to post, test and free. (Not to this rank:
-            // PSM2's self device ends a send only when a receive matches.)
+        if eng.sends_eagerly(dest, buf.len(), sync) {
+            // Over once `psm2_mq_send2` returns, as the blocking send: born
+            // complete, with no PSM2 request to post, test and free.
             let sent = eng.send_eager(&mut l, &buf, (dest, tag, context));
             drop(l);
             return match sent {
@@ -51,9 +49,11 @@ impl Transport for PsmEngine {
                 Err(e) => reject(buf, e),
             };
         }
-        // Posted from the buffer before any request core exists, and tested
-        // inside the post: an eager send PSM2 has already copied out ends
-        // there, born complete (no pooled core, no table entry, no engine in
+        // Any other send (to this rank, synchronous, or a rendezvous) is
+        // posted from the buffer before any request core exists, and tested
+        // inside the post: one PSM2 completed there (an eager send to this
+        // rank, which PSM2's self device copies out in the post) ends there,
+        // born complete (no pooled core, no table entry, no engine in
         // the handle). Until a core owns it, the buffer is held in a
         // `ManuallyDrop`: should anything unwind while PSM2 may still read
         // it, it leaks instead of being freed.
