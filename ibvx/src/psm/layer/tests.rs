@@ -44,6 +44,28 @@ fn solo_queue() -> Option<(std::sync::MutexGuard<'static, ()>, MatchedQueue)> {
     Some((guard, mq))
 }
 
+/// `isend_unless_done` of `data` to `peer` with tag `[t, 1, 2]`, for a
+/// send that must never enter the table: its `track` fails the test (`what`
+/// names the send).
+///
+/// # Safety
+/// As [`TrackedQueue::isend_unless_done`]: `data` outlives the request.
+unsafe fn isend_untracked(
+    q: &mut TrackedQueue<&'static str>,
+    peer: usize,
+    t: u32,
+    data: &[u8],
+    what: &str,
+) -> xdev::Result<Result<(RequestKey, ()), MqStatus>> {
+    let at = (data.as_ptr(), data.len());
+    // SAFETY: the caller's contract.
+    unsafe {
+        q.isend_unless_done(peer, MqTag([t, 1, 2]), at, false, |_| {
+            panic!("{what} made a payload")
+        })
+    }
+}
+
 fn exact(t: u32) -> Selector {
     Selector {
         from: Some(0),
@@ -121,16 +143,8 @@ fn a_send_done_inside_its_post_never_enters_the_table() {
     // test there ends it, and `track` is never called.
     // SAFETY: `data` outlives the call; when it returns the status, PSM2
     // no longer reads `data`.
-    let done = unsafe {
-        q.isend_unless_done(
-            0,
-            MqTag([4, 1, 2]),
-            (data.as_ptr(), 24),
-            false,
-            |_| -> (&str, ()) { panic!("a send done inside its post made a payload") },
-        )
-    }
-    .unwrap();
+    let done =
+        unsafe { isend_untracked(&mut q, 0, 4, &data, "a send done inside its post") }.unwrap();
     let st = done.expect_err("an eager send ends inside its post");
     assert!(st.is_ok());
     assert!(q.is_empty(), "no table entry for it");
@@ -211,15 +225,7 @@ fn a_post_that_fails_gives_its_payload_back_and_tracks_nothing() {
     assert!(matches!(e, xdev::Error::Config(_)), "{e:?}");
     assert_eq!(payload, "recv", "the payload comes back with the error");
     // SAFETY: as above.
-    let s = unsafe {
-        q.isend_unless_done(
-            5,
-            MqTag([3, 1, 2]),
-            (data.as_ptr(), 8),
-            false,
-            |_| -> (&str, ()) { panic!("a send whose post failed made a payload") },
-        )
-    };
+    let s = unsafe { isend_untracked(&mut q, 5, 3, &data, "a send whose post failed") };
     assert!(matches!(s, Err(xdev::Error::Config(_))), "{s:?}");
     assert!(q.is_empty(), "neither post entered the table");
 }
