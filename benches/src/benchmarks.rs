@@ -5,6 +5,7 @@
 
 use std::time::Instant;
 
+use xdev::devkit::Completion;
 use xdev::{Buffer, Device, Rank, Request, Source, TagSel};
 
 /// Context the benchmarks use.
@@ -105,30 +106,14 @@ pub fn bandwidth(
         .map(|_| Buffer::from(vec![0x5Au8; size]))
         .collect();
     let mut reqs: Vec<Request> = Vec::with_capacity(WINDOW);
-    let secs = timed(iters, skip, || {
-        match me {
-            0 => {
-                reqs.extend(bufs.drain(..).map(|b| dev.isend(b, 1, 2, c)));
-                for r in reqs.drain(..) {
-                    let (b, _) = r.wait().into_result()?;
-                    bufs.push(b);
-                }
-                dev.recv(&mut [], Source::Rank(1), TagSel::Tag(3), c)?;
-            }
-            1 => {
-                reqs.extend(
-                    bufs.drain(..)
-                        .map(|b| dev.irecv(b, Source::Rank(0), TagSel::Tag(2), c)),
-                );
-                for r in reqs.drain(..) {
-                    let (b, _) = r.wait().into_result()?;
-                    bufs.push(b);
-                }
-                dev.send(&[], 0, 3, c)?;
-            }
-            _ => {}
-        }
-        Ok(())
+    let side = match me {
+        0 => Some(Side::Sender(1)),
+        1 => Some(Side::Receiver(0)),
+        _ => None,
+    };
+    let secs = timed(iters, skip, || match side {
+        Some(side) => window(dev, side, &mut bufs, &mut reqs, 2, c),
+        None => Ok(()),
     })?;
     let mb = (size * WINDOW * iters) as f64 / 1e6;
     Ok((me == 0).then_some(mb / secs))
@@ -160,15 +145,8 @@ pub fn bibandwidth(
                 .map(|b| dev.irecv(b, Source::Rank(peer), TagSel::Tag(4), c)),
         );
         reqs.extend(sbufs.drain(..).map(|b| dev.isend(b, peer, 4, c)));
-        for (i, r) in reqs.drain(..).enumerate() {
-            let (b, _) = r.wait().into_result()?;
-            if i < receives {
-                rbufs.push(b);
-            } else {
-                sbufs.push(b);
-            }
-        }
-        Ok(())
+        let waited = reqs.drain(..).map(|r| r.wait().into_result());
+        give_back(waited, receives, rbufs, sbufs)
     })
 }
 
@@ -190,19 +168,37 @@ pub fn bibandwidth_window(
     let mut reqs = Vec::with_capacity(2 * WINDOW);
     let mut done = Vec::with_capacity(2 * WINDOW);
     bibw_loop(dev, size, iters, skip, |peer, rbufs, sbufs| {
+        let receives = rbufs.len();
         dev.irecv_many(rbufs, Source::Rank(peer), TagSel::Tag(4), c, &mut reqs);
         dev.isend_many(sbufs, peer, 4, c, &mut reqs);
         Request::wait_all(&mut reqs, &mut done);
-        for (i, d) in done.drain(..).enumerate() {
-            let (b, _) = d.into_result()?;
-            if i < WINDOW {
-                rbufs.push(b);
-            } else {
-                sbufs.push(b);
-            }
-        }
-        Ok(())
+        give_back(
+            done.drain(..).map(Completion::into_result),
+            receives,
+            rbufs,
+            sbufs,
+        )
     })
+}
+
+/// Gives each buffer of an osu_bibw window back to the vector it came from,
+/// in the order they were posted: the first `receives` to `rbufs`, the rest
+/// to `sbufs`. The first failed operation's error ends it.
+fn give_back(
+    done: impl Iterator<Item = xdev::Result<(Buffer, xdev::Status)>>,
+    receives: usize,
+    rbufs: &mut Vec<Buffer>,
+    sbufs: &mut Vec<Buffer>,
+) -> xdev::Result<()> {
+    for (i, d) in done.enumerate() {
+        let (b, _) = d?;
+        if i < receives {
+            rbufs.push(b);
+        } else {
+            sbufs.push(b);
+        }
+    }
+    Ok(())
 }
 
 /// The loop of [`bibandwidth`] and [`bibandwidth_window`]: ranks 0 and 1
@@ -284,6 +280,47 @@ pub fn message_rate(
     Ok(secs.map(|s| (WINDOW * iters) as f64 / s))
 }
 
+/// A rank's part in an osu_bw window, with its partner's rank.
+#[derive(Clone, Copy)]
+enum Side {
+    Sender(Rank),
+    Receiver(Rank),
+}
+
+/// One osu_bw window: the sender posts a non-blocking send of each buffer
+/// of `bufs` to its partner (tag `tag`), waits for them all and receives a
+/// zero-byte acknowledgement (tag `tag + 1`); the receiver posts the
+/// matching receives, waits for them all, then sends the acknowledgement.
+/// The requests go through `reqs` (allocated once, OSU's static array); every
+/// buffer comes back to `bufs`.
+fn window(
+    dev: &dyn Device,
+    side: Side,
+    bufs: &mut Vec<Buffer>,
+    reqs: &mut Vec<Request>,
+    tag: i32,
+    c: u32,
+) -> xdev::Result<()> {
+    let ack = tag + 1;
+    match side {
+        Side::Sender(to) => reqs.extend(bufs.drain(..).map(|b| dev.isend(b, to, tag, c))),
+        Side::Receiver(from) => reqs.extend(
+            bufs.drain(..)
+                .map(|b| dev.irecv(b, Source::Rank(from), TagSel::Tag(tag), c)),
+        ),
+    }
+    for r in reqs.drain(..) {
+        let (b, _) = r.wait().into_result()?;
+        bufs.push(b);
+    }
+    match side {
+        Side::Sender(to) => dev
+            .recv(&mut [], Source::Rank(to), TagSel::Tag(ack), c)
+            .map(drop),
+        Side::Receiver(from) => dev.send(&[], from, ack, c),
+    }
+}
+
 /// The loop of [`multi_bandwidth`] and [`message_rate`] with `pairs` pairs
 /// (rank `i < pairs` sends to rank `i + pairs`) on context `c`: seconds of
 /// the timed iterations on rank 0, between two barriers of every rank.
@@ -300,28 +337,16 @@ fn stream(
         .map(|_| Buffer::from(vec![0x69u8; size]))
         .collect();
     let mut reqs: Vec<Request> = Vec::with_capacity(WINDOW);
-    let mut step = || -> xdev::Result<()> {
-        if me < pairs {
-            let to = me + pairs;
-            reqs.extend(bufs.drain(..).map(|b| dev.isend(b, to, 5, c)));
-            for r in reqs.drain(..) {
-                let (b, _) = r.wait().into_result()?;
-                bufs.push(b);
-            }
-            dev.recv(&mut [], Source::Rank(to), TagSel::Tag(6), c)?;
-        } else if me < 2 * pairs {
-            let from = me - pairs;
-            reqs.extend(
-                bufs.drain(..)
-                    .map(|b| dev.irecv(b, Source::Rank(from), TagSel::Tag(5), c)),
-            );
-            for r in reqs.drain(..) {
-                let (b, _) = r.wait().into_result()?;
-                bufs.push(b);
-            }
-            dev.send(&[], from, 6, c)?;
-        }
-        Ok(())
+    let side = if me < pairs {
+        Some(Side::Sender(me + pairs))
+    } else if me < 2 * pairs {
+        Some(Side::Receiver(me - pairs))
+    } else {
+        None
+    };
+    let mut step = || match side {
+        Some(side) => window(dev, side, &mut bufs, &mut reqs, 5, c),
+        None => Ok(()),
     };
     for _ in 0..skip {
         step()?;
