@@ -230,8 +230,7 @@ impl<D: Face> crate::Device for D {
         tag: TagSel,
         context: Context,
     ) -> Result<Status> {
-        check_recv(source, tag, self.engine().seat().size)?;
-        self.engine().seat().check_open()?;
+        recv_checks(self.engine(), source, tag)?;
         self.engine()
             .recv_into(buf, Pattern::new(source, tag, context))
     }
@@ -286,16 +285,14 @@ impl<D: Face> crate::Device for D {
     }
 
     fn probe(&self, source: Source, tag: TagSel, context: Context) -> Result<Status> {
-        check_recv(source, tag, self.engine().seat().size)?;
-        self.engine().seat().check_open()?;
+        recv_checks(self.engine(), source, tag)?;
         self.engine()
             .probe(Pattern::new(source, tag, context), true)?
             .ok_or(Error::Closed)
     }
 
     fn iprobe(&self, source: Source, tag: TagSel, context: Context) -> Result<Option<Status>> {
-        check_recv(source, tag, self.engine().seat().size)?;
-        self.engine().seat().check_open()?;
+        recv_checks(self.engine(), source, tag)?;
         self.engine()
             .probe(Pattern::new(source, tag, context), false)
     }
@@ -340,8 +337,16 @@ fn send_checked<T: Transport>(engine: &Arc<T>, to: SendTo) -> Result<()> {
     engine.seat().check_open()
 }
 
-/// The checks of a non-blocking receive (one or a window), as for a send;
-/// a refusal comes with the envelope of its status (this rank, no tag).
+/// The checks of a receive or a probe: a valid source and tag, an open
+/// device.
+#[inline]
+fn recv_checks<T: Transport>(engine: &Arc<T>, source: Source, tag: TagSel) -> Result<()> {
+    check_recv(source, tag, engine.seat().size)?;
+    engine.seat().check_open()
+}
+
+/// [`recv_checks`] for a non-blocking receive (one or a window): a refusal
+/// comes with the envelope of its status (this rank, no tag).
 #[inline]
 fn recv_checked<T: Transport>(
     engine: &Arc<T>,
@@ -349,16 +354,14 @@ fn recv_checked<T: Transport>(
     tag: TagSel,
     context: Context,
 ) -> std::result::Result<(), (Envelope, Error)> {
-    check_recv(source, tag, engine.seat().size)
-        .and_then(|_| engine.seat().check_open())
-        .map_err(|e| {
-            let env = Envelope {
-                source: engine.seat().rank,
-                tag: -1,
-                context,
-            };
-            (env, e)
-        })
+    recv_checks(engine, source, tag).map_err(|e| {
+        let env = Envelope {
+            source: engine.seat().rank,
+            tag: -1,
+            context,
+        };
+        (env, e)
+    })
 }
 
 #[cfg(test)]
