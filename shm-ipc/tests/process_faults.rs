@@ -83,7 +83,7 @@ fn rendezvous_path_is_chosen_at_run_time_and_reported() {
     let out = run_job(2, &["conformance", "large_64mib"]);
     assert!(
         out[0].contains("rendezvous path: Cma")
-            || out[0].contains("rendezvous path: Pipelined(\"CMA runs at"),
+            || out[0].contains("rendezvous path: Pipelined(\"CMA copies"),
         "{}",
         out[0]
     );
