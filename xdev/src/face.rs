@@ -288,7 +288,7 @@ impl<D: Face> crate::Device for D {
         recv_checks(self.engine(), source, tag)?;
         self.engine()
             .probe(Pattern::new(source, tag, context), true)?
-            .ok_or(Error::Closed)
+            .ok_or_else(|| Error::Closed)
     }
 
     fn iprobe(&self, source: Source, tag: TagSel, context: Context) -> Result<Option<Status>> {

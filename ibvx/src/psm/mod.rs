@@ -135,7 +135,7 @@ impl RawPsm {
         f: impl FnOnce(&mut layer::MatchedQueue) -> Result<R>,
     ) -> Result<R> {
         let mut l = self.engine.lock();
-        let q = l.queue.as_mut().ok_or(Error::Closed)?;
+        let q = l.queue.as_mut().ok_or_else(|| Error::Closed)?;
         f(q)
     }
 
