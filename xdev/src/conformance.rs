@@ -243,7 +243,7 @@ fn checked(buf: &[u8], seed: u64, what: &str) -> CaseResult {
 
 fn wait_ok(r: Request, what: &str) -> Result<(Buffer, Status), String> {
     let c = r.wait();
-    match c.status.error {
+    match c.status.error.as_deref() {
         Some(err) => Err(format!("{what}: {err}")),
         None => Ok((c.buf, c.status)),
     }
@@ -277,7 +277,10 @@ fn errors(dev: &dyn Device) -> CaseResult {
     // Non-blocking: the error lands on the request and the buffer comes back.
     let comp = dev.isend(Buffer::from(vec![9u8; 3]), n + 1, 0, c).wait();
     ensure!(
-        matches!(comp.status.error, Some(Error::InvalidRank { .. })),
+        matches!(
+            comp.status.error.as_deref(),
+            Some(Error::InvalidRank { .. })
+        ),
         "isend to an invalid rank: status {:?}",
         comp.status
     );
@@ -286,7 +289,7 @@ fn errors(dev: &dyn Device) -> CaseResult {
         .irecv(Buffer::zeroed(2), ANY_SOURCE, TagSel::Tag(-2), c)
         .wait();
     ensure!(
-        matches!(comp.status.error, Some(Error::InvalidTag(-2))) && comp.buf.len() == 2,
+        matches!(comp.status.error.as_deref(), Some(Error::InvalidTag(-2))) && comp.buf.len() == 2,
         "irecv with an invalid tag: {:?}",
         comp.status
     );
@@ -565,7 +568,7 @@ fn truncation(dev: &dyn Device) -> CaseResult {
         ensure!(
             comp.status.count == 20
                 && comp.status.message_len == 50
-                && matches!(comp.status.error, Some(Error::Truncated { .. })),
+                && matches!(comp.status.error.as_deref(), Some(Error::Truncated { .. })),
             "irecv truncation status {:?}",
             comp.status
         );

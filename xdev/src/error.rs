@@ -135,14 +135,17 @@ pub struct BadOption {
 
 #[cfg(test)]
 mod tests {
-    /// Every status carries an `Option<Error>`, and statuses move with each
-    /// message: a variant with a large payload makes every message pay for
-    /// it (the two option errors, unboxed, once grew `Error` from 40 to 80
-    /// bytes and `Status` from 80 to 120, and cost 8-10% of the message
-    /// rate). Large payloads are boxed.
+    /// Statuses move with each message, several times between the device
+    /// and the caller: a status keeps its error out of line (a box, only
+    /// made when an operation fails), so a successful one is six words
+    /// (callgrind, 8 B receives: 60 instructions fewer per receive on the
+    /// thread device, 23 on psm, than with the error inline at ten). An
+    /// error keeps large payloads boxed too: it is moved whole wherever an
+    /// operation fails.
     #[test]
     fn errors_and_statuses_stay_small() {
         assert!(std::mem::size_of::<super::Error>() <= 40);
-        assert!(std::mem::size_of::<crate::Status>() <= 80);
+        assert!(std::mem::size_of::<crate::Status>() <= 48);
+        assert!(std::mem::size_of::<crate::request::Completion>() <= 80);
     }
 }

@@ -483,7 +483,7 @@ impl Completion {
     #[inline]
     pub fn into_result(self) -> crate::Result<(Buffer, Status)> {
         match self.status.error {
-            Some(e) => Err(e),
+            Some(e) => Err(*e),
             None => Ok((self.buf, self.status)),
         }
     }
@@ -737,7 +737,11 @@ impl Request {
         let Completion { buf, mut status } = self.wait();
         match status.error.take() {
             None => Ok((buf, status)),
-            Some(error) => Err(Box::new(Failed { buf, status, error })),
+            Some(error) => Err(Box::new(Failed {
+                buf,
+                status,
+                error: *error,
+            })),
         }
     }
 

@@ -120,8 +120,10 @@ pub struct Status {
     pub message_len: usize,
     /// Whether the operation was cancelled before it matched.
     pub cancelled: bool,
-    /// The error that ended the operation, if any.
-    pub error: Option<Error>,
+    /// The error that ended the operation, if any: boxed, out of line, so
+    /// that the status of a successful operation stays six words (match it
+    /// with `status.error.as_deref()`).
+    pub error: Option<Box<Error>>,
 }
 
 impl Status {
@@ -147,12 +149,12 @@ impl Status {
         let mut st = Status::ok(env, message_len.min(capacity));
         st.message_len = message_len;
         if message_len > capacity {
-            st.error = Some(Error::Truncated {
+            st.error = Some(Box::new(Error::Truncated {
                 sender: env.source,
                 tag: env.tag,
                 message_len,
                 capacity,
-            });
+            }));
         }
         st
     }
@@ -167,7 +169,7 @@ impl Status {
             count: 0,
             message_len: 0,
             cancelled: false,
-            error: Some(error),
+            error: Some(Box::new(error)),
         }
     }
 
@@ -204,7 +206,7 @@ impl Status {
     #[inline]
     pub fn into_result(self) -> Result<Status, Error> {
         match self.error {
-            Some(e) => Err(e),
+            Some(e) => Err(*e),
             None => Ok(self),
         }
     }

@@ -83,7 +83,7 @@ pub(super) unsafe fn lend_and_wait(
     drop(c.buf);
     armed.0 = false;
     match c.status.error.take() {
-        Some(e) => Err(e),
+        Some(e) => Err(*e),
         None => Ok(c.status),
     }
 }

@@ -76,7 +76,7 @@ impl RankMap {
     pub(super) fn status(&self, mut st: Status) -> Status {
         if self.to_job.is_some() {
             st.source = self.rank(st.source);
-            st.error = st.error.map(|e| self.error(e));
+            st.error = st.error.map(|e| Box::new(self.error(*e)));
         }
         st
     }

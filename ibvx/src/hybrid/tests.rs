@@ -97,7 +97,10 @@ fn local_ranks_map_to_job_ranks() {
     };
     let st = map.status(Status::received(env, 10, 4));
     assert_eq!(st.source, 3);
-    assert!(matches!(st.error, Some(Error::Truncated { sender: 3, .. })));
+    assert!(matches!(
+        st.error.as_deref(),
+        Some(Error::Truncated { sender: 3, .. })
+    ));
     assert!(matches!(
         map.error(Error::PeerLost {
             rank: 0,

@@ -92,7 +92,7 @@ fn a_failed_queue_pair_with_unsignalled_sends_completes_every_request() {
     let rndv = a.isend(Buffer::from(pattern(9, 200_000)), 1, 3, 0);
     let recv = a.irecv(Buffer::zeroed(16), Source::Rank(1), TagSel::Any, 0);
     a.engine.inject_qp_error(1);
-    let typed = |e: &Option<Error>, what: &str| match e {
+    let typed = |e: &Option<Box<Error>>, what: &str| match e.as_deref() {
         Some(Error::PeerLost { rank: 1, .. }) | Some(Error::Transport { .. }) => {}
         other => panic!("{what}: {other:?}"),
     };

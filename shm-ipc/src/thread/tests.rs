@@ -94,7 +94,7 @@ fn a_window_on_a_finished_device_gives_every_buffer_back_closed() {
         assert_eq!(done.len(), 5);
         for (i, d) in done.iter().enumerate() {
             assert!(
-                matches!(d.status.error, Some(xdev::Error::Closed)),
+                matches!(d.status.error.as_deref(), Some(xdev::Error::Closed)),
                 "request {i}: {:?}",
                 d.status
             );

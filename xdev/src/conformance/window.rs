@@ -42,9 +42,10 @@ pub(super) fn window_calls(dev: &dyn Device) -> CaseResult {
     for (i, d) in done.iter().enumerate() {
         let want_rank = i < 3;
         let ok = if want_rank {
-            matches!(d.status.error, Some(Error::InvalidRank { .. })) && d.buf[..] == [i as u8; 5]
+            matches!(d.status.error.as_deref(), Some(Error::InvalidRank { .. }))
+                && d.buf[..] == [i as u8; 5]
         } else {
-            matches!(d.status.error, Some(Error::InvalidTag(-3))) && d.buf.len() == 4
+            matches!(d.status.error.as_deref(), Some(Error::InvalidTag(-3))) && d.buf.len() == 4
         };
         ensure!(
             ok,

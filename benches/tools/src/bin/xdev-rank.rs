@@ -147,7 +147,7 @@ fn posted_truncation(options: &[String]) -> Result<(), String> {
             );
             barrier(&*dev).map_err(|e| format!("barrier: {e}"))?;
             let done = r.wait();
-            match &done.status.error {
+            match done.status.error.as_deref() {
                 Some(xdev::Error::Truncated {
                     message_len,
                     capacity,
@@ -201,7 +201,7 @@ fn peer_exit(options: &[String]) -> Result<(), String> {
             ctx,
         )
         .wait();
-    lost("irecv", done.status.error.as_ref())?;
+    lost("irecv", done.status.error.as_deref())?;
     lost("send", dev.send(b"x", 1, 0, ctx).err().as_ref())?;
     lost(
         "probe",
@@ -281,7 +281,7 @@ fn peer_killed(options: &[String]) -> Result<(), String> {
             ctx,
         )
         .wait();
-    match done.status.error {
+    match done.status.error.as_deref() {
         Some(xdev::Error::PeerLost { rank: 1, .. }) => {
             println!("rank {}: PeerLost from rank 1", dev.id());
         }
@@ -303,7 +303,7 @@ fn inflight_send(options: &[String]) -> Result<(), String> {
         std::process::exit(0);
     }
     if let Some(send) = send {
-        match send.wait().status.error {
+        match send.wait().status.error.as_deref() {
             Some(xdev::Error::PeerLost { rank: 1, .. }) => {}
             other => {
                 return Err(format!(
@@ -334,7 +334,7 @@ fn finish_posted(options: &[String]) -> Result<(), String> {
     for (i, r) in posted.into_iter().enumerate() {
         closed(
             &format!("posted receive {i}"),
-            r.wait().status.error.as_ref(),
+            r.wait().status.error.as_deref(),
         )?;
     }
     closed(
@@ -347,7 +347,7 @@ fn finish_posted(options: &[String]) -> Result<(), String> {
         xdev::TagSel::Any,
         ctx,
     );
-    closed("receive after finish", late.wait().status.error.as_ref())
+    closed("receive after finish", late.wait().status.error.as_deref())
 }
 
 /// A hostile rank (issue 21): with 3 ranks on shm, rank 2 republishes rank
