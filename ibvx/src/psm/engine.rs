@@ -89,6 +89,7 @@ pub(super) fn tag(tag: Tag, context: Context, len: u32) -> MqTag {
 /// What a receive or probe of `p` selects, as PSM2 takes it: the source
 /// rank (any for `ANY_SOURCE`), then the tag and its selector: the tag
 /// exactly unless `ANY_TAG`, the context always, never the length word.
+#[inline]
 pub(super) fn selector(p: &Pattern) -> Selector {
     let from = match p.source {
         Source::Rank(s) => Some(s),
@@ -129,6 +130,7 @@ pub(super) fn lost(rank: Rank) -> Error {
 }
 
 impl PsmEngine {
+    #[inline]
     pub(super) fn lock(&self) -> RankGuard<'_, Inner> {
         self.inner.lock()
     }
@@ -136,6 +138,7 @@ impl PsmEngine {
     /// The xdev status of a completed receive into `cap` bytes, or of a
     /// probed message (`cap` = `None`), sent by `source` (`None`: an
     /// endpoint that is not in the job).
+    #[inline]
     pub(super) fn recv_status(
         &self,
         source: Option<Rank>,
@@ -446,6 +449,7 @@ impl PsmEngine {
     /// until the request leaves the queue.
     ///
     /// On failure the slot comes back with the error.
+    #[inline(always)]
     pub(super) unsafe fn post_recv(
         &self,
         l: &mut Inner,

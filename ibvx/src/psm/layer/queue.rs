@@ -352,7 +352,7 @@ impl MatchedQueue {
     /// `buf` must be valid for writes of `len` bytes and not be otherwise
     /// accessed until the returned request is freed (completed by test or
     /// wait, or cancelled and then waited) or the queue is finalized.
-    #[inline]
+    #[inline(always)]
     pub(super) unsafe fn post_recv(
         &mut self,
         sel: &Selector,

@@ -88,7 +88,7 @@ impl<T> TrackedQueue<T> {
         }
     }
 
-    #[inline]
+    #[inline(always)]
     fn insert(&mut self, req: psm2_mq_req_t, recv: bool, payload: T) -> RequestKey {
         let index = match self.free.pop() {
             Some(i) => i,
@@ -216,7 +216,7 @@ impl<T> TrackedQueue<T> {
     /// accessed until the request leaves the table: returned by
     /// [`collect`](Self::collect), [`test`](Self::test) or
     /// [`cancel`](Self::cancel), or the queue closed or dropped.
-    #[inline]
+    #[inline(always)]
     pub unsafe fn irecv(
         &mut self,
         sel: &Selector,
