@@ -147,5 +147,7 @@ mod tests {
         assert!(std::mem::size_of::<super::Error>() <= 40);
         assert!(std::mem::size_of::<crate::Status>() <= 48);
         assert!(std::mem::size_of::<crate::request::Completion>() <= 80);
+        // A request born complete carries its id, buffer and status.
+        assert!(std::mem::size_of::<crate::Request>() <= 88);
     }
 }

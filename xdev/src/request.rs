@@ -597,7 +597,7 @@ impl Held {
 /// The caller's share of a request that [`Tracker::start_request`] just
 /// started, before it becomes the [`Request`] handed to the caller
 /// ([`into_request`](Handle::into_request)). Three words where a `Request`
-/// is fifteen: a device moves this through its posting path and makes the
+/// is eleven: a device moves this through its posting path and makes the
 /// `Request` where it returns it, so the large value is written once, in
 /// place, instead of being copied at every return. Dropping it is dropping
 /// the request (the handle is released; the device keeps the core).
