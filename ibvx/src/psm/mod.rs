@@ -43,9 +43,10 @@
 //!   device offers no wake-up event to block on.
 //! * **Peers that leave** are learnt from the bootstrap (its departure
 //!   notices): new operations to them fail at once with
-//!   [`Error::PeerLost`], as do receives naming them (cancelled in PSM2). A
-//!   send PSM2 has already taken cannot be cancelled; its buffer stays with
-//!   the device (never freed while PSM2 might read it) and the request fails.
+//!   [`PeerLost`](xdev::Error::PeerLost), as do receives naming them
+//!   (cancelled in PSM2). A send PSM2 has already taken cannot be
+//!   cancelled; its buffer stays with the device (never freed while PSM2
+//!   might read it) and the request fails.
 //!
 //! # Layout
 //!
@@ -61,7 +62,7 @@
 use std::sync::Arc;
 
 use xdev::registry::{Entry, Placement};
-use xdev::{Device, Error, Rank, Registry, Result};
+use xdev::{Device, Rank, Registry, Result};
 
 mod blocking;
 mod engine;
@@ -129,14 +130,14 @@ pub struct RawPsm {
 impl RawPsm {
     /// Runs `f` on the device's matched queue, holding the device's lock
     /// meanwhile (so `f` must not call the device: it would wait for
-    /// itself). Fails with [`Error::Closed`] once the device finished.
+    /// itself). Fails with [`Closed`](xdev::Error::Closed) once the device
+    /// finished.
     pub fn with_queue<R>(
         &self,
         f: impl FnOnce(&mut layer::MatchedQueue) -> Result<R>,
     ) -> Result<R> {
         let mut l = self.engine.lock();
-        let q = l.queue.as_mut().ok_or_else(|| Error::Closed)?;
-        f(q)
+        f(l.open_queue()?)
     }
 
     /// This rank (its peer index on the queue).
