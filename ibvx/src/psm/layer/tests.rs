@@ -229,3 +229,31 @@ fn a_post_that_fails_gives_its_payload_back_and_tracks_nothing() {
     assert!(matches!(s, Err(xdev::Error::Config(_))), "{s:?}");
     assert!(q.is_empty(), "neither post entered the table");
 }
+
+#[test]
+fn an_eager_send_to_a_peer_not_connected_is_refused_and_sends_nothing() {
+    let Some((_guard, mut mq)) = solo_queue() else {
+        return;
+    };
+    // `send` is the eager path the device's `isend` takes for a short
+    // message to another rank; a peer with no address is refused before
+    // PSM2 sees the buffer.
+    let data = [4u8; 8];
+    let e = mq
+        .send(5, MqTag([13, 1, 2]), &data)
+        .expect_err("peer 5 is not connected");
+    assert!(
+        matches!(e, xdev::Error::Config(ref m) if m.contains("peer 5")),
+        "{e:?}"
+    );
+    assert!(mq.iprobe(&exact(13)).is_none(), "nothing was sent");
+    // The queue is unharmed: a message to itself still goes through.
+    let mut inp = [0u8; 8];
+    mq.scope(|s| {
+        s.irecv(&exact(13), &mut inp)?;
+        s.isend(0, MqTag([13, 1, 2]), &data)?;
+        s.wait_all()
+    })
+    .unwrap();
+    assert_eq!(inp, data);
+}
