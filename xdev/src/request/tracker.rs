@@ -143,6 +143,9 @@ impl Tracker {
         self.start_core(kind, None, false)
     }
 
+    /// Inlined into each start: as a call (about 80 instructions a request)
+    /// it cost 28 more than inlined on psm's receive, 20 on thread's.
+    #[inline]
     fn start_core(&self, kind: RequestKind, buf: Option<Buffer>, handle: bool) -> CoreRef {
         let (core, id) = pool::take_core(self.id, &self.pool);
         // SAFETY: `take_core` gives a core whose only other reference is
