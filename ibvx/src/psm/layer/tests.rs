@@ -74,6 +74,17 @@ fn exact(t: u32) -> Selector {
     }
 }
 
+/// Sends `out` to itself (tag `[t, 1, 2]`) into `inp` in a scope, a receive
+/// and a send both waited for.
+fn to_itself(mq: &mut MatchedQueue, t: u32, out: &[u8], inp: &mut [u8]) {
+    mq.scope(|s| {
+        s.irecv(&exact(t), inp)?;
+        s.isend(0, MqTag([t, 1, 2]), out)?;
+        s.wait_all()
+    })
+    .unwrap();
+}
+
 #[test]
 fn a_queue_talks_to_itself_and_owns_its_requests() {
     let Some((_guard, mut mq)) = solo_queue() else {
@@ -81,12 +92,7 @@ fn a_queue_talks_to_itself_and_owns_its_requests() {
     };
     // A scope: a receive and a send of its own, both waited for.
     let (out, mut inp) = (vec![7u8; 100], vec![0u8; 100]);
-    mq.scope(|s| {
-        s.irecv(&exact(5), &mut inp)?;
-        s.isend(0, MqTag([5, 1, 2]), &out)?;
-        s.wait_all()
-    })
-    .unwrap();
+    to_itself(&mut mq, 5, &out, &mut inp);
     assert_eq!(inp, out);
     assert!(mq.iprobe(&exact(5)).is_none());
 
@@ -249,11 +255,6 @@ fn an_eager_send_to_a_peer_not_connected_is_refused_and_sends_nothing() {
     assert!(mq.iprobe(&exact(13)).is_none(), "nothing was sent");
     // The queue is unharmed: a message to itself still goes through.
     let mut inp = [0u8; 8];
-    mq.scope(|s| {
-        s.irecv(&exact(13), &mut inp)?;
-        s.isend(0, MqTag([13, 1, 2]), &data)?;
-        s.wait_all()
-    })
-    .unwrap();
+    to_itself(&mut mq, 13, &data, &mut inp);
     assert_eq!(inp, data);
 }
