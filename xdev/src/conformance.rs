@@ -242,11 +242,9 @@ fn checked(buf: &[u8], seed: u64, what: &str) -> CaseResult {
 }
 
 fn wait_ok(r: Request, what: &str) -> Result<(Buffer, Status), String> {
-    let c = r.wait();
-    match c.status.error.as_deref() {
-        Some(err) => Err(format!("{what}: {err}")),
-        None => Ok((c.buf, c.status)),
-    }
+    r.wait()
+        .into_result()
+        .map_err(|err| format!("{what}: {err}"))
 }
 
 fn other(dev: &dyn Device) -> Option<Rank> {

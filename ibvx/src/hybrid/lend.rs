@@ -79,11 +79,8 @@ pub(super) unsafe fn lend_and_wait(
     // buffer was dropped, and aborts instead of unwinding before that.
     let lent = unsafe { Lent::buffer(ptr, len) };
     let mut armed = AbortIfLent(true);
-    let mut c = start(lent).wait();
+    let c = start(lent).wait();
     drop(c.buf);
     armed.0 = false;
-    match c.status.error.take() {
-        Some(e) => Err(*e),
-        None => Ok(c.status),
-    }
+    c.status.into_result()
 }
