@@ -482,10 +482,8 @@ impl Completion {
     /// dropped: keep the `Completion` when it must be reused on error).
     #[inline]
     pub fn into_result(self) -> crate::Result<(Buffer, Status)> {
-        match self.status.error {
-            Some(e) => Err(*e),
-            None => Ok((self.buf, self.status)),
-        }
+        let Completion { buf, status } = self;
+        status.into_result().map(|status| (buf, status))
     }
 }
 
