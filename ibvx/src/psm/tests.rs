@@ -141,3 +141,19 @@ fn a_receive_of_a_message_already_here_completes_at_its_wait() {
     assert!(pending.cancel());
     assert!(pending.wait().status.cancelled);
 }
+
+#[test]
+fn the_raw_queue_is_refused_once_the_device_finished() {
+    let _one = ONE_ENDPOINT.lock().unwrap_or_else(|p| p.into_inner());
+    let Some(dev) = solo() else {
+        return;
+    };
+    // SAFETY: no operation of the device is outstanding while the raw
+    // handles are used, and the closure sends nothing.
+    let raw = unsafe { dev.raw_handles() };
+    let peers = raw.with_queue(|q| Ok(q.endpoint().peers()));
+    assert_eq!(peers.unwrap(), 1, "open: the queue is lent");
+    dev.finish().unwrap();
+    let after = raw.with_queue(|_| -> xdev::Result<()> { panic!("lent a closed queue") });
+    assert!(matches!(after, Err(xdev::Error::Closed)), "{after:?}");
+}
