@@ -6,7 +6,8 @@
 //! - a peer that exits without finishing makes a receive from it, a send to
 //!   it and a probe naming it fail with PeerLost, and the survivor finishes;
 //! - a peer that exits with a rendezvous send to it in flight makes that
-//!   send fail with PeerLost;
+//!   send fail with PeerLost, and its data comes back (on psm in a copy:
+//!   PSM2 may still read the memory, which the device keeps);
 //! - receives still posted at finish end with Closed, as do operations
 //!   started after it.
 #![cfg(all(feature = "ibv", feature = "psm", feature = "hybrid"))]

@@ -58,8 +58,9 @@ pub(super) struct Inner {
     pub(super) batch: Box<CompletionBatch>,
     pub(super) gone: Vec<bool>,
     pub(super) departures_seen: usize,
-    /// Send buffers PSM2 may still read (their peer left first): never freed.
-    pub(super) kept: Vec<xdev::devkit::CoreRef>,
+    /// Send buffers PSM2 may still read (their peer left first): freed
+    /// only after the queue (the engine's drop closes it first).
+    pub(super) kept: Vec<xdev::Buffer>,
 }
 
 pub struct PsmEngine {
@@ -298,8 +299,12 @@ impl PsmEngine {
         for k in sends {
             let Some(s) = q.get_mut(k) else { continue };
             if let Slot::Send { core, env, .. } = std::mem::replace(s, Slot::Abandoned) {
-                self.tracker.complete(&core, Status::failed(env, lost(d)));
-                l.kept.push(core);
+                // PSM2 may still read the buffer: the handle gets a copy with
+                // the error, and the engine keeps the memory.
+                let st = Status::failed(env, lost(d));
+                if let Some(buf) = self.tracker.complete_keeping(&core, st) {
+                    l.kept.push(buf);
+                }
             }
         }
     }

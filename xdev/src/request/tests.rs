@@ -495,3 +495,39 @@ fn a_consumed_core_is_kept_only_by_its_own_trackers_stash() {
         }
     }
 }
+
+#[test]
+fn a_send_failed_while_its_memory_may_be_read_returns_a_copy_and_keeps_the_original() {
+    let t = Tracker::new();
+    let core = t.start(RequestKind::Send, Buffer::from(vec![1u8, 2, 3, 4]));
+    let at = core.buffer_ptr();
+    let req = Request::new(core.clone(), Arc::new(Inert));
+    let st = Status::failed(
+        env(),
+        crate::Error::PeerLost {
+            rank: 1,
+            reason: "left".into(),
+        },
+    );
+    let kept = t
+        .complete_keeping(&core, st)
+        .expect("this call completed it");
+    // The device keeps the memory the transport may still read...
+    assert_eq!(
+        (kept.as_ptr(), &kept[..]),
+        (at as *const u8, &[1u8, 2, 3, 4][..])
+    );
+    // ...and the handle gets the data back, in other memory, with the error.
+    let c = req.wait();
+    assert_eq!(&c.buf[..], &[1, 2, 3, 4]);
+    assert_ne!(c.buf.as_ptr(), at as *const u8);
+    assert!(matches!(
+        c.status.error.as_deref(),
+        Some(crate::Error::PeerLost { rank: 1, .. })
+    ));
+    // A request already complete is not completed (or copied) again.
+    assert!(t.complete_keeping(&core, Status::ok(env(), 4)).is_none());
+    // Nor is one another tracker started.
+    let other = Tracker::new().start(RequestKind::Send, Buffer::from(vec![9u8]));
+    assert!(t.complete_keeping(&other, Status::ok(env(), 1)).is_none());
+}

@@ -203,6 +203,26 @@ impl Tracker {
         }
     }
 
+    /// Completes `core` with `status` as [`complete`](Tracker::complete)
+    /// does, for a send whose memory the transport may still read after it
+    /// failed (its peer left before the transport let go of it): the
+    /// request's buffer is swapped for a copy of it, which the handle gets
+    /// back with the error, and the original comes back here, for the
+    /// device to keep until the transport lets go of it (or for good).
+    /// `None` if this call did not complete the request.
+    pub fn complete_keeping(&self, core: &CoreRef, status: Status) -> Option<Buffer> {
+        if !self.started(core) {
+            return None;
+        }
+        let hooked = core.claim()?;
+        // SAFETY: as the claimer we are the only one touching the cells
+        // before `done`; the handle reads them only after it.
+        let kept = unsafe { (*core.buf.get()).take() };
+        let copy = kept.as_ref().map(|b| Buffer::from(&b[..]));
+        core.finish(hooked, copy, status);
+        kept
+    }
+
     /// Reports the earliest-started completed request whose handle is still
     /// held and has not consumed it, once.
     pub fn pop_completed(&self) -> Option<Peeked> {

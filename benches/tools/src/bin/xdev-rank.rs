@@ -11,7 +11,8 @@
 //!                                             killed; the others' receives from it
 //!                                             fail with PeerLost
 //! xdev-rank inflight-send [KEY=VALUE...]      rank 1 leaves with a rendezvous send
-//!                                             to it in flight: the send fails
+//!                                             to it in flight: the send fails, its
+//!                                             data comes back
 //! xdev-rank finish-posted [KEY=VALUE...]      receives still posted at finish, and
 //!                                             operations after it, fail with Closed
 //! xdev-rank posted-truncation [KEY=VALUE...]  a large message into a smaller
@@ -297,19 +298,32 @@ fn peer_killed(options: &[String]) -> Result<(), String> {
 fn inflight_send(options: &[String]) -> Result<(), String> {
     let dev = open(options)?;
     let ctx = 0x464c_5954;
-    let send = (dev.id() == 0).then(|| dev.isend(xdev::Buffer::zeroed(1 << 20), 1, 0, ctx));
+    let data: Vec<u8> = (0..1u32 << 20).map(|i| (i % 251) as u8).collect();
+    let buf = xdev::Buffer::from(data.clone());
+    let at = buf.as_ptr() as usize;
+    let send = (dev.id() == 0).then(|| dev.isend(buf, 1, 0, ctx));
     barrier(&*dev).map_err(|e| format!("barrier: {e}"))?;
     if dev.id() == 1 {
         std::process::exit(0);
     }
     if let Some(send) = send {
-        match send.wait().status.error.as_deref() {
+        let c = send.wait();
+        match c.status.error.as_deref() {
             Some(xdev::Error::PeerLost { rank: 1, .. }) => {}
             other => {
                 return Err(format!(
                     "isend: expected PeerLost from rank 1, got {other:?}"
                 ))
             }
+        }
+        // Nothing is lost: the data comes back. PSM2 cannot cancel a send
+        // it has taken, so psm hands back a copy and keeps the memory PSM2
+        // may still read.
+        if c.buf[..] != data[..] {
+            return Err("isend: the buffer came back with other data".into());
+        }
+        if dev.name() == "psm" && c.buf.as_ptr() as usize == at {
+            return Err("isend: psm handed back the memory PSM2 may still read".into());
         }
     }
     dev.finish().map_err(|e| format!("finish: {e}"))
