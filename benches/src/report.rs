@@ -2,7 +2,8 @@
 //! bibw and message rate of every device that works here, with the floors),
 //! measures the installed peers in the same run (raw PSM2 on the psm
 //! device's endpoint, Open MPI and MPICH through `benches/mpi/osu_peer.c`
-//! built with their `mpicc`, UCX through `ucx_perftest`: [`measure_ucx`]),
+//! built with their `mpicc`, Open MPI over PSM2 as the psm device's MPI
+//! peer ([`psm2_peer`]), UCX through `ucx_perftest`: [`measure_ucx`]),
 //! takes the `ibv` device and perftest from a
 //! soft-RoCE VM results file when one is given (`ci/bench-vm.sh` writes it:
 //! [`parse_vm`]), and writes a self-contained markdown report with SVG plots
@@ -18,6 +19,7 @@ mod markdown;
 mod measure;
 mod paths;
 mod plots;
+pub mod psm2_peer;
 mod records;
 mod tables;
 mod ucx;

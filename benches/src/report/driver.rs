@@ -27,7 +27,9 @@ shm's bibw up to 64 KiB once more with the window calls (isend_many,
 irecv_many, wait_all; not in the headline: osu's loop posts one call per
 message), builds
 benches/mpi/osu_peer.c with the mpicc of Open MPI and of MPICH where installed
-and runs it on two ranks, runs UCX's ucx_perftest (tag_lat, tag_bw over shared
+and runs it on two ranks (Open MPI a second time over PSM2, pml cm with mtl
+psm2, as the psm device's peer: as root, in a mount namespace that shows the
+MTL an hfi1 unit), runs UCX's ucx_perftest (tag_lat, tag_bw over shared
 memory) where installed, and writes DIR/report.md, DIR/latency.svg,
 DIR/bw.svg, DIR/bibw.svg, DIR/rate.svg and DIR/results.jsonl (every record). Absent devices and peers are listed as not
 measured, with the reason. The MPI and UCX peers need Debian's packages:

@@ -137,16 +137,22 @@ pub struct Mpi {
     pub mpirun: &'static str,
     /// Extra launcher arguments (binding, running as root).
     pub run_args: &'static [&'static str],
+    /// Run over PSM2 in a mount namespace that shows an hfi1 unit (see
+    /// [`super::psm2_peer`]): the psm device's peer.
+    pub over_psm2: bool,
 }
 
-/// The MPIs the report looks for (Debian's names).
-pub const MPIS: [Mpi; 2] = [
+/// The MPIs the report looks for (Debian's names): Open MPI and MPICH on
+/// shared memory, the peers of `thread` and `shm`, and Open MPI over PSM2,
+/// the peer of `psm`.
+pub const MPIS: [Mpi; 3] = [
     Mpi {
         name: "Open MPI",
         series: "Open MPI",
         mpicc: "mpicc.openmpi",
         mpirun: "mpirun.openmpi",
         run_args: &["--bind-to", "core", "--map-by", "core"],
+        over_psm2: false,
     },
     Mpi {
         name: "MPICH",
@@ -154,6 +160,15 @@ pub const MPIS: [Mpi; 2] = [
         mpicc: "mpicc.mpich",
         mpirun: "mpirun.mpich",
         run_args: &["-bind-to", "core"],
+        over_psm2: false,
+    },
+    Mpi {
+        name: "Open MPI over PSM2",
+        series: "Open MPI (PSM2)",
+        mpicc: "mpicc.openmpi",
+        mpirun: "mpirun.openmpi",
+        run_args: super::psm2_peer::PSM2_RUN_ARGS,
+        over_psm2: true,
     },
 ];
 
@@ -230,7 +245,11 @@ pub fn measure_mpi(
             String::from_utf8_lossy(&cc.stderr).trim()
         ));
     }
-    let mut cmd = Command::new(&mpirun);
+    let mut cmd = if mpi.over_psm2 {
+        super::psm2_peer::command(&mpirun)?
+    } else {
+        Command::new(&mpirun)
+    };
     cmd.args(["-np", "2"])
         .args(mpi.run_args)
         .arg(&exe)
@@ -248,14 +267,15 @@ pub fn measure_mpi(
         return Err(format!("{} printed no records", mpi.mpirun));
     }
     let version = version(&mpirun).unwrap_or_else(|| "version unknown".into());
-    Ok((
-        records,
-        format!(
-            "{version}; `{} -np 2 {}`",
-            mpi.mpirun,
-            mpi.run_args.join(" ")
-        ),
-    ))
+    let how = format!(
+        "{version}; `{} -np 2 {}`",
+        mpi.mpirun,
+        mpi.run_args.join(" ")
+    );
+    if mpi.over_psm2 {
+        return Ok((records, format!("{how}; {}", super::psm2_peer::PSM2_HOW)));
+    }
+    Ok((records, how))
 }
 
 /// The suite of the report: this program (`exe`) on every device, the

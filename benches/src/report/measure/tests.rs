@@ -21,6 +21,7 @@ fn an_absent_mpi_is_not_measured_with_the_install_command() {
         mpicc: "mpicc.surely-not-installed",
         mpirun: "mpirun.surely-not-installed",
         run_args: &[],
+        over_psm2: false,
     };
     let e = measure_mpi(&missing, Path::new("/nonexistent"), 8, 1, true).unwrap_err();
     assert!(
