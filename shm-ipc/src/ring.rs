@@ -233,6 +233,28 @@ impl<'a> RingRef<'a> {
         }
     }
 
+    /// [`from_raw`](Self::from_raw) without its checks, for a ring whose
+    /// slot count and memory were checked once when its mapping was made
+    /// (an inbox's rings: `InboxLayout::check` and `mmap`'s page
+    /// alignment), so that a view made per poll costs no assertion.
+    ///
+    /// # Safety
+    /// As [`from_raw`](Self::from_raw), and `nslots` is
+    /// [valid](valid_nslots) and `base` 64-byte aligned (checked in debug
+    /// builds).
+    #[inline]
+    pub unsafe fn from_checked(base: NonNull<u8>, nslots: usize) -> RingRef<'a> {
+        debug_assert!(valid_nslots(nslots), "a ring cannot have {nslots} slots");
+        debug_assert_eq!(base.as_ptr() as usize % 64, 0, "ring memory misaligned");
+        RingRef {
+            base,
+            nslots,
+            _ring: PhantomData,
+            #[cfg(loom)]
+            shadow: shadow::none(),
+        }
+    }
+
     /// The same view with its lifetime erased, for the ring's ends, whose
     /// `unsafe` constructors require the memory to outlive them.
     fn detach(self) -> RingRef<'static> {
@@ -370,6 +392,9 @@ pub struct Producer {
     tail_cache: u64,
     /// What we last stored in the ring's `waiting` word.
     waiting: bool,
+    /// The ring's [`max_payload`](RingRef::max_payload), checked on every
+    /// push (worked out once).
+    max_payload: usize,
 }
 
 impl Producer {
@@ -384,6 +409,7 @@ impl Producer {
             head: 0,
             tail_cache: 0,
             waiting: false,
+            max_payload: ring.max_payload(),
         }
     }
 
@@ -441,7 +467,7 @@ impl Producer {
     /// If `payload` exceeds [`RingRef::max_payload`] (a caller bug).
     pub fn try_push(&mut self, header: &Header, payload: &[u8]) -> Result<bool, RingError> {
         assert!(
-            payload.len() <= self.ring.max_payload(),
+            payload.len() <= self.max_payload,
             "message too large for ring"
         );
         if !self.has_room(payload.len())? {
@@ -577,6 +603,9 @@ pub struct Consumer {
     /// No message starting here or later is read (see
     /// [`Consumer::stop_at`]).
     end: u64,
+    /// The ring's [`max_payload`](RingRef::max_payload), checked on every
+    /// message (worked out once).
+    max_payload: usize,
 }
 
 impl Consumer {
@@ -590,6 +619,7 @@ impl Consumer {
             ring: ring.detach(),
             tail: 0,
             end: u64::MAX,
+            max_payload: ring.max_payload(),
         }
     }
 
@@ -639,7 +669,7 @@ impl Consumer {
                 aux: ptr::read_unaligned(slot.add(OFF_AUX) as *const u64),
             }
         };
-        if header.len as usize > self.ring.max_payload() {
+        if header.len as usize > self.max_payload {
             return Some(Err(RingError::Corrupt { len: header.len }));
         }
         Some(Ok(Incoming { header }))
@@ -733,7 +763,7 @@ impl Consumer {
     /// a message from `peek`, which rejects larger ones).
     #[inline]
     fn payload_len(&self, msg: &Incoming) -> usize {
-        (msg.header.len as usize).min(self.ring.max_payload())
+        (msg.header.len as usize).min(self.max_payload)
     }
 }
 

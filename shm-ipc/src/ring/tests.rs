@@ -241,6 +241,7 @@ fn consumer_copies_stay_in_the_ring_for_every_length_and_position() {
                     ring: v.detach(),
                     tail,
                     end: u64::MAX,
+                    max_payload: v.max_payload(),
                 };
                 let m = c.peek().expect("published").expect("valid");
                 assert_eq!(m.header.len as usize, len);
@@ -278,6 +279,7 @@ fn made_up_messages_stay_in_the_ring() {
         ring: g.view().detach(),
         tail: 3,
         end: u64::MAX,
+        max_payload: g.view().max_payload(),
     };
     let m = Incoming {
         header: Header {
@@ -318,6 +320,7 @@ fn producer_writes_stay_in_the_ring_for_every_length_and_position() {
                     head,
                     tail_cache: head,
                     waiting: false,
+                    max_payload: v.max_payload(),
                 };
                 assert_eq!(p.try_push(&h, &payload), Ok(true));
                 assert_eq!(p.head, head + slots_for(len));
