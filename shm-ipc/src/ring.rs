@@ -465,6 +465,7 @@ impl Producer {
     ///
     /// # Panics
     /// If `payload` exceeds [`RingRef::max_payload`] (a caller bug).
+    #[inline]
     pub fn try_push(&mut self, header: &Header, payload: &[u8]) -> Result<bool, RingError> {
         assert!(
             payload.len() <= self.max_payload,

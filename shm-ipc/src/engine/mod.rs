@@ -618,7 +618,9 @@ impl<M: Medium> Engine<M> {
 
     /// Pushes into `d`'s ring. A ring whose consumer position is impossible
     /// (written by a broken or hostile peer) is a protocol violation: the
-    /// peer is failed and its error returned.
+    /// peer is failed and its error returned. Inlined, with the violation
+    /// out of line.
+    #[inline]
     pub(crate) fn try_push(
         &self,
         l: &mut Local<M>,
@@ -628,11 +630,16 @@ impl<M: Medium> Engine<M> {
     ) -> Result<bool> {
         match self.producer(l, d).try_push(h, payload) {
             Ok(pushed) => Ok(pushed),
-            Err(e) => {
-                self.violation(l, d, format!("its ring's consumer position: {e}"));
-                Err(gone_error(l, d))
-            }
+            Err(e) => Err(self.push_violation(l, d, e)),
         }
+    }
+
+    /// [`try_push`](Self::try_push)'s failure: the peer is failed.
+    #[cold]
+    #[inline(never)]
+    fn push_violation(&self, l: &mut Local<M>, d: Rank, e: crate::ring::RingError) -> Error {
+        self.violation(l, d, format!("its ring's consumer position: {e}"));
+        gone_error(l, d)
     }
 
     /// Returns eager credit for `len` payload bytes to sender `s` at once.
