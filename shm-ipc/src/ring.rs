@@ -224,13 +224,8 @@ impl<'a> RingRef<'a> {
     pub unsafe fn from_raw(base: NonNull<u8>, nslots: usize) -> RingRef<'a> {
         assert!(valid_nslots(nslots), "a ring cannot have {nslots} slots");
         assert_eq!(base.as_ptr() as usize % 64, 0, "ring memory misaligned");
-        RingRef {
-            base,
-            nslots,
-            _ring: PhantomData,
-            #[cfg(loom)]
-            shadow: shadow::none(),
-        }
+        // SAFETY: the caller's contract, and the two checks just made.
+        unsafe { Self::from_checked(base, nslots) }
     }
 
     /// [`from_raw`](Self::from_raw) without its checks, for a ring whose
