@@ -530,4 +530,25 @@ fn a_send_failed_while_its_memory_may_be_read_returns_a_copy_and_keeps_the_origi
     // Nor is one another tracker started.
     let other = Tracker::new().start(RequestKind::Send, Buffer::from(vec![9u8]));
     assert!(t.complete_keeping(&other, Status::ok(env(), 1)).is_none());
+    // Nor a receive, whose memory may be being written: it stays in flight.
+    let recv = t.start(RequestKind::Recv, Buffer::from(vec![0u8; 4]));
+    assert!(t.complete_keeping(&recv, Status::ok(env(), 4)).is_none());
+    assert!(!recv.is_done());
+}
+
+#[test]
+fn a_kept_send_relayed_gives_its_hook_the_copy() {
+    let t = Tracker::new();
+    let core = t.start(RequestKind::Send, Buffer::from(vec![5u8, 6, 7]));
+    let at = core.buffer_ptr();
+    let got = Arc::new(Mutex::new(None));
+    let g = got.clone();
+    core.on_complete(Box::new(move |c| *g.lock().unwrap() = Some(c)));
+    let kept = t
+        .complete_keeping(&core, Status::ok(env(), 3))
+        .expect("this call completed it");
+    assert_eq!(kept.as_ptr(), at as *const u8);
+    let c = got.lock().unwrap().take().expect("the hook ran");
+    assert_eq!(&c.buf[..], &[5, 6, 7]);
+    assert_ne!(c.buf.as_ptr(), at as *const u8, "the hook got the copy");
 }

@@ -209,9 +209,11 @@ impl Tracker {
     /// request's buffer is swapped for a copy of it, which the handle gets
     /// back with the error, and the original comes back here, for the
     /// device to keep until the transport lets go of it (or for good).
-    /// `None` if this call did not complete the request.
+    /// `None` if this call did not complete the request. A receive is
+    /// refused (not completed): the transport may be writing its memory, so
+    /// no copy of it can be taken.
     pub fn complete_keeping(&self, core: &CoreRef, status: Status) -> Option<Buffer> {
-        if !self.started(core) {
+        if !self.started(core) || core.kind() != RequestKind::Send {
             return None;
         }
         let hooked = core.claim()?;
