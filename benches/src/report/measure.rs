@@ -267,13 +267,13 @@ pub fn measure_mpi(
         return Err(format!("{} printed no records", mpi.mpirun));
     }
     let version = version(&mpirun).unwrap_or_else(|| "version unknown".into());
-    let how = format!(
+    let mut how = format!(
         "{version}; `{} -np 2 {}`",
         mpi.mpirun,
         mpi.run_args.join(" ")
     );
     if mpi.over_psm2 {
-        return Ok((records, format!("{how}; {}", super::psm2_peer::PSM2_HOW)));
+        how = format!("{how}; {}", super::psm2_peer::PSM2_HOW);
     }
     Ok((records, how))
 }

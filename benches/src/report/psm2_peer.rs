@@ -12,7 +12,7 @@
 //! namespace changes, and it ends with the launcher. It needs root and
 //! util-linux's `unshare`.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// The shell script run inside the new mount namespace before it execs its
@@ -65,16 +65,8 @@ pub const PSM2_HOW: &str = "Open MPI's cm PML over its psm2 MTL on libpsm2 in it
 /// cannot: it needs root, `unshare` and libpsm2.
 pub fn command(program: &Path) -> Result<Command, String> {
     // SAFETY: geteuid(2) has no preconditions and cannot fail.
-    if unsafe { libc::geteuid() } != 0 {
-        return Err(
-            "needs root, for the mount namespace that shows Open MPI's psm2 MTL an \
-                    hfi1 unit"
-                .into(),
-        );
-    }
-    let unshare = super::measure::which("unshare").ok_or(
-        "needs util-linux's unshare, for the mount namespace (apt-get install util-linux)",
-    )?;
+    let euid = unsafe { libc::geteuid() };
+    let unshare = namespace_tool(euid, super::measure::which("unshare"))?;
     psm_sys::Psm2::load().map_err(|e| format!("libpsm2 is not usable: {e}"))?;
     let mut cmd = Command::new(unshare);
     cmd.args([
@@ -90,9 +82,36 @@ pub fn command(program: &Path) -> Result<Command, String> {
     Ok(cmd)
 }
 
+/// The `unshare` to run the namespace with, for a process of effective
+/// user `euid` that found `unshare` where it says, or why not.
+fn namespace_tool(euid: u32, unshare: Option<PathBuf>) -> Result<PathBuf, String> {
+    if euid != 0 {
+        return Err(
+            "needs root, for the mount namespace that shows Open MPI's psm2 MTL an hfi1 unit"
+                .into(),
+        );
+    }
+    unshare.ok_or_else(|| {
+        "needs util-linux's unshare, for the mount namespace (apt-get install util-linux)".into()
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn without_root_or_unshare_the_peer_says_why_it_is_not_measured() {
+        let unshare = || Some(PathBuf::from("/usr/bin/unshare"));
+        let e = namespace_tool(1000, unshare()).unwrap_err();
+        assert!(e.contains("needs root"), "{e}");
+        let e = namespace_tool(0, None).unwrap_err();
+        assert!(
+            e.contains("unshare") && e.contains("apt-get install"),
+            "{e}"
+        );
+        assert_eq!(namespace_tool(0, unshare()), unshare().ok_or(String::new()));
+    }
 
     /// The namespace shows an hfi1 unit to what runs in it, and nothing of
     /// it is left outside once that ends.
