@@ -165,10 +165,13 @@ proptest! {
         let mut pos = 0u64;
         for len in warmup {
             let data = vec![0x5A; len % (max + 1)];
-            prop_assert_eq!(p.try_push(&Header::default(), &data), Ok(true));
+            // Both header forms: an even length's header is compact.
+            let h = Header { aux: (data.len() as u64) & !1, ..Header::default() };
+            prop_assert_eq!(p.try_push(&h, &data), Ok(true));
             let m = c.peek().unwrap().unwrap();
+            prop_assert_eq!(m.slots(), ring::slots_for(data.len(), h.is_extended(data.len())));
             c.pop(&m);
-            pos += ring::slots_for(data.len());
+            pos += m.slots();
         }
         for (off, bytes) in &writes {
             g.scribble(*off, bytes);
@@ -196,7 +199,7 @@ proptest! {
                     let n = c.copy_payload(&m, &mut dst);
                     prop_assert_eq!(n, len.min(cap));
                     c.pop(&m);
-                    pos += ring::slots_for(len);
+                    pos += m.slots();
                     if chain {
                         // Keep feeding it hostile entries at its position.
                         g.publish(pos, *next_len);
@@ -261,7 +264,13 @@ proptest! {
             match op {
                 Op::Push(len) => {
                     let len = len % (max + 1);
-                    let k = ring::slots_for(len);
+                    // Both header forms: an odd length's header is compact.
+                    let h = Header {
+                        tag: head as i32,
+                        aux: (len as u64) | 1,
+                        ..Header::default()
+                    };
+                    let k = ring::slots_for(len, h.is_extended(len));
                     let want = if head + k - seen <= n {
                         Ok(true)
                     } else {
@@ -273,7 +282,6 @@ proptest! {
                             Ok(head + k - tail <= n)
                         }
                     };
-                    let h = Header { tag: head as i32, ..Header::default() };
                     let got = p.try_push(&h, &vec![0xA5; len]);
                     prop_assert_eq!(&got, &want);
                     if got == Ok(true) {
