@@ -17,15 +17,6 @@
 //! bytes: the cookie and `aux` words follow the fixed fields); its `form`
 //! byte says so.
 //!
-//! Where the payload starts ([`placement`]): up to [`ALIGN_FROM`] bytes,
-//! right after the compact header, or after the extended one if it fits
-//! the rest of the second slot ([`EXT_INLINE`] bytes: control messages),
-//! else at the third slot. A larger payload (a big eager message, a
-//! pipelined fragment) starts at the first cache-line boundary after its
-//! header, so that it is copied in and out line-aligned, as it was with
-//! one slot per line (large copies, `rep movsb` among them, run best
-//! line-aligned).
-//!
 //! Publication is one `Release` store of the first slot's `seq` word (the
 //! absolute slot position + 1) after the message's continuation slots, then
 //! the rest of the first slot, are written; the consumer's `Acquire` load of
@@ -79,13 +70,6 @@ pub const HEADER: usize = 24;
 /// Bytes of an extended message's header: the compact fields, then the
 /// cookie and `aux` words (the second in the next slot).
 pub const EXT_HEADER: usize = 40;
-/// The largest payload an extended message carries right after its header;
-/// a larger one starts at byte `2 * SLOT` (see the module docs).
-pub const EXT_INLINE: usize = 2 * SLOT - EXT_HEADER;
-/// Payloads longer than this start at a cache-line boundary.
-pub const ALIGN_FROM: usize = 256;
-/// The cache line, the unit of alignment of large payloads.
-const LINE: usize = 64;
 /// Payload bytes a compact message carries in its first slot.
 pub const INLINE: usize = SLOT - HEADER;
 
@@ -422,59 +406,27 @@ impl<'a> RingRef<'a> {
 }
 
 /// The largest payload one message may carry in a ring of `nslots` slots:
-/// what fits half the ring wherever it starts ([`placement`]), so that a
-/// message always fits once the consumer catches up.
+/// half the ring with its header in either form, so that a message always
+/// fits once the consumer catches up.
 pub fn max_payload_for(nslots: usize) -> usize {
-    let half = nslots / 2 * SLOT;
-    // A payload past ALIGN_FROM starts at most 96 bytes in (an extended
-    // header in the second half of a line); a shorter one at most 64.
-    let aligned = half.saturating_sub(3 * SLOT);
-    if aligned > ALIGN_FROM {
-        aligned
-    } else {
-        half.saturating_sub(2 * SLOT).clamp(EXT_INLINE, ALIGN_FROM)
-    }
+    nslots / 2 * SLOT - EXT_HEADER
 }
 
-/// Where a message's payload lies in the ring: see [`placement`].
-#[derive(Copy, Clone, Debug, PartialEq, Eq)]
-pub struct Placement {
-    /// The payload's offset from the start of the message's first slot.
-    pub start: usize,
-    /// The slots the message takes.
-    pub slots: u64,
-}
-
-/// Where the payload of a message starting at slot position `pos`, with
-/// `len` payload bytes and its header in the extended form or not
-/// ([`Header::is_extended`]), lies (see the module docs).
+/// Slots a message with `len` payload bytes occupies, in the extended form
+/// or the compact one (see [`Header::is_extended`]).
 #[inline]
-pub fn placement(pos: u64, len: usize, extended: bool) -> Placement {
-    let header = if extended { EXT_HEADER } else { HEADER };
-    let start = if len <= ALIGN_FROM {
-        if !extended {
-            HEADER
-        } else if len <= EXT_INLINE {
-            EXT_HEADER
-        } else {
-            2 * SLOT
-        }
-    } else {
-        // The first line boundary at or after the header's end, counted
-        // from the first slot (which starts a line or its second half).
-        let line_off = (pos as usize & 1) * SLOT;
-        (line_off + header).next_multiple_of(LINE) - line_off
-    };
-    Placement {
-        start,
-        slots: (start + len).div_ceil(SLOT) as u64,
-    }
+pub fn slots_for(len: usize, extended: bool) -> u64 {
+    (header_len(extended) + len).div_ceil(SLOT) as u64
 }
 
-/// The slots a message takes (see [`placement`]).
+/// The offset of a message's payload from the start of its first slot.
 #[inline]
-pub fn slots_for(pos: u64, len: usize, extended: bool) -> u64 {
-    placement(pos, len, extended).slots
+fn header_len(extended: bool) -> usize {
+    if extended {
+        EXT_HEADER
+    } else {
+        HEADER
+    }
 }
 
 /// The producing end. Only one producer may exist per ring.
@@ -528,7 +480,7 @@ impl Producer {
     /// this producer's head): the ring is corrupt. Nothing is changed then,
     /// and a later call reads the position again.
     pub fn has_room(&mut self, len: usize) -> Result<bool, RingError> {
-        self.room_for(slots_for(1, len, true))
+        self.room_for(slots_for(len, true))
     }
 
     /// Whether `k` slots are free now; see [`has_room`](Self::has_room).
@@ -569,7 +521,8 @@ impl Producer {
         let len = payload.len();
         assert!(len <= self.max_payload, "message too large for ring");
         let extended = header.is_extended(len);
-        let Placement { start, slots: k } = placement(self.head, len, extended);
+        let start = header_len(extended);
+        let k = slots_for(len, extended);
         if !self.room_for(k)? {
             return Ok(false);
         }
@@ -583,7 +536,7 @@ impl Producer {
         // producer until published. The first slot's fields lie below
         // HEADER (the cookie below EXT_HEADER's first 32 bytes); everything
         // else goes through `at`, which stays inside the slot area, and
-        // start + len <= half the area (see `max_payload_for`), so
+        // start + len <= max_payload + EXT_HEADER = half the area, so
         // `write_wrapped` wraps at most once.
         //
         // The continuation slots first, the first slot last: every store to
@@ -709,15 +662,13 @@ pub struct Incoming {
     pub header: Header,
     /// Whether it is in the extended form (where its payload starts).
     extended: bool,
-    /// The slot position it starts at (where its payload starts).
-    pos: u64,
 }
 
 impl Incoming {
     /// The slots this message takes in the ring (what [`Consumer::pop`]
-    /// releases, for a message from [`Consumer::peek`]).
+    /// releases).
     pub fn slots(&self) -> u64 {
-        slots_for(self.pos, self.header.len as usize, self.extended)
+        slots_for(self.header.len as usize, self.extended)
     }
 }
 
@@ -815,11 +766,7 @@ impl Consumer {
         if header.len as usize > self.max_payload {
             return Some(Err(RingError::Corrupt { len: header.len }));
         }
-        Some(Ok(Incoming {
-            header,
-            extended,
-            pos: self.tail,
-        }))
+        Some(Ok(Incoming { header, extended }))
     }
 
     /// Copies the head message's payload (its first `dst.len()` bytes at
@@ -831,22 +778,21 @@ impl Consumer {
     /// garbage.
     #[inline]
     pub fn copy_payload(&self, msg: &Incoming, dst: &mut [u8]) -> usize {
-        let full = self.payload_len(msg);
-        let len = full.min(dst.len());
-        let start = placement(self.tail, full, msg.extended).start;
+        let len = self.payload_len(msg).min(dst.len());
+        let start = header_len(msg.extended);
         let first = len.min(SLOT.saturating_sub(start));
         let slot = self.ring.slot(self.tail);
         #[cfg(loom)]
         self.ring
-            .touch(self.tail, (start + len).div_ceil(SLOT) as u64, false);
-        // SAFETY: start + len <= start + full <= size/2 (see
-        // `max_payload_for`) and dst.len() >= len. The first `first` <=
-        // INLINE bytes lie in the head slot after its compact header (none
-        // for an extended one). The rest (rest = len - first < size/2)
-        // starts at offset off = at(..) < size: n1 <= size - off bytes from
-        // off stay inside the area, and the remaining rest - n1 < size bytes
-        // from the area's start too. Every tail position, form and len are
-        // checked against a byte model in the unit tests.
+            .touch(self.tail, slots_for(len, msg.extended), false);
+        // SAFETY: len <= max_payload = size/2 - EXT_HEADER and dst.len() >=
+        // len. The first `first` <= INLINE bytes lie in the head slot after
+        // its compact header (none for an extended one). The rest (rest =
+        // len - first < size/2) starts at offset off = at(..) < size: n1 <=
+        // size - off bytes from off stay inside the area, and the remaining
+        // rest - n1 < size bytes from the area's start too. Every tail
+        // position, form and len are checked against a byte model in the
+        // unit tests.
         unsafe {
             if first > 0 {
                 copy_small(slot.add(HEADER), dst.as_mut_ptr(), first);
@@ -870,7 +816,7 @@ impl Consumer {
     #[inline]
     pub fn pop(&mut self, msg: &Incoming) -> bool {
         // At most nslots/2 slots, whatever `msg` says (see copy_payload).
-        let k = slots_for(self.tail, self.payload_len(msg), msg.extended);
+        let k = slots_for(self.payload_len(msg), msg.extended);
         // The zeroing writes the first word of every continuation slot,
         // which is payload memory. (The first slot's word is a header `seq`,
         // which no later position can equal: see the module docs.)

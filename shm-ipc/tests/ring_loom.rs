@@ -75,7 +75,7 @@ fn pair() -> (Arc<HeapRing>, Producer, Consumer) {
     assert!(LENS.iter().all(|&l| l <= v.max_payload()));
     assert_eq!(
         (0..3)
-            .map(|i| ring::slots_for([0, 1, 3][i], LENS[i], EXTENDED[i]))
+            .map(|i| ring::slots_for(LENS[i], EXTENDED[i]))
             .collect::<Vec<_>>(),
         [1, 2, 2]
     );
