@@ -4,33 +4,27 @@
 //!
 //! Layout: a 128-byte control block (the consumer's `tail` on its own cache
 //! line, then the producer's "waiting for space" flag on another), followed
-//! by `nslots` slots of 32 bytes, half a cache line. A message is a
-//! contiguous run of bytes from the start of its first slot, over as many
-//! slots as it needs (wrapping at the end of the ring): a 24-byte header
-//! ([`HEADER`]: the publication word `seq`, kind, flags, form, tag, context,
-//! length), then the payload. That is the *compact* form, for a header with
-//! no cookie and whose `aux` is its payload length (every eager message): up
-//! to [`INLINE`] (8) payload bytes fit the first slot, so two small messages
-//! share a cache line, as Open MPI's vader packs its fast boxes, and a
-//! window of them costs half the cross-core line transfers of one slot per
-//! line. Any other header takes the *extended* form ([`EXT_HEADER`], 40
-//! bytes: the cookie and `aux` words follow the fixed fields); its `form`
-//! byte says so.
+//! by `nslots` cache-line slots. A message takes one or more consecutive
+//! slots: the first holds a 40-byte header and the first [`INLINE`] payload
+//! bytes, the following slots hold the rest of the payload contiguously
+//! (wrapping at the end of the ring). So a message of up to 24 bytes is a
+//! single cache line: the consumer's poll of that line is the whole transfer.
 //!
 //! Publication is one `Release` store of the first slot's `seq` word (the
-//! absolute slot position + 1) after the message's continuation slots, then
-//! the rest of the first slot, are written; the consumer's `Acquire` load of
-//! `seq` makes them visible (the doorbell's fences order it against a
-//! sleeper, see [`crate::doorbell`]). Stale data can never look published:
-//! the first word of a slot is either a header's `seq` (a position + 1 of an
-//! earlier lap, never the one the consumer waits for, since positions only
-//! grow), or zero: the consumer zeroes the first word of every
-//! *continuation* slot it consumes (there it is payload or `aux`, which could
+//! absolute slot position + 1) after the payload's continuation slots, then
+//! the first slot's header and inline payload, are written; the
+//! consumer's `Acquire` load of `seq` makes them visible (the doorbell's
+//! fences order it against a sleeper, see [`crate::doorbell`]). Stale data can
+//! never look published: the first word of a slot is either a header's `seq`
+//! (a position + 1 of an earlier lap, never the one the consumer waits for,
+//! since positions only grow), or zero: the consumer zeroes the first word of
+//! every *continuation* slot it consumes (there it is payload, which could
 //! hold any value) before it releases the slots by storing `tail`
 //! (`Release`); the producer reads `tail` with `Acquire` before reusing
 //! them. A one-slot message is not written back at all: the consumer's only
-//! access to its slot is the read, so the producer's next write there takes
-//! the line back from a reader, not from a writer.
+//! access to its line is the read, so the producer's next write there takes
+//! the line back from a reader, not from a writer (half the cross-core
+//! transfers per small message).
 //!
 //! A producer that finds the ring full may flag that it waits for room
 //! ([`Producer::set_waiting`]); [`Consumer::pop`] then reports the flag so
@@ -62,29 +56,23 @@ use std::ptr::{self, NonNull};
 
 use crate::sync::{heavy_fence, light_fence, AtomicU32, AtomicU64, Ordering};
 
-/// Bytes per slot: half a cache line, so that two small messages share one.
-pub const SLOT: usize = 32;
-/// Bytes of a compact message's header (no cookie; `aux` is the payload
-/// length): the payload follows at this offset of its first slot.
-pub const HEADER: usize = 24;
-/// Bytes of an extended message's header: the compact fields, then the
-/// cookie and `aux` words (the second in the next slot).
-pub const EXT_HEADER: usize = 40;
-/// Payload bytes a compact message carries in its first slot.
+/// Bytes per slot (one cache line).
+pub const SLOT: usize = 64;
+/// Bytes of header in a message's first slot.
+pub const HEADER: usize = 40;
+/// Payload bytes carried in the first slot.
 pub const INLINE: usize = SLOT - HEADER;
 
 /// How far past its head the producer claims a slot's line (see
-/// `Producer::claim_ahead`): 128 bytes, two lines. One to four 64-byte
-/// slots measured alike on this machine (rate at 8 B, 3 alternating runs);
-/// two lines cover a slower transfer. x86_64 only (elsewhere the claim is a
-/// no-op).
+/// `Producer::claim_ahead`). One to four measured alike on this machine
+/// (rate at 8 B, 3 alternating runs); two covers a slower transfer.
+/// x86_64 only (elsewhere the claim is a no-op).
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-const CLAIM_AHEAD: u64 = 4;
+const CLAIM_AHEAD: u64 = 2;
 
 /// How far past its tail the consumer starts reading (see
-/// `Consumer::read_ahead`): 256 bytes, four lines (the distance chosen when
-/// slots were a line each: two messages of up to 64 bytes, four of 24).
-/// Measured against one (the earlier choice, made on 8-byte messages
+/// `Consumer::read_ahead`): two messages of two slots (up to 64 bytes), four
+/// of one. Measured against one (the earlier choice, made on 8-byte messages
 /// only, before the producer wrote a message's first slot last) and eight,
 /// 4 alternating rounds of `xdev-bench --device thread --device shm --test
 /// bw|bibw|rate` at 8 and 64 B: osu_bw 64 B +17-25% (464/417 -> 542/523
@@ -94,21 +82,16 @@ const CLAIM_AHEAD: u64 = 4;
 /// the producer a transfer, which is why this stays short. x86_64 only,
 /// like `CLAIM_AHEAD`.
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-const READ_AHEAD: u64 = 8;
+const READ_AHEAD: u64 = 4;
 /// Bytes of the control block before the slots.
 pub const CONTROL: usize = 128;
 
 const OFF_KIND: usize = 8;
 const OFF_FLAGS: usize = 9;
-/// 0: compact; anything else: extended (see the module docs).
-const OFF_FORM: usize = 10;
 const OFF_TAG: usize = 12;
 const OFF_CONTEXT: usize = 16;
 const OFF_LEN: usize = 20;
-/// The cookie of an extended message (in its first slot).
 const OFF_COOKIE: usize = 24;
-/// The `aux` word of an extended message: from the start of its first slot,
-/// so the first word of the second slot.
 const OFF_AUX: usize = 32;
 // (The loom build keeps `waiting` in its side table.)
 #[cfg_attr(loom, allow(dead_code))]
@@ -135,14 +118,6 @@ pub struct Header {
 }
 
 impl Header {
-    /// Whether a message with this header and `len` payload bytes takes the
-    /// extended form: it carries a cookie, or an `aux` other than its
-    /// length (the compact form gives back `cookie` 0 and `aux` = `len`).
-    #[inline]
-    pub fn is_extended(&self, len: usize) -> bool {
-        self.cookie != 0 || self.aux != len as u64
-    }
-
     /// The matching envelope of this message from `source`.
     #[inline]
     pub fn envelope(&self, source: xdev::Rank) -> xdev::Envelope {
@@ -345,7 +320,7 @@ impl<'a> RingRef<'a> {
 
     #[cfg(not(loom))]
     fn seq(&self, pos: u64) -> &AtomicU64 {
-        // SAFETY: every slot starts 32-aligned and its first word is accessed
+        // SAFETY: every slot starts 64-aligned and its first word is accessed
         // atomically by both sides whenever they may race on it.
         unsafe { &*(self.slot(pos) as *const AtomicU64) }
     }
@@ -390,43 +365,17 @@ impl<'a> RingRef<'a> {
         // SAFETY: CONTROL is within the mapping.
         unsafe { self.base.as_ptr().add(CONTROL) }
     }
-
-    /// Bytes of the slot area (a power of two).
-    #[inline]
-    fn area_len(&self) -> usize {
-        self.nslots * SLOT
-    }
-
-    /// The offset in the slot area of byte `off` of the message that starts
-    /// at slot position `pos`, wrapping at the end of the ring.
-    #[inline]
-    fn at(&self, pos: u64, off: usize) -> usize {
-        ((pos as usize & (self.nslots - 1)) * SLOT + off) & (self.area_len() - 1)
-    }
 }
 
 /// The largest payload one message may carry in a ring of `nslots` slots:
-/// half the ring with its header in either form, so that a message always
-/// fits once the consumer catches up.
+/// half the ring, so that a message always fits once the consumer catches up.
 pub fn max_payload_for(nslots: usize) -> usize {
-    nslots / 2 * SLOT - EXT_HEADER
+    INLINE + (nslots / 2 - 1) * SLOT
 }
 
-/// Slots a message with `len` payload bytes occupies, in the extended form
-/// or the compact one (see [`Header::is_extended`]).
-#[inline]
-pub fn slots_for(len: usize, extended: bool) -> u64 {
-    (header_len(extended) + len).div_ceil(SLOT) as u64
-}
-
-/// The offset of a message's payload from the start of its first slot.
-#[inline]
-fn header_len(extended: bool) -> usize {
-    if extended {
-        EXT_HEADER
-    } else {
-        HEADER
-    }
+/// Slots a message with `len` payload bytes occupies.
+pub fn slots_for(len: usize) -> u64 {
+    1 + len.saturating_sub(INLINE).div_ceil(SLOT) as u64
 }
 
 /// The producing end. Only one producer may exist per ring.
@@ -471,8 +420,8 @@ impl Producer {
         self.tail_cache
     }
 
-    /// Whether a message of `len` bytes fits now, whatever its header's
-    /// form (refreshing the consumer's position if needed).
+    /// Whether a message of `len` bytes fits now (refreshing the consumer's
+    /// position if needed).
     ///
     /// # Errors
     /// [`RingError::BadTail`] if the consumer's position read from the ring
@@ -480,12 +429,7 @@ impl Producer {
     /// this producer's head): the ring is corrupt. Nothing is changed then,
     /// and a later call reads the position again.
     pub fn has_room(&mut self, len: usize) -> Result<bool, RingError> {
-        self.room_for(slots_for(len, true))
-    }
-
-    /// Whether `k` slots are free now; see [`has_room`](Self::has_room).
-    #[inline]
-    fn room_for(&mut self, k: u64) -> Result<bool, RingError> {
+        let k = slots_for(len);
         let n = self.ring.nslots as u64;
         // No underflow: tail_cache <= head always (it only takes validated
         // values, and head only grows).
@@ -518,26 +462,20 @@ impl Producer {
     /// If `payload` exceeds [`RingRef::max_payload`] (a caller bug).
     #[inline]
     pub fn try_push(&mut self, header: &Header, payload: &[u8]) -> Result<bool, RingError> {
-        let len = payload.len();
-        assert!(len <= self.max_payload, "message too large for ring");
-        let extended = header.is_extended(len);
-        let start = header_len(extended);
-        let k = slots_for(len, extended);
-        if !self.room_for(k)? {
+        assert!(
+            payload.len() <= self.max_payload,
+            "message too large for ring"
+        );
+        if !self.has_room(payload.len())? {
             return Ok(false);
         }
         let slot = self.ring.slot(self.head);
-        // Payload bytes in the first slot: up to INLINE for a compact
-        // message, none for an extended one.
-        let first = len.min(SLOT.saturating_sub(start));
+        let first = payload.len().min(INLINE);
         #[cfg(loom)]
-        self.ring.touch(self.head, k, true);
-        // SAFETY: slots head..head+k are free (room_for) and owned by the
-        // producer until published. The first slot's fields lie below
-        // HEADER (the cookie below EXT_HEADER's first 32 bytes); everything
-        // else goes through `at`, which stays inside the slot area, and
-        // start + len <= max_payload + EXT_HEADER = half the area, so
-        // `write_wrapped` wraps at most once.
+        self.ring.touch(self.head, slots_for(payload.len()), true);
+        // SAFETY: slots head..head+k are free (has_room) and owned by the
+        // producer until published; all offsets are inside the first slot or
+        // inside the slot area (wrapping handled by `write_wrapped`).
         //
         // The continuation slots first, the first slot last: every store to
         // the line a waiting consumer polls (header, inline payload, then
@@ -547,25 +485,17 @@ impl Producer {
         // still on its way to us) takes the line back, and the publication
         // waits for it a second time (measured: osu_bw 64 B +2-8%).
         unsafe {
-            if extended {
-                let aux = header.aux.to_ne_bytes();
-                self.write_wrapped(self.ring.at(self.head, OFF_AUX), &aux);
-            }
-            if len > first {
-                let at = self.ring.at(self.head, start + first);
-                self.write_wrapped(at, &payload[first..]);
+            if payload.len() > first {
+                self.write_wrapped(self.head + 1, &payload[first..]);
             }
             ptr::write(slot.add(OFF_KIND), header.kind);
             ptr::write(slot.add(OFF_FLAGS), header.flags);
-            ptr::write(slot.add(OFF_FORM), extended as u8);
             ptr::write_unaligned(slot.add(OFF_TAG) as *mut i32, header.tag);
             ptr::write_unaligned(slot.add(OFF_CONTEXT) as *mut u32, header.context);
-            ptr::write_unaligned(slot.add(OFF_LEN) as *mut u32, len as u32);
-            if extended {
-                ptr::write_unaligned(slot.add(OFF_COOKIE) as *mut u64, header.cookie);
-            } else {
-                copy_small(payload.as_ptr(), slot.add(HEADER), first);
-            }
+            ptr::write_unaligned(slot.add(OFF_LEN) as *mut u32, payload.len() as u32);
+            ptr::write_unaligned(slot.add(OFF_COOKIE) as *mut u64, header.cookie);
+            ptr::write_unaligned(slot.add(OFF_AUX) as *mut u64, header.aux);
+            copy_small(payload.as_ptr(), slot.add(HEADER), first);
         }
         // Release: publication (pairs with the consumer's Acquire load of
         // seq). A sleeping consumer is covered by the doorbell the caller
@@ -574,7 +504,7 @@ impl Producer {
         self.ring
             .seq(self.head)
             .store(self.head + 1, Ordering::Release);
-        self.head += k;
+        self.head += slots_for(payload.len());
         self.claim_ahead();
         Ok(true)
     }
@@ -606,15 +536,13 @@ impl Producer {
         }
     }
 
-    /// Writes `data` at offset `off` of the slot area, wrapping at its end.
-    ///
     /// # Safety
-    /// `off` is inside the area, `data` is at most half of it, and the
-    /// slots it covers are free and owned by the producer.
-    #[inline]
-    unsafe fn write_wrapped(&self, off: usize, data: &[u8]) {
+    /// The slots from `pos` covering `data` must be free and owned by the
+    /// producer.
+    unsafe fn write_wrapped(&self, pos: u64, data: &[u8]) {
         let area = self.ring.area();
-        let size = self.ring.area_len();
+        let size = self.ring.nslots * SLOT;
+        let off = (pos as usize & (self.ring.nslots - 1)) * SLOT;
         let n1 = data.len().min(size - off);
         // SAFETY: off + n1 <= size and the remainder (< size/2) starts at 0.
         unsafe {
@@ -660,16 +588,6 @@ impl Producer {
 pub struct Incoming {
     /// Its header (`len` validated against the ring).
     pub header: Header,
-    /// Whether it is in the extended form (where its payload starts).
-    extended: bool,
-}
-
-impl Incoming {
-    /// The slots this message takes in the ring (what [`Consumer::pop`]
-    /// releases).
-    pub fn slots(&self) -> u64 {
-        slots_for(self.header.len as usize, self.extended)
-    }
 }
 
 /// The consuming end. Only one consumer may exist per ring.
@@ -727,46 +645,30 @@ impl Consumer {
             return None;
         }
         let slot = self.ring.slot(self.tail);
+        #[cfg(loom)]
+        self.ring.touch(self.tail, 1, false);
         // SAFETY: the slot is published and not reused by the producer until
-        // we advance tail; reads are within the first slot (and, for an
-        // extended message, the first word of the next, `at` wrapping it
-        // inside the area), every field naturally aligned in the 32-aligned
-        // slot. The next slot is this message's: an extended header alone
-        // is 40 bytes, and the producer wrote it before publishing. A
-        // hostile peer in another process may still scribble here: every
-        // field is plain data and `len` is validated below before it sizes
-        // any copy. `form` and `len` are read once, volatile, so what is
-        // validated is what sizes the copies (no second fetch from the
-        // shared memory).
-        let (header, extended) = unsafe {
-            let extended = ptr::read_volatile(slot.add(OFF_FORM)) != 0;
-            #[cfg(loom)]
-            self.ring.touch(self.tail, 1 + extended as u64, false);
-            let len = ptr::read_volatile(slot.add(OFF_LEN) as *const u32);
-            let (cookie, aux) = if extended {
-                let aux = self.ring.area().add(self.ring.at(self.tail, OFF_AUX));
-                (
-                    ptr::read_unaligned(slot.add(OFF_COOKIE) as *const u64),
-                    ptr::read_unaligned(aux as *const u64),
-                )
-            } else {
-                (0, u64::from(len))
-            };
-            let header = Header {
+        // we advance tail; reads are within the first slot, and every field is
+        // naturally aligned in the 64-aligned slot. A hostile peer in another
+        // process may still scribble here: every field is plain data and
+        // `len` is validated below before it sizes any copy. `len` is read
+        // once, volatile, so what is validated is what sizes the copies (no
+        // second fetch from the shared memory).
+        let header = unsafe {
+            Header {
                 kind: ptr::read_volatile(slot.add(OFF_KIND)),
                 flags: ptr::read_volatile(slot.add(OFF_FLAGS)),
                 tag: ptr::read_unaligned(slot.add(OFF_TAG) as *const i32),
                 context: ptr::read_unaligned(slot.add(OFF_CONTEXT) as *const u32),
-                len,
-                cookie,
-                aux,
-            };
-            (header, extended)
+                len: ptr::read_volatile(slot.add(OFF_LEN) as *const u32),
+                cookie: ptr::read_unaligned(slot.add(OFF_COOKIE) as *const u64),
+                aux: ptr::read_unaligned(slot.add(OFF_AUX) as *const u64),
+            }
         };
         if header.len as usize > self.max_payload {
             return Some(Err(RingError::Corrupt { len: header.len }));
         }
-        Some(Ok(Incoming { header, extended }))
+        Some(Ok(Incoming { header }))
     }
 
     /// Copies the head message's payload (its first `dst.len()` bytes at
@@ -779,28 +681,23 @@ impl Consumer {
     #[inline]
     pub fn copy_payload(&self, msg: &Incoming, dst: &mut [u8]) -> usize {
         let len = self.payload_len(msg).min(dst.len());
-        let start = header_len(msg.extended);
-        let first = len.min(SLOT.saturating_sub(start));
+        let first = len.min(INLINE);
         let slot = self.ring.slot(self.tail);
         #[cfg(loom)]
-        self.ring
-            .touch(self.tail, slots_for(len, msg.extended), false);
-        // SAFETY: len <= max_payload = size/2 - EXT_HEADER and dst.len() >=
-        // len. The first `first` <= INLINE bytes lie in the head slot after
-        // its compact header (none for an extended one). The rest (rest =
-        // len - first < size/2) starts at offset off = at(..) < size: n1 <=
-        // size - off bytes from off stay inside the area, and the remaining
-        // rest - n1 < size bytes from the area's start too. Every tail
-        // position, form and len are checked against a byte model in the
-        // unit tests.
+        self.ring.touch(self.tail, slots_for(len), false);
+        // SAFETY: len <= max_payload = INLINE + (nslots/2 - 1) * SLOT and
+        // dst.len() >= len. The first `first` <= INLINE bytes lie in the head
+        // slot after its header. The rest (rest = len - first < size/2) starts
+        // at the next slot's offset off <= size - SLOT: n1 <= size - off bytes
+        // from off stay inside the area, and the remaining rest - n1 < size
+        // bytes from the area's start too. Every tail position and every len
+        // are checked against a byte model in the unit tests.
         unsafe {
-            if first > 0 {
-                copy_small(slot.add(HEADER), dst.as_mut_ptr(), first);
-            }
+            copy_small(slot.add(HEADER), dst.as_mut_ptr(), first);
             if len > first {
                 let area = self.ring.area();
-                let size = self.ring.area_len();
-                let off = self.ring.at(self.tail, start + first);
+                let size = self.ring.nslots * SLOT;
+                let off = ((self.tail + 1) as usize & (self.ring.nslots - 1)) * SLOT;
                 let rest = len - first;
                 let n1 = rest.min(size - off);
                 ptr::copy_nonoverlapping(area.add(off), dst.as_mut_ptr().add(first), n1);
@@ -816,7 +713,7 @@ impl Consumer {
     #[inline]
     pub fn pop(&mut self, msg: &Incoming) -> bool {
         // At most nslots/2 slots, whatever `msg` says (see copy_payload).
-        let k = slots_for(self.payload_len(msg), msg.extended);
+        let k = slots_for(self.payload_len(msg));
         // The zeroing writes the first word of every continuation slot,
         // which is payload memory. (The first slot's word is a header `seq`,
         // which no later position can equal: see the module docs.)

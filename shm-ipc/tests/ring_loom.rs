@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use loom::thread;
-use shm_ipc::ring::{self, Consumer, Header, HeapRing, Producer, INLINE};
+use shm_ipc::ring::{self, Consumer, Header, HeapRing, Producer, INLINE, SLOT};
 
 /// Runs `f` under loom with the preemption bound defaulting to 3, and says
 /// how many executions loom explored.
@@ -38,13 +38,11 @@ fn model(name: &str, f: impl Fn() + Sync + Send + 'static) {
     );
 }
 
-/// Payload lengths of the model's messages in a 4-slot ring: one slot
-/// (compact); two slots (extended, positions 1-2); two slots again
-/// (compact) at positions 3-4, which wraps to slot 0 and needs the consumer
-/// to have freed the first message (the ring-full path).
-const LENS: [usize; 3] = [INLINE, 20, INLINE + 12];
-/// Which of them carry a cookie (the extended header form).
-const EXTENDED: [bool; 3] = [false, true, false];
+/// Payload lengths of the model's messages in a 4-slot ring: one slot; two
+/// slots (positions 1-2); two slots again at positions 3-4, which wraps to
+/// slot 0 and needs the consumer to have freed the first message (the
+/// ring-full path).
+const LENS: [usize; 3] = [10, INLINE + SLOT - 10, INLINE + 26];
 
 fn message(i: usize) -> (Header, Vec<u8>) {
     let len = LENS[i];
@@ -54,11 +52,7 @@ fn message(i: usize) -> (Header, Vec<u8>) {
         tag: -(i as i32) - 1,
         context: 0xC0_0000 + i as u32,
         len: len as u32,
-        cookie: if EXTENDED[i] {
-            0xDEAD_0000 + i as u64
-        } else {
-            0
-        },
+        cookie: 0xDEAD_0000 + i as u64,
         aux: len as u64,
     };
     // Every byte tells its message and position apart.
@@ -74,9 +68,7 @@ fn pair() -> (Arc<HeapRing>, Producer, Consumer) {
     assert_eq!(v.nslots(), 4);
     assert!(LENS.iter().all(|&l| l <= v.max_payload()));
     assert_eq!(
-        (0..3)
-            .map(|i| ring::slots_for(LENS[i], EXTENDED[i]))
-            .collect::<Vec<_>>(),
+        LENS.iter().map(|&l| ring::slots_for(l)).collect::<Vec<_>>(),
         [1, 2, 2]
     );
     // SAFETY: each end is moved into one thread together with a clone of

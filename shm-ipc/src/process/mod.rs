@@ -9,9 +9,9 @@
 //! segment. Then:
 //!
 //! * **Eager** (payload up to `eager_limit`): the payload is written into the
-//!   receiver's ring by the sender and copied out by the receiver. Up to 8
-//!   bytes it is one 32-byte slot, half a cache line. Synchronous eager
-//!   sends are acknowledged (`ACK`) when matched.
+//!   receiver's ring by the sender and copied out by the receiver. Up to 24
+//!   bytes it is one cache line. Synchronous eager sends are acknowledged
+//!   (`ACK`) when matched.
 //! * **Rendezvous** (larger, or when eager credit runs out): the ring carries a
 //!   `RendezvousStart` (the sender's buffer address and length). Once matched,
 //!   the receiver copies straight from the sender's memory with

@@ -936,9 +936,8 @@ fn impossible_consumer_position_is_a_violation() {
     // (nothing else touches it now).
     unsafe { std::ptr::write_volatile(ring.base_ptr() as *mut u64, u64::MAX) };
     // Rank 0 reads the position only once its ring looks full: three
-    // 1100-byte messages (36 slots each) fit in 128 slots, the fourth does
-    // not.
-    let msg = [1u8; 1100];
+    // 1000-byte messages fit in 64 slots, the fourth does not.
+    let msg = [1u8; 1000];
     for _ in 0..3 {
         d0.send(&msg, 1, 0, 1).unwrap();
     }

@@ -28,92 +28,12 @@ fn small_copies_move_exactly_their_bytes() {
     }
 }
 
-/// A compact header: no cookie, `aux` the payload length.
-fn compact(len: usize) -> Header {
-    Header {
-        aux: len as u64,
-        ..Header::default()
-    }
-}
-
-/// `h` as the consumer sees it: `len` set to the payload's length.
-fn sent(h: Header, len: usize) -> Header {
-    Header {
-        len: len as u32,
-        ..h
-    }
-}
-
 #[test]
 fn small_message_is_one_slot() {
-    assert_eq!(slots_for(0, false), 1);
-    assert_eq!(slots_for(INLINE, false), 1);
-    assert_eq!(slots_for(INLINE + 1, false), 2);
-    assert_eq!(slots_for(INLINE + SLOT, false), 2);
-    assert_eq!(slots_for(INLINE + SLOT + 1, false), 3);
-    // An extended header alone spills into a second slot.
-    assert_eq!(slots_for(0, true), 2);
-    assert_eq!(slots_for(2 * SLOT - EXT_HEADER, true), 2);
-    assert_eq!(slots_for(2 * SLOT - EXT_HEADER + 1, true), 3);
-    assert!(!compact(8).is_extended(8));
-    assert!(compact(8).is_extended(9));
-    assert!(Header {
-        cookie: 1,
-        ..compact(8)
-    }
-    .is_extended(8));
-}
-
-#[test]
-fn two_small_messages_share_a_cache_line() {
-    let (r, mut p, mut c) = pair(8);
-    assert!(p.try_push(&compact(8), b"01234567").unwrap());
-    assert!(p.try_push(&compact(8), b"89abcdef").unwrap());
-    let base = r.view().slot(0) as usize;
-    assert_eq!(r.view().slot(1) as usize, base + SLOT);
-    assert_eq!(base / 64, (base + SLOT) / 64, "slots 0 and 1 share a line");
-    let (h, v) = recv(&mut c).unwrap();
-    assert_eq!((h, &v[..]), (sent(compact(8), 8), &b"01234567"[..]));
-    assert_eq!(c.tail, 1);
-    let (_, v) = recv(&mut c).unwrap();
-    assert_eq!(&v[..], b"89abcdef");
-    assert_eq!(c.tail, 2);
-}
-
-#[test]
-fn both_header_forms_round_trip_every_field() {
-    let (_r, mut p, mut c) = pair(16);
-    for (cookie, aux, len) in [
-        (0, 5, 5),
-        (0, 0, 5),
-        (9, 5, 5),
-        (0, 7, 0),
-        (0, 0, 0),
-        (1, 2, 200),
-    ] {
-        let h = Header {
-            kind: 3,
-            flags: 0x81,
-            tag: -2,
-            context: 11,
-            len: 0,
-            cookie,
-            aux,
-        };
-        let payload: Vec<u8> = (0..len).map(|i| i as u8 ^ 0x5C).collect();
-        assert!(p.try_push(&h, &payload).unwrap());
-        let m = c.peek().unwrap().unwrap();
-        assert_eq!(
-            m.header,
-            sent(h, len),
-            "cookie {cookie} aux {aux} len {len}"
-        );
-        assert_eq!(m.slots(), slots_for(len, h.is_extended(len)));
-        let mut v = vec![0u8; len];
-        c.copy_payload(&m, &mut v);
-        assert_eq!(v, payload);
-        c.pop(&m);
-    }
+    assert_eq!(slots_for(0), 1);
+    assert_eq!(slots_for(INLINE), 1);
+    assert_eq!(slots_for(INLINE + 1), 2);
+    assert_eq!(slots_for(INLINE + SLOT), 2);
 }
 
 #[test]
@@ -128,13 +48,11 @@ fn fifo_with_wrap_and_full_ring() {
             .wrapping_add(1442695040888963407);
         let len = (seed >> 33) as usize % (max + 1);
         let payload: Vec<u8> = (0..len).map(|i| (i as u64 ^ seed) as u8).collect();
-        // Odd rounds compact (no cookie, aux the length), even extended.
         let h = Header {
             kind: 1,
             tag: round,
             context: 7,
-            cookie: if round % 2 == 0 { seed } else { 0 },
-            aux: len as u64,
+            cookie: seed,
             ..Header::default()
         };
         while !p.try_push(&h, &payload).unwrap() {
@@ -156,22 +74,20 @@ fn fifo_with_wrap_and_full_ring() {
 fn payload_bytes_never_look_published() {
     // Fill payload slots with words equal to future sequence numbers; after
     // consumption the consumer must not mistake them for messages.
-    let (_r, mut p, mut c) = pair(16);
+    let (_r, mut p, mut c) = pair(8);
     let mut payload = vec![0u8; INLINE + 3 * SLOT];
     for (i, w) in payload.chunks_mut(8).enumerate() {
         w.copy_from_slice(&(i as u64 + 2).to_le_bytes());
     }
-    for h in [Header::default(), compact(payload.len())] {
-        assert!(p.try_push(&h, &payload).unwrap());
-        assert!(recv(&mut c).is_some());
-        assert!(c.peek().is_none(), "stale payload read as a message");
-    }
+    assert!(p.try_push(&Header::default(), &payload).unwrap());
+    assert!(recv(&mut c).is_some());
+    assert!(c.peek().is_none(), "stale payload read as a message");
 }
 
 #[test]
 fn corrupt_length_is_reported() {
     let (r, mut p, c) = pair(8);
-    assert!(p.try_push(&compact(1), b"x").unwrap());
+    assert!(p.try_push(&Header::default(), b"x").unwrap());
     // Scribble an impossible length, as a hostile peer could.
     // SAFETY: offset OFF_LEN of slot 0 is inside the ring allocation.
     unsafe { ptr::write_unaligned(r.view().slot(0).add(OFF_LEN) as *mut u32, u32::MAX) };
@@ -189,21 +105,19 @@ fn corrupt_tail_is_reported() {
         // allocation; nothing accesses it concurrently in this test.
         unsafe { ptr::write(r.view().base_ptr() as *mut u64, t) }
     };
-    // Two slots each (extended), then one-slot compact "x"s.
     let big = [0u8; INLINE + 1];
-    let x = compact(1);
     assert_eq!(p.try_push(&Header::default(), &big), Ok(true));
     assert_eq!(p.try_push(&Header::default(), &big), Ok(true));
     // Full ring (head 4): the tail is read, and must lie in 0..=4.
     for bad in [5, u64::MAX] {
         set_tail(bad);
         assert_eq!(
-            p.try_push(&x, b"x"),
+            p.try_push(&Header::default(), b"x"),
             Err(RingError::BadTail { tail: bad, head: 4 })
         );
     }
     set_tail(2);
-    assert_eq!(p.try_push(&x, b"x"), Ok(true));
+    assert_eq!(p.try_push(&Header::default(), b"x"), Ok(true));
     // Head 5, tail seen at 2: a tail of 1 went backwards.
     set_tail(1);
     assert_eq!(
@@ -286,16 +200,17 @@ impl Drop for Guarded {
     }
 }
 
-/// Area offset of byte `j` of a message whose first slot is at position
-/// `pos`, counted from the start of that slot (the layout the module docs
-/// describe: one run of bytes, wrapping; spelled out with safe arithmetic).
-fn message_offset(nslots: usize, pos: u64, j: usize) -> usize {
-    ((pos as usize % nslots) * SLOT + j) % (nslots * SLOT)
-}
-
-/// Area offset of payload byte `j` of such a message.
-fn payload_offset(nslots: usize, pos: u64, extended: bool, j: usize) -> usize {
-    message_offset(nslots, pos, if extended { EXT_HEADER } else { HEADER } + j)
+/// Area offset of payload byte `j` of a message whose first slot is at
+/// position `pos` (the layout the module docs describe, spelled out with
+/// safe arithmetic).
+fn payload_offset(nslots: usize, pos: u64, j: usize) -> usize {
+    let size = nslots * SLOT;
+    let first = (pos as usize % nslots) * SLOT;
+    if j < INLINE {
+        first + HEADER + j
+    } else {
+        (first + SLOT + (j - INLINE)) % size
+    }
 }
 
 /// Positions to try: two laps, and a few far ones.
@@ -308,7 +223,7 @@ fn consumer_copies_stay_in_the_ring_for_every_length_and_position() {
     for nslots in [4, 8, 16] {
         let g = Guarded::new(nslots);
         let v = g.view();
-        for (tail, extended) in positions(nslots).flat_map(|t| [(t, false), (t, true)]) {
+        for tail in positions(nslots) {
             for len in 0..=v.max_payload() {
                 // Pattern bytes never equal the guard byte.
                 for (i, b) in g.area().iter_mut().enumerate() {
@@ -317,22 +232,10 @@ fn consumer_copies_stay_in_the_ring_for_every_length_and_position() {
                 let slot = (tail as usize % nslots) * SLOT;
                 let area = g.area();
                 area[slot..slot + 8].copy_from_slice(&(tail + 1).to_le_bytes());
-                area[slot + OFF_FORM] = extended as u8;
                 area[slot + OFF_LEN..slot + OFF_LEN + 4]
                     .copy_from_slice(&(len as u32).to_le_bytes());
-                let word = |off: usize| {
-                    let b: Vec<u8> = (0..8)
-                        .map(|i| g.area()[message_offset(nslots, tail, off + i)])
-                        .collect();
-                    u64::from_ne_bytes(b.try_into().unwrap())
-                };
-                let (cookie, aux) = if extended {
-                    (word(OFF_COOKIE), word(OFF_AUX))
-                } else {
-                    (0, len as u64)
-                };
                 let want: Vec<u8> = (0..len)
-                    .map(|j| g.area()[payload_offset(nslots, tail, extended, j)])
+                    .map(|j| g.area()[payload_offset(nslots, tail, j)])
                     .collect();
                 let mut c = Consumer {
                     ring: v.detach(),
@@ -342,7 +245,6 @@ fn consumer_copies_stay_in_the_ring_for_every_length_and_position() {
                 };
                 let m = c.peek().expect("published").expect("valid");
                 assert_eq!(m.header.len as usize, len);
-                assert_eq!((m.header.cookie, m.header.aux), (cookie, aux));
                 for cap in [len, len / 2, len + 7] {
                     let mut dst = vec![GUARD_BYTE; cap];
                     let n = c.copy_payload(&m, &mut dst);
@@ -355,7 +257,7 @@ fn consumer_copies_stay_in_the_ring_for_every_length_and_position() {
                     assert!(dst[n..].iter().all(|&b| b == GUARD_BYTE));
                 }
                 c.pop(&m);
-                assert_eq!(c.tail, tail + slots_for(len, extended));
+                assert_eq!(c.tail, tail + slots_for(len));
                 // Continuation slots (payload in the first word) are zeroed;
                 // the first keeps its header's seq, which no later position
                 // can take for published.
@@ -379,21 +281,17 @@ fn made_up_messages_stay_in_the_ring() {
         end: u64::MAX,
         max_payload: g.view().max_payload(),
     };
-    for extended in [false, true] {
-        let m = Incoming {
-            header: Header {
-                len: u32::MAX,
-                ..Header::default()
-            },
-            extended,
-        };
-        let mut dst = vec![0u8; 4096];
-        let tail = c.tail;
-        assert_eq!(c.copy_payload(&m, &mut dst), g.view().max_payload());
-        c.pop(&m);
-        assert_eq!(c.tail, tail + slots_for(g.view().max_payload(), extended));
-        g.assert_guards();
-    }
+    let m = Incoming {
+        header: Header {
+            len: u32::MAX,
+            ..Header::default()
+        },
+    };
+    let mut dst = vec![0u8; 4096];
+    assert_eq!(c.copy_payload(&m, &mut dst), g.view().max_payload());
+    c.pop(&m);
+    assert_eq!(c.tail, 3 + slots_for(g.view().max_payload()));
+    g.assert_guards();
 }
 
 #[test]
@@ -401,7 +299,7 @@ fn producer_writes_stay_in_the_ring_for_every_length_and_position() {
     for nslots in [4, 8, 16] {
         let g = Guarded::new(nslots);
         let v = g.view();
-        for (head, extended) in positions(nslots).flat_map(|t| [(t, false), (t, true)]) {
+        for head in positions(nslots) {
             for len in 0..=v.max_payload() {
                 for (i, b) in g.area().iter_mut().enumerate() {
                     *b = (i % 200) as u8;
@@ -414,8 +312,8 @@ fn producer_writes_stay_in_the_ring_for_every_length_and_position() {
                     tag: -3,
                     context: 4,
                     len: 0,
-                    cookie: if extended { 5 } else { 0 },
-                    aux: if extended { 6 } else { len as u64 },
+                    cookie: 5,
+                    aux: 6,
                 };
                 let mut p = Producer {
                     ring: v.detach(),
@@ -425,26 +323,22 @@ fn producer_writes_stay_in_the_ring_for_every_length_and_position() {
                     max_payload: v.max_payload(),
                 };
                 assert_eq!(p.try_push(&h, &payload), Ok(true));
-                assert_eq!(p.head, head + slots_for(len, extended));
+                assert_eq!(p.head, head + slots_for(len));
                 // The expected bytes, field by field.
+                let s = (head as usize % nslots) * SLOT;
                 let mut put = |off: usize, bytes: &[u8]| {
-                    for (i, &b) in bytes.iter().enumerate() {
-                        want[message_offset(nslots, head, off + i)] = b;
-                    }
+                    want[s + off..s + off + bytes.len()].copy_from_slice(bytes)
                 };
                 put(0, &(head + 1).to_le_bytes());
                 put(OFF_KIND, &[1]);
                 put(OFF_FLAGS, &[2]);
-                put(OFF_FORM, &[extended as u8]);
                 put(OFF_TAG, &(-3i32).to_le_bytes());
                 put(OFF_CONTEXT, &4u32.to_le_bytes());
                 put(OFF_LEN, &(len as u32).to_le_bytes());
-                if extended {
-                    put(OFF_COOKIE, &5u64.to_le_bytes());
-                    put(OFF_AUX, &6u64.to_le_bytes());
-                }
+                put(OFF_COOKIE, &5u64.to_le_bytes());
+                put(OFF_AUX, &6u64.to_le_bytes());
                 for (j, &b) in payload.iter().enumerate() {
-                    want[payload_offset(nslots, head, extended, j)] = b;
+                    want[payload_offset(nslots, head, j)] = b;
                 }
                 assert!(g.area() == want, "{nslots} slots, head {head}, len {len}");
                 g.assert_guards();

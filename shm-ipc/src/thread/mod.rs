@@ -5,8 +5,8 @@
 //! receiving rank, under that rank's own lock (there is no global lock):
 //!
 //! * **Eager** (payload up to `eager_limit`): the payload is copied into the
-//!   ring and out into the receive buffer. A message of up to 8 bytes is one
-//!   32-byte slot, half a cache line.
+//!   ring and out into the receive buffer. A message of up to 24 bytes is one
+//!   cache line.
 //! * **Rendezvous** (larger, or when eager credit runs out): the ring carries
 //!   only a `Handoff` pointer; the receiver, once matched, copies straight
 //!   from the sender's buffer into its own (one copy) and marks the handoff
