@@ -367,6 +367,12 @@ impl<'a> RingRef<'a> {
     }
 }
 
+/// The slot count of a ring given `ring_bytes` bytes of slots (the devices'
+/// `ring_bytes` option): rounded up to a power of two.
+pub fn slots_for_bytes(ring_bytes: usize) -> usize {
+    (ring_bytes / SLOT).next_power_of_two()
+}
+
 /// The largest payload one message may carry in a ring of `nslots` slots:
 /// half the ring, so that a message always fits once the consumer catches up.
 pub fn max_payload_for(nslots: usize) -> usize {

@@ -175,7 +175,9 @@ impl ProcessOptions {
         Ok(o)
     }
 
-    pub(super) fn nslots(&self) -> usize {
-        (self.ring_bytes / crate::ring::SLOT).next_power_of_two()
+    /// The slot count of every ring these options make (what a rank
+    /// publishes in its record, and its peers check).
+    pub fn nslots(&self) -> usize {
+        crate::ring::slots_for_bytes(self.ring_bytes)
     }
 }

@@ -119,7 +119,7 @@ impl ThreadOptions {
     }
 
     fn nslots(&self) -> usize {
-        (self.ring_bytes / crate::ring::SLOT).next_power_of_two()
+        crate::ring::slots_for_bytes(self.ring_bytes)
     }
 }
 

@@ -408,7 +408,7 @@ fn impersonate(options: &[String]) -> Result<(), String> {
             } else {
                 u32::from_le_bytes(pids[1][..4].try_into().map_err(|_| "short pid")?)
             },
-            nslots: (opts.ring_bytes / shm_ipc::ring::SLOT).next_power_of_two() as u32,
+            nslots: opts.nslots() as u32,
             credit_bytes: opts.credit_bytes as u64,
             probe_addr: 0,
             probe_value: 0,
