@@ -273,7 +273,8 @@ pub fn measure_mpi(
         mpi.run_args.join(" ")
     );
     if mpi.over_psm2 {
-        how = format!("{how}; {}", super::psm2_peer::PSM2_HOW);
+        how.push_str("; ");
+        how.push_str(super::psm2_peer::PSM2_HOW);
     }
     Ok((records, how))
 }

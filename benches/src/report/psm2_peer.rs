@@ -102,15 +102,15 @@ mod tests {
 
     #[test]
     fn without_root_or_unshare_the_peer_says_why_it_is_not_measured() {
-        let unshare = || Some(PathBuf::from("/usr/bin/unshare"));
-        let e = namespace_tool(1000, unshare()).unwrap_err();
+        let path = PathBuf::from("/usr/bin/unshare");
+        let e = namespace_tool(1000, Some(path.clone())).unwrap_err();
         assert!(e.contains("needs root"), "{e}");
         let e = namespace_tool(0, None).unwrap_err();
         assert!(
             e.contains("unshare") && e.contains("apt-get install"),
             "{e}"
         );
-        assert_eq!(namespace_tool(0, unshare()), unshare().ok_or(String::new()));
+        assert_eq!(namespace_tool(0, Some(path.clone())), Ok(path));
     }
 
     /// The namespace shows an hfi1 unit to what runs in it, and nothing of
