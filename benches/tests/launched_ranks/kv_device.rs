@@ -5,6 +5,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use xdev::bootstrap::Bootstrap;
+use xdev::devkit::Outcome;
 use xdev::devkit::Tracker;
 use xdev::registry::{Entry, Placement};
 use xdev::{
@@ -112,7 +113,7 @@ impl Device for KvDevice {
             tag,
             context,
         };
-        Status::received(env, m.len(), buf.len()).into_result()
+        Outcome::received(env, m.len(), buf.len()).into_result()
     }
     fn isend(&self, buf: Buffer, dest: Rank, tag: Tag, context: Context) -> Request {
         let env = Envelope {
@@ -121,8 +122,8 @@ impl Device for KvDevice {
             context,
         };
         let st = match self.send(&buf, dest, tag, context) {
-            Ok(()) => Status::ok(env, buf.len()),
-            Err(e) => Status::failed(env, e),
+            Ok(()) => Status::ok(env, buf.len()).into(),
+            Err(e) => Outcome::failed(env, e),
         };
         self.tracker.completed(buf, st)
     }
@@ -132,13 +133,14 @@ impl Device for KvDevice {
     fn irecv(&self, mut buf: Buffer, source: Source, tag: TagSel, context: Context) -> Request {
         let st = self
             .recv(&mut buf, source, tag, context)
+            .map(Outcome::from)
             .unwrap_or_else(|e| {
                 let env = Envelope {
                     source: 0,
                     tag: 0,
                     context,
                 };
-                Status::failed(env, e)
+                Outcome::failed(env, e)
             });
         self.tracker.completed(buf, st)
     }

@@ -82,5 +82,8 @@ pub(super) unsafe fn lend_and_wait(
     let c = start(lent).wait();
     drop(c.buf);
     armed.0 = false;
-    c.status.into_result()
+    match c.error {
+        None => Ok(c.status),
+        Some(e) => Err(*e),
+    }
 }

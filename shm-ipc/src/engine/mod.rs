@@ -20,8 +20,8 @@ use std::sync::Arc;
 
 use xdev::devkit::matching::{MatchingEngine, PostedId};
 use xdev::devkit::target::{lost, BlockingRecv, Pending, Target};
-use xdev::devkit::{CoreRef, Tracker};
-use xdev::{Context, Envelope, Error, Pattern, Rank, Result, Source, Status, Tag};
+use xdev::devkit::{CoreRef, Outcome, Tracker};
+use xdev::{Context, Envelope, Error, Pattern, Rank, Result, Source, Tag};
 
 use crate::biased::{BiasedGuard as RankGuard, BiasedLock};
 use crate::doorbell::DoorbellRef;
@@ -125,7 +125,7 @@ pub unsafe trait Medium: Send + Sync + Sized + 'static {
         r: Self::Rndv,
         dst: *mut u8,
         cap: usize,
-    ) -> Outcome<Self::Later>;
+    ) -> Delivery<Self::Later>;
     /// Goes on with a matched rendezvous for a queued or posted receive.
     fn settle(e: &Engine<Self>, l: &mut Local<Self>, env: Envelope, x: Self::Later, t: Target);
     /// Goes on with a matched rendezvous for a blocking receive's own
@@ -204,9 +204,10 @@ impl<M: Medium> Unexpected<M> {
     }
 }
 
-/// The outcome of delivering a matched message.
-pub enum Outcome<L> {
-    Done(Status),
+/// What delivering a matched message came to.
+pub enum Delivery<L> {
+    /// Delivered (or failed) at once.
+    Done(Outcome),
     /// A rendezvous whose transfer goes on (the medium's).
     Later(L),
 }
@@ -266,7 +267,7 @@ pub type Queued = RefCell<Option<(Arc<BlockingRecv>, Option<PostedId>)>>;
 pub struct Direct<'a, L> {
     pub(crate) pattern: Pattern,
     pub(crate) buf: &'a mut [u8],
-    pub(crate) status: Option<Status>,
+    pub(crate) status: Option<Outcome>,
     /// A blocking receive's transfer that goes on (a stream or split copy
     /// into `buf`).
     pub(crate) stream: Option<Arc<BlockingRecv>>,
@@ -655,7 +656,7 @@ impl<M: Medium> Engine<M> {
         l.freed_local[s] += len + crate::wire::ENTRY_CHARGE;
     }
 
-    pub(crate) fn complete_target(&self, t: Target, st: Status) {
+    pub(crate) fn complete_target(&self, t: Target, st: impl Into<Outcome>) {
         t.complete(&self.tracker, st);
     }
 
@@ -690,7 +691,7 @@ impl<M: Medium> Engine<M> {
                 tag: -1,
                 context: 0,
             };
-            self.complete_target(t, Status::failed(env, err.clone()));
+            self.complete_target(t, Outcome::failed(env, err.clone()));
         }
         for p in std::mem::take(&mut l.backlog[d]) {
             l.backlog_total -= 1;
@@ -700,7 +701,7 @@ impl<M: Medium> Engine<M> {
                 context: p.context,
             };
             self.tracker
-                .complete(&p.core, Status::failed(env, err.clone()));
+                .complete(&p.core, Outcome::failed(env, err.clone()));
         }
         M::fail_peer(self, l, d, &err);
     }

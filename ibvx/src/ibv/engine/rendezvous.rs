@@ -4,7 +4,8 @@
 //! registered, the write and `RNDZ_END` queued), the `RNDZ_END` that ends the
 //! receive, and the count of a sender's unfinished starts.
 
-use xdev::{Envelope, Error, Rank, Status};
+use xdev::devkit::Outcome;
+use xdev::{Envelope, Error, Rank};
 
 use super::{rndv_window, Control, Dest, IbvEngine, Incoming, Local, Stage, Unexpected};
 use crate::ibv::wire::{Header, FLAG_FAILED};
@@ -123,9 +124,9 @@ impl IbvEngine {
                 format!("rendezvous receive from rank {src}"),
                 std::io::Error::other("the sender could not register its buffer"),
             );
-            Status::failed(inc.env, e)
+            Outcome::failed(inc.env, e)
         } else {
-            Status::received(inc.env, inc.len, inc.cap)
+            Outcome::received(inc.env, inc.len, inc.cap)
         };
         self.complete_target(l, inc.target, st);
         Ok(())
@@ -154,7 +155,7 @@ impl IbvEngine {
             };
             self.push_control(l, src, c);
             Self::rendezvous_in_ended(l, src);
-            self.complete_target(l, t, Status::received(env, len, cap));
+            self.complete_target(l, t, Outcome::received(env, len, cap));
             return;
         }
         // A registration of exactly the granted range, for this receive
@@ -205,7 +206,7 @@ impl IbvEngine {
                 };
                 self.push_control(l, src, c);
                 Self::rendezvous_in_ended(l, src);
-                self.complete_target(l, t, Status::failed(env, registration_error(e)));
+                self.complete_target(l, t, Outcome::failed(env, registration_error(e)));
             }
         }
     }
