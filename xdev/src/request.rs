@@ -758,11 +758,8 @@ impl Request {
     }
 
     /// Blocks until completion (spinning, then sleeping) and returns the
-    /// buffer and status (and the error, if the operation failed).
-    ///
-    /// Always inlined: a window of requests waits on each in turn, and as a
-    /// call each wait returns its completion through memory once more.
-    #[inline(always)]
+    /// buffer and status.
+    #[inline]
     pub fn wait(self) -> Completion {
         // Matched here, not through `split`: the completion of a request
         // born complete is then built once, in the caller's slot.
@@ -772,7 +769,7 @@ impl Request {
                 status,
                 error: None,
             },
-            Inner::Failed(f) => unbox(f),
+            Inner::Failed(f) => f.1,
             Inner::InFlight(h) => {
                 if !h.core.is_done() {
                     h.engine.wait(&h.core);
@@ -848,19 +845,10 @@ impl Request {
                 status,
                 error: None,
             }),
-            Inner::Failed(f) => Ok(unbox(f)),
+            Inner::Failed(f) => Ok(f.1),
             Inner::InFlight(h) => Err(h),
         }
     }
-}
-
-/// The completion of a request born failed, out of its box: kept out of
-/// line, so that the waits of successful requests stay small enough to
-/// inline.
-#[cold]
-#[inline(never)]
-fn unbox(f: Box<(RequestId, Completion)>) -> Completion {
-    f.1
 }
 
 /// A request that ended with an error: the error, the status and the
