@@ -58,7 +58,7 @@ fn latency(dev: &IbvDevice, mem: Memory, len: usize, iters: usize) -> f64 {
         }
         if me == 0 {
             let c = dev.isend(get(dev, mem, buf.take(), len), peer, 1, 0).wait();
-            assert!(c.error.is_none(), "{:?}", c.status);
+            assert!(c.status.error.is_none(), "{:?}", c.status);
             buf = Some(c.buf);
         }
         let r = get(dev, mem, buf.take(), len);
@@ -99,7 +99,7 @@ fn bandwidth(dev: &IbvDevice, mem: Memory, len: usize, reps: usize) -> f64 {
             .collect();
         for (o, r) in bufs.iter_mut().zip(reqs) {
             let c = r.wait();
-            assert!(c.error.is_none(), "{:?}", c.status);
+            assert!(c.status.error.is_none(), "{:?}", c.status);
             if dev.id() == 1 {
                 assert!(c.buf[..] == check[..], "{mem:?} {len}: corrupt data");
             }

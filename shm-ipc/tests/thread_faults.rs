@@ -37,9 +37,17 @@ fn dead_peer_fails_its_operations_and_others_keep_working() {
         // Rank 2 dies without receiving anything.
         let t = Instant::now();
         let c = pending.wait();
-        assert!(is_lost(c.error.as_deref().unwrap(), 2), "{:?}", c.status);
+        assert!(
+            is_lost(c.status.error.as_deref().unwrap(), 2),
+            "{:?}",
+            c.status
+        );
         let c = large.wait();
-        assert!(is_lost(c.error.as_deref().unwrap(), 2), "{:?}", c.status);
+        assert!(
+            is_lost(c.status.error.as_deref().unwrap(), 2),
+            "{:?}",
+            c.status
+        );
         assert_eq!(c.buf.len(), 1 << 20, "buffer comes back");
         assert!(
             t.elapsed() < Duration::from_secs(5),
@@ -106,7 +114,7 @@ fn messages_sent_before_finish_are_still_delivered() {
         dev.finish().unwrap();
         assert!(matches!(dev.send(b"x", 0, 3, 0), Err(Error::Closed)));
         let c = dev.isend(Buffer::from(vec![1u8]), 0, 3, 0).wait();
-        assert!(matches!(c.error.as_deref(), Some(Error::Closed)));
+        assert!(matches!(c.status.error.as_deref(), Some(Error::Closed)));
     });
     let dev = open(&job, 0, 2);
     sender.join().unwrap();
@@ -136,7 +144,7 @@ fn finish_waits_for_sends_but_not_for_a_dead_receiver() {
     });
     dev0.finish().unwrap();
     dropper.join().unwrap();
-    assert!(is_lost(r.wait().error.as_deref().unwrap(), 1));
+    assert!(is_lost(r.wait().status.error.as_deref().unwrap(), 1));
 }
 
 #[test]
@@ -285,7 +293,7 @@ fn a_flood_of_rendezvous_headers_is_bounded_at_the_receiver() {
                 .collect();
             posted.wait();
             for r in reqs {
-                assert!(r.wait().error.is_none());
+                assert!(r.wait().status.error.is_none());
             }
             dev.finish().unwrap();
         });

@@ -15,7 +15,7 @@
 //!   device type and `Transport` for its engine, and the blanket
 //!   `impl Device for D: Face` does the argument checks and the refused-call
 //!   requests.
-//! - [`Tracker`], [`RequestCore`], [`CoreRef`], [`Completion`], [`Outcome`],
+//! - [`Tracker`], [`RequestCore`], [`CoreRef`], [`Completion`],
 //!   [`CompletionHook`], [`Progress`], [`RequestKind`]: the request
 //!   bookkeeping every engine uses (starting, completing and relaying
 //!   requests, and the hooks a [`Request`](crate::Request) calls).
@@ -54,7 +54,6 @@ pub use crate::request::{
     abort_on_unwind, Completion, CompletionHook, CoreRef, Handle, Progress, RequestCore,
     RequestKind, Tracker,
 };
-pub use crate::types::Outcome;
 
 // The modules below are private at the crate root; each is re-exported here
 // whole (a glob of its public items), so this is their only public path.

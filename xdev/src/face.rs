@@ -14,8 +14,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use crate::{
-    check_recv, check_send, Buffer, Context, Envelope, Error, Outcome, Pattern, Peeked, Progress,
-    Rank, Request, Result, Source, Status, Tag, TagSel, Tracker,
+    check_recv, check_send, Buffer, Context, Envelope, Error, Pattern, Peeked, Progress, Rank,
+    Request, Result, Source, Status, Tag, TagSel, Tracker,
 };
 
 /// Where a send goes and how it completes: what `send`, `ssend`, `isend`
@@ -188,10 +188,7 @@ pub fn start_each(
 /// A request that failed before it started: complete at once with `e`, its
 /// buffer given back through the handle as usual.
 fn refused<T: Transport>(engine: &Arc<T>, buf: Buffer, env: Envelope, e: Error) -> Request {
-    engine
-        .seat()
-        .tracker
-        .completed(buf, Outcome::failed(env, e))
+    engine.seat().tracker.completed(buf, Status::failed(env, e))
 }
 
 /// Every buffer of `bufs` (drained) as a request refused with `e`.

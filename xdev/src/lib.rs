@@ -40,7 +40,6 @@ pub use request::{Failed, Peeked, Request, RequestId};
 pub(crate) use device::{check_recv, check_send};
 pub(crate) use options::OptionSpec;
 pub(crate) use request::{CoreRef, Progress, RequestCore, RequestKind, Tracker};
-pub(crate) use types::Outcome;
 pub use types::{
     Context, Envelope, Pattern, Rank, Source, Status, Tag, TagSel, ANY_SOURCE, ANY_TAG, TAG_UB,
 };

@@ -33,7 +33,7 @@ mod tracker;
 pub use pool::CoreRef;
 pub use tracker::Tracker;
 
-use crate::{Buffer, Error, Outcome, Status};
+use crate::{Buffer, Status};
 
 /// Identifies a request within its device (returned by `peek`).
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -50,14 +50,6 @@ pub enum RequestKind {
 
 /// What a layered device runs when a request it relays completes.
 pub type CompletionHook = Box<dyn FnOnce(Completion) + Send>;
-
-/// The envelope of a spare core's status, which nobody reads (a status is
-/// read only once a completion wrote it).
-const NOBODY: crate::Envelope = crate::Envelope {
-    source: usize::MAX,
-    tag: -1,
-    context: 0,
-};
 
 /// `RequestCore::state` bits: a completer claimed the request.
 const CLAIMED: u8 = 1;
@@ -80,11 +72,10 @@ const RELEASED: u8 = 3;
 /// them, so a request costs no allocation in steady state.
 ///
 /// Who touches what (the `UnsafeCell`s):
-/// - `buf`, `status` and `error` are written by whoever claimed the
-///   completion (`state` has `CLAIMED`), before `done` is set with
-///   `Release`; after that they are read by the one handle (after an
-///   `Acquire` load of `done`), or by the hook that received the
-///   completion;
+/// - `buf` and `status` are written by whoever claimed the completion
+///   (`state` has `CLAIMED`), before `done` is set with `Release`; after
+///   that they are read by the one handle (after an `Acquire` load of
+///   `done`), or by the hook that received the completion;
 /// - `hook` is written once by [`relay`](RequestCore::relay) before it sets
 ///   `HOOKED` with `Release`, and read by the one party that sees both
 ///   bits (see `finish` and `on_complete`);
@@ -92,8 +83,7 @@ const RELEASED: u8 = 3;
 ///   pool, when no other reference to it exists but the pool's own (which
 ///   reads only the atomics, and the status of a done `LIVE` handle under
 ///   the pool's lock; see `pool`); the reset leaves the previous status in
-///   place, unread until the next completion overwrites it, and clears
-///   the previous error (a completion writes one only if it has one).
+///   place, unread until the next completion overwrites it.
 pub struct RequestCore {
     /// Counted references ([`CoreRef`]), the pool's own included.
     refs: std::sync::atomic::AtomicUsize,
@@ -114,9 +104,7 @@ pub struct RequestCore {
     /// A device-private cookie (for example a posted-receive id for cancel).
     token: AtomicU64,
     buf: UnsafeCell<Option<Buffer>>,
-    status: UnsafeCell<Status>,
-    /// The error of a failed completion; `None` otherwise.
-    error: UnsafeCell<Option<Box<Error>>>,
+    status: UnsafeCell<Option<Status>>,
     hook: UnsafeCell<Option<CompletionHook>>,
     /// The request of the device below that carries this one, once a
     /// layered device relayed it (see [`RequestCore::relay`]).
@@ -147,8 +135,7 @@ impl RequestCore {
             handle: AtomicU8::new(RELEASED),
             token: AtomicU64::new(u64::MAX),
             buf: UnsafeCell::new(None),
-            status: UnsafeCell::new(Status::ok(NOBODY, 0)),
-            error: UnsafeCell::new(None),
+            status: UnsafeCell::new(None),
             hook: UnsafeCell::new(None),
             below: UnsafeCell::new(OnceLock::new()),
         }
@@ -197,9 +184,6 @@ impl RequestCore {
             *self.buf.get() = buf;
             if (*self.hook.get()).is_some() {
                 *self.hook.get() = None;
-            }
-            if (*self.error.get()).is_some() {
-                *self.error.get() = None;
             }
             if (*self.below.get()).get().is_some() {
                 *self.below.get() = OnceLock::new();
@@ -285,37 +269,27 @@ impl RequestCore {
 
     /// Completes a claimed request (`hooked`: what `claim` said), with
     /// `buf` as its buffer if given.
-    fn finish(&self, hooked: bool, buf: Option<Buffer>, outcome: Outcome) {
-        self.finish_with(hooked, buf, || outcome)
+    fn finish(&self, hooked: bool, buf: Option<Buffer>, status: Status) {
+        self.finish_with(hooked, buf, || status)
     }
 
-    /// [`finish`](Self::finish) with the outcome made by `outcome`, inlined
+    /// [`finish`](Self::finish) with the status made by `status`, inlined
     /// into the caller so that the status is built where the core keeps it
     /// (built first and then moved, its fields are written narrow and read
     /// back wide: a stalled load, measured as the posted receive's largest
-    /// cost after matching). A success writes the status alone: the error
-    /// cell is already empty (`reset` cleared it).
+    /// cost after matching).
     #[inline(always)]
-    fn finish_with<O: Into<Outcome>>(
-        &self,
-        hooked: bool,
-        buf: Option<Buffer>,
-        outcome: impl FnOnce() -> O,
-    ) {
+    fn finish_with(&self, hooked: bool, buf: Option<Buffer>, status: impl FnOnce() -> Status) {
         if hooked {
-            self.finish_hooked(buf, outcome().into());
+            self.finish_hooked(buf, status());
         } else {
-            let Outcome { status, error } = outcome().into();
             // SAFETY: as the claimer we are the only one writing the cells
             // before `done`; readers wait for `done`.
             unsafe {
                 if let Some(b) = buf {
                     *self.buf.get() = Some(b);
                 }
-                *self.status.get() = status;
-                if error.is_some() {
-                    *self.error.get() = error;
-                }
+                *self.status.get() = Some(status());
             }
         }
         // Release: publishes the status, the buffer and all data the device
@@ -325,7 +299,7 @@ impl RequestCore {
 
     /// The completion of a claimed request with a hook: to the hook.
     #[inline(never)]
-    fn finish_hooked(&self, buf: Option<Buffer>, outcome: Outcome) {
+    fn finish_hooked(&self, buf: Option<Buffer>, status: Status) {
         // SAFETY: the HOOKED bit was set (Release) after the hook was
         // written, and our claim saw it (Acquire); `on_complete` saw our
         // CLAIMED bit was not yet set, so it left the hook to us and nobody
@@ -336,7 +310,7 @@ impl RequestCore {
         let own = unsafe { (*self.buf.get()).take() };
         let buf = buf.or(own).unwrap_or_else(|| Buffer::from(Vec::new()));
         if let Some(hook) = hook {
-            run_hook(hook, Completion::new(buf, outcome));
+            run_hook(hook, Completion { buf, status });
         }
     }
 
@@ -361,17 +335,16 @@ impl RequestCore {
             }
             // SAFETY: `done` (Acquire) makes the cells' contents visible;
             // this core has no handle, so nobody else takes them.
-            let (hook, buf, status, error) = unsafe {
+            let (hook, buf, status) = unsafe {
                 (
                     (*self.hook.get()).take(),
                     (*self.buf.get()).take(),
-                    *self.status.get(),
-                    (*self.error.get()).take(),
+                    (*self.status.get()).take(),
                 )
             };
-            if let Some(hook) = hook {
+            if let (Some(hook), Some(status)) = (hook, status) {
                 let buf = buf.unwrap_or_else(|| Buffer::from(Vec::new()));
-                run_hook(hook, Completion { buf, status, error });
+                run_hook(hook, Completion { buf, status });
             }
         }
     }
@@ -419,40 +392,31 @@ impl RequestCore {
     }
 
     /// Takes the completion of a done request, for its one handle: the
-    /// buffer is moved out, the status and the error copied (`peek` may be
-    /// reading them at the same time, under the pool's lock; they stay
-    /// until the core is reused).
+    /// buffer is moved out, the status copied (`peek` may be reading it at
+    /// the same time, under the pool's lock; it stays until the core is
+    /// reused).
     fn take(&self) -> Completion {
         debug_assert!(self.is_done());
         // SAFETY: the request is done (Acquire in the caller's is_done), so
         // the claimer's writes are visible and over. The single handle
-        // (consuming itself) is the only one to touch `buf`; `status` and
-        // `error` are only read from now on (by us and by `peek`) until the
-        // core is reset, which needs the handle's reference gone.
-        let (buf, status) = unsafe { ((*self.buf.get()).take(), *self.status.get()) };
-        // SAFETY: as above.
-        let error = unsafe { (*self.error.get()).as_ref() }.map(|e| self.copy_error(e));
+        // (consuming itself) is the only one to touch `buf`; `status` is
+        // only read from now on (by us and by `peek`) until the core is
+        // reset, which needs the handle's reference gone.
+        let (buf, status) = unsafe { ((*self.buf.get()).take(), (*self.status.get()).clone()) };
+        let status = status.unwrap_or_else(|| {
+            // Only a core whose completion went to a hook has none, and such
+            // a core has no handle; stay total anyway.
+            let env = crate::Envelope {
+                source: usize::MAX,
+                tag: -1,
+                context: 0,
+            };
+            Status::failed(env, crate::Error::Closed)
+        });
         Completion {
             buf: buf.unwrap_or_else(|| Buffer::from(Vec::new())),
             status,
-            error,
         }
-    }
-
-    /// A copy of a failed completion's error, out of the per-message path.
-    #[cold]
-    fn copy_error(&self, e: &Error) -> Box<Error> {
-        Box::new(e.clone())
-    }
-
-    /// The error a done core completed with, copied (for `peek`).
-    ///
-    /// # Safety
-    /// The core is done, and nobody resets it meanwhile.
-    unsafe fn error_copy(&self) -> Option<Box<Error>> {
-        // SAFETY: the caller's contract: the cell is written and visible,
-        // and only read until the core is reset.
-        unsafe { (*self.error.get()).as_ref() }.map(|e| self.copy_error(e))
     }
 
     /// Marks the handle released, so `peek` no longer reports the request.
@@ -503,46 +467,23 @@ impl fmt::Debug for RequestCore {
     }
 }
 
-/// A completed operation: the buffer comes back together with the status,
-/// and the error if the operation failed.
+/// A completed operation: the buffer comes back together with the status
+/// (whose `error` says whether the operation failed).
 #[derive(Debug)]
 pub struct Completion {
     /// The buffer given to `isend`/`irecv`, with received data in place.
     pub buf: Buffer,
     /// What happened.
     pub status: Status,
-    /// The error that ended the operation, if any (boxed, out of line).
-    pub error: Option<Box<Error>>,
 }
 
 impl Completion {
-    /// The completion of `buf` with `outcome`.
-    #[inline]
-    pub fn new(buf: Buffer, outcome: Outcome) -> Self {
-        Completion {
-            buf,
-            status: outcome.status,
-            error: outcome.error,
-        }
-    }
-
     /// The buffer and status on success, the error otherwise (the buffer is
     /// dropped: keep the `Completion` when it must be reused on error).
     #[inline]
     pub fn into_result(self) -> crate::Result<(Buffer, Status)> {
-        match self.error {
-            None => Ok((self.buf, self.status)),
-            Some(e) => Err(*e),
-        }
-    }
-
-    /// The status and the error, without the buffer.
-    #[inline]
-    pub fn outcome(&self) -> Outcome {
-        Outcome {
-            status: self.status,
-            error: self.error.clone(),
-        }
+        let Completion { buf, status } = self;
+        status.into_result().map(|status| (buf, status))
     }
 }
 
@@ -591,9 +532,9 @@ pub struct Request {
     inner: Inner,
 }
 
-/// The shapes of a request: born complete, born failed, or in flight.
+/// The shapes of a request: born complete, or in flight.
 enum Inner {
-    /// The operation succeeded inside the call that started it: the handle
+    /// The operation ended inside the call that started it: the handle
     /// itself carries the buffer and the status. No pooled core, no
     /// reference count, no engine; `peek` does not report it (the caller
     /// holds it complete). The status is kept whole, as the device wrote
@@ -605,10 +546,6 @@ enum Inner {
         buf: Buffer,
         status: Status,
     },
-    /// The operation failed inside the call that started it (refused, or
-    /// ended with an error at once): as `Done`, with its error, boxed so
-    /// that the successful shape stays nine words.
-    Failed(Box<(RequestId, Completion)>),
     /// The device owns the buffer until the core completes.
     InFlight(Held),
 }
@@ -706,7 +643,6 @@ impl Request {
     pub fn id(&self) -> RequestId {
         match &self.inner {
             Inner::Done { id, .. } => *id,
-            Inner::Failed(f) => f.0,
             Inner::InFlight(h) => h.core.id(),
         }
     }
@@ -715,14 +651,14 @@ impl Request {
     /// the call that started it. `peek` reports only requests that were
     /// not.
     pub fn was_born_complete(&self) -> bool {
-        matches!(self.inner, Inner::Done { .. } | Inner::Failed(_))
+        matches!(self.inner, Inner::Done { .. })
     }
 
     /// Drives progress once and says whether the operation has completed.
     #[inline]
     pub fn is_complete(&self) -> bool {
         match &self.inner {
-            Inner::Done { .. } | Inner::Failed(_) => true,
+            Inner::Done { .. } => true,
             Inner::InFlight(h) => {
                 if !h.core.is_done() {
                     h.engine.progress();
@@ -747,7 +683,7 @@ impl Request {
     /// (for a layered device that just started this request below).
     pub fn take_if_done(self) -> Result<Completion, Request> {
         let done = match &self.inner {
-            Inner::Done { .. } | Inner::Failed(_) => true,
+            Inner::Done { .. } => true,
             Inner::InFlight(h) => h.core.is_done(),
         };
         if done {
@@ -764,12 +700,7 @@ impl Request {
         // Matched here, not through `split`: the completion of a request
         // born complete is then built once, in the caller's slot.
         match self.inner {
-            Inner::Done { buf, status, .. } => Completion {
-                buf,
-                status,
-                error: None,
-            },
-            Inner::Failed(f) => f.1,
+            Inner::Done { buf, status, .. } => Completion { buf, status },
             Inner::InFlight(h) => {
                 if !h.core.is_done() {
                     h.engine.wait(&h.core);
@@ -801,8 +732,8 @@ impl Request {
     /// successful result stays small).
     #[inline]
     pub fn wait_ok(self) -> Result<(Buffer, Status), Box<Failed>> {
-        let Completion { buf, status, error } = self.wait();
-        match error {
+        let Completion { buf, mut status } = self.wait();
+        match status.error.take() {
             None => Ok((buf, status)),
             Some(error) => Err(Box::new(Failed {
                 buf,
@@ -817,7 +748,7 @@ impl Request {
     /// matched receives are not cancelled.
     pub fn cancel(&self) -> bool {
         match &self.inner {
-            Inner::Done { .. } | Inner::Failed(_) => false,
+            Inner::Done { .. } => false,
             Inner::InFlight(h) => !h.core.is_done() && h.engine.cancel(&h.core),
         }
     }
@@ -840,25 +771,20 @@ impl Request {
     #[inline(always)]
     fn split(self) -> Result<Completion, Held> {
         match self.inner {
-            Inner::Done { buf, status, .. } => Ok(Completion {
-                buf,
-                status,
-                error: None,
-            }),
-            Inner::Failed(f) => Ok(f.1),
+            Inner::Done { buf, status, .. } => Ok(Completion { buf, status }),
             Inner::InFlight(h) => Err(h),
         }
     }
 }
 
-/// A request that ended with an error: the error, the status and the
-/// buffer, given back whatever happened.
+/// A request that ended with an error: the error, the status (with its
+/// `error` taken out) and the buffer, given back whatever happened.
 #[derive(Debug)]
 pub struct Failed {
     /// The buffer given to the operation (a truncated receive's first
     /// bytes are in it).
     pub buf: Buffer,
-    /// The status.
+    /// The status, its `error` moved to [`error`](Failed::error).
     pub status: Status,
     /// What ended the operation.
     pub error: crate::Error,
@@ -897,13 +823,6 @@ impl fmt::Debug for Request {
                 .field("len", &buf.len())
                 .field("status", status)
                 .finish(),
-            Inner::Failed(b) => f
-                .debug_struct("Request")
-                .field("id", &b.0)
-                .field("len", &b.1.buf.len())
-                .field("status", &b.1.status)
-                .field("error", &b.1.error)
-                .finish(),
             Inner::InFlight(h) => h.core.fmt(f),
         }
     }
@@ -916,8 +835,6 @@ pub struct Peeked {
     pub id: RequestId,
     /// Its status (the handle still returns buffer and status on `wait`).
     pub status: Status,
-    /// The error that ended it, if any (the handle returns it too).
-    pub error: Option<Box<Error>>,
 }
 
 #[cfg(test)]

@@ -12,9 +12,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
-use crate::{
-    Context, CoreRef, Envelope, Error, Outcome, Rank, RequestCore, Result, Status, Tag, Tracker,
-};
+use crate::{Context, CoreRef, Envelope, Error, Rank, RequestCore, Result, Status, Tag, Tracker};
 
 /// A blocking receive registered with an engine (queued behind other posted
 /// receives, or waiting for a pipelined rendezvous): its buffer is borrowed
@@ -30,7 +28,7 @@ pub struct BlockingRecv {
     ptr: *mut u8,
     cap: usize,
     done: AtomicBool,
-    status: Mutex<Option<Outcome>>,
+    status: Mutex<Option<Status>>,
 }
 
 // SAFETY: `ptr` is the only field that is not thread-safe, and this type
@@ -65,7 +63,7 @@ impl BlockingRecv {
     /// never completed.
     pub fn outcome(&self) -> Result<Status> {
         let st = self.status.lock().unwrap_or_else(|p| p.into_inner()).take();
-        st.map(Outcome::into_result).unwrap_or(Err(Error::Closed))
+        st.map(|s| s.into_result()).unwrap_or(Err(Error::Closed))
     }
 }
 
@@ -90,22 +88,21 @@ impl Target {
         }
     }
 
-    /// Completes the receive with `st` (a [`Status`], or an [`Outcome`]
-    /// with an error).
-    pub fn complete(self, tracker: &Tracker, st: impl Into<Outcome>) {
+    /// Completes the receive with `st`.
+    pub fn complete(self, tracker: &Tracker, st: Status) {
         self.complete_with(tracker, || st)
     }
 
-    /// Completes the receive with the outcome `st` makes, built where the
+    /// Completes the receive with the status `st` makes, built where the
     /// receive keeps it (see [`Tracker::complete_with`]).
     #[inline]
-    pub fn complete_with<O: Into<Outcome>>(self, tracker: &Tracker, st: impl FnOnce() -> O) {
+    pub fn complete_with(self, tracker: &Tracker, st: impl FnOnce() -> Status) {
         match self {
             Target::Request(core) => {
                 tracker.complete_with(&core, st);
             }
             Target::Blocking(b) => {
-                *b.status.lock().unwrap_or_else(|p| p.into_inner()) = Some(st().into());
+                *b.status.lock().unwrap_or_else(|p| p.into_inner()) = Some(st());
                 // Release: the status is written before the waiter sees done.
                 b.done.store(true, Ordering::Release);
             }
@@ -176,8 +173,8 @@ impl SendOwner {
         match self {
             SendOwner::Request(core) => {
                 let st = match result {
-                    Ok(()) => Status::ok(env, len).into(),
-                    Err(e) => Outcome::failed(env, e),
+                    Ok(()) => Status::ok(env, len),
+                    Err(e) => Status::failed(env, e),
                 };
                 tracker.complete(&core, st);
             }

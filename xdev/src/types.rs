@@ -101,21 +101,12 @@ impl Pattern {
     }
 }
 
-/// The outcome of a receive, probe or send: who, which tag and context, how
-/// many bytes, and whether it was cancelled.
+/// The outcome of a receive, probe or send.
 ///
-/// Four words and `Copy`, so that it is written once where a device
-/// completes a request and copied, never dropped, on its way to the caller.
-/// The error that ended a failed operation is kept out of line, beside the
-/// status: in [`Completion::error`](crate::devkit::Completion::error) (or
-/// [`Outcome::error`](crate::devkit::Outcome::error) on a device's side).
-///
-/// For a receive, `count` is the number of bytes delivered into the buffer.
-/// A message longer than the buffer ends the receive with
-/// [`Error::Truncated`], which says how long the message was; `count` is
-/// then the buffer's length. For a probe, `count` is the message's length;
-/// for a send, the bytes sent.
-#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+/// For a receive, `count` is the number of bytes delivered into the buffer and
+/// `message_len` the length the sender sent; they differ only when the message
+/// was truncated, in which case `error` is [`Error::Truncated`].
+#[derive(Clone, Debug, PartialEq)]
 pub struct Status {
     /// The sender (for a send: the destination).
     pub source: Rank,
@@ -123,11 +114,16 @@ pub struct Status {
     pub tag: Tag,
     /// The message context.
     pub context: Context,
-    /// Bytes delivered into the receive buffer (for a send: bytes sent; for
-    /// a probe: the message's length).
+    /// Bytes delivered into the receive buffer (for a send: bytes sent).
     pub count: usize,
+    /// The full length of the message as sent.
+    pub message_len: usize,
     /// Whether the operation was cancelled before it matched.
     pub cancelled: bool,
+    /// The error that ended the operation, if any: boxed, out of line, so
+    /// that the status of a successful operation stays six words (match it
+    /// with `status.error.as_deref()`).
+    pub error: Option<Box<Error>>,
 }
 
 impl Status {
@@ -139,7 +135,41 @@ impl Status {
             tag: env.tag,
             context: env.context,
             count: len,
+            message_len: len,
             cancelled: false,
+            error: None,
+        }
+    }
+
+    /// The status of a receive of a `message_len`-byte message into a
+    /// `capacity`-byte buffer: truncated (with the error set) when it does not
+    /// fit.
+    #[inline]
+    pub fn received(env: Envelope, message_len: usize, capacity: usize) -> Self {
+        let mut st = Status::ok(env, message_len.min(capacity));
+        st.message_len = message_len;
+        if message_len > capacity {
+            st.error = Some(Box::new(Error::Truncated {
+                sender: env.source,
+                tag: env.tag,
+                message_len,
+                capacity,
+            }));
+        }
+        st
+    }
+
+    /// The status of an operation that failed with `error` before any data
+    /// moved.
+    pub fn failed(env: Envelope, error: Error) -> Self {
+        Status {
+            source: env.source,
+            tag: env.tag,
+            context: env.context,
+            count: 0,
+            message_len: 0,
+            cancelled: false,
+            error: Some(Box::new(error)),
         }
     }
 
@@ -156,7 +186,9 @@ impl Status {
             },
             context: pattern.context,
             count: 0,
+            message_len: 0,
             cancelled: true,
+            error: None,
         }
     }
 
@@ -169,67 +201,13 @@ impl Status {
             context: self.context,
         }
     }
-}
 
-/// What a device completes a request with: the status, and the error that
-/// ended the operation, if any (boxed, so a success carries one null word).
-#[derive(Clone, Debug, PartialEq)]
-pub struct Outcome {
-    /// What happened.
-    pub status: Status,
-    /// The error that ended the operation, if any.
-    pub error: Option<Box<Error>>,
-}
-
-impl Outcome {
-    /// A success with `status`.
-    #[inline]
-    pub fn ok(status: Status) -> Self {
-        Outcome {
-            status,
-            error: None,
-        }
-    }
-
-    /// The outcome of a receive of a `message_len`-byte message into a
-    /// `capacity`-byte buffer: [`Error::Truncated`] (with `capacity` bytes
-    /// delivered) when it does not fit.
-    #[inline]
-    pub fn received(env: Envelope, message_len: usize, capacity: usize) -> Self {
-        let status = Status::ok(env, message_len.min(capacity));
-        let error = (message_len > capacity).then(|| {
-            Box::new(Error::Truncated {
-                sender: env.source,
-                tag: env.tag,
-                message_len,
-                capacity,
-            })
-        });
-        Outcome { status, error }
-    }
-
-    /// The outcome of an operation that failed with `error` before any data
-    /// moved.
-    pub fn failed(env: Envelope, error: Error) -> Self {
-        Outcome {
-            status: Status::ok(env, 0),
-            error: Some(Box::new(error)),
-        }
-    }
-
-    /// `Ok(status)` when no error is set, else the error.
+    /// `Ok(self)` when no error is set, else the error.
     #[inline]
     pub fn into_result(self) -> Result<Status, Error> {
         match self.error {
             Some(e) => Err(*e),
-            None => Ok(self.status),
+            None => Ok(self),
         }
-    }
-}
-
-impl From<Status> for Outcome {
-    #[inline]
-    fn from(status: Status) -> Self {
-        Outcome::ok(status)
     }
 }

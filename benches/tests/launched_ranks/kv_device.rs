@@ -5,7 +5,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use xdev::bootstrap::Bootstrap;
-use xdev::devkit::Outcome;
 use xdev::devkit::Tracker;
 use xdev::registry::{Entry, Placement};
 use xdev::{
@@ -113,7 +112,7 @@ impl Device for KvDevice {
             tag,
             context,
         };
-        Outcome::received(env, m.len(), buf.len()).into_result()
+        Status::received(env, m.len(), buf.len()).into_result()
     }
     fn isend(&self, buf: Buffer, dest: Rank, tag: Tag, context: Context) -> Request {
         let env = Envelope {
@@ -122,8 +121,8 @@ impl Device for KvDevice {
             context,
         };
         let st = match self.send(&buf, dest, tag, context) {
-            Ok(()) => Status::ok(env, buf.len()).into(),
-            Err(e) => Outcome::failed(env, e),
+            Ok(()) => Status::ok(env, buf.len()),
+            Err(e) => Status::failed(env, e),
         };
         self.tracker.completed(buf, st)
     }
@@ -133,14 +132,13 @@ impl Device for KvDevice {
     fn irecv(&self, mut buf: Buffer, source: Source, tag: TagSel, context: Context) -> Request {
         let st = self
             .recv(&mut buf, source, tag, context)
-            .map(Outcome::from)
             .unwrap_or_else(|e| {
                 let env = Envelope {
                     source: 0,
                     tag: 0,
                     context,
                 };
-                Outcome::failed(env, e)
+                Status::failed(env, e)
             });
         self.tracker.completed(buf, st)
     }

@@ -6,9 +6,8 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 
 use xdev::devkit::matching::FxMap;
-use xdev::devkit::Outcome;
 use xdev::devkit::RequestKind;
-use xdev::{Buffer, Context, Rank, Request, Source, TagSel};
+use xdev::{Buffer, Context, Rank, Request, Source, Status, TagSel};
 
 use super::route::Route;
 use super::{lock, HybridEngine};
@@ -95,7 +94,7 @@ impl HybridEngine {
                                 let env = self.failed_recv_env(context);
                                 let b = buf.take().expect("bound once");
                                 self.tracker
-                                    .complete_returning(&core, b, Outcome::failed(env, e));
+                                    .complete_returning(&core, b, Status::failed(env, e));
                             }
                         }
                         break;

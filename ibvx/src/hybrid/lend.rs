@@ -82,8 +82,5 @@ pub(super) unsafe fn lend_and_wait(
     let c = start(lent).wait();
     drop(c.buf);
     armed.0 = false;
-    match c.error {
-        None => Ok(c.status),
-        Some(e) => Err(*e),
-    }
+    c.status.into_result()
 }

@@ -4,7 +4,6 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use xdev::devkit::Outcome;
 use xdev::devkit::{Face, Seat, SendTo, Transport};
 use xdev::{Buffer, Context, Error, Pattern, Peeked, Request, Result, Source, Status};
 
@@ -114,7 +113,7 @@ impl Transport for HybridEngine {
         for (context, r) in held {
             let env = self.failed_recv_env(context);
             self.tracker
-                .complete_returning(&r.core, r.buf, Outcome::failed(env, Error::Closed));
+                .complete_returning(&r.core, r.buf, Status::failed(env, Error::Closed));
         }
         local.map_err(|e| self.local_map.error(e))?;
         remote

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use xdev::devkit::{Completion, Outcome, RequestKind};
+use xdev::devkit::{Completion, RequestKind};
 use xdev::{Buffer, Context, Device, Envelope, Error, Rank, Request, Result, Status, Tag};
 
 use super::lend::lend_and_wait;
@@ -76,20 +76,9 @@ impl RankMap {
     pub(super) fn status(&self, mut st: Status) -> Status {
         if self.to_job.is_some() {
             st.source = self.rank(st.source);
+            st.error = st.error.map(|e| Box::new(self.error(*e)));
         }
         st
-    }
-
-    /// A completion's status and error from the device below, ranks mapped.
-    pub(super) fn outcome(&self, status: Status, error: Option<Box<Error>>) -> Outcome {
-        let error = match error {
-            Some(e) if self.to_job.is_some() => Some(Box::new(self.error(*e))),
-            e => e,
-        };
-        Outcome {
-            status: self.status(status),
-            error,
-        }
     }
 }
 
@@ -144,7 +133,7 @@ impl HybridEngine {
         outer.relay(
             start(dev, buf),
             Box::new(move |c: Completion| {
-                tracker.complete_returning(&done, c.buf, map.outcome(c.status, c.error));
+                tracker.complete_returning(&done, c.buf, map.status(c.status));
             }),
         );
     }
@@ -159,16 +148,14 @@ impl HybridEngine {
         map: &RankMap,
     ) -> Request {
         match below.take_if_done() {
-            Ok(c) => self
-                .tracker
-                .completed(c.buf, map.outcome(c.status, c.error)),
+            Ok(c) => self.tracker.completed(c.buf, map.status(c.status)),
             Err(below) => {
                 let core = self.tracker.start_relay(kind);
                 let (tracker, done, map) = (self.tracker.clone(), core.clone(), map.clone());
                 core.relay(
                     below,
                     Box::new(move |c: Completion| {
-                        tracker.complete_returning(&done, c.buf, map.outcome(c.status, c.error));
+                        tracker.complete_returning(&done, c.buf, map.status(c.status));
                     }),
                 );
                 self.request(core)

@@ -1,5 +1,4 @@
 use xdev::bootstrap::Secret;
-use xdev::devkit::Outcome;
 use xdev::{Config, Envelope, Error, Pattern, Source, Status, TagSel};
 
 use super::route::RankMap;
@@ -96,9 +95,8 @@ fn local_ranks_map_to_job_ranks() {
         tag: 5,
         context: 0,
     };
-    let Outcome { status, error } = Outcome::received(env, 10, 4);
-    let st = map.outcome(status, error);
-    assert_eq!(st.status.source, 3);
+    let st = map.status(Status::received(env, 10, 4));
+    assert_eq!(st.source, 3);
     assert!(matches!(
         st.error.as_deref(),
         Some(Error::Truncated { sender: 3, .. })

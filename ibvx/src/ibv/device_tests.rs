@@ -167,14 +167,18 @@ fn qp_in_error_state_fails_only_its_peer() {
         s.spawn(move || {
             // Rank 0: a receive from rank 1 fails once the fault is seen.
             let r = d0.irecv(Buffer::zeroed(16), Source::Rank(1), TagSel::Any, 0);
-            let c = within(r, 30, "rank 0 receive from 1");
-            assert!(c.error.is_some(), "receive from the broken peer: {c:?}");
+            let st = within(r, 30, "rank 0 receive from 1").status;
+            assert!(st.error.is_some(), "receive from the broken peer: {st:?}");
             let c = within(
                 d0.isend(Buffer::from(&b"x"[..]), 1, 0, 0),
                 30,
                 "rank 0 send to 1",
             );
-            assert!(c.error.is_some(), "send to the broken peer: {:?}", c.status);
+            assert!(
+                c.status.error.is_some(),
+                "send to the broken peer: {:?}",
+                c.status
+            );
             // Rank 0 still talks to rank 2.
             within(
                 d0.isend(Buffer::from(&b"hello 2"[..]), 2, 5, 0),
@@ -183,7 +187,7 @@ fn qp_in_error_state_fails_only_its_peer() {
             );
             let r = d0.irecv(Buffer::zeroed(16), Source::Rank(2), TagSel::Tag(6), 0);
             let c = within(r, 30, "rank 0 receive from 2");
-            assert!(c.error.is_none());
+            assert!(c.status.error.is_none());
             d0.finish().unwrap();
             drop(d0); // leaves the job
         });
@@ -197,7 +201,7 @@ fn qp_in_error_state_fails_only_its_peer() {
                 "rank 1 send to 2",
             );
             let c = within(r, 60, "rank 1 send to 0");
-            match c.error.as_deref() {
+            match c.status.error.as_deref() {
                 Some(Error::PeerLost { rank: 0, .. }) | Some(Error::Transport { .. }) => {}
                 other => panic!("send to the broken peer: {other:?}"),
             }
@@ -229,7 +233,7 @@ fn registration_failure_is_a_typed_error() {
             let c = a.isend(Buffer::from(vec![7u8; 1 << 20]), 1, 1, 0).wait();
             assert!(
                 matches!(
-                    c.error.as_deref(),
+                    c.status.error.as_deref(),
                     Some(Error::Transport { .. }) | Some(Error::ResourceExhausted(_))
                 ),
                 "{:?}",
@@ -241,7 +245,7 @@ fn registration_failure_is_a_typed_error() {
             .irecv(Buffer::zeroed(1 << 20), Source::Rank(0), TagSel::Tag(1), 0)
             .wait();
         assert!(
-            matches!(c.error.as_deref(), Some(Error::ResourceExhausted(_))),
+            matches!(c.status.error.as_deref(), Some(Error::ResourceExhausted(_))),
             "{:?}",
             c.status
         );
@@ -292,7 +296,7 @@ fn free_reallocate_resend_never_sends_stale_data() {
                 Buffer::from(v)
             };
             let c = a.isend(buf, 1, i as i32, 0).wait();
-            assert!(c.error.is_none(), "{:?}", c.status);
+            assert!(c.status.error.is_none(), "{:?}", c.status);
             drop(c); // frees the heap buffer or returns the lease
         }
     });
@@ -409,7 +413,7 @@ fn hostile_frames_fail_their_sender_with_protocol_errors() {
             b.engine.post_raw(0, f);
         }
         let c = within(r, 30, what);
-        match c.error.as_deref() {
+        match c.status.error.as_deref() {
             Some(Error::Protocol { rank: 1, what: w }) => {
                 assert!(w.contains(what), "expected {what:?}, got {w:?}")
             }
@@ -438,7 +442,7 @@ fn old_rkey_writes_nothing(leased: bool) {
         s.spawn(|| b.send(&data, 0, 1, 0).unwrap());
         a.irecv(target, Source::Rank(1), TagSel::Tag(1), 0).wait()
     });
-    assert!(got.error.is_none(), "{:?}", got.status);
+    assert!(got.status.error.is_none(), "{:?}", got.status);
     assert!(got.buf[..] == data[..]);
     let grant = a.engine.last_grant().expect("the receiver granted a write");
     // The receive is over (its grant deregistered); its memory is still
@@ -589,7 +593,7 @@ fn rendezvous_starts_are_bounded_per_sender() {
         );
     }
     let c = within(r, 30, "flood");
-    match c.error.as_deref() {
+    match c.status.error.as_deref() {
         Some(Error::Protocol { rank: 1, what }) => {
             assert!(what.contains("unfinished rendezvous"), "{what}")
         }
@@ -606,7 +610,7 @@ fn rendezvous_starts_are_bounded_per_sender() {
     std::thread::scope(|s| {
         s.spawn(|| {
             for r in sends {
-                assert!(r.wait().error.is_none());
+                assert!(r.wait().status.error.is_none());
             }
         });
         for i in 0..40u8 {

@@ -57,9 +57,8 @@ use std::time::Instant;
 use xdev::bootstrap::Bootstrap;
 use xdev::devkit::matching::{FxMap, MatchingEngine};
 use xdev::devkit::target::{SendOwner, Target};
-use xdev::devkit::Outcome;
 use xdev::devkit::{SendTo, Tracker};
-use xdev::{BufferId, Context, Envelope, Error, Pattern, Rank, Result, Source, Tag};
+use xdev::{BufferId, Context, Envelope, Error, Pattern, Rank, Result, Source, Status, Tag};
 
 use super::options::IbvOptions;
 use super::regcache::{Registration, RegistrationCache};
@@ -296,7 +295,7 @@ struct FirstRecv {
     /// `Incoming` entry while the peer writes).
     matched: bool,
     /// The outcome, once completed (exactly once).
-    status: Option<Outcome>,
+    status: Option<Status>,
 }
 
 impl FirstRecv {
@@ -548,14 +547,14 @@ impl IbvEngine {
     }
 
     #[inline]
-    fn complete_target(&self, l: &mut Local, t: Dest, st: impl Into<Outcome>) {
+    fn complete_target(&self, l: &mut Local, t: Dest, st: Status) {
         l.events += 1;
         match t {
             Dest::Recv(t) => t.complete(&self.tracker, st),
             Dest::First => {
                 if let Some(f) = l.first.as_mut() {
                     debug_assert!(f.status.is_none(), "the first slot completed twice");
-                    f.status = Some(st.into());
+                    f.status = Some(st);
                 }
             }
         }
@@ -574,7 +573,7 @@ impl IbvEngine {
 
     /// Completes the first slot's receive with `st` if it is still posted
     /// (not matched) and `which` accepts its pattern.
-    fn fail_first_if(&self, l: &mut Local, which: impl FnOnce(&Pattern) -> bool, st: Outcome) {
+    fn fail_first_if(&self, l: &mut Local, which: impl FnOnce(&Pattern) -> bool, st: Status) {
         if l.first
             .as_ref()
             .is_some_and(|f| f.is_posted() && which(&f.pattern))
@@ -606,13 +605,13 @@ impl IbvEngine {
         self.fail_first_if(
             l,
             |p| p.source == Source::Rank(d),
-            Outcome::failed(env, err.clone()),
+            Status::failed(env, err.clone()),
         );
         let posted = l
             .matching
             .remove_posted_where(|p, _| p.source == Source::Rank(d));
         for t in posted {
-            self.complete_target(l, Dest::Recv(t), Outcome::failed(env, err.clone()));
+            self.complete_target(l, Dest::Recv(t), Status::failed(env, err.clone()));
         }
         let queued: Vec<u64> = l.peers[d].backlog.drain(..).collect();
         let control: Vec<Control> = l.peers[d].control.drain(..).collect();
@@ -643,7 +642,7 @@ impl IbvEngine {
             .collect();
         for rid in rids {
             let inc = l.incoming.remove(&rid).expect("present");
-            self.complete_target(l, inc.target, Outcome::failed(inc.env, err.clone()));
+            self.complete_target(l, inc.target, Status::failed(inc.env, err.clone()));
         }
         // Unexpected rendezvous starts from it fail when matched; its eager
         // messages are still delivered.

@@ -52,7 +52,7 @@ fn the_first_slot_matches_before_receives_posted_after_it() {
         let (n, got) = first.join().unwrap();
         assert_eq!((n, &got), (8, b"message1"), "the first slot's message");
         let c = within(later, 30, "the later receive");
-        assert!(c.error.is_none(), "{:?}", c.status);
+        assert!(c.status.error.is_none(), "{:?}", c.status);
         assert_eq!(&c.buf[..], b"message2", "the later receive's message");
         assert_eq!(b.engine.posted(), (false, 0), "receives left behind");
     });

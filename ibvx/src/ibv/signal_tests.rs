@@ -28,7 +28,7 @@ fn small_sends_never_overflow_the_send_queue() {
                 .collect();
             for (i, r) in reqs.into_iter().enumerate() {
                 let c = within(r, 60, "burst send");
-                assert!(c.error.is_none(), "send {i}: {:?}", c.status);
+                assert!(c.status.error.is_none(), "send {i}: {:?}", c.status);
             }
             let mut buf = [0u8; 8];
             for i in 0..N {
@@ -96,12 +96,12 @@ fn a_failed_queue_pair_with_unsignalled_sends_completes_every_request() {
         Some(Error::PeerLost { rank: 1, .. }) | Some(Error::Transport { .. }) => {}
         other => panic!("{what}: {other:?}"),
     };
-    typed(&within(recv, 30, "receive").error, "receive");
+    typed(&within(recv, 30, "receive").status.error, "receive");
     typed(
-        &within(rndv, 30, "rendezvous send").error,
+        &within(rndv, 30, "rendezvous send").status.error,
         "rendezvous send",
     );
     let later = a.isend(Buffer::from(&b"late"[..]), 1, 4, 0);
-    typed(&within(later, 30, "later send").error, "later send");
+    typed(&within(later, 30, "later send").status.error, "later send");
     a.finish().unwrap();
 }

@@ -37,7 +37,7 @@ fn a_reused_buffer_stays_registered_and_a_reallocated_one_sends_its_own_data() {
         for i in 0..ROUNDS {
             reused.copy_from_slice(&pattern(i, LEN));
             let c = a.isend(reused, 1, i as i32, 0).wait();
-            assert!(c.error.is_none(), "{:?}", c.status);
+            assert!(c.status.error.is_none(), "{:?}", c.status);
             reused = c.buf;
         }
         let st = a.cache().stats();
@@ -53,7 +53,7 @@ fn a_reused_buffer_stays_registered_and_a_reallocated_one_sends_its_own_data() {
             let v = pattern(i, LEN);
             addrs.insert(v.as_ptr() as usize);
             let c = a.isend(Buffer::from(v), 1, i as i32, 0).wait();
-            assert!(c.error.is_none(), "{:?}", c.status);
+            assert!(c.status.error.is_none(), "{:?}", c.status);
         }
     });
     let st = a.cache().stats();
@@ -100,7 +100,7 @@ fn many_distinct_buffers_past_the_pinned_budget_stay_bounded_and_lose_nothing() 
             let mut buf = bufs[i % BUFFERS].take().expect("returned");
             buf.copy_from_slice(&pattern(i, LEN));
             let c = a.isend(buf, 1, i as i32, 0).wait();
-            assert!(c.error.is_none(), "send {i}: {:?}", c.status);
+            assert!(c.status.error.is_none(), "send {i}: {:?}", c.status);
             bufs[i % BUFFERS] = Some(c.buf);
             max_pinned = max_pinned.max(a.cache().stats().pinned_bytes);
         }
@@ -140,7 +140,7 @@ fn alloc_buffer_through_dyn_device_is_leased_memory() {
             assert!(got == pattern(3, LEN));
         });
         let c = a.isend(buf, 1, 1, 0).wait();
-        assert!(c.error.is_none(), "{:?}", c.status);
+        assert!(c.status.error.is_none(), "{:?}", c.status);
     });
     a.finish().unwrap();
     b_dev.finish().unwrap();

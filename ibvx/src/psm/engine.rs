@@ -9,7 +9,6 @@ use std::time::{Duration, Instant};
 use shm_ipc::biased::{BiasedGuard as RankGuard, BiasedLock};
 use shm_ipc::doorbell::Backoff;
 use xdev::bootstrap::Bootstrap;
-use xdev::devkit::Outcome;
 use xdev::devkit::{Progress, RequestCore, RequestKind, Tracker};
 use xdev::{Context, Envelope, Error, Pattern, Rank, Result, Source, Status, Tag, TagSel};
 
@@ -145,7 +144,7 @@ impl PsmEngine {
         self.inner.lock()
     }
 
-    /// The xdev outcome of a completed receive into `cap` bytes, or of a
+    /// The xdev status of a completed receive into `cap` bytes, or of a
     /// probed message (`cap` = `None`), sent by `source` (`None`: an
     /// endpoint that is not in the job).
     #[inline]
@@ -154,7 +153,7 @@ impl PsmEngine {
         source: Option<Rank>,
         st: &MqStatus,
         cap: Option<usize>,
-    ) -> Outcome {
+    ) -> Status {
         let t = st.tag().0;
         let env = Envelope {
             source: source.unwrap_or(usize::MAX),
@@ -163,7 +162,7 @@ impl PsmEngine {
         };
         let Some(source) = source else {
             let what = "a message from an endpoint that is not in the job".to_string();
-            return Outcome::failed(
+            return Status::failed(
                 env,
                 Error::Protocol {
                     rank: usize::MAX,
@@ -172,24 +171,24 @@ impl PsmEngine {
             );
         };
         if !st.is_ok() && !st.is_truncated() {
-            return Outcome::failed(env, st.error("receive"));
+            return Status::failed(env, st.error("receive"));
         }
         let len = t[2] as usize;
         let Some(cap) = cap else {
-            return Status::ok(env, len).into();
+            return Status::ok(env, len);
         };
         if (st.nbytes() as usize) != len.min(cap) {
             let what = format!("message says {len} bytes, PSM2 delivered {}", st.nbytes());
-            return Outcome::failed(env, Error::Protocol { rank: source, what });
+            return Status::failed(env, Error::Protocol { rank: source, what });
         }
-        Outcome::received(env, len, cap)
+        Status::received(env, len, cap)
     }
 
-    pub(super) fn send_status(st: &MqStatus, env: Envelope, len: usize) -> Outcome {
+    pub(super) fn send_status(st: &MqStatus, env: Envelope, len: usize) -> Status {
         if st.is_ok() {
-            Status::ok(env, len).into()
+            Status::ok(env, len)
         } else {
-            Outcome::failed(env, st.error("send"))
+            Status::failed(env, st.error("send"))
         }
     }
 
@@ -294,7 +293,7 @@ impl PsmEngine {
         };
         for k in recvs {
             if let Some(Slot::Recv { core, .. }) = q.cancel(k) {
-                self.tracker.complete(&core, Outcome::failed(env, lost(d)));
+                self.tracker.complete(&core, Status::failed(env, lost(d)));
             }
         }
         for k in sends {
@@ -302,7 +301,7 @@ impl PsmEngine {
             if let Slot::Send { core, env, .. } = std::mem::replace(s, Slot::Abandoned) {
                 // PSM2 may still read the buffer: the handle gets a copy with
                 // the error, and the engine keeps the memory.
-                let st = Outcome::failed(env, lost(d));
+                let st = Status::failed(env, lost(d));
                 if let Some(buf) = self.tracker.complete_keeping(&core, st) {
                     l.kept.push(buf);
                 }
@@ -478,18 +477,12 @@ impl PsmEngine {
         unsafe { q.irecv(&selector(p), (buf, cap), slot) }
     }
 
-    /// The status of a message `p` matches, if one has arrived (an error
-    /// for a message PSM2 reports from an endpoint that is not in the job).
-    pub(super) fn iprobe_locked(&self, l: &mut Inner, p: &Pattern) -> Result<Option<Status>> {
+    /// The status of a message `p` matches, if one has arrived.
+    pub(super) fn iprobe_locked(&self, l: &mut Inner, p: &Pattern) -> Option<Status> {
         // `None` once closed by `finish` after the caller's check.
-        let Some(q) = l.queue.as_mut() else {
-            return Ok(None);
-        };
-        let Some(st) = q.iprobe(&selector(p)) else {
-            return Ok(None);
-        };
-        let peer = q.peer_of(&st);
-        self.recv_status(peer, &st, None).into_result().map(Some)
+        let q = l.queue.as_mut()?;
+        let st = q.iprobe(&selector(p))?;
+        Some(self.recv_status(q.peer_of(&st), &st, None))
     }
 }
 

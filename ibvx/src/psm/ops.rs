@@ -4,7 +4,6 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use xdev::devkit::Outcome;
 use xdev::devkit::{CoreRef, RequestKind, Seat, SendTo, Transport};
 use xdev::{Buffer, Envelope, Error, Pattern, Peeked, Request, Result, Source, Status};
 
@@ -31,7 +30,7 @@ impl Transport for PsmEngine {
         let (dest, tag, context, sync) = to.parts();
         let eng = self;
         let env = to.envelope();
-        let reject = |buf, e| eng.tracker.completed(buf, Outcome::failed(env, e));
+        let reject = |buf, e| eng.tracker.completed(buf, Status::failed(env, e));
         let mut l = eng.lock();
         if l.gone[dest] {
             drop(l);
@@ -109,7 +108,7 @@ impl Transport for PsmEngine {
         };
         if let Some(s) = source.filter(|&s| l.gone[s]) {
             drop(l);
-            let status = Outcome::failed(eng.recv_env(&pattern), lost(s));
+            let status = Status::failed(eng.recv_env(&pattern), lost(s));
             return eng.tracker.completed(buf, status);
         }
         // The core owns the buffer before PSM2 sees it, and the table's
@@ -144,11 +143,11 @@ impl Transport for PsmEngine {
         if !block {
             let mut l = eng.lock();
             eng.progress_locked(&mut l);
-            return eng.iprobe_locked(&mut l, &pattern);
+            return Ok(eng.iprobe_locked(&mut l, &pattern));
         }
         let mut found = None;
         eng.block_until(true, |eng, l| {
-            found = eng.iprobe_locked(l, &pattern)?;
+            found = eng.iprobe_locked(l, &pattern);
             if found.is_none() {
                 if let Source::Rank(s) = pattern.source {
                     if l.gone[s] {
@@ -204,7 +203,7 @@ impl Transport for PsmEngine {
                     context: 0,
                 };
                 eng.tracker
-                    .complete(&core, Outcome::failed(env, Error::Closed));
+                    .complete(&core, Status::failed(env, Error::Closed));
             }
         }
         drop(l);
@@ -217,7 +216,7 @@ impl PsmEngine {
     /// the post failed): its handle gets the buffer back with `e`.
     fn fail_unposted(&self, core: &CoreRef, pattern: &Pattern, e: Error) {
         self.tracker
-            .complete(core, Outcome::failed(self.recv_env(pattern), e));
+            .complete(core, Status::failed(self.recv_env(pattern), e));
     }
 
     /// The envelope of a receive for `pattern` that failed before it

@@ -88,7 +88,7 @@ fn a_blocking_receive_that_unwinds_is_cancelled() {
     let r = dev.irecv(Buffer::zeroed(64), Source::Rank(0), TagSel::Tag(4), 0);
     dev.ssend(&[0x55; 64], 0, 4, 0).unwrap();
     let c = r.wait();
-    assert!(c.error.is_none(), "{:?}", c.status);
+    assert!(c.status.error.is_none(), "{:?}", c.status);
     assert!(c.buf.iter().all(|&x| x == 0x55));
     assert!(
         block.iter().all(|&x| x == 0xaa),

@@ -97,7 +97,7 @@ fn victim(options: &[String]) -> Result<(), String> {
     let start = Instant::now();
     for (what, req) in [("irecv", recv), ("rendezvous isend", big), ("issend", sync)] {
         let done = req.wait();
-        match done.error.as_deref() {
+        match done.status.error.as_deref() {
             Some(Error::PeerLost { rank: 1, .. }) => {}
             other => {
                 return Err(format!(
@@ -177,7 +177,7 @@ fn stream_victim(role: &str, options: &[String]) -> Result<(), String> {
     };
     let done = req.wait();
     let start = Instant::now();
-    match done.error.as_deref() {
+    match done.status.error.as_deref() {
         Some(Error::PeerLost { rank: 1, .. }) => {}
         other => {
             return Err(format!(

@@ -20,8 +20,8 @@ use std::sync::Arc;
 
 use xdev::devkit::matching::{MatchingEngine, PostedId};
 use xdev::devkit::target::{lost, BlockingRecv, Pending, Target};
-use xdev::devkit::{CoreRef, Outcome, Tracker};
-use xdev::{Context, Envelope, Error, Pattern, Rank, Result, Source, Tag};
+use xdev::devkit::{CoreRef, Tracker};
+use xdev::{Context, Envelope, Error, Pattern, Rank, Result, Source, Status, Tag};
 
 use crate::biased::{BiasedGuard as RankGuard, BiasedLock};
 use crate::doorbell::DoorbellRef;
@@ -125,7 +125,7 @@ pub unsafe trait Medium: Send + Sync + Sized + 'static {
         r: Self::Rndv,
         dst: *mut u8,
         cap: usize,
-    ) -> Delivery<Self::Later>;
+    ) -> Outcome<Self::Later>;
     /// Goes on with a matched rendezvous for a queued or posted receive.
     fn settle(e: &Engine<Self>, l: &mut Local<Self>, env: Envelope, x: Self::Later, t: Target);
     /// Goes on with a matched rendezvous for a blocking receive's own
@@ -204,10 +204,9 @@ impl<M: Medium> Unexpected<M> {
     }
 }
 
-/// What delivering a matched message came to.
-pub enum Delivery<L> {
-    /// Delivered (or failed) at once.
-    Done(Outcome),
+/// The outcome of delivering a matched message.
+pub enum Outcome<L> {
+    Done(Status),
     /// A rendezvous whose transfer goes on (the medium's).
     Later(L),
 }
@@ -267,7 +266,7 @@ pub type Queued = RefCell<Option<(Arc<BlockingRecv>, Option<PostedId>)>>;
 pub struct Direct<'a, L> {
     pub(crate) pattern: Pattern,
     pub(crate) buf: &'a mut [u8],
-    pub(crate) status: Option<Outcome>,
+    pub(crate) status: Option<Status>,
     /// A blocking receive's transfer that goes on (a stream or split copy
     /// into `buf`).
     pub(crate) stream: Option<Arc<BlockingRecv>>,
@@ -656,7 +655,7 @@ impl<M: Medium> Engine<M> {
         l.freed_local[s] += len + crate::wire::ENTRY_CHARGE;
     }
 
-    pub(crate) fn complete_target(&self, t: Target, st: impl Into<Outcome>) {
+    pub(crate) fn complete_target(&self, t: Target, st: Status) {
         t.complete(&self.tracker, st);
     }
 
@@ -691,7 +690,7 @@ impl<M: Medium> Engine<M> {
                 tag: -1,
                 context: 0,
             };
-            self.complete_target(t, Outcome::failed(env, err.clone()));
+            self.complete_target(t, Status::failed(env, err.clone()));
         }
         for p in std::mem::take(&mut l.backlog[d]) {
             l.backlog_total -= 1;
@@ -701,7 +700,7 @@ impl<M: Medium> Engine<M> {
                 context: p.context,
             };
             self.tracker
-                .complete(&p.core, Outcome::failed(env, err.clone()));
+                .complete(&p.core, Status::failed(env, err.clone()));
         }
         M::fail_peer(self, l, d, &err);
     }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use xdev::devkit::matching::Posted;
 use xdev::devkit::target::{lost, BlockingRecv, Pending, Target};
-use xdev::devkit::{start_each, CoreRef, Handle, Outcome, RequestKind, Seat, SendTo, Transport};
+use xdev::devkit::{start_each, CoreRef, Handle, RequestKind, Seat, SendTo, Transport};
 use xdev::{
     Buffer, Context, Envelope, Error, Pattern, Peeked, Rank, Request, Result, Source, Status, Tag,
 };
@@ -176,7 +176,7 @@ impl<M: Medium> Transport for Engine<M> {
         }
         r?;
         direct_status
-            .map(Outcome::into_result)
+            .map(|s| s.into_result())
             .unwrap_or(Err(Error::Closed))
     }
 
@@ -298,7 +298,7 @@ impl<M: Medium> Transport for Engine<M> {
                 tag: -1,
                 context: 0,
             };
-            self.complete_target(t, Outcome::failed(env, Error::Closed));
+            self.complete_target(t, Status::failed(env, Error::Closed));
         }
         l.matching.drain_unexpected();
         drop(l);
@@ -313,7 +313,7 @@ enum Here<L> {
     /// No message for it is here yet.
     Absent,
     /// An eager message, delivered: the receive's status.
-    Done(Outcome),
+    Done(Status),
     /// A rendezvous that matched, to be settled into the receive's request.
     Later(Envelope, L),
 }
@@ -337,10 +337,10 @@ impl<M: Medium> Engine<M> {
         if self.closing.load(Ordering::Acquire) {
             // `finish` may be past its wait for queued sends (see `start_recv`).
             self.tracker
-                .complete(core, Outcome::failed(env, Error::Closed));
+                .complete(core, Status::failed(env, Error::Closed));
         } else if l.gone[dest] {
             let err = gone_error(&l, dest);
-            self.tracker.complete(core, Outcome::failed(env, err));
+            self.tracker.complete(core, Status::failed(env, err));
         } else if !(l.backlog[dest].is_empty() && self.push_pending(&mut l, dest, &p)) {
             l.backlog[dest].push_back(p);
             l.backlog_total += 1;
@@ -351,7 +351,7 @@ impl<M: Medium> Engine<M> {
 
     /// A request that failed before it started.
     fn refused(self: &Arc<Self>, buf: Buffer, env: Envelope, e: Error) -> Request {
-        self.tracker.completed(buf, Outcome::failed(env, e))
+        self.tracker.completed(buf, Status::failed(env, e))
     }
 
     /// One step of a blocking receive while nothing else is posted: from the
@@ -555,7 +555,7 @@ impl<M: Medium> Engine<M> {
                                 context: pattern.context,
                             };
                             let err = gone_error(l, s);
-                            self.complete_target(t, Outcome::failed(env, err));
+                            self.complete_target(t, Status::failed(env, err));
                         }
                     }
                 }

@@ -2,10 +2,9 @@
 //! into a receive (from the ring or the unexpected queue), probing.
 
 use xdev::devkit::target::Target;
-use xdev::devkit::Outcome;
 use xdev::{Envelope, Pattern, Rank, Status};
 
-use super::{Delivery, Direct, Engine, Local, Medium, Unexpected};
+use super::{Direct, Engine, Local, Medium, Outcome, Unexpected};
 use crate::ring::Incoming;
 use crate::wire::{DRAIN_BUDGET, FLAG_SYNC, KIND_EAGER, KIND_RNDV, SPARE_PAYLOADS};
 
@@ -116,9 +115,9 @@ impl<M: Medium> Engine<M> {
             let (p, n) = (d.buf.as_mut_ptr(), d.buf.len());
             if h.kind == KIND_EAGER {
                 // The common case, with the status written straight into
-                // `d` (through a `Delivery` it would be written, then moved).
+                // `d` (through an `Outcome` it would be written, then moved).
                 self.eager_payload(l, s, msg, p, n);
-                d.status = Some(Outcome::received(env, h.len as usize, n));
+                d.status = Some(Status::received(env, h.len as usize, n));
             } else {
                 let out = self.rendezvous_from_ring(l, s, msg, p, n);
                 self.settle_direct(l, env, out, d);
@@ -130,7 +129,7 @@ impl<M: Medium> Engine<M> {
                 // here and moved, it would be a stalled wide load).
                 self.eager_payload(l, s, msg, p, n);
                 let len = h.len as usize;
-                target.complete_with(&self.tracker, || Outcome::received(env, len, n));
+                target.complete_with(&self.tracker, || Status::received(env, len, n));
             } else {
                 let out = self.rendezvous_from_ring(l, s, msg, p, n);
                 self.settle(l, env, out, target);
@@ -179,7 +178,7 @@ impl<M: Medium> Engine<M> {
         msg: &Incoming,
         dst: *mut u8,
         cap: usize,
-    ) -> Delivery<M::Later> {
+    ) -> Outcome<M::Later> {
         let h = &msg.header;
         let env = h.envelope(s);
         // SAFETY: once for this message, which is popped right after.
@@ -219,7 +218,7 @@ impl<M: Medium> Engine<M> {
         u: Unexpected<M>,
         dst: *mut u8,
         cap: usize,
-    ) -> Delivery<M::Later> {
+    ) -> Outcome<M::Later> {
         match u {
             Unexpected::Eager { data, sync } => {
                 let n = data.len().min(cap);
@@ -229,11 +228,11 @@ impl<M: Medium> Engine<M> {
                 if let Some(ack) = sync {
                     M::acknowledge(self, l, env.source, ack);
                 }
-                let st = Outcome::received(env, data.len(), cap);
+                let st = Status::received(env, data.len(), cap);
                 if l.spare_payloads.len() < SPARE_PAYLOADS {
                     l.spare_payloads.push(data);
                 }
-                Delivery::Done(st)
+                Outcome::Done(st)
             }
             Unexpected::Rndv { len, start } => {
                 M::rndv_taken(self, l, env.source);
@@ -247,12 +246,12 @@ impl<M: Medium> Engine<M> {
         &self,
         l: &mut Local<M>,
         env: Envelope,
-        out: Delivery<M::Later>,
+        out: Outcome<M::Later>,
         target: Target,
     ) {
         match out {
-            Delivery::Done(st) => self.complete_target(target, st),
-            Delivery::Later(x) => M::settle(self, l, env, x, target),
+            Outcome::Done(st) => self.complete_target(target, st),
+            Outcome::Later(x) => M::settle(self, l, env, x, target),
         }
     }
 
@@ -261,13 +260,13 @@ impl<M: Medium> Engine<M> {
         &self,
         l: &mut Local<M>,
         env: Envelope,
-        out: Delivery<M::Later>,
+        out: Outcome<M::Later>,
         d: &mut Direct<'_, M::Later>,
     ) {
         match out {
-            Delivery::Done(st) => d.status = Some(st),
-            Delivery::Later(x) if d.defer => d.deferred = Some((env, x)),
-            Delivery::Later(x) => M::settle_blocking(self, l, env, x, d),
+            Outcome::Done(st) => d.status = Some(st),
+            Outcome::Later(x) if d.defer => d.deferred = Some((env, x)),
+            Outcome::Later(x) => M::settle_blocking(self, l, env, x, d),
         }
     }
 

@@ -5,7 +5,7 @@
 use std::sync::atomic::Ordering;
 
 use xdev::devkit::target::Pending;
-use xdev::devkit::{CoreRef, Outcome};
+use xdev::devkit::CoreRef;
 use xdev::{Error, Rank, Status};
 
 use super::{gone_error, Engine, Local, Medium, Outgoing, Publication, Sent};
@@ -123,8 +123,7 @@ impl<M: Medium> Engine<M> {
                 true
             }
             Sent::Refused(e) => {
-                self.tracker
-                    .complete(&p.core, Outcome::failed(out.env(), e));
+                self.tracker.complete(&p.core, Status::failed(out.env(), e));
                 true
             }
             Sent::Waiting(_) => true,

@@ -3,8 +3,7 @@
 //! handler per kind, and the queue of replies that wait for ring room.
 
 use xdev::devkit::target::lost;
-use xdev::devkit::Outcome;
-use xdev::{Error, Rank};
+use xdev::{Error, Rank, Status};
 
 use super::medium::{Eng, Loc, ProcessMedium};
 use crate::ring::{Header, Incoming};
@@ -164,11 +163,11 @@ impl ProcessMedium {
         Self::stream_ended(l, s);
         let (dst, cap) = sp.target.dst();
         let st = if let Some(err) = sp.start.head_failed {
-            Outcome::failed(sp.env, err)
+            Status::failed(sp.env, err)
         } else if h.flags & FLAG_FAILED != 0 && !Self::may_copy_with(e, l, s) {
             // It could not write, and has left since: nothing more is read
             // from it.
-            Outcome::failed(sp.env, lost(s, "sender process is gone"))
+            Status::failed(sp.env, lost(s, "sender process is gone"))
         } else if h.flags & FLAG_FAILED != 0 {
             // It could not write: read the tail ourselves.
             // SAFETY: dst is valid for cap >= len > half bytes and ours
@@ -178,14 +177,14 @@ impl ProcessMedium {
             };
             let from = sp.start.addr + sp.start.half as u64;
             match crate::cma::read_remote(e.m.sh.pids[s], from, tail) {
-                Ok(()) => Outcome::received(sp.env, sp.start.len, cap),
+                Ok(()) => Status::received(sp.env, sp.start.len, cap),
                 Err(err) => {
                     let what = format!("rendezvous source {from:#x} unreadable: {err}");
-                    Outcome::failed(sp.env, Error::Protocol { rank: s, what })
+                    Status::failed(sp.env, Error::Protocol { rank: s, what })
                 }
             }
         } else {
-            Outcome::received(sp.env, sp.start.len, cap)
+            Status::received(sp.env, sp.start.len, cap)
         };
         l.m.splits_done += 1;
         e.complete_target(sp.target, st);
@@ -221,7 +220,7 @@ impl ProcessMedium {
         if st.got == st.len {
             let st = l.m.streams_in.remove(&key).expect("present");
             Self::stream_ended(l, s);
-            let status = Outcome::received(st.env, st.len, cap);
+            let status = Status::received(st.env, st.len, cap);
             e.complete_target(st.target, status);
         }
         Ok(())

@@ -8,14 +8,13 @@ use std::sync::{Arc, Mutex};
 
 use xdev::bootstrap::Bootstrap;
 use xdev::devkit::target::{BlockingRecv, BlockingSend, SendOwner, Target};
-use xdev::devkit::Outcome;
-use xdev::{Envelope, Error, Rank, Result};
+use xdev::{Envelope, Error, Rank, Result, Status};
 
 use super::rendezvous::{InStream, Later, OutSend, PendingCopy, RndvStart, SplitRecv};
 use super::{ProcessOptions, RendezvousPath};
 use crate::biased::BiasedGuard as RankGuard;
 use crate::doorbell::DoorbellRef;
-use crate::engine::{Delivery, Direct, Engine, Local, Medium, Publication, Sent};
+use crate::engine::{Direct, Engine, Local, Medium, Outcome, Publication, Sent};
 use crate::futex::Scope;
 use crate::liveness::PeerWatch;
 use crate::ring::{Header, Incoming, RingRef};
@@ -239,7 +238,7 @@ unsafe impl Medium for ProcessMedium {
         r: RndvStart,
         dst: *mut u8,
         cap: usize,
-    ) -> Delivery<Later> {
+    ) -> Outcome<Later> {
         Self::start_rendezvous(e, l, env, len, r, dst, cap)
     }
 
@@ -335,7 +334,7 @@ unsafe impl Medium for ProcessMedium {
         let keys: Vec<(Rank, u64)> = l.m.splits.keys().filter(|k| k.0 == d).copied().collect();
         for k in keys {
             let sp = l.m.splits.remove(&k).expect("present");
-            e.complete_target(sp.target, Outcome::failed(sp.env, err.clone()));
+            e.complete_target(sp.target, Status::failed(sp.env, err.clone()));
         }
         let keys: Vec<(Rank, u64)> = (l.m.streams_in.keys())
             .filter(|k| k.0 == d)
@@ -343,7 +342,7 @@ unsafe impl Medium for ProcessMedium {
             .collect();
         for k in keys {
             let st = l.m.streams_in.remove(&k).expect("present");
-            e.complete_target(st.target, Outcome::failed(st.env, err.clone()));
+            e.complete_target(st.target, Status::failed(st.env, err.clone()));
         }
         // Unexpected rendezvous starts from it fail when matched (l.gone).
     }
@@ -357,7 +356,7 @@ unsafe impl Medium for ProcessMedium {
 
     fn close(e: &Eng, l: &mut Loc) {
         for (_, st) in std::mem::take(&mut l.m.streams_in) {
-            e.complete_target(st.target, Outcome::failed(st.env, Error::Closed));
+            e.complete_target(st.target, Status::failed(st.env, Error::Closed));
         }
     }
 

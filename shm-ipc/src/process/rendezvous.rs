@@ -6,11 +6,10 @@
 use std::sync::Arc;
 
 use xdev::devkit::target::{lost, BlockingRecv, BlockingSend, SendOwner, Target};
-use xdev::devkit::Outcome;
-use xdev::{Envelope, Error, Rank, Result};
+use xdev::{Envelope, Error, Rank, Result, Status};
 
 use super::medium::{Eng, Loc, ProcessMedium};
-use crate::engine::{Delivery, Direct, Publication, Sent};
+use crate::engine::{Direct, Outcome, Publication, Sent};
 use crate::ring::Header;
 use crate::wire::{
     FLAG_EXPECTING, FLAG_FAILED, KIND_DATA, KIND_FIN, KIND_PULL, KIND_RNDV, KIND_WRITE, SPLIT_PAGE,
@@ -118,7 +117,7 @@ impl ProcessMedium {
         r: RndvStart,
         dst: *mut u8,
         cap: usize,
-    ) -> Delivery<Later> {
+    ) -> Outcome<Later> {
         let s = env.source;
         let n = len.min(cap);
         if n > 0
@@ -126,7 +125,7 @@ impl ProcessMedium {
             && l.m.cma[s]
             && (l.defer_copies || Self::splits(e, l, s, &r, n, len))
         {
-            return Delivery::Later(Later::Copy { start: r, len });
+            return Outcome::Later(Later::Copy { start: r, len });
         }
         Self::transfer(e, l, env, (r, len), dst, cap, false)
     }
@@ -142,9 +141,9 @@ impl ProcessMedium {
         dst: *mut u8,
         cap: usize,
         split: bool,
-    ) -> Delivery<Later> {
+    ) -> Outcome<Later> {
         let out = Self::cma_transfer(e, l, env, rndv, dst, cap, split);
-        if let Delivery::Done(_) = out {
+        if let Outcome::Done(_) = out {
             Self::stream_ended(l, env.source);
         }
         out
@@ -202,7 +201,7 @@ impl ProcessMedium {
         dst: *mut u8,
         cap: usize,
         split: bool,
-    ) -> Delivery<Later> {
+    ) -> Outcome<Later> {
         let s = env.source;
         let RndvStart { id, addr, .. } = r;
         // A sender that left cannot have finished with this send
@@ -216,15 +215,15 @@ impl ProcessMedium {
             l.gone[s] || e.m.sh.gone(s)
         };
         if departed {
-            return Delivery::Done(Outcome::failed(env, lost(s, "sender died")));
+            return Outcome::Done(Status::failed(env, lost(s, "sender died")));
         }
         let n = len.min(cap);
         if n == 0 {
             Self::reply(e, l, s, KIND_FIN, 0, id);
-            return Delivery::Done(Outcome::received(env, len, cap));
+            return Outcome::Done(Status::received(env, len, cap));
         }
         if split && Self::splits(e, l, s, &r, n, len) {
-            return Delivery::Later(Later::Split(Self::split_copy(e, l, s, (r, len), dst, n)));
+            return Outcome::Later(Later::Split(Self::split_copy(e, l, s, (r, len), dst, n)));
         }
         if l.m.cma[s] {
             // SAFETY: dst is valid for cap >= n bytes and exclusively ours
@@ -233,24 +232,24 @@ impl ProcessMedium {
             match crate::cma::read_remote(e.m.sh.pids[s], addr, out) {
                 Ok(()) => {
                     Self::reply(e, l, s, KIND_FIN, 0, id);
-                    return Delivery::Done(Outcome::received(env, len, cap));
+                    return Outcome::Done(Status::received(env, len, cap));
                 }
                 Err(err) if matches!(err.raw_os_error(), Some(libc::EPERM | libc::ENOSYS)) => {
                     tracing::info!(peer = s, error = %err, "shm: CMA refused; rendezvous from this peer falls back to the pipelined copy");
                     l.m.cma[s] = false;
                 }
                 Err(err) if err.raw_os_error() == Some(libc::ESRCH) => {
-                    return Delivery::Done(Outcome::failed(env, lost(s, "sender process is gone")));
+                    return Outcome::Done(Status::failed(env, lost(s, "sender process is gone")));
                 }
                 Err(err) => {
                     Self::reply(e, l, s, KIND_FIN, FLAG_FAILED, id);
                     let what = format!("rendezvous source {addr:#x}+{len} unreadable: {err}");
-                    return Delivery::Done(Outcome::failed(env, Error::Protocol { rank: s, what }));
+                    return Outcome::Done(Status::failed(env, Error::Protocol { rank: s, what }));
                 }
             }
         }
         Self::reply(e, l, s, KIND_PULL, 0, id);
-        Delivery::Later(Later::Stream { id, len })
+        Outcome::Later(Later::Stream { id, len })
     }
 
     /// Starts a split copy of `n` bytes from `s` into `dst`: the sender

@@ -79,7 +79,7 @@ fn assert_violation(d0: &ProcessDevice, needle: &str) {
         .irecv(Buffer::zeroed(4), Source::Rank(1), TagSel::Any, 1)
         .wait();
     assert!(matches!(
-        r.error.as_deref(),
+        r.status.error.as_deref(),
         Some(Error::Protocol { rank: 1, .. })
     ));
 }
@@ -119,14 +119,14 @@ fn an_irecv_leaves_its_cma_copy_to_the_next_progress() {
         };
         // (The sender writes half of it: it must make progress too.)
         let got = std::thread::scope(|s| {
-            s.spawn(|| assert!(send.wait().error.is_none()));
+            s.spawn(|| assert!(send.wait().status.error.is_none()));
             r.wait()
         });
-        assert!(got.error.is_none(), "{:?}", got.status);
+        assert!(got.status.error.is_none(), "{:?}", got.status);
         assert!(got.buf[..] == big[..], "round {round}: wrong bytes");
         if let Some(o) = other {
             assert!(d1.send(&[7; 8], 0, 6, 3).is_ok());
-            assert!(o.wait().error.is_none());
+            assert!(o.wait().status.error.is_none());
         }
     }
     d0.finish().unwrap();
@@ -153,9 +153,9 @@ fn finish_does_the_copies_left_by_irecv() {
         d0.finish().unwrap();
     });
     let got = r.wait();
-    assert!(got.error.is_none(), "{:?}", got.status);
+    assert!(got.status.error.is_none(), "{:?}", got.status);
     assert!(got.buf[..] == big[..]);
-    assert!(send.wait().error.is_none());
+    assert!(send.wait().status.error.is_none());
 }
 
 #[test]
@@ -168,7 +168,7 @@ fn an_irecv_takes_messages_already_here_and_streams_pipelined_ones() {
     for (round, probe_first) in [(0, false), (1, true)] {
         let small = d1.isend(Buffer::from(vec![round as u8; 100]), 0, 1, 9);
         let large = d1.isend(Buffer::from(big.clone()), 0, 2, 9);
-        assert!(small.wait().error.is_none());
+        assert!(small.wait().status.error.is_none());
         let (small_st, large_buf) = std::thread::scope(|s| {
             s.spawn(|| {
                 // Give rank 0 the large message (it streams as rank 0
@@ -199,9 +199,9 @@ fn an_irecv_takes_messages_already_here_and_streams_pipelined_ones() {
                 .wait();
             (small, large)
         });
-        assert!(small_st.error.is_none(), "{:?}", small_st.status);
+        assert!(small_st.status.error.is_none(), "{:?}", small_st.status);
         assert_eq!(&small_st.buf[..], &[round as u8; 100][..]);
-        assert!(large_buf.error.is_none(), "{:?}", large_buf.status);
+        assert!(large_buf.status.error.is_none(), "{:?}", large_buf.status);
         assert_eq!(large_buf.status.count, big.len());
         assert!(large_buf.buf[..] == big[..], "round {round}: wrong bytes");
         drop(large);
@@ -358,7 +358,7 @@ fn a_blocking_recv_that_unwinds_waits_for_the_sender_writing_into_it() {
     std::thread::scope(|s| {
         let sender = s.spawn(|| {
             let send = d1.isend(Buffer::from(data.clone()), 0, 4, 0);
-            assert!(send.wait().error.is_none());
+            assert!(send.wait().status.error.is_none());
         });
         let unwound = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             PANIC_AFTER_STREAM.with(|p| p.set(true));
@@ -427,9 +427,9 @@ fn send_and_receive_whole(d0: &ProcessDevice, d1: &ProcessDevice, data: &[u8], t
     let recv = d0.irecv(Buffer::zeroed(len), Source::Rank(1), TagSel::Tag(tag), 4);
     let send = d1.isend(Buffer::from(data.to_vec()), 0, tag, 4);
     std::thread::scope(|s| {
-        s.spawn(|| assert!(send.wait().error.is_none()));
+        s.spawn(|| assert!(send.wait().status.error.is_none()));
         let got = recv.wait();
-        assert!(got.error.is_none(), "{:?}", got.status);
+        assert!(got.status.error.is_none(), "{:?}", got.status);
         assert_eq!(got.status.count, len);
         assert!(
             got.buf[..] == data[..],
@@ -464,7 +464,7 @@ fn a_large_receive_is_copied_by_both_sides_and_lands_whole() {
     let recv = d2.irecv(Buffer::zeroed(1 << 20), Source::Rank(1), TagSel::Tag(8), 4);
     let send = d3.isend(Buffer::from(vec![5u8; 1 << 20]), 0, 8, 4);
     std::thread::scope(|s| {
-        s.spawn(|| assert!(send.wait().error.is_none()));
+        s.spawn(|| assert!(send.wait().status.error.is_none()));
         assert!(recv.wait().buf.iter().all(|&b| b == 5));
     });
     assert_eq!(d2.engine.lock().m.splits_done, 0);
@@ -489,7 +489,7 @@ fn a_sender_with_receives_posted_is_not_asked_to_write_half() {
         assert_eq!(split, u64::from(!expecting), "expecting {expecting}");
         if let Some(r) = theirs {
             d0.send(&[1; 8], 1, 11, 4).unwrap();
-            assert!(r.wait().error.is_none());
+            assert!(r.wait().status.error.is_none());
         }
     }
 }
@@ -562,10 +562,10 @@ fn a_departed_receivers_write_request_is_not_served() {
         "the departed rank's request was served"
     );
     assert!(!d1.engine.lock().broken[0], "a valid request, dropped");
-    let c = send.wait();
+    let st = send.wait().status;
     assert!(
-        matches!(c.error.as_deref(), Some(Error::PeerLost { rank: 0, .. })),
-        "{c:?}"
+        matches!(st.error.as_deref(), Some(Error::PeerLost { rank: 0, .. })),
+        "{st:?}"
     );
 }
 
@@ -581,7 +581,10 @@ fn a_departed_senders_rendezvous_is_not_read() {
     d1.engine.depart(true);
     let done = recv.wait();
     assert!(
-        matches!(done.error.as_deref(), Some(Error::PeerLost { rank: 1, .. })),
+        matches!(
+            done.status.error.as_deref(),
+            Some(Error::PeerLost { rank: 1, .. })
+        ),
         "{:?}",
         done.status
     );
@@ -669,7 +672,7 @@ fn a_sender_beyond_its_rendezvous_window_waits_and_loses_nothing() {
         assert!(d0.engine.lock().m.rndv_in[1] <= 16);
     }
     for r in sends {
-        assert!(r.wait().error.is_none());
+        assert!(r.wait().status.error.is_none());
     }
     assert_eq!(d1.engine.lock().m.rndv_out[0], 0);
     assert_eq!(d0.engine.lock().m.rndv_in[1], 0);
@@ -799,7 +802,10 @@ fn a_negative_tag_is_a_violation() {
         Err(Error::InvalidTag(-1))
     ));
     let r = d1.isend(Buffer::from(vec![0u8; 1]), 0, -1, 1).wait();
-    assert!(matches!(r.error.as_deref(), Some(Error::InvalidTag(-1))));
+    assert!(matches!(
+        r.status.error.as_deref(),
+        Some(Error::InvalidTag(-1))
+    ));
 }
 
 #[test]
@@ -913,7 +919,7 @@ fn fragment_out_of_place_is_a_violation() {
     };
     assert!(raw_push(&d1, 0, data, &[1u8; 10]));
     let done = r.wait();
-    match done.error.as_deref() {
+    match done.status.error.as_deref() {
         Some(Error::Protocol { rank: 1, what }) => assert!(what.contains("fragment"), "{what}"),
         other => panic!("expected a protocol violation, got {other:?}"),
     }

@@ -6,11 +6,11 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 
 use xdev::devkit::target::{lost, Target};
-use xdev::devkit::{CoreRef, Outcome, Tracker};
+use xdev::devkit::{CoreRef, Tracker};
 use xdev::{Envelope, Rank, Result, Status};
 
 use super::{ThreadMedium, World};
-use crate::engine::{Delivery, Direct, Engine, Local, Publication, Sent};
+use crate::engine::{Direct, Engine, Local, Outcome, Publication, Sent};
 use crate::futex::Scope;
 
 const OFFERED: u8 = 0;
@@ -71,7 +71,7 @@ impl Handoff {
                 if let Some(core) = &self.request {
                     let err = lost(self.dest, "receiver went away before matching");
                     self.tracker
-                        .complete(core, Outcome::failed(self.status_env, err));
+                        .complete(core, Status::failed(self.status_env, err));
                 }
                 true
             }
@@ -97,20 +97,20 @@ impl Handoff {
     }
 
     /// The receiver side of a rendezvous: claim, copy once, finish.
-    pub(super) fn pull(&self, env: Envelope, dst: *mut u8, cap: usize) -> Outcome {
+    pub(super) fn pull(&self, env: Envelope, dst: *mut u8, cap: usize) -> Status {
         if self
             .state
             .compare_exchange(OFFERED, CLAIMED, Ordering::AcqRel, Ordering::Acquire)
             .is_err()
         {
-            return Outcome::failed(env, lost(env.source, "sender withdrew the message"));
+            return Status::failed(env, lost(env.source, "sender withdrew the message"));
         }
         let n = self.len.min(cap);
         // SAFETY: CLAIMED guarantees the sender keeps `data` valid for `len`
         // bytes until DONE; dst is valid for cap >= n bytes and exclusively ours.
         unsafe { std::ptr::copy_nonoverlapping(self.data, dst, n) };
         self.finish();
-        Outcome::received(env, self.len, cap)
+        Status::received(env, self.len, cap)
     }
 
     /// The receiver matched a synchronous eager send.
@@ -147,11 +147,11 @@ impl ThreadMedium {
         hand: Arc<Handoff>,
         dst: *mut u8,
         cap: usize,
-    ) -> Delivery<Arc<Handoff>> {
+    ) -> Outcome<Arc<Handoff>> {
         if l.defer_copies {
-            return Delivery::Later(hand);
+            return Outcome::Later(hand);
         }
-        Delivery::Done(hand.pull(env, dst, cap))
+        Outcome::Done(hand.pull(env, dst, cap))
     }
 
     /// A rendezvous left for later, matched to `target`: a request's copy

@@ -16,7 +16,7 @@ use xdev::{Envelope, Error, Rank, Result};
 use super::{Handoff, PendingPull, World, CLOSED, DEAD};
 use crate::biased::BiasedGuard as RankGuard;
 use crate::doorbell::DoorbellRef;
-use crate::engine::{Delivery, Direct, Engine, Local, Medium, Publication, Sent, Unexpected};
+use crate::engine::{Direct, Engine, Local, Medium, Outcome, Publication, Sent, Unexpected};
 use crate::futex::Scope;
 use crate::ring::{Header, Incoming, RingRef};
 use crate::wire::{FLAG_SYNC, KIND_RNDV};
@@ -185,7 +185,7 @@ unsafe impl Medium for ThreadMedium {
         hand: Arc<Handoff>,
         dst: *mut u8,
         cap: usize,
-    ) -> Delivery<Arc<Handoff>> {
+    ) -> Outcome<Arc<Handoff>> {
         Self::pull_or_defer(l, env, hand, dst, cap)
     }
 

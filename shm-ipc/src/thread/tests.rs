@@ -10,7 +10,7 @@ fn an_irecv_leaves_its_rendezvous_copy_to_the_next_progress() {
         for (round, probe_first) in [(0, false), (1, true), (2, false)] {
             if dev.id() == 1 {
                 let r = dev.isend(Buffer::from(big.clone()), 0, 5, 3);
-                assert!(r.wait().error.is_none(), "round {round}");
+                assert!(r.wait().status.error.is_none(), "round {round}");
                 if round == 2 {
                     dev.send(&[9; 8], 0, 6, 3).unwrap();
                 }
@@ -33,7 +33,7 @@ fn an_irecv_leaves_its_rendezvous_copy_to_the_next_progress() {
                 panic!("round {round}: copied inside irecv");
             };
             let got = r.wait();
-            assert!(got.error.is_none(), "{:?}", got.status);
+            assert!(got.status.error.is_none(), "{:?}", got.status);
             assert!(got.buf[..] == big[..], "round {round}: wrong bytes");
             if let Some(o) = other {
                 assert_eq!(&o.wait().buf[..], &[9; 8]);
@@ -54,7 +54,7 @@ fn a_drain_returns_the_credit_of_what_it_delivered() {
                 .collect();
             dev.send(&[], 1, 1, 0).unwrap();
             for r in rs {
-                assert!(r.wait().error.is_none());
+                assert!(r.wait().status.error.is_none());
             }
             let freed = dev.engine.lock().freed_local[1];
             assert_eq!(freed, N * (8 + crate::wire::ENTRY_CHARGE));
@@ -94,7 +94,7 @@ fn a_window_on_a_finished_device_gives_every_buffer_back_closed() {
         assert_eq!(done.len(), 5);
         for (i, d) in done.iter().enumerate() {
             assert!(
-                matches!(d.error.as_deref(), Some(xdev::Error::Closed)),
+                matches!(d.status.error.as_deref(), Some(xdev::Error::Closed)),
                 "request {i}: {:?}",
                 d.status
             );

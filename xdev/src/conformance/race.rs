@@ -27,7 +27,7 @@ pub fn finish_while_posting(
                 loop {
                     let r = dev.irecv(Buffer::zeroed(8), Source::Rank(peer), TagSel::Tag(tag), 0);
                     match r.test() {
-                        Ok(c) if c.error.as_deref() == Some(&Error::Closed) => break,
+                        Ok(c) if c.status.error.as_deref() == Some(&Error::Closed) => break,
                         Ok(c) => panic!("{what}: unexpected completion {:?}", c.status),
                         Err(r) => reqs.push(r),
                     }

@@ -42,10 +42,10 @@ pub(super) fn window_calls(dev: &dyn Device) -> CaseResult {
     for (i, d) in done.iter().enumerate() {
         let want_rank = i < 3;
         let ok = if want_rank {
-            matches!(d.error.as_deref(), Some(Error::InvalidRank { .. }))
+            matches!(d.status.error.as_deref(), Some(Error::InvalidRank { .. }))
                 && d.buf[..] == [i as u8; 5]
         } else {
-            matches!(d.error.as_deref(), Some(Error::InvalidTag(-3))) && d.buf.len() == 4
+            matches!(d.status.error.as_deref(), Some(Error::InvalidTag(-3))) && d.buf.len() == 4
         };
         ensure!(
             ok,
@@ -77,13 +77,13 @@ pub(super) fn window_calls(dev: &dyn Device) -> CaseResult {
     let mut done = done.into_iter();
     let marker = done.next().expect("counted");
     ensure!(
-        marker.error.is_none() && marker.buf[0] == peer as u8,
+        marker.status.error.is_none() && marker.buf[0] == peer as u8,
         "the request out held first: {:?}",
         marker.status
     );
     for (i, d) in done.by_ref().take(COUNT).enumerate() {
         let st = d.status;
-        ensure!(d.error.is_none(), "window receive {i}: {:?}", d.error);
+        ensure!(st.error.is_none(), "window receive {i}: {:?}", st.error);
         ensure!(
             st.source == peer && st.tag == 7 && st.count == len(i),
             "window receive {i}: {st:?}"
@@ -96,7 +96,7 @@ pub(super) fn window_calls(dev: &dyn Device) -> CaseResult {
     }
     for (i, d) in done.enumerate() {
         ensure!(
-            d.error.is_none() && d.buf.len() == len(i),
+            d.status.error.is_none() && d.buf.len() == len(i),
             "window send {i}: {:?}",
             d.status
         );

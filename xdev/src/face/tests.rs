@@ -104,14 +104,17 @@ fn invalid_arguments_never_reach_the_transport_and_give_the_buffer_back() {
     assert!(face.iprobe(Source::Any, TagSel::Tag(-2), 0).is_err());
     let done = face.isend(Buffer::from(vec![7u8; 3]), 9, 0, 3).wait();
     assert!(matches!(
-        done.error.as_deref(),
+        done.status.error.as_deref(),
         Some(Error::InvalidRank { rank: 9, .. })
     ));
     assert_eq!(done.buf.len(), 3, "the refused send's buffer comes back");
     let done = face
         .irecv(Buffer::zeroed(8), Source::Any, TagSel::Tag(-3), 3)
         .wait();
-    assert!(matches!(done.error.as_deref(), Some(Error::InvalidTag(-3))));
+    assert!(matches!(
+        done.status.error.as_deref(),
+        Some(Error::InvalidTag(-3))
+    ));
     assert_eq!(done.buf.len(), 8);
     assert_eq!(calls(), 0, "nothing invalid reached the transport");
 
@@ -138,7 +141,7 @@ fn after_finish_operations_fail_with_closed_before_the_transport() {
         Err(Error::Closed)
     ));
     let done = face.issend(Buffer::from(vec![1u8]), 1, 0, 0).wait();
-    assert!(matches!(done.error.as_deref(), Some(Error::Closed)));
+    assert!(matches!(done.status.error.as_deref(), Some(Error::Closed)));
     assert_eq!(done.buf.len(), 1);
     assert_eq!(face.engine.calls.load(Ordering::Relaxed), 0);
 }

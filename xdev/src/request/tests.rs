@@ -73,7 +73,7 @@ fn a_request_born_complete_carries_its_completion_and_is_never_peeked() {
 fn wait_ok_gives_the_buffer_back_with_the_error() {
     let t = Tracker::new();
     let env = env();
-    let st = Outcome::received(env, 9, 4);
+    let st = Status::received(env, 9, 4);
     let r = t.completed(Buffer::from(vec![1u8; 4]), st);
     let failed = r.wait_ok().expect_err("truncated");
     assert!(matches!(
@@ -81,6 +81,7 @@ fn wait_ok_gives_the_buffer_back_with_the_error() {
         crate::Error::Truncated { message_len: 9, .. }
     ));
     assert_eq!((&failed.buf[..], failed.status.count), (&[1u8; 4][..], 4));
+    assert!(failed.status.error.is_none(), "the error moved out");
     let ok = t.completed(Buffer::zeroed(3), Status::ok(env, 3));
     let (buf, st) = ok.wait_ok().expect("ok");
     assert_eq!((buf.len(), st.count), (3, 3));
@@ -410,9 +411,9 @@ fn a_reused_core_reports_only_its_own_status() {
         let (core, r) = t.start_request(RequestKind::Recv, Buffer::zeroed(2), Arc::new(Inert));
         let r = r.into_request();
         used.insert(CoreRef::as_ptr(&core) as usize);
-        assert!(t.complete(&core, Outcome::failed(env(), crate::Error::Closed)));
+        assert!(t.complete(&core, Status::failed(env(), crate::Error::Closed)));
         drop(core);
-        assert!(r.wait().error.is_some());
+        assert!(r.wait().status.error.is_some());
     }
     // The cores come back with the failed statuses still in them (a reset
     // leaves the status for the completion to overwrite).
@@ -425,10 +426,10 @@ fn a_reused_core_reports_only_its_own_status() {
         let r = r.take_if_done().expect_err("in flight");
         assert!(t.complete(&core, Status::ok(env(), 2)));
         let peeked = t.pop_completed().expect("done, reported once");
-        assert!(peeked.error.is_none() && peeked.status.count == 2);
+        assert!(peeked.status.error.is_none() && peeked.status.count == 2);
         drop(core);
         let c = r.wait();
-        assert!(c.error.is_none() && c.status.count == 2);
+        assert!(c.status.error.is_none() && c.status.count == 2);
     }
     assert!(reused > 0, "no core was reused");
 }
@@ -501,7 +502,7 @@ fn a_send_failed_while_its_memory_may_be_read_returns_a_copy_and_keeps_the_origi
     let core = t.start(RequestKind::Send, Buffer::from(vec![1u8, 2, 3, 4]));
     let at = core.buffer_ptr();
     let req = Request::new(core.clone(), Arc::new(Inert));
-    let st = Outcome::failed(
+    let st = Status::failed(
         env(),
         crate::Error::PeerLost {
             rank: 1,
@@ -521,7 +522,7 @@ fn a_send_failed_while_its_memory_may_be_read_returns_a_copy_and_keeps_the_origi
     assert_eq!(&c.buf[..], &[1, 2, 3, 4]);
     assert_ne!(c.buf.as_ptr(), at as *const u8);
     assert!(matches!(
-        c.error.as_deref(),
+        c.status.error.as_deref(),
         Some(crate::Error::PeerLost { rank: 1, .. })
     ));
     // A request already complete is not completed (or copied) again.
@@ -550,56 +551,4 @@ fn a_kept_send_relayed_gives_its_hook_the_copy() {
     let c = got.lock().unwrap().take().expect("the hook ran");
     assert_eq!(&c.buf[..], &[5, 6, 7]);
     assert_ne!(c.buf.as_ptr(), at as *const u8, "the hook got the copy");
-}
-
-#[test]
-fn a_failed_request_reports_its_error_to_peek_and_to_wait() {
-    let t = Tracker::new();
-    let (core, r) = t.start_request(RequestKind::Recv, Buffer::zeroed(4), Arc::new(Inert));
-    let r = r.into_request();
-    let lost = crate::Error::PeerLost {
-        rank: 1,
-        reason: "gone".into(),
-    };
-    assert!(t.complete(&core, Outcome::failed(env(), lost.clone())));
-    let peeked = t.pop_completed().expect("reported");
-    assert_eq!(peeked.id, r.id());
-    assert!(matches!(
-        peeked.error.as_deref(),
-        Some(crate::Error::PeerLost { rank: 1, .. })
-    ));
-    assert_eq!(peeked.status.envelope(), env());
-    let c = r.wait();
-    assert!(matches!(
-        c.error.as_deref(),
-        Some(crate::Error::PeerLost { rank: 1, .. })
-    ));
-    assert_eq!(c.buf.len(), 4, "the buffer comes back with the error");
-    // Born failed: the same through the handle, with no core.
-    let r = t.completed(Buffer::zeroed(3), Outcome::failed(env(), lost));
-    assert!(r.was_born_complete() && r.is_complete() && !r.cancel());
-    let f = r.wait_ok().expect_err("failed");
-    assert!(matches!(f.error, crate::Error::PeerLost { rank: 1, .. }));
-    assert_eq!((f.buf.len(), f.status.count), (3, 0));
-}
-
-#[test]
-fn a_hook_gets_the_error_of_the_request_below() {
-    let t = Tracker::new();
-    let upper = t.start_relay(RequestKind::Recv);
-    let (below, handle) = t.start_request(RequestKind::Recv, Buffer::zeroed(5), Arc::new(Inert));
-    let seen = Arc::new(Mutex::new(None));
-    let into = seen.clone();
-    upper.relay(
-        handle.into_request(),
-        Box::new(move |c: Completion| {
-            *into.lock().unwrap() = Some((c.buf.len(), c.error.map(|e| *e)));
-        }),
-    );
-    assert!(t.complete(&below, Outcome::failed(env(), crate::Error::Closed)));
-    let got = seen.lock().unwrap().take();
-    assert!(
-        matches!(got, Some((5, Some(crate::Error::Closed)))),
-        "{got:?}"
-    );
 }

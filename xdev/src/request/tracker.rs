@@ -5,12 +5,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use super::pool::{self, CoreRef, Pool};
-use super::{
-    Completion, Handle, Held, Inner, Peeked, Progress, Request, RequestCore, RequestId, RequestKind,
-};
+use super::{Handle, Held, Inner, Peeked, Progress, Request, RequestCore, RequestId, RequestKind};
 use super::{LIVE, REPORTED};
 use crate::lock::RankLock;
-use crate::{Buffer, Outcome};
+use crate::{Buffer, Status};
 
 /// Per-device bookkeeping of requests: ids, the pool their cores come
 /// from, and what `peek` and `finish` ask (completions of live handles,
@@ -118,23 +116,22 @@ impl Tracker {
         (core, Handle(Held { core: held, engine }))
     }
 
-    /// The handle of a request born complete with `outcome` (a
-    /// [`Status`](crate::Status), or an [`Outcome`] with an error), owning
-    /// `buf`: for an operation that ended inside the call that started it
-    /// (an `isend` whose data already left, an `irecv` whose message was
+    /// The handle of a request born complete with `status`, owning `buf`:
+    /// for an operation that ended inside the call that started it (an
+    /// `isend` whose data already left, an `irecv` whose message was
     /// already there, one refused before it started: an invalid rank, a
     /// closed device). The handle carries the buffer and the status itself:
     /// no core, no lock, no locked instruction (ids come from per-thread
     /// blocks). It is never outstanding, and `peek` does not report it.
     #[inline]
-    pub fn completed(&self, buf: Buffer, outcome: impl Into<Outcome>) -> Request {
-        let Outcome { status, error } = outcome.into();
-        let id = born_id();
-        let inner = match error {
-            None => Inner::Done { id, buf, status },
-            Some(error) => failed_inner(id, buf, status, error),
-        };
-        Request { inner }
+    pub fn completed(&self, buf: Buffer, status: Status) -> Request {
+        Request {
+            inner: Inner::Done {
+                id: born_id(),
+                buf,
+                status,
+            },
+        }
     }
 
     /// Starts a request that holds no buffer yet, for a device layered over
@@ -162,33 +159,28 @@ impl Tracker {
         core.tracker == self.id
     }
 
-    /// Completes `core` with `outcome` (a [`Status`](crate::Status), or an
-    /// [`Outcome`] with an error) unless it was already completed, or was
-    /// started by another tracker (which this one refuses); returns whether
-    /// this call completed it. After it returns true the device must not
-    /// touch the buffer again.
+    /// Completes `core` with `status` unless it was already completed, or
+    /// was started by another tracker (which this one refuses); returns
+    /// whether this call completed it. After it returns true the device must
+    /// not touch the buffer again.
     #[inline]
-    pub fn complete(&self, core: &CoreRef, outcome: impl Into<Outcome>) -> bool {
-        self.complete_with(core, || outcome)
+    pub fn complete(&self, core: &CoreRef, status: Status) -> bool {
+        self.complete_with(core, || status)
     }
 
-    /// [`complete`](Tracker::complete) with the outcome made by `outcome`
+    /// [`complete`](Tracker::complete) with the status made by `status`
     /// (called only if this call completes the request), built where the
     /// core keeps it: for a device's per-message path, where a status built
     /// first and then moved costs a stalled load.
     #[inline]
-    pub fn complete_with<O: Into<Outcome>>(
-        &self,
-        core: &CoreRef,
-        outcome: impl FnOnce() -> O,
-    ) -> bool {
+    pub fn complete_with(&self, core: &CoreRef, status: impl FnOnce() -> Status) -> bool {
         if !self.started(core) {
             return false;
         }
         match core.claim() {
             None => false,
             Some(hooked) => {
-                core.finish_with(hooked, None, outcome);
+                core.finish_with(hooked, None, status);
                 true
             }
         }
@@ -198,25 +190,20 @@ impl Tracker {
     /// [`start_relay`](Tracker::start_relay), with `buf` as its buffer; as
     /// [`complete`](Tracker::complete) otherwise. A request that already
     /// holds a buffer is refused (its buffer may be in use).
-    pub fn complete_returning(
-        &self,
-        core: &CoreRef,
-        buf: Buffer,
-        outcome: impl Into<Outcome>,
-    ) -> bool {
+    pub fn complete_returning(&self, core: &CoreRef, buf: Buffer, status: Status) -> bool {
         if !self.started(core) || !core.buffer_ptr().is_null() {
             return false;
         }
         match core.claim() {
             None => false,
             Some(hooked) => {
-                core.finish(hooked, Some(buf), outcome.into());
+                core.finish(hooked, Some(buf), status);
                 true
             }
         }
     }
 
-    /// Completes `core` with `outcome` as [`complete`](Tracker::complete)
+    /// Completes `core` with `status` as [`complete`](Tracker::complete)
     /// does, for a send whose memory the transport may still read after it
     /// failed (its peer left before the transport let go of it): the
     /// request's buffer is swapped for a copy of it, which the handle gets
@@ -225,7 +212,7 @@ impl Tracker {
     /// `None` if this call did not complete the request. A receive is
     /// refused (not completed): the transport may be writing its memory, so
     /// no copy of it can be taken.
-    pub fn complete_keeping(&self, core: &CoreRef, outcome: impl Into<Outcome>) -> Option<Buffer> {
+    pub fn complete_keeping(&self, core: &CoreRef, status: Status) -> Option<Buffer> {
         if !self.started(core) || core.kind() != RequestKind::Send {
             return None;
         }
@@ -234,7 +221,7 @@ impl Tracker {
         // before `done`; the handle reads them only after it.
         let kept = unsafe { (*core.buf.get()).take() };
         let copy = kept.as_ref().map(|b| Buffer::from(&b[..]));
-        core.finish(hooked, copy, outcome.into());
+        core.finish(hooked, copy, status);
         kept
     }
 
@@ -264,14 +251,15 @@ impl Tracker {
             // SAFETY: the core is done (the cells are written and visible).
             // It cannot be reset while we hold the pool's lock: a core with
             // a LIVE handle goes back to a stash only through a sweep, under
-            // that lock. So nobody writes the status or the error now (the
-            // handle only reads them).
-            let (status, error) = unsafe { (*core.status.get(), core.error_copy()) };
-            return Some(Peeked {
-                id: core.id(),
-                status,
-                error,
-            });
+            // that lock. So nobody writes the status now (the handle only
+            // reads it).
+            let status = unsafe { (*core.status.get()).clone() };
+            if let Some(status) = status {
+                return Some(Peeked {
+                    id: core.id(),
+                    status,
+                });
+            }
         }
         None
     }
@@ -290,21 +278,4 @@ impl Tracker {
             .filter(|c| c.kind() == RequestKind::Send && !c.is_done())
             .count()
     }
-}
-
-/// The shape of a request born failed: out of line, off the per-message
-/// path.
-#[cold]
-fn failed_inner(
-    id: RequestId,
-    buf: Buffer,
-    status: crate::Status,
-    error: Box<crate::Error>,
-) -> Inner {
-    let completion = Completion {
-        buf,
-        status,
-        error: Some(error),
-    };
-    Inner::Failed(Box::new((id, completion)))
 }

@@ -148,7 +148,7 @@ fn posted_truncation(options: &[String]) -> Result<(), String> {
             );
             barrier(&*dev).map_err(|e| format!("barrier: {e}"))?;
             let done = r.wait();
-            match done.error.as_deref() {
+            match done.status.error.as_deref() {
                 Some(xdev::Error::Truncated {
                     message_len,
                     capacity,
@@ -202,7 +202,7 @@ fn peer_exit(options: &[String]) -> Result<(), String> {
             ctx,
         )
         .wait();
-    lost("irecv", done.error.as_deref())?;
+    lost("irecv", done.status.error.as_deref())?;
     lost("send", dev.send(b"x", 1, 0, ctx).err().as_ref())?;
     lost(
         "probe",
@@ -282,7 +282,7 @@ fn peer_killed(options: &[String]) -> Result<(), String> {
             ctx,
         )
         .wait();
-    match done.error.as_deref() {
+    match done.status.error.as_deref() {
         Some(xdev::Error::PeerLost { rank: 1, .. }) => {
             println!("rank {}: PeerLost from rank 1", dev.id());
         }
@@ -309,7 +309,7 @@ fn inflight_send(options: &[String]) -> Result<(), String> {
     }
     if let Some(send) = send {
         let c = send.wait();
-        match c.error.as_deref() {
+        match c.status.error.as_deref() {
             Some(xdev::Error::PeerLost { rank: 1, .. }) => {}
             other => {
                 return Err(format!(
@@ -349,7 +349,10 @@ fn finish_posted(options: &[String]) -> Result<(), String> {
         other => Err(format!("{what}: expected Closed, got {other:?}")),
     };
     for (i, r) in posted.into_iter().enumerate() {
-        closed(&format!("posted receive {i}"), r.wait().error.as_deref())?;
+        closed(
+            &format!("posted receive {i}"),
+            r.wait().status.error.as_deref(),
+        )?;
     }
     closed(
         "send after finish",
@@ -361,7 +364,7 @@ fn finish_posted(options: &[String]) -> Result<(), String> {
         xdev::TagSel::Any,
         ctx,
     );
-    closed("receive after finish", late.wait().error.as_deref())
+    closed("receive after finish", late.wait().status.error.as_deref())
 }
 
 /// A hostile rank (issue 21): with 3 ranks on shm, rank 2 republishes rank

@@ -7,7 +7,6 @@ use std::sync::Arc;
 
 use xdev::devkit::matching::PostedId;
 use xdev::devkit::target::{BlockingRecv, BlockingSend, SendOwner, Target};
-use xdev::devkit::Outcome;
 use xdev::devkit::{RequestKind, Seat, SendTo, Transport};
 use xdev::{Buffer, Envelope, Error, Pattern, Peeked, Request, Result, Source, Status};
 
@@ -84,7 +83,7 @@ impl Transport for IbvEngine {
             // before it waits and empties the queues under this lock).
             drop(l);
             self.tracker
-                .complete(&core, Outcome::failed(env, Error::Closed));
+                .complete(&core, Status::failed(env, Error::Closed));
             return handle.into_request();
         }
         let out = Outgoing { to, data, user };
@@ -94,7 +93,7 @@ impl Transport for IbvEngine {
                 self.tracker.complete(&core, Status::ok(env, data.len()));
             }
             Err(e) => {
-                self.tracker.complete(&core, Outcome::failed(env, e));
+                self.tracker.complete(&core, Status::failed(env, e));
             }
         }
         drop(l);
@@ -116,7 +115,7 @@ impl Transport for IbvEngine {
             // queue under this lock, so nothing posted now would complete.
             drop(l);
             self.tracker
-                .complete(&core, Outcome::failed(env, Error::Closed));
+                .complete(&core, Status::failed(env, Error::Closed));
             return handle.into_request();
         }
         self.post(&mut l, pattern, Target::Request(core.clone()), |id| {
@@ -238,10 +237,10 @@ impl Transport for IbvEngine {
             tag: -1,
             context: 0,
         };
-        self.fail_first_if(&mut l, |_| true, Outcome::failed(env, Error::Closed));
+        self.fail_first_if(&mut l, |_| true, Status::failed(env, Error::Closed));
         let posted = l.matching.remove_posted_where(|_, _| true);
         for t in posted {
-            self.complete_target(&mut l, Dest::Recv(t), Outcome::failed(env, Error::Closed));
+            self.complete_target(&mut l, Dest::Recv(t), Status::failed(env, Error::Closed));
         }
         l.matching.drain_unexpected();
         self.closed.store(true, Ordering::Release);
@@ -313,7 +312,7 @@ impl FirstGuard<'_> {
     /// Takes the slot back (under the engine lock `l`): its outcome, if it
     /// completed. A receive still posted is simply removed; one a peer is
     /// writing into by rendezvous fails that peer, which stops it.
-    fn take_back(&mut self, l: &mut Local) -> Option<Outcome> {
+    fn take_back(&mut self, l: &mut Local) -> Option<Status> {
         if !std::mem::take(&mut self.ours) {
             return None;
         }

@@ -5,8 +5,7 @@ use std::ptr;
 
 use xdev::devkit::matching::{Posted, PostedId};
 use xdev::devkit::target::Target;
-use xdev::devkit::Outcome;
-use xdev::{Envelope, Pattern, Rank, Source};
+use xdev::{Envelope, Pattern, Rank, Source, Status};
 
 use super::{Control, Dest, FirstRecv, IbvEngine, Local, Stage, Unexpected};
 use crate::ibv::wire::{self, Body, Header, FLAG_SYNC};
@@ -115,7 +114,7 @@ impl IbvEngine {
             }
             Unexpected::Start { id, len } => {
                 if let Some(e) = Self::gone_error(l, env.source) {
-                    self.complete_target(l, t, Outcome::failed(env, e));
+                    self.complete_target(l, t, Status::failed(env, e));
                 } else {
                     self.reply(l, env, id, len, t);
                 }
@@ -135,7 +134,7 @@ impl IbvEngine {
             // is a different buffer (a receive slot, a copy or the sender's).
             unsafe { ptr::copy_nonoverlapping(data.as_ptr(), dst, n) };
         }
-        self.complete_target(l, t, Outcome::received(env, data.len(), cap));
+        self.complete_target(l, t, Status::received(env, data.len(), cap));
     }
 
     /// The earliest posted receive that matches `env`, taken out: the
@@ -209,7 +208,7 @@ impl IbvEngine {
                         context: pattern.context,
                     };
                     let e = Self::gone_error(l, s).expect("gone");
-                    self.complete_target(l, Dest::Recv(t), Outcome::failed(env, e));
+                    self.complete_target(l, Dest::Recv(t), Status::failed(env, e));
                 }
                 return;
             }

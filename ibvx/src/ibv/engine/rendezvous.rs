@@ -4,8 +4,7 @@
 //! registered, the write and `RNDZ_END` queued), the `RNDZ_END` that ends the
 //! receive, and the count of a sender's unfinished starts.
 
-use xdev::devkit::Outcome;
-use xdev::{Envelope, Error, Rank};
+use xdev::{Envelope, Error, Rank, Status};
 
 use super::{rndv_window, Control, Dest, IbvEngine, Incoming, Local, Stage, Unexpected};
 use crate::ibv::wire::{Header, FLAG_FAILED};
@@ -124,9 +123,9 @@ impl IbvEngine {
                 format!("rendezvous receive from rank {src}"),
                 std::io::Error::other("the sender could not register its buffer"),
             );
-            Outcome::failed(inc.env, e)
+            Status::failed(inc.env, e)
         } else {
-            Outcome::received(inc.env, inc.len, inc.cap)
+            Status::received(inc.env, inc.len, inc.cap)
         };
         self.complete_target(l, inc.target, st);
         Ok(())
@@ -155,7 +154,7 @@ impl IbvEngine {
             };
             self.push_control(l, src, c);
             Self::rendezvous_in_ended(l, src);
-            self.complete_target(l, t, Outcome::received(env, len, cap));
+            self.complete_target(l, t, Status::received(env, len, cap));
             return;
         }
         // A registration of exactly the granted range, for this receive
@@ -206,7 +205,7 @@ impl IbvEngine {
                 };
                 self.push_control(l, src, c);
                 Self::rendezvous_in_ended(l, src);
-                self.complete_target(l, t, Outcome::failed(env, registration_error(e)));
+                self.complete_target(l, t, Status::failed(env, registration_error(e)));
             }
         }
     }
