@@ -106,13 +106,13 @@ impl Pattern {
 /// For a receive, `count` is the number of bytes delivered into the buffer and
 /// `message_len` the length the sender sent; they differ only when the message
 /// was truncated, in which case `error` is [`Error::Truncated`].
-///
-/// Six words, the error boxed inside. A four-word `Copy` status with the
-/// error beside it (in the completion) was built and measured (commit
-/// 70f03f8): the message rate at 8 B fell by 8-15% on thread and shm,
-/// because the copies of the smaller status and completion on the way to
-/// the caller became wide reloads of freshly written narrow stores (store
-/// forwarding fails), so it was reverted.
+//
+// Six words, the error boxed inside. A four-word `Copy` status with the
+// error beside it (in the completion) was built and measured (commit
+// 70f03f8): the message rate at 8 B fell by 8-15% on thread and shm,
+// because the copies of the smaller status and completion on the way to
+// the caller became wide reloads of freshly written narrow stores (store
+// forwarding fails), so it was reverted.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Status {
     /// The sender (for a send: the destination).
