@@ -377,3 +377,15 @@ fn threads_transfer_in_order() {
     }
     h.join().unwrap();
 }
+
+#[test]
+fn every_ring_size_the_devices_accept_gives_a_valid_slot_count() {
+    // `engine::ring_bytes_option` accepts 4 KiB to 1 GiB; both ends of a
+    // shm record and the thread device's rings derive their slot count from
+    // it through `slots_for_bytes`, and a ring refuses an invalid count.
+    for bytes in [4096, 4097, 6000, 65536, 3 << 20, 1 << 30] {
+        let n = slots_for_bytes(bytes);
+        assert!(valid_nslots(n), "{bytes} bytes: {n} slots");
+        assert!(n >= bytes / SLOT, "{bytes} bytes: {n} slots");
+    }
+}
