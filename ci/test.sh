@@ -127,12 +127,14 @@ fi
 step "shm-ipc ring hostile-peer property tests, debug build (integer overflow is a panic there)"
 timeout 900 cargo test -p shm-ipc --test ring_hostile
 
-step "loom models of the shm-ipc ring and the biased engine lock (shm-ipc/tests/{ring,biased}_loom.rs)"
+step "loom models of the shm-ipc ring, the biased engine lock and the request core (shm-ipc/tests/{ring,biased}_loom.rs, xdev/tests/request_loom.rs)"
 # --cfg loom changes every crate's build: its own target dir keeps the main
-# cache valid. The model itself runs in about a second; the bound is for the
-# cold build.
+# cache valid. The models themselves run in a few seconds; the bound is for
+# the cold build.
 CARGO_TARGET_DIR=target/loom RUSTFLAGS="${RUSTFLAGS:-} --cfg loom" \
   timeout 900 cargo test -p shm-ipc --release --test ring_loom --test biased_loom
+CARGO_TARGET_DIR=target/loom RUSTFLAGS="${RUSTFLAGS:-} --cfg loom" \
+  timeout 900 cargo test -p ibvx-xdev --release --test request_loom
 
 step "examples/: each example under xdev-run on shm, psm and hybrid, output checked"; bash ci/examples.sh
 

@@ -26,6 +26,7 @@ mod matching;
 mod options;
 pub mod registry;
 mod request;
+mod sync;
 mod target;
 mod types;
 

@@ -12,7 +12,9 @@
 use std::cell::UnsafeCell;
 use std::marker::PhantomData;
 use std::ops::{Deref, DerefMut};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
+
+use crate::sync::AtomicBool;
 
 /// A spin-then-yield lock around `T`.
 #[derive(Default)]
@@ -57,7 +59,17 @@ unsafe impl<T: Sync> Sync for RankGuard<'_, T> {}
 
 impl<T> RankLock<T> {
     /// A lock around `value`.
+    #[cfg(not(loom))]
     pub const fn new(value: T) -> Self {
+        RankLock {
+            locked: AtomicBool::new(false),
+            value: UnsafeCell::new(value),
+        }
+    }
+
+    /// The lock around `value` (loom's atomics have no `const` constructor).
+    #[cfg(loom)]
+    pub fn new(value: T) -> Self {
         RankLock {
             locked: AtomicBool::new(false),
             value: UnsafeCell::new(value),
@@ -77,9 +89,9 @@ impl<T> RankLock<T> {
             while self.locked.load(Ordering::Relaxed) {
                 spins += 1;
                 if spins < 128 {
-                    std::hint::spin_loop();
+                    crate::sync::spin_loop();
                 } else {
-                    std::thread::yield_now();
+                    crate::sync::yield_now();
                 }
             }
         }

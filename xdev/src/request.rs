@@ -22,10 +22,11 @@
 //! - a completion hook that panics aborts the process, since unwinding there
 //!   would leave a device half-way through a completion.
 
-use std::cell::UnsafeCell;
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, OnceLock};
+
+use crate::sync::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, UnsafeCell};
 
 mod pool;
 mod tracker;
@@ -79,14 +80,24 @@ const RELEASED: u8 = 3;
 /// - `hook` is written once by [`relay`](RequestCore::relay) before it sets
 ///   `HOOKED` with `Release`, and read by the one party that sees both
 ///   bits (see `finish` and `on_complete`);
+/// - `peek` ([`Tracker::pop_completed`]) reads the status of a done
+///   request whose handle it moved from `LIVE` to `REPORTED`, under the
+///   pool's lock; a handle that finds `REPORTED` when it lets go (an
+///   exchange, `release_handle`) leaves the core to a sweep, which takes
+///   that lock, instead of its thread's stash, so the core is not reused
+///   under the read;
 /// - a reused core is reset only by the one thread that took it from the
-///   pool, when no other reference to it exists but the pool's own (which
-///   reads only the atomics, and the status of a done `LIVE` handle under
-///   the pool's lock; see `pool`); the reset leaves the previous status in
-///   place, unread until the next completion overwrites it.
+///   pool, when no other reference to it exists but the pool's own (whose
+///   scans read only the atomics, and `peek` the status as above); the
+///   reset leaves the previous status in place, unread until the next
+///   completion overwrites it.
+///
+/// The loom model `xdev/tests/request_loom.rs` checks these rules on this
+/// code (completion against wait and reuse, `peek` against reuse, a relay's
+/// hook against the completion below).
 pub struct RequestCore {
     /// Counted references ([`CoreRef`]), the pool's own included.
-    refs: std::sync::atomic::AtomicUsize,
+    refs: AtomicUsize,
     id: AtomicU64,
     /// A [`RequestKind`] as 0 (send) or 1 (receive).
     kind: AtomicU8,
@@ -107,8 +118,10 @@ pub struct RequestCore {
     status: UnsafeCell<Option<Status>>,
     hook: UnsafeCell<Option<CompletionHook>>,
     /// The request of the device below that carries this one, once a
-    /// layered device relayed it (see [`RequestCore::relay`]).
-    below: UnsafeCell<OnceLock<(CoreRef, Arc<dyn Progress>)>>,
+    /// layered device relayed it (see [`RequestCore::relay`]). A plain
+    /// `UnsafeCell`, also under loom: what it holds is reached by
+    /// reference (`relayed_to`), and its own `OnceLock` synchronizes it.
+    below: std::cell::UnsafeCell<OnceLock<(CoreRef, Arc<dyn Progress>)>>,
 }
 
 // SAFETY: `span` points into the Buffer this core owns (an address only;
@@ -125,7 +138,7 @@ impl RequestCore {
     /// outstanding nor reported by peek), and no buffer.
     fn spare(tracker: u64) -> Self {
         RequestCore {
-            refs: std::sync::atomic::AtomicUsize::new(1),
+            refs: AtomicUsize::new(1),
             id: AtomicU64::new(0),
             kind: AtomicU8::new(0),
             tracker,
@@ -137,7 +150,7 @@ impl RequestCore {
             buf: UnsafeCell::new(None),
             status: UnsafeCell::new(None),
             hook: UnsafeCell::new(None),
-            below: UnsafeCell::new(OnceLock::new()),
+            below: std::cell::UnsafeCell::new(OnceLock::new()),
         }
     }
 
@@ -179,12 +192,18 @@ impl RequestCore {
         self.token.store(u64::MAX, Ordering::Relaxed);
         self.state.store(0, Ordering::Relaxed);
         // SAFETY: exclusive access to the cells (the caller's contract).
-        unsafe {
-            *self.span.get() = span;
-            *self.buf.get() = buf;
-            if (*self.hook.get()).is_some() {
-                *self.hook.get() = None;
+        self.span.with_mut(|s| unsafe { *s = span });
+        // SAFETY: as above.
+        self.buf.with_mut(|b| unsafe { *b = buf });
+        self.hook.with_mut(|h| {
+            // SAFETY: as above.
+            if unsafe { (*h).is_some() } {
+                // SAFETY: as above.
+                unsafe { *h = None };
             }
+        });
+        // SAFETY: as above.
+        unsafe {
             if (*self.below.get()).get().is_some() {
                 *self.below.get() = OnceLock::new();
             }
@@ -233,7 +252,7 @@ impl RequestCore {
     fn span(&self) -> (*mut u8, usize) {
         // SAFETY: `span` is written only by `reset`, which no holder of a
         // reference (we are one) can overlap.
-        unsafe { *self.span.get() }
+        self.span.with(|s| unsafe { *s })
     }
 
     /// Whether the operation has completed.
@@ -283,14 +302,14 @@ impl RequestCore {
         if hooked {
             self.finish_hooked(buf, status());
         } else {
-            // SAFETY: as the claimer we are the only one writing the cells
-            // before `done`; readers wait for `done`.
-            unsafe {
-                if let Some(b) = buf {
-                    *self.buf.get() = Some(b);
-                }
-                *self.status.get() = Some(status());
+            if let Some(b) = buf {
+                // SAFETY: as the claimer we are the only one writing the
+                // cells before `done`; readers wait for `done`.
+                self.buf.with_mut(|p| unsafe { *p = Some(b) });
             }
+            let status = status();
+            // SAFETY: as above.
+            self.status.with_mut(|p| unsafe { *p = Some(status) });
         }
         // Release: publishes the status, the buffer and all data the device
         // wrote into it.
@@ -304,10 +323,10 @@ impl RequestCore {
         // written, and our claim saw it (Acquire); `on_complete` saw our
         // CLAIMED bit was not yet set, so it left the hook to us and nobody
         // else reads it.
-        let hook = unsafe { (*self.hook.get()).take() };
+        let hook = self.hook.with_mut(|h| unsafe { (*h).take() });
         // SAFETY: as the claimer we are the only one touching `buf` before
         // `done`.
-        let own = unsafe { (*self.buf.get()).take() };
+        let own = self.buf.with_mut(|b| unsafe { (*b).take() });
         let buf = buf.or(own).unwrap_or_else(|| Buffer::from(Vec::new()));
         if let Some(hook) = hook {
             run_hook(hook, Completion { buf, status });
@@ -321,7 +340,7 @@ impl RequestCore {
     fn on_complete(&self, hook: CompletionHook) {
         // SAFETY: only this call (at most one per core, see `relay`) writes
         // the hook, and nobody reads it before HOOKED is set below.
-        unsafe { *self.hook.get() = Some(hook) };
+        self.hook.with_mut(|h| unsafe { *h = Some(hook) });
         // AcqRel: Release publishes the hook to a later claimer; Acquire
         // pairs with an earlier claim.
         let prev = self.state.fetch_or(HOOKED, Ordering::AcqRel);
@@ -331,17 +350,15 @@ impl RequestCore {
             // claim and done holds no lock and no wait), then run the hook
             // ourselves.
             while !self.is_done() {
-                std::hint::spin_loop();
+                crate::sync::spin_loop();
             }
             // SAFETY: `done` (Acquire) makes the cells' contents visible;
             // this core has no handle, so nobody else takes them.
-            let (hook, buf, status) = unsafe {
-                (
-                    (*self.hook.get()).take(),
-                    (*self.buf.get()).take(),
-                    (*self.status.get()).take(),
-                )
-            };
+            let hook = self.hook.with_mut(|h| unsafe { (*h).take() });
+            // SAFETY: as above.
+            let buf = self.buf.with_mut(|b| unsafe { (*b).take() });
+            // SAFETY: as above.
+            let status = self.status.with_mut(|s| unsafe { (*s).take() });
             if let (Some(hook), Some(status)) = (hook, status) {
                 let buf = buf.unwrap_or_else(|| Buffer::from(Vec::new()));
                 run_hook(hook, Completion { buf, status });
@@ -402,7 +419,9 @@ impl RequestCore {
         // (consuming itself) is the only one to touch `buf`; `status` is
         // only read from now on (by us and by `peek`) until the core is
         // reset, which needs the handle's reference gone.
-        let (buf, status) = unsafe { ((*self.buf.get()).take(), (*self.status.get()).clone()) };
+        let buf = self.buf.with_mut(|b| unsafe { (*b).take() });
+        // SAFETY: as above.
+        let status = self.status.with(|s| unsafe { (*s).clone() });
         let status = status.unwrap_or_else(|| {
             // Only a core whose completion went to a hook has none, and such
             // a core has no handle; stay total anyway.
@@ -419,16 +438,22 @@ impl RequestCore {
         }
     }
 
-    /// Marks the handle released, so `peek` no longer reports the request.
+    /// Marks the handle released, so `peek` no longer reports the request;
+    /// says whether `peek` had reported it (and may still be reading its
+    /// status: the caller then must not put the core back in its stash).
     #[inline]
-    fn release_handle(&self) {
-        // A plain store, no read-modify-write: `peek` only moves LIVE to
-        // REPORTED (a compare-exchange that fails once we stored), and both
-        // of us only read the status. Relaxed: what the handle did with the
-        // core is ordered before a reuse by the release of its reference
-        // (the `Arc`'s own Release decrement, which the pool's `get_mut`
-        // acquires).
-        self.handle.store(RELEASED, Ordering::Relaxed);
+    fn release_handle(&self) -> bool {
+        // An exchange, not a store: `peek` moves LIVE to REPORTED and then
+        // reads the status under the pool's lock, and the two of us must
+        // agree on who came first. Reading LIVE, peek's exchange comes
+        // after ours and fails; reading REPORTED, we leave the core to a
+        // sweep, which needs the pool's lock. (With a plain store, the
+        // loom model `tests/request_loom.rs` finds the next request's
+        // completion writing the status under peek's read.) Relaxed: the
+        // order of the exchanges on `handle` decides it; what the handle
+        // did with the core is ordered before a reuse by the release of
+        // its reference, or by the pool's lock.
+        self.handle.swap(RELEASED, Ordering::Relaxed) == REPORTED
     }
 }
 
@@ -571,24 +596,40 @@ impl Held {
     /// to this thread's stash if nobody else holds it, see
     /// [`pool::recycle`]).
     fn consume(self) -> Completion {
-        // Released first (by `into_parts`): after that, `peek` no longer
-        // reads the status we take, and the pool cannot reuse the core
-        // while we hold it.
-        let (core, engine) = self.into_parts();
+        // Released first: after that, `peek` no longer starts reading the
+        // status we take, and the pool cannot reuse the core while we hold
+        // it.
+        let (core, engine, reported) = self.release();
         let completion = core.take();
         drop(engine);
-        pool::recycle(core);
+        if reported {
+            // `peek` may still be reading the status, under the pool's
+            // lock: the core goes back by the count (a sweep, under that
+            // lock), not to this thread's stash and a new request at once.
+            drop(core);
+        } else {
+            pool::recycle(core);
+        }
         completion
     }
 
     /// Releases the handle and gives up the core and the engine, without
     /// `Held`'s own drop (which would only release the handle again).
     fn into_parts(self) -> (CoreRef, Arc<dyn Progress>) {
-        self.core.release_handle();
+        let (core, engine, _) = self.release();
+        (core, engine)
+    }
+
+    /// [`into_parts`](Held::into_parts), and whether `peek` had reported
+    /// the request (see [`RequestCore::release_handle`]).
+    #[inline]
+    fn release(self) -> (CoreRef, Arc<dyn Progress>, bool) {
+        let reported = self.core.release_handle();
         let this = std::mem::ManuallyDrop::new(self);
         // SAFETY: `this` is never used or dropped again; each field is read
         // out exactly once.
-        unsafe { (std::ptr::read(&this.core), std::ptr::read(&this.engine)) }
+        let (core, engine) = unsafe { (std::ptr::read(&this.core), std::ptr::read(&this.engine)) };
+        (core, engine, reported)
     }
 }
 
@@ -709,7 +750,7 @@ impl Request {
                 // if the engine's wait returned early.
                 while !h.core.is_done() {
                     h.engine.progress();
-                    std::thread::yield_now();
+                    crate::sync::yield_now();
                 }
                 h.consume()
             }

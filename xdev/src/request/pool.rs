@@ -14,12 +14,17 @@
 //!    as many request ids;
 //! 3. it pops one per request start and resets it without any lock: only
 //!    the pool's scans (`peek`, `outstanding`) can look at it meanwhile,
-//!    and they read its atomics only (see `RequestCore::reset`).
+//!    and they read its atomics only (`peek` reads a status too, under the
+//!    pool's lock, of a request whose handle then leaves the core to a
+//!    sweep instead of a stash: see `RequestCore` and
+//!    `Tracker::pop_completed`).
 
 use std::cell::RefCell;
 use std::marker::PhantomData;
 use std::ptr::NonNull;
-use std::sync::atomic::{fence, Ordering};
+use std::sync::atomic::Ordering;
+
+use crate::sync::fence;
 
 use super::{RequestCore, RequestId};
 
@@ -241,9 +246,16 @@ struct Stash {
     ids_left: u64,
 }
 
+#[cfg(not(loom))]
 thread_local! {
     /// This thread's stashes, most recently used first.
     static STASH: RefCell<Vec<Stash>> = const { RefCell::new(Vec::new()) };
+}
+
+// Loom runs its threads on one OS thread: their stashes are loom's locals.
+#[cfg(loom)]
+loom::thread_local! {
+    static STASH: RefCell<Vec<Stash>> = RefCell::new(Vec::new());
 }
 
 impl Stash {

@@ -552,3 +552,48 @@ fn a_kept_send_relayed_gives_its_hook_the_copy() {
     assert_eq!(&c.buf[..], &[5, 6, 7]);
     assert_ne!(c.buf.as_ptr(), at as *const u8, "the hook got the copy");
 }
+
+/// `peek` on one thread while another completes, consumes and at once
+/// reuses cores (through its stash): every status `peek` reports is the one
+/// its request was completed with (each request's tag is made from its
+/// id), and no request is reported twice. A peek that read the status of a
+/// core already reset for its next request would report another request's
+/// tag, or a status being written; the loom model
+/// (`tests/request_loom.rs`) checks the same rule in every interleaving.
+#[test]
+fn peek_beside_a_thread_that_reuses_cores_reports_each_request_its_own_status() {
+    const ROUNDS: usize = 20_000;
+    let tag_of = |id: RequestId| (id.0 % 1_000_003) as i32;
+    let t = Arc::new(Tracker::new());
+    let done = Arc::new(AtomicBool::new(false));
+    let peeker = {
+        let (t, done) = (t.clone(), done.clone());
+        std::thread::spawn(move || {
+            let mut seen = std::collections::HashSet::new();
+            while !done.load(Ordering::Acquire) {
+                if let Some(p) = t.pop_completed() {
+                    assert_eq!(p.status.tag, tag_of(p.id), "request {:?}", p.id);
+                    assert!(seen.insert(p.id), "{:?} reported twice", p.id);
+                }
+            }
+            seen.len()
+        })
+    };
+    let mut buf = Buffer::zeroed(8);
+    for _ in 0..ROUNDS {
+        let (core, handle) = t.start_request(RequestKind::Recv, buf, Arc::new(Inert));
+        let req = handle.into_request();
+        let env = Envelope {
+            tag: tag_of(req.id()),
+            ..env()
+        };
+        assert!(t.complete(&core, Status::ok(env, 8)));
+        drop(core);
+        let c = req.wait();
+        assert_eq!(c.status.tag, env.tag);
+        buf = c.buf;
+    }
+    done.store(true, Ordering::Release);
+    let reported = peeker.join().expect("the peeking thread");
+    assert!(reported <= ROUNDS);
+}

@@ -37,10 +37,17 @@ const BORN_BLOCK: u64 = 1 << 32;
 /// Blocks of ids for requests born complete, handed to threads.
 static BORN_BLOCKS: AtomicU64 = AtomicU64::new(BORN_IDS);
 
+#[cfg(not(loom))]
 thread_local! {
     /// This thread's next id for a request born complete, and the end of
     /// its block (0, 0 before its first).
     static BORN_NEXT: std::cell::Cell<(u64, u64)> = const { std::cell::Cell::new((0, 0)) };
+}
+
+// Loom runs its threads on one OS thread: each one's block is a loom local.
+#[cfg(loom)]
+loom::thread_local! {
+    static BORN_NEXT: std::cell::Cell<(u64, u64)> = std::cell::Cell::new((0, 0));
 }
 
 /// A fresh id for a request born complete, unique in the process. No
@@ -219,7 +226,7 @@ impl Tracker {
         let hooked = core.claim()?;
         // SAFETY: as the claimer we are the only one touching the cells
         // before `done`; the handle reads them only after it.
-        let kept = unsafe { (*core.buf.get()).take() };
+        let kept = core.buf.with_mut(|b| unsafe { (*b).take() });
         let copy = kept.as_ref().map(|b| Buffer::from(&b[..]));
         core.finish(hooked, copy, status);
         kept
@@ -239,21 +246,35 @@ impl Tracker {
         candidates.sort_by_key(|c| c.id());
         for core in candidates {
             // Each completion is reported once: only the one LIVE -> REPORTED
-            // exchange reports it. Relaxed: `is_done` above (Acquire) made the
-            // status visible.
+            // exchange reports it. Acquire pairs with the Release store of
+            // LIVE in `reset`: the core may have been reused since the scan
+            // above, and `done` below is then the new request's (or later).
             if core
                 .handle
-                .compare_exchange(LIVE, REPORTED, Ordering::Relaxed, Ordering::Relaxed)
+                .compare_exchange(LIVE, REPORTED, Ordering::Acquire, Ordering::Relaxed)
                 .is_err()
             {
                 continue;
             }
-            // SAFETY: the core is done (the cells are written and visible).
-            // It cannot be reset while we hold the pool's lock: a core with
-            // a LIVE handle goes back to a stash only through a sweep, under
-            // that lock. So nobody writes the status now (the handle only
-            // reads it).
-            let status = unsafe { (*core.status.get()).clone() };
+            if !core.is_done() {
+                // A request that reused the core since the scan, and is not
+                // complete yet: not ours to report. If its handle has let
+                // go meanwhile (and stored RELEASED), this fails.
+                let _ = core.handle.compare_exchange(
+                    REPORTED,
+                    LIVE,
+                    Ordering::Relaxed,
+                    Ordering::Relaxed,
+                );
+                continue;
+            }
+            // SAFETY: the request is done (Acquire just now, after the
+            // exchange that tied us to this request), so its completer's
+            // writes are over and visible. Its handle only reads the status,
+            // and the core cannot be reused while we read: the handle, which
+            // finds REPORTED when it lets go, leaves the core to a sweep,
+            // and a sweep needs the pool's lock, which we hold.
+            let status = core.status.with(|s| unsafe { (*s).clone() });
             if let Some(status) = status {
                 return Some(Peeked {
                     id: core.id(),
