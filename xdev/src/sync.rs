@@ -42,22 +42,11 @@ impl<T> UnsafeCell<T> {
     }
 }
 
-/// What a thread does between two looks at a flag another thread sets:
-/// `std::thread::yield_now`, or loom's yield (a loom thread that spins
-/// without it never lets the model switch threads).
-#[inline]
-pub(crate) fn yield_now() {
-    #[cfg(loom)]
-    loom::thread::yield_now();
-    #[cfg(not(loom))]
-    std::thread::yield_now();
-}
-
-/// A hint inside a spin; under loom, a yield (see [`yield_now`]).
-#[inline]
-pub(crate) fn spin_loop() {
-    #[cfg(loom)]
-    loom::thread::yield_now();
-    #[cfg(not(loom))]
-    std::hint::spin_loop();
-}
+// What a thread does between two looks at a flag another thread sets
+// (`yield_now`), and the hint inside a spin (`spin_loop`): `std`'s, or
+// loom's yield for both (a loom thread that spins without it never lets the
+// model switch threads).
+#[cfg(loom)]
+pub(crate) use loom::thread::{yield_now, yield_now as spin_loop};
+#[cfg(not(loom))]
+pub(crate) use std::{hint::spin_loop, thread::yield_now};
