@@ -195,11 +195,10 @@ impl RequestCore {
         self.span.with_mut(|s| unsafe { *s = span });
         // SAFETY: as above.
         self.buf.with_mut(|b| unsafe { *b = buf });
-        self.hook.with_mut(|h| {
-            // SAFETY: as above.
-            if unsafe { (*h).is_some() } {
-                // SAFETY: as above.
-                unsafe { *h = None };
+        // SAFETY: as above.
+        self.hook.with_mut(|h| unsafe {
+            if (*h).is_some() {
+                *h = None;
             }
         });
         // SAFETY: as above.
