@@ -16,6 +16,7 @@ OPTIONS:
   --device NAME      device to measure (repeatable; default: every device in this build)
   --test TEST        latency | bw | bibw | bibw_window | rate | mbw_mr | all (default: latency and bw) |
                      crossover (eager vs rendezvous by size; thread devices only);
+                     rate_split (psm only: its rate with one side raw PSM2);
                      repeatable, or a comma-separated list
   -n, --ranks N      ranks of the mbw_mr test (N/2 pairs; default 4); the other
                      tests run on 2 ranks
@@ -90,12 +91,13 @@ pub enum Parsed {
 
 /// Tests `--test` takes besides `all`; `floor` (the floors alone) is not
 /// advertised. `crossover` and `floor` run alone.
-const TESTS: [&str; 8] = [
+const TESTS: [&str; 9] = [
     "latency",
     "bw",
     "bibw",
     "bibw_window",
     "rate",
+    "rate_split",
     "mbw_mr",
     "crossover",
     "floor",

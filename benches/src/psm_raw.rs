@@ -5,15 +5,18 @@
 //! device's own endpoint and matched queue, so the device's overhead over
 //! PSM2 is measured side by side in one run.
 //!
+//! [`split_rate`] mixes the two: one side through the device, the other
+//! raw, so a gap in the message rate is put on the side that makes it.
+//!
 //! Each loop holds the queue (the device's lock) for its whole run, so the
 //! floor pays no locking per message. Raw messages use their own context
 //! (the middle tag word), which no xdev user of the benchmark uses.
 
 use ibvx::psm::layer::{MatchedQueue, MqTag, Selector};
 use ibvx::psm::RawPsm;
-use xdev::{Rank, Result};
+use xdev::{Buffer, Device, Pattern, Rank, Request, Result, Source, Tag, TagSel};
 
-use crate::{timed, WINDOW};
+use crate::{timed, BENCH_CONTEXT, WINDOW};
 
 /// Context word of raw PSM2 benchmark traffic.
 const RAW_CONTEXT: u32 = 0x5241_5750;
@@ -177,4 +180,92 @@ pub fn bibandwidth(
     })?;
     let mb = (2 * size * WINDOW * iters) as f64 / 1e6;
     Ok((me == 0).then_some(mb / secs))
+}
+
+/// Which side of [`split_rate`] goes through the psm device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DeviceSide {
+    /// Rank 0 sends through the device; rank 1 receives with raw PSM2.
+    Sender,
+    /// Rank 0 sends with raw PSM2; rank 1 receives through the device.
+    Receiver,
+}
+
+/// The message rate of [`rate`] with one side through the psm device and the
+/// other raw PSM2 (`side`), on the same endpoint: which side of the device
+/// falls short of raw PSM2. The data messages carry the device's tags (the
+/// raw side uses [`RawPsm::device_tag`] and [`RawPsm::device_selector`]);
+/// the acknowledgement is raw on both ranks. Messages per second on rank 0.
+pub fn split_rate(
+    raw: &RawPsm,
+    dev: &dyn Device,
+    side: DeviceSide,
+    (size, iters, skip): (usize, usize, usize),
+) -> Result<Option<f64>> {
+    const DATA_TAG: Tag = 7;
+    let me = raw.rank();
+    let peer = match me {
+        0 => 1,
+        1 => 0,
+        _ => return Ok(None),
+    };
+    let context = BENCH_CONTEXT + 7;
+    let wire = raw.device_tag(DATA_TAG, context, size)?;
+    let pattern = Pattern::new(Source::Rank(0), TagSel::Tag(DATA_TAG), context);
+    let sel = raw.device_selector(&pattern);
+    let through_device = match side {
+        DeviceSide::Sender => me == 0,
+        DeviceSide::Receiver => me == 1,
+    };
+    let mut bufs: Vec<Buffer> = (0..WINDOW).map(|_| Buffer::zeroed(size)).collect();
+    let mut raw_bufs: Vec<Vec<u8>> = (0..WINDOW).map(|_| vec![0x5Au8; size]).collect();
+    let mut reqs: Vec<Request> = Vec::with_capacity(WINDOW);
+    let secs = timed(iters, skip, || {
+        if through_device {
+            if me == 0 {
+                reqs.extend(bufs.drain(..).map(|b| dev.isend(b, 1, DATA_TAG, context)));
+            } else {
+                let from = Source::Rank(0);
+                let t = TagSel::Tag(DATA_TAG);
+                reqs.extend(bufs.drain(..).map(|b| dev.irecv(b, from, t, context)));
+            }
+            // Every request is waited for (and its buffer kept) before an
+            // error is returned.
+            let mut first_error = None;
+            for r in reqs.drain(..) {
+                match r.wait_ok() {
+                    Ok((buf, _)) => bufs.push(buf),
+                    Err(failed) => {
+                        let failed = *failed;
+                        bufs.push(failed.buf);
+                        first_error.get_or_insert(failed.error);
+                    }
+                }
+            }
+            if let Some(e) = first_error {
+                return Err(e);
+            }
+        } else {
+            raw.with_queue(|q| {
+                q.scope(|s| {
+                    for b in raw_bufs.iter_mut() {
+                        if me == 0 {
+                            s.isend(peer, wire, b)?;
+                        } else {
+                            s.irecv(&sel, b)?;
+                        }
+                    }
+                    s.wait_all()
+                })
+            })?;
+        }
+        raw.with_queue(|q| {
+            if me == 0 {
+                q.recv(&from(peer, 8), &mut []).map(drop)
+            } else {
+                q.send(peer, tag(8, me), &[])
+            }
+        })
+    })?;
+    Ok((me == 0).then_some((WINDOW * iters) as f64 / secs))
 }

@@ -208,3 +208,74 @@ fn the_report_has_the_message_rate_of_every_device() {
         .all(|r| r.unit == "msg/s" && r.value > 0.0 && r.floor > 0.0));
     let _ = std::fs::remove_dir_all(Path::new(&dir));
 }
+
+/// `xdev-bench --test rate_split` on psm: the message rate with the sender,
+/// then the receiver, through the device and the other side raw PSM2 on
+/// the same endpoint, each beside raw PSM2 on both sides. The data carries
+/// the device's tags on both paths: were the raw side's tags not the
+/// device's, no message would match and the run would hang, which the
+/// deadline turns into a failure.
+#[test]
+fn rate_split_puts_the_psm_device_against_raw_psm2_on_each_side() {
+    if launcher().is_none() {
+        return;
+    }
+    let mut child = Command::new(BENCH)
+        .args(["--quick", "--min-size", "8", "--max-size", "8"])
+        .args(["--test", "rate_split", "--device", "psm", "--json"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("xdev-bench starts");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(240);
+    while child.try_wait().expect("wait").is_none() {
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("rate_split on psm did not end in 240 s: a side's messages never matched");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let out = child.wait_with_output().expect("output");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if !out.status.success() && stderr.contains("cannot open device psm") {
+        println!("skipped: the psm device does not open here (libpsm2 missing?): {stderr}");
+        return;
+    }
+    assert!(out.status.success(), "{out:?}");
+    let recs = parse_results(&stdout).records;
+    for test in ["rate_send", "rate_recv"] {
+        let r: Vec<&Record> = recs
+            .iter()
+            .filter(|r| r.device == "psm-vs-raw" && r.test == test)
+            .collect();
+        assert_eq!(r.len(), 1, "one {test} record at 8 B:\n{stdout}");
+        let r = r[0];
+        assert_eq!((r.size, r.unit.as_str()), (8, "msg/s"), "{r:?}");
+        assert!(
+            r.value.is_finite() && r.value > 0.0 && r.value < 1e9,
+            "{r:?}"
+        );
+        assert!(
+            r.floor.is_finite() && r.floor > 0.0 && r.floor < 1e9,
+            "{r:?}"
+        );
+    }
+
+    // Another device says it does not measure the split, and runs on.
+    let (out, stdout) = bench(&[
+        "--quick",
+        "--max-size",
+        "8",
+        "--test",
+        "rate_split",
+        "--device",
+        "thread",
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        stdout.contains("# rate_split: skipped on thread: it splits the psm device's rate"),
+        "{stdout}"
+    );
+}

@@ -144,6 +144,25 @@ impl RawPsm {
     pub fn rank(&self) -> Rank {
         self.engine.rank
     }
+
+    /// The PSM2 tag the device gives a message of `len` bytes with `tag`
+    /// on `context`, so that raw PSM2 traffic can meet the device's: a raw
+    /// send with this tag matches the device's receives of that tag and
+    /// context (`Err` for 4 GiB or more, which PSM2 cannot carry).
+    pub fn device_tag(
+        &self,
+        tag: xdev::Tag,
+        context: xdev::Context,
+        len: usize,
+    ) -> Result<layer::MqTag> {
+        Ok(engine::tag(tag, context, layer::msg_len(len)?))
+    }
+
+    /// What the device's receive of `pattern` selects, so that a raw
+    /// receive with it takes the device's sends of that tag and context.
+    pub fn device_selector(&self, pattern: &xdev::Pattern) -> layer::Selector {
+        engine::selector(pattern)
+    }
 }
 
 impl xdev::devkit::Face for PsmDevice {
