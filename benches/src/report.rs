@@ -21,6 +21,7 @@ mod paths;
 mod plots;
 pub mod psm2_peer;
 mod records;
+mod split;
 mod tables;
 mod ucx;
 mod window;
@@ -34,6 +35,7 @@ pub use paths::{path_args, path_records, PATHS, PATH_MIN_SIZE, PATH_PREFIX};
 pub use records::{
     parse_results, parse_vm, perftest_status, Record, Results, SyscallCount, VmRun, PERFTEST_FAILED,
 };
+pub use split::{split_args, split_records, SPLIT_SIZE, SPLIT_TESTS};
 pub use tables::{DISTURBED, DISTURBED_MARK};
 pub use ucx::{
     measure_ucx, parse_perftest, PerftestError, PerftestFigures, UcxTest, UCX, UCX_INSTALL,

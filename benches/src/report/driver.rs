@@ -25,7 +25,8 @@ floors, and raw PSM2 on the psm device's endpoint), shm's bibw once more per
 rendezvous path (cma=on with the split on and off, cma=off), thread's and
 shm's bibw up to 64 KiB once more with the window calls (isend_many,
 irecv_many, wait_all; not in the headline: osu's loop posts one call per
-message), builds
+message), psm's 8-byte message rate by side (rate_split: the sender, then
+the receiver, through the device and the other side raw PSM2), builds
 benches/mpi/osu_peer.c with the mpicc of Open MPI and of MPICH where installed
 and runs it on two ranks (Open MPI a second time over PSM2, pml cm with mtl
 psm2, as the psm device's peer: as root, in a mount namespace that shows the
@@ -125,6 +126,7 @@ pub fn report_main(args: &[String], reg: &Registry) -> Result<PathBuf, String> {
     let mut results = measure_suite(&exe, r.max_size, r.quick);
     super::paths::measure_paths(&exe, r.max_size, r.quick, &mut results);
     super::window::measure_window_calls(&exe, r.max_size, r.quick, &mut results);
+    super::split::measure_split(&exe, r.quick, &mut results);
     let mut peers = vec![raw_psm2_status(&results)];
     if r.mpi || r.ucx {
         measure_floors_for_peers(&exe, r.max_size, r.quick, &mut results);

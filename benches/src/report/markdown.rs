@@ -166,6 +166,9 @@ impl Report {
             if test == "bibw" {
                 s.push_str(&self.path_section());
             }
+            if test == "rate" {
+                s.push_str(&self.split_section());
+            }
         }
     }
 
