@@ -12,6 +12,8 @@
 //! floor pays no locking per message. Raw messages use their own context
 //! (the middle tag word), which no xdev user of the benchmark uses.
 
+use std::time::{Duration, Instant};
+
 use ibvx::psm::layer::{MatchedQueue, MqTag, Selector};
 use ibvx::psm::RawPsm;
 use xdev::{Buffer, Device, Pattern, Rank, Request, Result, Source, Tag, TagSel};
@@ -75,7 +77,7 @@ pub fn bandwidth(
     iters: usize,
     skip: usize,
 ) -> Result<Option<f64>> {
-    let secs = window(raw, me, size, iters, skip, 2)?;
+    let (secs, _) = window(raw, me, size, iters, skip, 2)?;
     let mb = (size * WINDOW * iters) as f64 / 1e6;
     Ok(secs.map(|s| mb / s))
 }
@@ -91,8 +93,95 @@ pub fn bandwidth(
 /// in step when the clock starts, and rank 0's clock stops when the last
 /// acknowledgement has arrived.
 pub fn rate(raw: &RawPsm, me: Rank, size: usize, iters: usize, skip: usize) -> Result<Option<f64>> {
-    let secs = window(raw, me, size, iters, skip, 5)?;
+    let (secs, _) = window(raw, me, size, iters, skip, 5)?;
     Ok(secs.map(|s| (WINDOW * iters) as f64 / s))
+}
+
+/// [`rate`], and on rank 0 also the receiver's phases (rank 1's, handed
+/// over after the loop).
+pub fn rate_with_phases(
+    raw: &RawPsm,
+    (size, iters, skip): (usize, usize, usize),
+) -> Result<Option<(f64, ReceiverPhases)>> {
+    let me = raw.rank();
+    let (secs, phases) = window(raw, me, size, iters, skip, 5)?;
+    let phases = gather_phases(raw, phases)?;
+    Ok(secs
+        .zip(phases)
+        .map(|(s, p)| ((WINDOW * iters) as f64 / s, p)))
+}
+
+/// Where the receiving rank (rank 1) of a rate loop spent its time, per
+/// message of the timed windows: posting the window's receives, and waiting
+/// for them all.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct ReceiverPhases {
+    /// Nanoseconds per message in the posting calls.
+    pub post_ns: f64,
+    /// Nanoseconds per message from the last post to the last completion.
+    pub wait_ns: f64,
+}
+
+/// Adds up the phases of a loop's windows, from the first timed one (the
+/// `skip` warm-up windows are left out). Three clock reads per window.
+struct PhaseClock {
+    skip: usize,
+    seen: usize,
+    post: Duration,
+    wait: Duration,
+}
+
+impl PhaseClock {
+    fn new(skip: usize) -> Self {
+        PhaseClock {
+            skip,
+            seen: 0,
+            post: Duration::ZERO,
+            wait: Duration::ZERO,
+        }
+    }
+
+    /// A window that started posting at `start`, had posted everything at
+    /// `posted` and had every completion at `end`.
+    fn add(&mut self, start: Instant, posted: Instant, end: Instant) {
+        self.seen += 1;
+        if self.seen > self.skip {
+            self.post += posted - start;
+            self.wait += end - posted;
+        }
+    }
+
+    fn per_message(&self) -> ReceiverPhases {
+        let n = (self.seen.saturating_sub(self.skip) * WINDOW).max(1) as f64;
+        ReceiverPhases {
+            post_ns: self.post.as_nanos() as f64 / n,
+            wait_ns: self.wait.as_nanos() as f64 / n,
+        }
+    }
+}
+
+/// Rank 1 hands its `phases` to rank 0 (raw PSM2, tag 9): rank 0's result
+/// is rank 1's phases, the other ranks' `None`.
+fn gather_phases(raw: &RawPsm, phases: ReceiverPhases) -> Result<Option<ReceiverPhases>> {
+    raw.with_queue(|q| match raw.rank() {
+        0 => {
+            let mut b = [0u8; 16];
+            q.recv(&from(1, 9), &mut b)?;
+            let (post, wait) = b.split_at(8);
+            let f = |x: &[u8]| f64::from_le_bytes(x.try_into().expect("8 bytes"));
+            Ok(Some(ReceiverPhases {
+                post_ns: f(post),
+                wait_ns: f(wait),
+            }))
+        }
+        1 => {
+            let mut b = [0u8; 16];
+            b[..8].copy_from_slice(&phases.post_ns.to_le_bytes());
+            b[8..].copy_from_slice(&phases.wait_ns.to_le_bytes());
+            q.send(0, tag(9, 1), &b).map(|()| None)
+        }
+        _ => Ok(None),
+    })
 }
 
 /// One window of [`window`]: rank 0 sends every buffer, rank 1 receives
@@ -104,8 +193,11 @@ fn one_window(
     peer: Rank,
     t: u32,
     bufs: &mut [Vec<u8>],
+    clock: &mut PhaseClock,
 ) -> Result<()> {
-    q.scope(|s| {
+    let start = Instant::now();
+    let mut posted = start;
+    let r = q.scope(|s| {
         for b in bufs.iter_mut() {
             if me == 0 {
                 s.isend(peer, tag(t, me), b)?;
@@ -113,12 +205,16 @@ fn one_window(
                 s.irecv(&from(peer, t), b)?;
             }
         }
+        posted = Instant::now();
         s.wait_all()
-    })
+    });
+    clock.add(start, posted, Instant::now());
+    r
 }
 
 /// The loop of [`bandwidth`] and [`rate`], data messages tagged `t`, the
-/// acknowledgement `t + 1`: seconds of the timed iterations on rank 0.
+/// acknowledgement `t + 1`: seconds of the timed iterations on rank 0, and
+/// this rank's phases (rank 1's are the receiver's).
 fn window(
     raw: &RawPsm,
     me: Rank,
@@ -126,16 +222,17 @@ fn window(
     iters: usize,
     skip: usize,
     t: u32,
-) -> Result<Option<f64>> {
+) -> Result<(Option<f64>, ReceiverPhases)> {
     let peer = match me {
         0 => 1,
         1 => 0,
-        _ => return Ok(None),
+        _ => return Ok((None, ReceiverPhases::default())),
     };
     let mut bufs: Vec<Vec<u8>> = (0..WINDOW).map(|_| vec![0x5Au8; size]).collect();
+    let mut clock = PhaseClock::new(skip);
     let secs = raw.with_queue(|q| {
         timed(iters, skip, || {
-            one_window(q, me, peer, t, &mut bufs)?;
+            one_window(q, me, peer, t, &mut bufs, &mut clock)?;
             if me == 0 {
                 q.recv(&from(peer, t + 1), &mut []).map(drop)
             } else {
@@ -143,7 +240,7 @@ fn window(
             }
         })
     })?;
-    Ok((me == 0).then_some(secs))
+    Ok(((me == 0).then_some(secs), clock.per_message()))
 }
 
 /// Raw PSM2 osu_bibw, as [`crate::bibandwidth`]: both ranks post `WINDOW`
@@ -195,13 +292,16 @@ pub enum DeviceSide {
 /// other raw PSM2 (`side`), on the same endpoint: which side of the device
 /// falls short of raw PSM2. The data messages carry the device's tags (the
 /// raw side uses [`RawPsm::device_tag`] and [`RawPsm::device_selector`]);
-/// the acknowledgement is raw on both ranks. Messages per second on rank 0.
+/// the acknowledgement is raw on both ranks. The raw side takes the device's
+/// lock once per window and once per acknowledgement (the device's side
+/// takes it in its own calls), where the other loops hold it throughout.
+/// Messages per second on rank 0, with the receiver's phases.
 pub fn split_rate(
     raw: &RawPsm,
     dev: &dyn Device,
     side: DeviceSide,
     (size, iters, skip): (usize, usize, usize),
-) -> Result<Option<f64>> {
+) -> Result<Option<(f64, ReceiverPhases)>> {
     const DATA_TAG: Tag = 7;
     let me = raw.rank();
     let peer = match me {
@@ -220,7 +320,10 @@ pub fn split_rate(
     let mut bufs: Vec<Buffer> = (0..WINDOW).map(|_| Buffer::zeroed(size)).collect();
     let mut raw_bufs: Vec<Vec<u8>> = (0..WINDOW).map(|_| vec![0x5Au8; size]).collect();
     let mut reqs: Vec<Request> = Vec::with_capacity(WINDOW);
+    let mut clock = PhaseClock::new(skip);
     let secs = timed(iters, skip, || {
+        let start = Instant::now();
+        let mut posted = start;
         if through_device {
             if me == 0 {
                 reqs.extend(bufs.drain(..).map(|b| dev.isend(b, 1, DATA_TAG, context)));
@@ -229,6 +332,7 @@ pub fn split_rate(
                 let t = TagSel::Tag(DATA_TAG);
                 reqs.extend(bufs.drain(..).map(|b| dev.irecv(b, from, t, context)));
             }
+            posted = Instant::now();
             // Every request is waited for (and its buffer kept) before an
             // error is returned.
             let mut first_error = None;
@@ -242,6 +346,7 @@ pub fn split_rate(
                     }
                 }
             }
+            clock.add(start, posted, Instant::now());
             if let Some(e) = first_error {
                 return Err(e);
             }
@@ -255,9 +360,11 @@ pub fn split_rate(
                             s.irecv(&sel, b)?;
                         }
                     }
+                    posted = Instant::now();
                     s.wait_all()
                 })
             })?;
+            clock.add(start, posted, Instant::now());
         }
         raw.with_queue(|q| {
             if me == 0 {
@@ -267,5 +374,6 @@ pub fn split_rate(
             }
         })
     })?;
-    Ok((me == 0).then_some((WINDOW * iters) as f64 / secs))
+    let phases = gather_phases(raw, clock.per_message())?;
+    Ok(phases.map(|p| ((WINDOW * iters) as f64 / secs, p)))
 }

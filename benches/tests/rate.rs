@@ -262,6 +262,21 @@ fn rate_split_puts_the_psm_device_against_raw_psm2_on_each_side() {
             "{r:?}"
         );
     }
+    // The receiving rank's phases, per message: posting and waiting, with
+    // the receiver through the device (value) and raw (floor). A message
+    // takes more than a nanosecond and less than a millisecond in each.
+    for test in ["rate_recv_post", "rate_recv_wait"] {
+        let r: Vec<&Record> = recs
+            .iter()
+            .filter(|r| r.device == "psm-vs-raw" && r.test == test)
+            .collect();
+        assert_eq!(r.len(), 1, "one {test} record at 8 B:\n{stdout}");
+        let r = r[0];
+        assert_eq!((r.size, r.unit.as_str()), (8, "ns"), "{r:?}");
+        for ns in [r.value, r.floor] {
+            assert!(ns.is_finite() && ns > 1.0 && ns < 1e6, "{r:?}");
+        }
+    }
 
     // Another device says it does not measure the split, and runs on.
     let (out, stdout) = bench(&[

@@ -1,8 +1,9 @@
 //! The psm device's message rate split by side in the report: the rate
 //! loop with only the sender, then only the receiver, through the device
 //! and the other side raw PSM2 (`--test rate_split`, at 8 bytes), against
-//! raw PSM2 on both sides. It says which side of the device holds its rate
-//! below raw PSM2's; not in the headline.
+//! raw PSM2 on both sides, and the receiving rank's time per message
+//! posting and waiting. It says which side of the device holds its rate
+//! below raw PSM2's, and in which phase; not in the headline.
 
 use std::fmt::Write as _;
 use std::path::Path;
@@ -34,11 +35,22 @@ pub fn split_args(quick: bool) -> Vec<String> {
     a
 }
 
+/// The `psm-vs-raw` records of the receiving rank's time per message with
+/// the receiver through the device (value) and with raw PSM2 on both sides
+/// (floor): posting the window's receives, and waiting for them.
+pub const PHASE_TESTS: [(&str, &str); 2] =
+    [("rate_recv_post", "posting"), ("rate_recv_wait", "waiting")];
+
 /// The split's records in `text` (a split run's output).
 pub fn split_records(text: &str) -> Results {
     let mut r = parse_results(text);
-    r.records
-        .retain(|x| x.device == PSM_VS_RAW && SPLIT_TESTS.iter().any(|(t, _)| *t == x.test));
+    r.records.retain(|x| {
+        x.device == PSM_VS_RAW
+            && SPLIT_TESTS
+                .iter()
+                .chain(&PHASE_TESTS)
+                .any(|(t, _)| *t == x.test)
+    });
     r
 }
 
@@ -73,14 +85,7 @@ impl Report {
     pub(super) fn split_section(&self) -> String {
         let recs: Vec<_> = SPLIT_TESTS
             .iter()
-            .filter_map(|(t, name)| {
-                let r = self
-                    .results
-                    .records
-                    .iter()
-                    .find(|x| x.device == PSM_VS_RAW && x.test == *t && x.size == SPLIT_SIZE)?;
-                Some((name, r))
-            })
+            .filter_map(|(t, name)| Some((name, self.record(t)?)))
             .collect();
         if recs.is_empty() {
             return String::new();
@@ -106,8 +111,33 @@ impl Report {
                 r.floor / 1e6
             );
         }
+        let phases: Vec<String> = PHASE_TESTS
+            .iter()
+            .filter_map(|(t, what)| {
+                let r = self.record(t)?;
+                Some(format!(
+                    "{what} {:.0} ns (raw PSM2: {:.0} ns)",
+                    r.value, r.floor
+                ))
+            })
+            .collect();
+        if !phases.is_empty() {
+            let _ = write!(
+                s,
+                "\nPer message on the receiving rank, with the receiver through the device: {}.\n",
+                phases.join(", ")
+            );
+        }
         s.push('\n');
         s
+    }
+
+    /// The split's `psm-vs-raw` record of `test`.
+    fn record(&self, test: &str) -> Option<&super::Record> {
+        self.results
+            .records
+            .iter()
+            .find(|x| x.device == PSM_VS_RAW && x.test == test && x.size == SPLIT_SIZE)
     }
 }
 

@@ -165,47 +165,76 @@ impl Peer<'_> {
     /// The message rate with one side through the device and the other raw
     /// PSM2 ([`psm_raw::split_rate`]), each beside raw PSM2 on both sides,
     /// in one run: the side whose rate stays near raw's is not the one that
-    /// holds the device back.
+    /// holds the device back. Each row also has the receiving rank's time
+    /// per message posting receives and waiting for them (best round's).
     fn rate_split(&self) -> Result<(), String> {
-        let (a, psm, raw, rank, report) = (self.a, self.psm, &self.raw, self.rank, self.report);
+        let (a, psm, raw, report) = (self.a, self.psm, &self.raw, self.report);
         if report && !a.json {
             println!(
-                "\n# Message rate of the psm device split by side [ window size: {WINDOW} ]\n# Each side through the device against raw PSM2 on the other (the floor column: raw on both)\n{:<10}{:<22}{:>20}{:>20}{:>12}",
-                "# Size", "Through the device", "Messages/s", "Raw PSM2(msg/s)", "Ratio"
+                "\n# Message rate of the psm device split by side [ window size: {WINDOW} ]\n# Each side through the device against raw PSM2 on the other (the floor column: raw on both);\n# the receiving rank's ns per message posting receives and waiting for them\n{:<10}{:<22}{:>16}{:>20}{:>8}{:>12}{:>12}",
+                "# Size", "Through the device", "Messages/s", "Raw PSM2(msg/s)", "Ratio", "Post(ns)", "Wait(ns)"
             );
         }
         let sides = [
             (psm_raw::DeviceSide::Sender, "sender", "rate_send"),
             (psm_raw::DeviceSide::Receiver, "receiver", "rate_recv"),
         ];
+        // The best round of each loop (by rate), with its phases.
+        type Best = Option<(f64, psm_raw::ReceiverPhases)>;
+        let keep = |best: Best, new: Best| match (best, new) {
+            (Some(b), Some(n)) if b.0 >= n.0 => Some(b),
+            (b, None) => b,
+            (_, n) => n,
+        };
         for size in a.sizes().into_iter().filter(|&s| s > 0) {
             let (n, skip) = a.counts(bandwidth_iterations(size));
-            let mut raw_rate = None;
-            let mut split = [None, None];
+            let mut raw_best: Best = None;
+            let mut split: [Best; 2] = [None, None];
             for _ in 0..rounds(a) {
-                let r = psm_raw::rate(raw, rank, size, n, skip).map_err(e)?;
-                raw_rate = best(raw_rate, r, f64::max);
-                for (best_rate, (side, ..)) in split.iter_mut().zip(sides) {
+                let r = psm_raw::rate_with_phases(raw, (size, n, skip)).map_err(e)?;
+                raw_best = keep(raw_best, r);
+                for (best, (side, ..)) in split.iter_mut().zip(sides) {
                     let d = psm_raw::split_rate(raw, psm, side, (size, n, skip)).map_err(e)?;
-                    *best_rate = best(*best_rate, d, f64::max);
+                    *best = keep(*best, d);
                 }
             }
-            if report {
-                let r = figure(raw_rate)?;
-                for (rate, (_, name, test)) in split.into_iter().zip(sides) {
-                    let d = figure(rate)?;
-                    if a.json {
-                        println!("{}", osu::json("psm-vs-raw", test, size, d, "msg/s", r));
-                    } else {
-                        println!(
-                            "{:<10}{:<22}{:>20.2}{:>20.2}{:>12.2}",
-                            size,
-                            name,
-                            d,
-                            r,
-                            d / r
-                        );
-                    }
+            if !report {
+                continue;
+            }
+            let no_figure = || "rank 0 gave no figure".to_string();
+            let (r, rp) = raw_best.ok_or_else(no_figure)?;
+            let row = |name: &str, d: f64, p: psm_raw::ReceiverPhases| {
+                println!(
+                    "{:<10}{:<22}{:>16.2}{:>20.2}{:>8.2}{:>12.1}{:>12.1}",
+                    size,
+                    name,
+                    d,
+                    r,
+                    d / r,
+                    p.post_ns,
+                    p.wait_ns
+                )
+            };
+            if !a.json {
+                row("neither (raw PSM2)", r, rp);
+            }
+            for (best, (_, name, test)) in split.into_iter().zip(sides) {
+                let (d, p) = best.ok_or_else(no_figure)?;
+                if !a.json {
+                    row(name, d, p);
+                    continue;
+                }
+                println!("{}", osu::json("psm-vs-raw", test, size, d, "msg/s", r));
+                if test == "rate_recv" {
+                    let (post, wait) = ("rate_recv_post", "rate_recv_wait");
+                    println!(
+                        "{}",
+                        osu::json("psm-vs-raw", post, size, p.post_ns, "ns", rp.post_ns)
+                    );
+                    println!(
+                        "{}",
+                        osu::json("psm-vs-raw", wait, size, p.wait_ns, "ns", rp.wait_ns)
+                    );
                 }
             }
         }
