@@ -7,6 +7,7 @@
 //! builds it; with `-p xdev-bench` alone, `cargo build -p xdev-tools` in the same
 //! profile first); a test that cannot run them says `skipped: why`.
 
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
@@ -220,7 +221,10 @@ fn rate_split_puts_the_psm_device_against_raw_psm2_on_each_side() {
     if launcher().is_none() {
         return;
     }
+    // In a process group of its own, so that the deadline ends its ranks
+    // too (they inherit the group).
     let mut child = Command::new(BENCH)
+        .process_group(0)
         .args(["--quick", "--min-size", "8", "--max-size", "8"])
         .args(["--test", "rate_split", "--device", "psm", "--json"])
         .stdin(Stdio::null())
@@ -231,7 +235,10 @@ fn rate_split_puts_the_psm_device_against_raw_psm2_on_each_side() {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(240);
     while child.try_wait().expect("wait").is_none() {
         if std::time::Instant::now() > deadline {
+            let group = format!("-{}", child.id());
+            let _ = Command::new("kill").args(["-KILL", "--", &group]).status();
             let _ = child.kill();
+            let _ = child.wait();
             panic!("rate_split on psm did not end in 240 s: a side's messages never matched");
         }
         std::thread::sleep(std::time::Duration::from_millis(100));
