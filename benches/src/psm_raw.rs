@@ -77,7 +77,7 @@ pub fn bandwidth(
     iters: usize,
     skip: usize,
 ) -> Result<Option<f64>> {
-    let (secs, _) = window(raw, me, size, iters, skip, 2)?;
+    let (secs, _) = window(raw, me, size, iters, skip, 2, false)?;
     let mb = (size * WINDOW * iters) as f64 / 1e6;
     Ok(secs.map(|s| mb / s))
 }
@@ -93,7 +93,7 @@ pub fn bandwidth(
 /// in step when the clock starts, and rank 0's clock stops when the last
 /// acknowledgement has arrived.
 pub fn rate(raw: &RawPsm, me: Rank, size: usize, iters: usize, skip: usize) -> Result<Option<f64>> {
-    let (secs, _) = window(raw, me, size, iters, skip, 5)?;
+    let (secs, _) = window(raw, me, size, iters, skip, 5, false)?;
     Ok(secs.map(|s| (WINDOW * iters) as f64 / s))
 }
 
@@ -104,7 +104,7 @@ pub fn rate_with_phases(
     (size, iters, skip): (usize, usize, usize),
 ) -> Result<Option<(f64, ReceiverPhases)>> {
     let me = raw.rank();
-    let (secs, phases) = window(raw, me, size, iters, skip, 5)?;
+    let (secs, phases) = window(raw, me, size, iters, skip, 5, true)?;
     let phases = gather_phases(raw, phases)?;
     Ok(secs
         .zip(phases)
@@ -193,9 +193,12 @@ fn one_window(
     peer: Rank,
     t: u32,
     bufs: &mut [Vec<u8>],
-    clock: &mut PhaseClock,
+    clock: Option<&mut PhaseClock>,
 ) -> Result<()> {
-    let start = Instant::now();
+    // The clock is read only when the phases are asked for (`rate` and
+    // `bandwidth`, the device's floors, read none).
+    let now = |on: bool| on.then(Instant::now);
+    let start = now(clock.is_some());
     let mut posted = start;
     let r = q.scope(|s| {
         for b in bufs.iter_mut() {
@@ -205,16 +208,19 @@ fn one_window(
                 s.irecv(&from(peer, t), b)?;
             }
         }
-        posted = Instant::now();
+        posted = now(clock.is_some());
         s.wait_all()
     });
-    clock.add(start, posted, Instant::now());
+    if let (Some(clock), Some(start), Some(posted)) = (clock, start, posted) {
+        clock.add(start, posted, Instant::now());
+    }
     r
 }
 
 /// The loop of [`bandwidth`] and [`rate`], data messages tagged `t`, the
 /// acknowledgement `t + 1`: seconds of the timed iterations on rank 0, and
-/// this rank's phases (rank 1's are the receiver's).
+/// with `phases` this rank's phases (rank 1's are the receiver's; zero
+/// without).
 fn window(
     raw: &RawPsm,
     me: Rank,
@@ -222,6 +228,7 @@ fn window(
     iters: usize,
     skip: usize,
     t: u32,
+    phases: bool,
 ) -> Result<(Option<f64>, ReceiverPhases)> {
     let peer = match me {
         0 => 1,
@@ -229,10 +236,10 @@ fn window(
         _ => return Ok((None, ReceiverPhases::default())),
     };
     let mut bufs: Vec<Vec<u8>> = (0..WINDOW).map(|_| vec![0x5Au8; size]).collect();
-    let mut clock = PhaseClock::new(skip);
+    let mut clock = phases.then(|| PhaseClock::new(skip));
     let secs = raw.with_queue(|q| {
         timed(iters, skip, || {
-            one_window(q, me, peer, t, &mut bufs, &mut clock)?;
+            one_window(q, me, peer, t, &mut bufs, clock.as_mut())?;
             if me == 0 {
                 q.recv(&from(peer, t + 1), &mut []).map(drop)
             } else {
@@ -240,7 +247,8 @@ fn window(
             }
         })
     })?;
-    Ok(((me == 0).then_some(secs), clock.per_message()))
+    let phases = clock.map_or_else(ReceiverPhases::default, |c| c.per_message());
+    Ok(((me == 0).then_some(secs), phases))
 }
 
 /// Raw PSM2 osu_bibw, as [`crate::bibandwidth`]: both ranks post `WINDOW`
