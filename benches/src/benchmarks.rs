@@ -282,7 +282,7 @@ pub fn message_rate(
 
 /// A rank's part in an osu_bw window, with its partner's rank.
 #[derive(Clone, Copy)]
-enum Side {
+pub(crate) enum Side {
     Sender(Rank),
     Receiver(Rank),
 }
@@ -302,6 +302,27 @@ fn window(
     c: u32,
 ) -> xdev::Result<()> {
     let ack = tag + 1;
+    post_window(dev, side, bufs, reqs, tag, c);
+    wait_window(bufs, reqs)?;
+    match side {
+        Side::Sender(to) => dev
+            .recv(&mut [], Source::Rank(to), TagSel::Tag(ack), c)
+            .map(drop),
+        Side::Receiver(from) => dev.send(&[], from, ack, c),
+    }
+}
+
+/// The posts of a [`window`]: a non-blocking send (sender) or receive
+/// (receiver) of each buffer of `bufs`, tag `tag`, into `reqs`.
+#[inline]
+pub(crate) fn post_window(
+    dev: &dyn Device,
+    side: Side,
+    bufs: &mut Vec<Buffer>,
+    reqs: &mut Vec<Request>,
+    tag: i32,
+    c: u32,
+) {
     match side {
         Side::Sender(to) => reqs.extend(bufs.drain(..).map(|b| dev.isend(b, to, tag, c))),
         Side::Receiver(from) => reqs.extend(
@@ -309,16 +330,17 @@ fn window(
                 .map(|b| dev.irecv(b, Source::Rank(from), TagSel::Tag(tag), c)),
         ),
     }
+}
+
+/// The waits of a [`window`]: every request of `reqs` in order, its buffer
+/// back to `bufs`; the first failed one is the error.
+#[inline]
+pub(crate) fn wait_window(bufs: &mut Vec<Buffer>, reqs: &mut Vec<Request>) -> xdev::Result<()> {
     for r in reqs.drain(..) {
         let (b, _) = r.wait().into_result()?;
         bufs.push(b);
     }
-    match side {
-        Side::Sender(to) => dev
-            .recv(&mut [], Source::Rank(to), TagSel::Tag(ack), c)
-            .map(drop),
-        Side::Receiver(from) => dev.send(&[], from, ack, c),
-    }
+    Ok(())
 }
 
 /// The loop of [`multi_bandwidth`] and [`message_rate`] with `pairs` pairs

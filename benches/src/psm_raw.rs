@@ -18,6 +18,7 @@ use ibvx::psm::layer::{MatchedQueue, MqTag, Selector};
 use ibvx::psm::RawPsm;
 use xdev::{Buffer, Device, Pattern, Rank, Request, Result, Source, Tag, TagSel};
 
+use crate::benchmarks::{post_window, wait_window, Side};
 use crate::{timed, BENCH_CONTEXT, WINDOW};
 
 /// Context word of raw PSM2 benchmark traffic.
@@ -184,14 +185,15 @@ fn gather_phases(raw: &RawPsm, phases: ReceiverPhases) -> Result<Option<Receiver
     })
 }
 
-/// One window of [`window`]: rank 0 sends every buffer, rank 1 receives
-/// into every one, and both wait for all (the scope waits for every posted
+/// One window of [`window`] (and of [`split_rate`]'s raw side): rank 0
+/// sends every buffer with `send_tag`, rank 1 receives into every one with
+/// `recv_sel`, and both wait for all (the scope waits for every posted
 /// request even after an error, so none outlives its buffer).
 fn one_window(
     q: &mut MatchedQueue,
     me: Rank,
     peer: Rank,
-    t: u32,
+    (send_tag, recv_sel): (MqTag, &Selector),
     bufs: &mut [Vec<u8>],
     clock: Option<&mut PhaseClock>,
 ) -> Result<()> {
@@ -203,9 +205,9 @@ fn one_window(
     let r = q.scope(|s| {
         for b in bufs.iter_mut() {
             if me == 0 {
-                s.isend(peer, tag(t, me), b)?;
+                s.isend(peer, send_tag, b)?;
             } else {
-                s.irecv(&from(peer, t), b)?;
+                s.irecv(recv_sel, b)?;
             }
         }
         posted = now(clock.is_some());
@@ -239,7 +241,8 @@ fn window(
     let mut clock = phases.then(|| PhaseClock::new(skip));
     let secs = raw.with_queue(|q| {
         timed(iters, skip, || {
-            one_window(q, me, peer, t, &mut bufs, clock.as_mut())?;
+            let on_the_wire = (tag(t, me), &from(peer, t));
+            one_window(q, me, peer, on_the_wire, &mut bufs, clock.as_mut())?;
             if me == 0 {
                 q.recv(&from(peer, t + 1), &mut []).map(drop)
             } else {
@@ -329,50 +332,22 @@ pub fn split_rate(
     let mut raw_bufs: Vec<Vec<u8>> = (0..WINDOW).map(|_| vec![0x5Au8; size]).collect();
     let mut reqs: Vec<Request> = Vec::with_capacity(WINDOW);
     let mut clock = PhaseClock::new(skip);
+    let dev_side = match me {
+        0 => Side::Sender(peer),
+        _ => Side::Receiver(peer),
+    };
     let secs = timed(iters, skip, || {
-        let start = Instant::now();
-        let mut posted = start;
         if through_device {
-            if me == 0 {
-                reqs.extend(bufs.drain(..).map(|b| dev.isend(b, 1, DATA_TAG, context)));
-            } else {
-                let from = Source::Rank(0);
-                let t = TagSel::Tag(DATA_TAG);
-                reqs.extend(bufs.drain(..).map(|b| dev.irecv(b, from, t, context)));
-            }
-            posted = Instant::now();
-            // Every request is waited for (and its buffer kept) before an
-            // error is returned.
-            let mut first_error = None;
-            for r in reqs.drain(..) {
-                match r.wait_ok() {
-                    Ok((buf, _)) => bufs.push(buf),
-                    Err(failed) => {
-                        let failed = *failed;
-                        bufs.push(failed.buf);
-                        first_error.get_or_insert(failed.error);
-                    }
-                }
-            }
+            let start = Instant::now();
+            post_window(dev, dev_side, &mut bufs, &mut reqs, DATA_TAG, context);
+            let posted = Instant::now();
+            wait_window(&mut bufs, &mut reqs)?;
             clock.add(start, posted, Instant::now());
-            if let Some(e) = first_error {
-                return Err(e);
-            }
         } else {
+            let on_the_wire = (wire, &sel);
             raw.with_queue(|q| {
-                q.scope(|s| {
-                    for b in raw_bufs.iter_mut() {
-                        if me == 0 {
-                            s.isend(peer, wire, b)?;
-                        } else {
-                            s.irecv(&sel, b)?;
-                        }
-                    }
-                    posted = Instant::now();
-                    s.wait_all()
-                })
+                one_window(q, me, peer, on_the_wire, &mut raw_bufs, Some(&mut clock))
             })?;
-            clock.add(start, posted, Instant::now());
         }
         raw.with_queue(|q| {
             if me == 0 {
