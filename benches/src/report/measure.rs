@@ -18,12 +18,12 @@ pub const MPI_INSTALL: &str = "apt-get install openmpi-bin libopenmpi-dev mpich 
 
 /// Runs `exe` with `args` as the series `series` (a run of its own beside
 /// the suite's, within 30 minutes) and adds what `records` makes of its
-/// output to `results`; a run that gave no bibw is listed as not measured,
-/// with the first reason it printed.
+/// output to `results`; a run that gave no `test` records is listed as not
+/// measured, with the first reason it printed.
 pub(super) fn measure_series(
     exe: &Path,
     args: Vec<String>,
-    series: &str,
+    (series, test): (&str, &str),
     records: impl FnOnce(&str) -> Results,
     results: &mut Results,
 ) {
@@ -40,7 +40,7 @@ pub(super) fn measure_series(
         let why = r.not_measured.first().map_or("no records", |(_, w)| w);
         results
             .not_measured
-            .push((series.into(), format!("its run gave no bibw: {why}")));
+            .push((series.into(), format!("its run gave no {test}: {why}")));
     }
     results.records.extend(r.records);
 }

@@ -73,7 +73,7 @@ pub(super) fn measure_paths(exe: &Path, max_size: usize, quick: bool, results: &
         measure_series(
             exe,
             args,
-            series,
+            (series, "bibw"),
             |text| path_records(text, series),
             results,
         );

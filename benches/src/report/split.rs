@@ -8,7 +8,7 @@
 use std::fmt::Write as _;
 use std::path::Path;
 
-use super::measure::run_captured;
+use super::measure::measure_series;
 use super::records::{parse_results, Results};
 use super::{Report, PSM_VS_RAW};
 
@@ -61,22 +61,13 @@ pub(super) fn measure_split(exe: &Path, quick: bool, results: &mut Results) {
         return;
     }
     eprintln!("report: measuring psm's message rate by side (rate_split)");
-    let (text, status) = run_captured(
-        std::process::Command::new(exe).args(split_args(quick)),
-        std::time::Duration::from_secs(600),
-        |_| {},
+    measure_series(
+        exe,
+        split_args(quick),
+        ("psm by side", "rate_split"),
+        split_records,
+        results,
     );
-    if let Err(e) = status {
-        eprintln!("report: rate_split: {e}");
-    }
-    let r = split_records(&text);
-    if r.records.is_empty() {
-        results.not_measured.push((
-            "psm by side".into(),
-            "its run (--test rate_split) gave no records".into(),
-        ));
-    }
-    results.records.extend(r.records);
 }
 
 impl Report {

@@ -67,7 +67,7 @@ pub(super) fn measure_window_calls(
         measure_series(
             exe,
             args,
-            &series,
+            (&series, "bibw"),
             |text| window_records(text, device),
             results,
         );
