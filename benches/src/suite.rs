@@ -17,7 +17,7 @@ pub(crate) use psm_vs_raw::run_psm_vs_raw;
 
 /// The better of two figures where one side may have none (`None` is "not
 /// measured on this rank").
-pub(crate) fn best(acc: Option<f64>, x: Option<f64>, better: fn(f64, f64) -> f64) -> Option<f64> {
+pub(crate) fn best<T>(acc: Option<T>, x: Option<T>, better: fn(T, T) -> T) -> Option<T> {
     match (acc, x) {
         (Some(a), Some(x)) => Some(better(a, x)),
         (a, x) => a.or(x),
@@ -25,7 +25,7 @@ pub(crate) fn best(acc: Option<f64>, x: Option<f64>, better: fn(f64, f64) -> f64
 }
 
 /// Rank 0's figure, or the error that it gave none.
-pub(crate) fn figure(x: Option<f64>) -> Result<f64, String> {
+pub(crate) fn figure<T>(x: Option<T>) -> Result<T, String> {
     x.ok_or_else(|| "rank 0 gave no figure".to_string())
 }
 

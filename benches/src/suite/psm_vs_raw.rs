@@ -181,28 +181,23 @@ impl Peer<'_> {
         ];
         // The best round of each loop (by rate), with its phases.
         type Best = Option<(f64, psm_raw::ReceiverPhases)>;
-        let keep = |best: Best, new: Best| match (best, new) {
-            (Some(b), Some(n)) if b.0 >= n.0 => Some(b),
-            (b, None) => b,
-            (_, n) => n,
-        };
+        let faster = |a: (f64, _), b: (f64, _)| if a.0 >= b.0 { a } else { b };
         for size in a.sizes().into_iter().filter(|&s| s > 0) {
             let (n, skip) = a.counts(bandwidth_iterations(size));
             let mut raw_best: Best = None;
             let mut split: [Best; 2] = [None, None];
             for _ in 0..rounds(a) {
                 let r = psm_raw::rate_with_phases(raw, (size, n, skip)).map_err(e)?;
-                raw_best = keep(raw_best, r);
-                for (best, (side, ..)) in split.iter_mut().zip(sides) {
+                raw_best = best(raw_best, r, faster);
+                for (kept, (side, ..)) in split.iter_mut().zip(sides) {
                     let d = psm_raw::split_rate(raw, psm, side, (size, n, skip)).map_err(e)?;
-                    *best = keep(*best, d);
+                    *kept = best(*kept, d, faster);
                 }
             }
             if !report {
                 continue;
             }
-            let no_figure = || "rank 0 gave no figure".to_string();
-            let (r, rp) = raw_best.ok_or_else(no_figure)?;
+            let (r, rp) = figure(raw_best)?;
             let row = |name: &str, d: f64, p: psm_raw::ReceiverPhases| {
                 println!(
                     "{:<10}{:<22}{:>16.2}{:>20.2}{:>8.2}{:>12.1}{:>12.1}",
@@ -218,8 +213,8 @@ impl Peer<'_> {
             if !a.json {
                 row("neither (raw PSM2)", r, rp);
             }
-            for (best, (_, name, test)) in split.into_iter().zip(sides) {
-                let (d, p) = best.ok_or_else(no_figure)?;
+            for (kept, (_, name, test)) in split.into_iter().zip(sides) {
+                let (d, p) = figure(kept)?;
                 if !a.json {
                     row(name, d, p);
                     continue;
