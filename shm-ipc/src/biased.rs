@@ -130,7 +130,14 @@ fn token() -> u64 {
 
 impl<T> BiasedLock<T> {
     /// An unlocked lock, biased toward the first thread that takes it.
+    ///
+    /// It fixes this process's fence mode first
+    /// ([`init_fences`](crate::doorbell::init_fences)): until then the
+    /// owner's fence is a full `fence(SeqCst)` on every lock, so a lock made
+    /// before it would keep paying for one (the psm engine did, as nothing
+    /// else in a PSM2-only process sets the mode).
     pub fn new(value: T) -> Self {
+        crate::sync::init_fences();
         BiasedLock {
             bias: AtomicU64::new(UNBIASED),
             inside: std::array::from_fn(|_| AtomicBool::new(false)),

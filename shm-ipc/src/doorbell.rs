@@ -179,6 +179,12 @@ static FENCE_MODE: OnceLock<FenceMode> = OnceLock::new();
 /// hand-off that gave them the device, made after `init_fences`.
 static ASYMMETRIC: AtomicBool = AtomicBool::new(false);
 
+/// This process's fence mode, once [`init_fences`] fixed it; `None` before
+/// (the fences are then the symmetric `fence(SeqCst)`).
+pub fn fence_mode() -> Option<FenceMode> {
+    FENCE_MODE.get().copied()
+}
+
 /// Registers this process for `membarrier` and fixes the fence mode. Device
 /// constructors call it before creating anything that rings or sleeps;
 /// calling it again is free.

@@ -10,7 +10,11 @@ pub(crate) use loom::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 pub(crate) use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
 #[cfg(not(loom))]
-pub(crate) use crate::doorbell::{heavy_fence, heavy_fence_strict, light_fence};
+pub(crate) use crate::doorbell::{heavy_fence, heavy_fence_strict, init_fences, light_fence};
+
+/// Loom's fences are symmetric: there is no mode to fix.
+#[cfg(loom)]
+pub(crate) fn init_fences() {}
 
 /// Loom has no `membarrier`: both halves of the handshake are the symmetric
 /// form, `fence(SeqCst)`, which the doorbell also falls back to.
