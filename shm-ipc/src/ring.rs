@@ -67,7 +67,7 @@ pub const INLINE: usize = SLOT - HEADER;
 /// `Producer::claim_ahead`). One to four measured alike on this machine
 /// (rate at 8 B, 3 alternating runs); two covers a slower transfer.
 /// x86_64 only (elsewhere the claim is a no-op).
-#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+#[cfg_attr(any(loom, not(target_arch = "x86_64")), allow(dead_code))]
 const CLAIM_AHEAD: u64 = 2;
 
 /// How far past its tail the consumer starts reading (see
@@ -81,7 +81,7 @@ const CLAIM_AHEAD: u64 = 2;
 /// read ahead of the producer is only a hint: a line pulled too early costs
 /// the producer a transfer, which is why this stays short. x86_64 only,
 /// like `CLAIM_AHEAD`.
-#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+#[cfg_attr(any(loom, not(target_arch = "x86_64")), allow(dead_code))]
 const READ_AHEAD: u64 = 4;
 /// Bytes of the control block before the slots.
 pub const CONTROL: usize = 128;
