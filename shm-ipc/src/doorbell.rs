@@ -186,8 +186,9 @@ pub fn fence_mode() -> Option<FenceMode> {
 }
 
 /// Registers this process for `membarrier` and fixes the fence mode. Device
-/// constructors call it before creating anything that rings or sleeps;
-/// calling it again is free.
+/// constructors call it before creating anything that rings or sleeps, and
+/// [`BiasedLock::new`](crate::biased::BiasedLock::new) before its lock
+/// exists; calling it again is free.
 pub fn init_fences() -> FenceMode {
     let mode = *FENCE_MODE.get_or_init(|| {
         if crate::futex::membarrier_register_global_expedited().is_ok() {
