@@ -31,13 +31,36 @@ pub fn latency_iterations(size: usize) -> (usize, usize) {
     }
 }
 
-/// OSU's iteration counts for bandwidth at `size`: (iterations, warm-up).
+/// OSU's iteration counts for bandwidth at `size`: (iterations, warm-up),
+/// the warm-up of messages above 8 KiB lengthened to
+/// [`large_warm_up`] windows.
 pub fn bandwidth_iterations(size: usize) -> (usize, usize) {
     if size > 8192 {
-        (20, 2)
+        (20, large_warm_up(size))
     } else {
         (100, 10)
     }
+}
+
+/// Bytes per side that the warm-up of a window test (bw, bibw, rate) moves
+/// at least, for messages above 8 KiB.
+///
+/// OSU warms up such sizes with 2 windows, a few milliseconds. On a
+/// virtualized host that is shorter than the time a core takes to come
+/// back to speed after idling, and a device's rounds here start after an
+/// idle stretch (the other rank waits while the floor is measured), where
+/// the MPI peers run their rounds back to back. Traced at 256 KiB (shm
+/// bibw): each round's first five windows copied at 55-110 us per message,
+/// then 29-33 us; a bare `process_vm_readv` loop in C idled 50 ms before
+/// each round of 5 windows fell from 17-19 to 9.6-11 GB/s. 128 MiB is
+/// about 15 ms at the copy speeds measured. The MPI peers (`osu_peer.c`)
+/// and UCX's `tag_bw` warm up as long.
+pub const WARM_UP_BYTES: usize = 128 << 20;
+
+/// Warm-up windows of a window test with `size`-byte messages above 8 KiB:
+/// enough to move [`WARM_UP_BYTES`] per side, and at least OSU's 2.
+pub fn large_warm_up(size: usize) -> usize {
+    WARM_UP_BYTES.div_ceil(size.max(1) * WINDOW).max(2)
 }
 
 /// The OSU window of outstanding sends in the bandwidth test.

@@ -38,8 +38,9 @@ mod suite;
 
 pub(crate) use benchmarks::timed;
 pub use benchmarks::{
-    bandwidth, bandwidth_iterations, bibandwidth, bibandwidth_window, latency, latency_iterations,
-    mbw_pairs, message_rate, multi_bandwidth, sizes, BENCH_CONTEXT, WINDOW,
+    bandwidth, bandwidth_iterations, bibandwidth, bibandwidth_window, large_warm_up, latency,
+    latency_iterations, mbw_pairs, message_rate, multi_bandwidth, sizes, BENCH_CONTEXT,
+    WARM_UP_BYTES, WINDOW,
 };
 pub use floors::{
     cache_line_floor, memcpy_floor, parallel_memcpy_floor, rate_floor, HandoffLine, FLOOR_BUDGET,

@@ -8,6 +8,24 @@ fn sizes_are_osu_powers_of_two() {
 }
 
 #[test]
+fn large_window_tests_warm_up_for_128_mib_per_side() {
+    // Up to 8 KiB: OSU's counts, unchanged.
+    assert_eq!(bandwidth_iterations(8192), (100, 10));
+    // Above: 20 timed windows, and warm-up windows enough to move
+    // WARM_UP_BYTES (64 messages per window), at least OSU's 2.
+    assert_eq!(bandwidth_iterations(16384), (20, 128));
+    assert_eq!(bandwidth_iterations(256 << 10), (20, 8));
+    assert_eq!(bandwidth_iterations(1 << 20), (20, 2));
+    assert_eq!(bandwidth_iterations(4 << 20), (20, 2));
+    // A size that does not divide it rounds up.
+    assert_eq!(large_warm_up(3 << 20), 2);
+    assert_eq!(large_warm_up(96 << 10), 22);
+    for size in (14..=22).map(|p| 1usize << p) {
+        assert!(large_warm_up(size) * size * WINDOW >= WARM_UP_BYTES);
+    }
+}
+
+#[test]
 fn benchmarks_run_on_the_thread_device() {
     let out = shm_ipc::ThreadWorld::new(2).run(|dev| {
         let l = latency(dev, 8, 50, 5).unwrap();

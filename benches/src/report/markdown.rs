@@ -178,8 +178,10 @@ impl Report {
         s.push_str(
             "Message sizes are 0 (latency only) and powers of two up to the largest shown, with \
              OSU's iteration counts (latency: 10000 iterations and 100 warm-up up to 8 KiB, 1000 \
-             and 10 above; bandwidth and message rate: 100 and 10, 20 and 2 above 8 KiB) and \
-             window (64). Each \
+             and 10 above; bandwidth and message rate: 100 and 10, and above 8 KiB 20 with a \
+             warm-up of at least 128 MiB per side, 2 windows or more, where OSU warms up 2 \
+             windows: a core here takes longer than that to come back to speed after idling) \
+             and window (64). Each \
              size is measured in rounds, the floor and the device alternately, and the best \
              round of each is kept (OSU's average per round, best round). Ranks are pinned to \
              cores 0 and 1. The floors are measured once more, alone (`xdev-bench --test floor`), \

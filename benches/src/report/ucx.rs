@@ -179,15 +179,16 @@ impl UcxTest {
 
     /// (iterations, warm-up): OSU's counts (latency: 10000 and 100 up to 8
     /// KiB, 1000 and 10 above; bandwidth: 100 and 10 windows of 64
-    /// messages, 20 and 2 above 8 KiB, here counted in messages), a tenth
-    /// with `quick`.
+    /// messages, 20 above 8 KiB with xdev-bench's longer warm-up,
+    /// [`large_warm_up`](crate::large_warm_up) windows; here counted in
+    /// messages), a tenth with `quick`.
     pub fn iterations(self, size: usize, quick: bool) -> (usize, usize) {
         let large = size > 8192;
         let (n, w) = match (self, large) {
             (UcxTest::TagLat, false) => (10_000, 100),
             (UcxTest::TagLat, true) => (1000, 10),
             (UcxTest::TagBw, false) => (64 * 100, 64 * 10),
-            (UcxTest::TagBw, true) => (64 * 20, 64 * 2),
+            (UcxTest::TagBw, true) => (64 * 20, 64 * crate::large_warm_up(size)),
         };
         if quick {
             ((n / 10).max(2), (w / 10).max(1))
