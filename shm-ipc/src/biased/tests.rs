@@ -4,7 +4,6 @@ use std::sync::Arc;
 
 #[test]
 fn the_first_thread_takes_the_bias_and_keeps_it() {
-    crate::doorbell::init_fences();
     let lock = BiasedLock::new(0u64);
     for _ in 0..1000 {
         *lock.lock() += 1;
@@ -16,7 +15,6 @@ fn the_first_thread_takes_the_bias_and_keeps_it() {
 
 #[test]
 fn the_bias_follows_a_device_handed_to_another_thread() {
-    crate::doorbell::init_fences();
     let lock = Arc::new(BiasedLock::new(0u64));
     *lock.lock() += 1; // opened here
     let l2 = lock.clone();
@@ -35,7 +33,6 @@ fn the_bias_follows_a_device_handed_to_another_thread() {
 
 #[test]
 fn four_threads_never_hold_it_at_once() {
-    crate::doorbell::init_fences();
     // A non-atomic read-modify-write under the lock: a lost update shows
     // two holders at once.
     let lock = Arc::new(BiasedLock::new((0u64, 0u64)));
@@ -71,7 +68,6 @@ fn four_threads_never_hold_it_at_once() {
 
 #[test]
 fn two_threads_in_strict_turns_leave_the_lock_unbiased() {
-    crate::doorbell::init_fences();
     let lock = Arc::new(BiasedLock::new(0u64));
     let (to_b, from_a) = std::sync::mpsc::channel::<()>();
     let (to_a, from_b) = std::sync::mpsc::channel::<()>();
