@@ -15,7 +15,7 @@
  * measured ROUNDS times and the best round is kept (OSU's average per
  * round, best round).
  *
- * Usage: mpirun -np 2 osu_peer NAME MAX_SIZE ROUNDS QUICK
+ * Usage: mpirun -np 2 osu_peer NAME MAX_SIZE ROUNDS QUICK WARM_UP_BYTES
  * Prints one JSON record per test and size on rank 0, in xdev-bench's
  * schema ("floor" is 0: the report divides by the floors xdev-bench
  * measured in the same run).
@@ -27,19 +27,20 @@
 
 #define WINDOW 64
 
-/* xdev-bench's large_warm_up: windows enough to move WARM_UP_BYTES per
- * side (at least 2) before timing a window test of messages above 8 KiB. */
-#define WARM_UP_BYTES ((size_t)128 << 20)
-static int large_warm_up(size_t size) {
+/* xdev-bench's large_warm_up: windows enough to move `warm_up_bytes` per
+ * side (its WARM_UP_BYTES, which the report passes), at least 2, before
+ * timing a window test of messages above 8 KiB. */
+static int large_warm_up(size_t size, size_t warm_up_bytes) {
   size_t per = (size ? size : 1) * WINDOW;
-  size_t n = (WARM_UP_BYTES + per - 1) / per;
+  size_t n = (warm_up_bytes + per - 1) / per;
   return n < 2 ? 2 : (int)n;
 }
 
-static void iterations(int bw, size_t size, int quick, int *iters, int *skip) {
+static void iterations(int bw, size_t size, int quick, size_t warm_up_bytes, int *iters,
+                       int *skip) {
   if (bw) {
     *iters = size > 8192 ? 20 : 100;
-    *skip = size > 8192 ? large_warm_up(size) : 10;
+    *skip = size > 8192 ? large_warm_up(size, warm_up_bytes) : 10;
   } else {
     *iters = size > 8192 ? 1000 : 10000;
     *skip = size > 8192 ? 10 : 100;
@@ -107,15 +108,16 @@ int main(int argc, char **argv) {
   int me, n;
   MPI_Comm_rank(MPI_COMM_WORLD, &me);
   MPI_Comm_size(MPI_COMM_WORLD, &n);
-  if (argc != 5 || n != 2) {
+  if (argc != 6 || n != 2) {
     if (me == 0)
-      fprintf(stderr, "usage: mpirun -np 2 osu_peer NAME MAX_SIZE ROUNDS QUICK\n");
+      fprintf(stderr, "usage: mpirun -np 2 osu_peer NAME MAX_SIZE ROUNDS QUICK WARM_UP_BYTES\n");
     MPI_Abort(MPI_COMM_WORLD, 2);
   }
   const char *name = argv[1];
   size_t max = strtoul(argv[2], NULL, 10);
   int rounds = atoi(argv[3]);
   int quick = atoi(argv[4]);
+  size_t warm_up_bytes = strtoul(argv[5], NULL, 10);
   if (rounds < 1)
     rounds = 1;
   char *buf = malloc(max > 0 ? max : 1);
@@ -130,7 +132,7 @@ int main(int argc, char **argv) {
 
   for (size_t size = 0; size <= max; size = size ? 2 * size : 1) {
     int iters, skip;
-    iterations(0, size, quick, &iters, &skip);
+    iterations(0, size, quick, warm_up_bytes, &iters, &skip);
     double best = 1e300;
     for (int r = 0; r < rounds; r++) {
       double t = latency(me, buf, size, iters, skip);
@@ -148,7 +150,7 @@ int main(int argc, char **argv) {
     int bi = test == 1;
     for (size_t size = 1; size <= max; size *= 2) {
       int iters, skip;
-      iterations(1, size, quick, &iters, &skip);
+      iterations(1, size, quick, warm_up_bytes, &iters, &skip);
       double best = 1e300;
       for (int r = 0; r < rounds; r++) {
         double t = bandwidth(me, bi, sbufs, rbufs, size, iters, skip);

@@ -257,6 +257,7 @@ pub fn measure_mpi(
         .arg(max_size.to_string())
         .arg(rounds.to_string())
         .arg(if quick { "1" } else { "0" })
+        .arg(crate::WARM_UP_BYTES.to_string())
         // Open MPI refuses to run as root without these (containers, CI).
         .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
         .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
