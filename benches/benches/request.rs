@@ -6,6 +6,10 @@
 //!   transport: [`Tracker::start`] (a send of an empty buffer),
 //!   [`Request::new`], [`Tracker::complete`] with a success status, and
 //!   [`Request::wait`], which hands the buffer back for the next iteration.
+//! - `request/lifecycle/start_request_complete_wait`: the same through the
+//!   path a device takes, [`Tracker::start_request`] (the device's
+//!   reference to the core and the handle at once), then the completion,
+//!   the device's reference dropped, and the wait.
 //! - `request/thread/pingpong_0B`: two ranks of the `thread` device, one
 //!   thread each (pinned to cores 0 and 1), opened in one world through the
 //!   registry and used through the [`Device`] trait only. Per iteration rank
@@ -264,6 +268,23 @@ fn lifecycle(c: &mut Criterion) {
     let mut g = c.benchmark_group("request/lifecycle");
     g.throughput(Throughput::Elements(1));
     g.bench_function("start_complete_wait", |b| b.iter(&mut step));
+    // The path a device takes: `start_request` (the device's reference and
+    // the handle at once, the handle counting no reference to the engine),
+    // a completion, the device letting go, and the wait.
+    let engine = Arc::new(Inert);
+    let mut step = || {
+        let back = buf.take().expect("buffer back");
+        let (core, handle) = tracker.start_request(RequestKind::Recv, back, &engine);
+        tracker.complete(&core, Status::ok(env, 0));
+        drop(core);
+        buf = Some(handle.into_request().wait().buf);
+    };
+    count_allocations(
+        "request/lifecycle/start_request_complete_wait",
+        1,
+        &mut step,
+    );
+    g.bench_function("start_request_complete_wait", |b| b.iter(&mut step));
     g.finish();
 }
 

@@ -323,3 +323,40 @@ fn a_flood_of_rendezvous_headers_is_bounded_at_the_receiver() {
         });
     });
 }
+
+/// A request does not keep its device open: a receive still posted when
+/// the device is dropped ends at once with `Closed` and an empty buffer
+/// (its buffer goes with the device's engine), while one the device
+/// completed before it went still gives its completion.
+#[test]
+fn a_request_in_flight_when_its_device_is_dropped_ends_closed() {
+    let _dog = Watchdog::arm("request outliving its device", Duration::from_secs(60));
+    let job = job("outlive");
+    let dev0 = open(&job, 0, 2);
+    let dev1 = open(&job, 1, 2);
+    let arrived = dev0.irecv(Buffer::zeroed(5), Source::Rank(1), TagSel::Tag(3), 0);
+    let never = dev0.irecv(Buffer::zeroed(64), Source::Rank(1), TagSel::Tag(4), 0);
+    dev1.send(b"early", 0, 3, 0).unwrap();
+    dev1.send(b"later", 0, 5, 0).unwrap();
+    // "later" is received after "early" (one sender's messages arrive in
+    // order), so the posted receive of "early" is complete by then.
+    let mut later = [0u8; 5];
+    dev0.recv(&mut later, Source::Rank(1), TagSel::Tag(5), 0)
+        .unwrap();
+    drop(dev0);
+    let c = arrived.wait();
+    assert_eq!(
+        (&c.buf[..], c.status.error.is_none()),
+        (&b"early"[..], true)
+    );
+    let t = Instant::now();
+    let c = never.wait();
+    assert!(
+        matches!(c.status.error.as_deref(), Some(Error::Closed)),
+        "{:?}",
+        c.status
+    );
+    assert!(c.buf.is_empty(), "the buffer went with the engine");
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+    dev1.finish().unwrap();
+}

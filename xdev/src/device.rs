@@ -86,7 +86,11 @@ impl Config {
 /// Non-blocking calls take ownership of a [`Buffer`] and give it back through
 /// the completed [`Request`]; errors detected at once (an invalid rank or tag,
 /// a closed device) complete the request immediately with the error in its
-/// status, so the buffer is never lost.
+/// status, so the buffer is never lost. Complete every request before the
+/// device goes (`finish`, then drop it): a request does not keep its device
+/// open, and one still in flight when the last handle to the device is
+/// dropped ends with [`Error::Closed`] and an empty buffer (its own buffer
+/// stays with whatever may still use it, and is freed with it).
 ///
 /// All methods take `&self`: a device is shared by the threads of its rank.
 pub trait Device: Send + Sync {

@@ -61,7 +61,8 @@ fn env(tag: i32) -> Envelope {
 fn a_waiting_handle_gets_the_completion_and_the_core_is_reused() {
     loom::model(|| {
         let t = Arc::new(Tracker::new());
-        let (core, handle) = t.start_request(RequestKind::Recv, Buffer::zeroed(4), Arc::new(Spin));
+        let spin = Arc::new(Spin);
+        let (core, handle) = t.start_request(RequestKind::Recv, Buffer::zeroed(4), &spin);
         let req = handle.into_request();
         let device = t.clone();
         let completer = thread::spawn(move || {
@@ -76,7 +77,7 @@ fn a_waiting_handle_gets_the_completion_and_the_core_is_reused() {
         // The next request of this thread, possibly on the same core (from
         // this thread's stash, or from a sweep once the completer let go),
         // while the completer may still be dropping its reference.
-        let (next, handle) = t.start_request(RequestKind::Send, c.buf, Arc::new(Spin));
+        let (next, handle) = t.start_request(RequestKind::Send, c.buf, &spin);
         assert!(t.complete(&next, Status::ok(env(8), 4)));
         drop(next);
         let c = handle.into_request().wait();
@@ -89,7 +90,8 @@ fn a_waiting_handle_gets_the_completion_and_the_core_is_reused() {
 fn peek_reports_a_completion_at_most_once_and_never_races_its_reuse() {
     loom::model(|| {
         let t = Arc::new(Tracker::new());
-        let (core, handle) = t.start_request(RequestKind::Recv, Buffer::zeroed(1), Arc::new(Spin));
+        let spin = Arc::new(Spin);
+        let (core, handle) = t.start_request(RequestKind::Recv, Buffer::zeroed(1), &spin);
         assert!(t.complete(&core, Status::ok(env(3), 1)));
         drop(core);
         let req = handle.into_request();
@@ -100,7 +102,7 @@ fn peek_reports_a_completion_at_most_once_and_never_races_its_reuse() {
         assert_eq!(c.status.tag, 3);
         // The core goes to this thread's stash and straight into the next
         // request, reset and completed while `peek` may be looking at it.
-        let (next, handle) = t.start_request(RequestKind::Recv, c.buf, Arc::new(Spin));
+        let (next, handle) = t.start_request(RequestKind::Recv, c.buf, &spin);
         assert!(t.complete(&next, Status::ok(env(4), 1)));
         drop(next);
         let req = handle.into_request();
@@ -128,9 +130,9 @@ fn peek_reports_a_completion_at_most_once_and_never_races_its_reuse() {
 fn a_relay_hook_gets_the_completion_below_exactly_once() {
     loom::model(|| {
         let below = Arc::new(Tracker::new());
+        let spin = Arc::new(Spin);
         let upper = Arc::new(Tracker::new());
-        let (core, handle) =
-            below.start_request(RequestKind::Recv, Buffer::zeroed(2), Arc::new(Spin));
+        let (core, handle) = below.start_request(RequestKind::Recv, Buffer::zeroed(2), &spin);
         let relayed = upper.start_relay(RequestKind::Recv);
         let req = Request::new(relayed.clone(), Arc::new(Spin));
         let device = below.clone();

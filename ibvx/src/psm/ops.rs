@@ -69,8 +69,7 @@ impl Transport for PsmEngine {
                 || {
                     let buf = held.take().map(std::mem::ManuallyDrop::into_inner);
                     let buf = buf.expect("the buffer is held until it moves here");
-                    eng.tracker
-                        .start_request(RequestKind::Send, buf, eng.clone())
+                    eng.tracker.start_request(RequestKind::Send, buf, eng)
                 },
             );
             (Slot::Send { core, env, len }, handle)
@@ -116,9 +115,7 @@ impl Transport for PsmEngine {
         // memory: no placeholder, no test after the post (a receive whose
         // message is already here completes inside the post, and the
         // request's wait collects it without polling PSM2).
-        let (core, handle) = eng
-            .tracker
-            .start_request(RequestKind::Recv, buf, eng.clone());
+        let (core, handle) = eng.tracker.start_request(RequestKind::Recv, buf, eng);
         let Some(q) = l.queue.as_mut() else {
             drop(l);
             eng.fail_unposted(&core, &pattern, Error::Closed);

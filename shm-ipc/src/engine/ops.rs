@@ -112,9 +112,7 @@ impl<M: Medium> Transport for Engine<M> {
                 return self.tracker.completed(buf, Status::ok(env, len));
             }
         }
-        let (core, handle) = self
-            .tracker
-            .start_request(RequestKind::Send, buf, self.clone());
+        let (core, handle) = self.tracker.start_request(RequestKind::Send, buf, self);
         self.queue_send(&core, dest, tag, context, sync);
         handle.into_request()
     }
@@ -457,9 +455,7 @@ impl<M: Medium> Engine<M> {
                 Here::Later(env, x) => {
                     // (The pool's lock is a leaf: taking it under ours is
                     // fine.)
-                    let (core, handle) =
-                        self.tracker
-                            .start_request(RequestKind::Recv, buf, self.clone());
+                    let (core, handle) = self.tracker.start_request(RequestKind::Recv, buf, self);
                     M::settle(self, l, env, x, Target::Request(core));
                     l.defer_copies = false;
                     return handle.into_request();
@@ -502,9 +498,7 @@ impl<M: Medium> Engine<M> {
     /// path pays no call.
     #[inline(always)]
     fn post_recv(self: &Arc<Self>, l: &mut Local<M>, buf: Buffer, pattern: Pattern) -> Handle {
-        let (core, handle) = self
-            .tracker
-            .start_request(RequestKind::Recv, buf, self.clone());
+        let (core, handle) = self.tracker.start_request(RequestKind::Recv, buf, self);
         // The cancel token is the id `post` gives a queued receive, set
         // before the device's reference moves into the queue: no second
         // reference (a locked increment, and a locked decrement when it

@@ -15,6 +15,18 @@ impl Progress for Inert {
     }
 }
 
+/// An engine that counts its progress calls and does nothing else.
+struct Counting(AtomicU64);
+impl Progress for Counting {
+    fn progress(&self) {
+        self.0.fetch_add(1, Ordering::Relaxed);
+    }
+    fn wait(&self, _: &RequestCore) {}
+    fn cancel(&self, _: &CoreRef) -> bool {
+        false
+    }
+}
+
 fn env() -> Envelope {
     Envelope {
         source: 1,
@@ -89,16 +101,6 @@ fn wait_ok_gives_the_buffer_back_with_the_error() {
 
 #[test]
 fn take_if_done_gives_only_a_done_request_and_drives_nothing() {
-    struct Counting(AtomicU64);
-    impl Progress for Counting {
-        fn progress(&self) {
-            self.0.fetch_add(1, Ordering::Relaxed);
-        }
-        fn wait(&self, _: &RequestCore) {}
-        fn cancel(&self, _: &CoreRef) -> bool {
-            false
-        }
-    }
     let t = Tracker::new();
     let engine = Arc::new(Counting(AtomicU64::new(0)));
     let core = t.start(RequestKind::Recv, Buffer::zeroed(2));
@@ -355,16 +357,16 @@ fn a_core_has_one_handle() {
     let _b = Request::new(core, Arc::new(Inert));
 }
 
-/// The handle a device moves through its posting path is three words, and
+/// The handle a device moves through its posting path is four words, and
 /// dropped before it becomes a request it is a dropped request: `peek`
 /// never reports the completion, and the core is reused once the device
 /// lets go of it.
 #[test]
 fn a_handle_is_small_and_dropping_it_drops_the_request() {
-    assert!(std::mem::size_of::<Handle>() <= 3 * std::mem::size_of::<usize>());
+    assert!(std::mem::size_of::<Handle>() <= 4 * std::mem::size_of::<usize>());
     assert!(std::mem::size_of::<Handle>() < std::mem::size_of::<Request>());
     let t = Tracker::new();
-    let (core, handle) = t.start_request(RequestKind::Recv, Buffer::zeroed(2), Arc::new(Inert));
+    let (core, handle) = t.start_request(RequestKind::Recv, Buffer::zeroed(2), &Arc::new(Inert));
     drop(handle);
     assert_eq!(core.count(), 2, "the pool's and the device's");
     assert!(t.complete(&core, Status::ok(env(), 2)));
@@ -372,7 +374,7 @@ fn a_handle_is_small_and_dropping_it_drops_the_request() {
     let first = core.id();
     drop(core);
     // The core is free again: the next request may take it, with a new id.
-    let (next, handle) = t.start_request(RequestKind::Recv, Buffer::zeroed(1), Arc::new(Inert));
+    let (next, handle) = t.start_request(RequestKind::Recv, Buffer::zeroed(1), &Arc::new(Inert));
     let r = handle.into_request();
     assert_ne!(next.id(), first);
     assert!(t.complete(&next, Status::ok(env(), 1)));
@@ -382,7 +384,7 @@ fn a_handle_is_small_and_dropping_it_drops_the_request() {
 #[test]
 fn start_request_is_start_plus_a_handle() {
     let t = Tracker::new();
-    let (core, r) = t.start_request(RequestKind::Recv, Buffer::zeroed(3), Arc::new(Inert));
+    let (core, r) = t.start_request(RequestKind::Recv, Buffer::zeroed(3), &Arc::new(Inert));
     let r = r.into_request();
     assert!(!r.was_born_complete());
     assert_eq!(r.id(), core.id());
@@ -395,7 +397,7 @@ fn start_request_is_start_plus_a_handle() {
     assert_eq!(t.outstanding(), 0);
     // Dropped early: the device's reference keeps the core until it
     // completes, and the pool reuses it after.
-    let (core, r) = t.start_request(RequestKind::Send, Buffer::zeroed(1), Arc::new(Inert));
+    let (core, r) = t.start_request(RequestKind::Send, Buffer::zeroed(1), &Arc::new(Inert));
     let r = r.into_request();
     drop(r);
     assert_eq!(core.count(), 2);
@@ -408,7 +410,7 @@ fn a_reused_core_reports_only_its_own_status() {
     let t = Tracker::new();
     let mut used = std::collections::HashSet::new();
     for _ in 0..100 {
-        let (core, r) = t.start_request(RequestKind::Recv, Buffer::zeroed(2), Arc::new(Inert));
+        let (core, r) = t.start_request(RequestKind::Recv, Buffer::zeroed(2), &Arc::new(Inert));
         let r = r.into_request();
         used.insert(CoreRef::as_ptr(&core) as usize);
         assert!(t.complete(&core, Status::failed(env(), crate::Error::Closed)));
@@ -419,7 +421,7 @@ fn a_reused_core_reports_only_its_own_status() {
     // leaves the status for the completion to overwrite).
     let mut reused = 0;
     for _ in 0..100 {
-        let (core, r) = t.start_request(RequestKind::Recv, Buffer::zeroed(2), Arc::new(Inert));
+        let (core, r) = t.start_request(RequestKind::Recv, Buffer::zeroed(2), &Arc::new(Inert));
         let r = r.into_request();
         reused += usize::from(used.contains(&(CoreRef::as_ptr(&core) as usize)));
         assert!(t.pop_completed().is_none(), "not done, nothing to report");
@@ -440,7 +442,7 @@ fn a_consumed_core_goes_back_to_this_threads_stash_and_ids_stay_unique() {
     let mut ids = std::collections::HashSet::new();
     let mut last = None;
     for i in 0..1000 {
-        let (core, r) = t.start_request(RequestKind::Recv, Buffer::zeroed(1), Arc::new(Inert));
+        let (core, r) = t.start_request(RequestKind::Recv, Buffer::zeroed(1), &Arc::new(Inert));
         let r = r.into_request();
         assert!(ids.insert(r.id()), "id {:?} handed out twice", r.id());
         if i > 0 {
@@ -454,12 +456,12 @@ fn a_consumed_core_goes_back_to_this_threads_stash_and_ids_stay_unique() {
         assert_eq!(r.wait().status.count, 1);
     }
     // A core the device still holds is not kept: it goes back by its count.
-    let (core, r) = t.start_request(RequestKind::Recv, Buffer::zeroed(1), Arc::new(Inert));
+    let (core, r) = t.start_request(RequestKind::Recv, Buffer::zeroed(1), &Arc::new(Inert));
     let r = r.into_request();
     assert!(t.complete(&core, Status::ok(env(), 1)));
     drop(r.wait());
     assert_eq!(core.count(), 2, "the pool's and the device's");
-    let (next, r2) = t.start_request(RequestKind::Recv, Buffer::zeroed(1), Arc::new(Inert));
+    let (next, r2) = t.start_request(RequestKind::Recv, Buffer::zeroed(1), &Arc::new(Inert));
     let r2 = r2.into_request();
     assert!(!CoreRef::ptr_eq(&next, &core));
     assert!(ids.insert(r2.id()));
@@ -479,11 +481,11 @@ fn a_consumed_core_is_kept_only_by_its_own_trackers_stash() {
     let mut ids = std::collections::HashSet::new();
     for _ in 0..200 {
         for (t, other) in [(&a, &b), (&b, &a)] {
-            let (core, r) = t.start_request(RequestKind::Send, Buffer::zeroed(1), Arc::new(Inert));
+            let (core, r) = t.start_request(RequestKind::Send, Buffer::zeroed(1), &Arc::new(Inert));
             let r = r.into_request();
             // Bring the other tracker's stash to the front.
             let (oc, or) =
-                other.start_request(RequestKind::Send, Buffer::zeroed(1), Arc::new(Inert));
+                other.start_request(RequestKind::Send, Buffer::zeroed(1), &Arc::new(Inert));
             let or = or.into_request();
             assert!(t.started(&core) && other.started(&oc));
             assert!(ids.insert((t as *const Tracker as usize, r.id())));
@@ -598,7 +600,7 @@ fn peek_beside_a_thread_that_reuses_cores_reports_each_request_its_own_status() 
         || (reports.load(Ordering::Relaxed) < REPORTS && std::time::Instant::now() < deadline)
     {
         round += 1;
-        let (core, handle) = t.start_request(RequestKind::Recv, buf, Arc::new(Inert));
+        let (core, handle) = t.start_request(RequestKind::Recv, buf, &Arc::new(Inert));
         let req = handle.into_request();
         let env = Envelope {
             tag: tag_of(req.id()),
@@ -616,4 +618,107 @@ fn peek_beside_a_thread_that_reuses_cores_reports_each_request_its_own_status() 
         reported > 0,
         "peek reported nothing in {round} rounds: nothing was checked"
     );
+}
+
+/// An engine whose wait completes the one core it was given, counting its
+/// waits.
+struct Completer {
+    t: Tracker,
+    core: Mutex<Option<CoreRef>>,
+    waits: AtomicU64,
+}
+
+impl Completer {
+    fn new() -> Arc<Self> {
+        Arc::new(Completer {
+            t: Tracker::new(),
+            core: Mutex::new(None),
+            waits: AtomicU64::new(0),
+        })
+    }
+}
+
+impl Progress for Completer {
+    fn progress(&self) {}
+    fn wait(&self, _: &RequestCore) {
+        self.waits.fetch_add(1, Ordering::Relaxed);
+        if let Some(c) = self.core.lock().unwrap().take() {
+            let len = c.buffer_len();
+            assert!(self.t.complete(&c, Status::ok(env(), len)));
+        }
+    }
+    fn cancel(&self, _: &CoreRef) -> bool {
+        false
+    }
+}
+
+/// A started request counts no reference to its engine: its core keeps a
+/// weak one, which the handle upgrades when it must wait, and lets go with
+/// the handle. A core reused by another engine of the same tracker is
+/// bound to that one.
+#[test]
+fn a_request_counts_no_reference_to_its_engine() {
+    let engine = Completer::new();
+    let (core, h) = engine
+        .t
+        .start_request(RequestKind::Recv, Buffer::zeroed(2), &engine);
+    assert_eq!(Arc::strong_count(&engine), 1, "the handle counts none");
+    assert_eq!(Arc::weak_count(&engine), 1, "the core's");
+    *engine.core.lock().unwrap() = Some(core);
+    let c = h.into_request().wait();
+    assert_eq!((c.status.count, c.buf.len()), (2, 2));
+    assert_eq!(engine.waits.load(Ordering::Relaxed), 1, "the wait drove it");
+    assert_eq!(Arc::strong_count(&engine), 1, "let go with the handle");
+    // A done request needs no engine at all.
+    let (core, h) = engine
+        .t
+        .start_request(RequestKind::Recv, Buffer::zeroed(1), &engine);
+    assert!(engine.t.complete(&core, Status::ok(env(), 1)));
+    drop(core);
+    assert_eq!(h.into_request().wait().status.count, 1);
+    assert_eq!(engine.waits.load(Ordering::Relaxed), 1, "no wait needed");
+    // The same tracker's core (from this thread's stash) under another
+    // engine: its handle drives that one.
+    let other = Arc::new(Counting(AtomicU64::new(0)));
+    let (core, h) = engine
+        .t
+        .start_request(RequestKind::Send, Buffer::zeroed(1), &other);
+    let r = h.into_request();
+    let r = r.test().expect_err("not done");
+    assert_eq!(other.0.load(Ordering::Relaxed), 1, "the test drove `other`");
+    assert!(engine.t.complete(&core, Status::ok(env(), 1)));
+    assert_eq!(r.wait().status.count, 1);
+    assert_eq!(engine.waits.load(Ordering::Relaxed), 1);
+}
+
+/// Once its engine is gone (its device dropped), a request the engine never
+/// completed ends at once with `Closed` and an empty buffer: `test` says
+/// complete, `cancel` cancels nothing, `wait` returns. Its own buffer stays
+/// in the core for whoever still holds it.
+#[test]
+fn a_request_outliving_its_engine_ends_closed_without_its_buffer() {
+    let engine = Completer::new();
+    let (core, h) = engine
+        .t
+        .start_request(RequestKind::Recv, Buffer::from(vec![7u8; 3]), &engine);
+    let r = h.into_request();
+    drop(engine);
+    assert!(!r.cancel(), "nothing to cancel it");
+    let c = r.test().expect("nothing will drive it: complete");
+    assert!(matches!(
+        c.status.error.as_deref(),
+        Some(crate::Error::Closed)
+    ));
+    assert!(c.buf.is_empty(), "the buffer is not handed out");
+    assert!(!core.is_done());
+    assert_eq!(core.buffer_len(), 3, "it stays in the core");
+    // A request done before its engine went gives its completion as ever.
+    let engine = Completer::new();
+    let (core, h) = engine
+        .t
+        .start_request(RequestKind::Recv, Buffer::from(vec![1u8; 2]), &engine);
+    assert!(engine.t.complete(&core, Status::ok(env(), 2)));
+    drop(engine);
+    let c = h.into_request().wait();
+    assert_eq!((c.status.count, &c.buf[..]), (2, &[1u8, 1][..]));
 }

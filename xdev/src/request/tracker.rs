@@ -107,19 +107,26 @@ impl Tracker {
     /// device's reference to the core and the [`Request`] for the caller,
     /// with `engine` to progress, wait for and cancel it. The same as
     /// [`start`](Tracker::start), a clone of the core and [`Request::new`],
-    /// without their two locked instructions (the core is fresh from the
-    /// pool: nobody else can reach it yet).
+    /// without their locked instructions: the core is fresh from the pool
+    /// (nobody else can reach it yet), and the handle counts no reference
+    /// to `engine`. The core keeps a weak one, which the handle upgrades
+    /// only if it must drive the engine (see [`Request`]): once the
+    /// engine's device is dropped, a request it had not completed ends
+    /// with `Error::Closed`.
     #[inline]
-    pub fn start_request(
+    pub fn start_request<E: Progress + 'static>(
         &self,
         kind: RequestKind,
         buf: Buffer,
-        engine: Arc<dyn Progress>,
+        engine: &Arc<E>,
     ) -> (CoreRef, Handle) {
         let core = self.start_core(kind, Some(buf), true);
         // SAFETY: `start_core` just took the core from the pool and made no
         // reference to it but `core`.
+        unsafe { core.bind_engine(engine) };
+        // SAFETY: as above.
         let held = unsafe { core.share_fresh() };
+        let engine = None;
         (core, Handle(Held { core: held, engine }))
     }
 

@@ -70,9 +70,7 @@ impl Transport for IbvEngine {
             .then(|| buf.id());
         // The device's reference and the handle at once, with plain stores
         // (`Request::new` would be a locked compare-exchange per request).
-        let (core, handle) = self
-            .tracker
-            .start_request(RequestKind::Send, buf, self.clone());
+        let (core, handle) = self.tracker.start_request(RequestKind::Send, buf, self);
         // SAFETY: the request owns the buffer; it is neither moved nor freed
         // while the core lives, and the engine keeps the core while it
         // holds the pointer.
@@ -106,9 +104,7 @@ impl Transport for IbvEngine {
             tag: -1,
             context: pattern.context,
         };
-        let (core, handle) = self
-            .tracker
-            .start_request(RequestKind::Recv, buf, self.clone());
+        let (core, handle) = self.tracker.start_request(RequestKind::Recv, buf, self);
         let mut l = self.lock();
         if self.closing.load(Ordering::Acquire) {
             // `finish` began after our first check: it empties the posted
