@@ -830,7 +830,11 @@ impl Request {
         matches!(self.inner, Inner::Done { .. })
     }
 
-    /// Drives progress once and says whether the operation has completed.
+    /// Drives progress once and says whether the operation has completed,
+    /// or can no longer complete (its device was dropped first: `wait` then
+    /// returns `Error::Closed` at once). A request not done yet upgrades its
+    /// engine's weak reference for each call (two locked instructions);
+    /// [`test`](Request::test) keeps it after the first.
     #[inline]
     pub fn is_complete(&self) -> bool {
         match &self.inner {
