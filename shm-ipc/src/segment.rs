@@ -49,6 +49,9 @@ const PAGE: usize = 4096;
 
 // Control page.
 const OFF_STATE: usize = 64;
+/// In the state's line: whether the owner is idle for receiving (see
+/// [`Inbox::idle`]); written at most twice per window of messages.
+const OFF_IDLE: usize = OFF_STATE + 8;
 const OFF_SLEEPERS: usize = 128;
 const OFF_FREED: usize = 192;
 // Notice page.
@@ -508,6 +511,34 @@ impl Inbox {
     pub fn set_state(&self, st: u32, order: Ordering) {
         assert!(self.is_own, "a peer's state is not ours to write");
         self.control.word::<AtomicU32>(OFF_STATE).store(st, order);
+    }
+
+    /// Whether the owner said it has nothing to receive now: no receive
+    /// posted and no rendezvous copy of its own under way (see
+    /// [`set_idle`](Self::set_idle)). A hint, which a hostile owner may
+    /// falsify at will: it only decides whether a peer asks the owner to
+    /// write half of a large copy, which the owner may always be asked
+    /// (its rendezvous header says so too).
+    pub fn idle(&self) -> bool {
+        // An atomic load of read-only memory (a peer's view) is allowed.
+        // Relaxed: a hint; a peer reads it after a rendezvous header of
+        // ours (an Acquire in the ring), and we store it before pushing one.
+        self.control
+            .word::<AtomicU32>(OFF_IDLE)
+            .load(Ordering::Relaxed)
+            != 0
+    }
+
+    /// Publishes whether we are idle for receiving (see [`idle`](Self::idle);
+    /// the word starts at 0, busy, until the first publication).
+    ///
+    /// # Panics
+    /// On a peer's inbox, which is not ours to write (and mapped read-only).
+    pub fn set_idle(&self, idle: bool) {
+        assert!(self.is_own, "a peer's idle word is not ours to write");
+        self.control
+            .word::<AtomicU32>(OFF_IDLE)
+            .store(u32::from(idle), Ordering::Relaxed);
     }
 
     fn freed_word(&self, sender: Rank) -> &AtomicU64 {

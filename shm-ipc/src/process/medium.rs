@@ -98,6 +98,9 @@ pub struct ProcessState {
     /// Each sender's rendezvous headers we read and have not finished
     /// (answered with `FIN`, or streamed to the end): at most `rndv_window`.
     pub(super) rndv_in: Vec<usize>,
+    /// What we last published as our idle word
+    /// ([`Inbox::idle`](crate::segment::Inbox::idle)).
+    pub(super) idle_published: bool,
 }
 
 impl ProcessState {
@@ -117,6 +120,7 @@ impl ProcessState {
             cma: vec![cma; n],
             rndv_out: vec![0; n],
             rndv_in: vec![0; n],
+            idle_published: false,
         }
     }
 }
@@ -310,6 +314,7 @@ unsafe impl Medium for ProcessMedium {
         if l.m.streams_total > 0 {
             any |= Self::flush_streams(e, l);
         }
+        Self::publish_idle(e, l);
         any
     }
 

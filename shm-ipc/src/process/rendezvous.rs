@@ -157,19 +157,38 @@ impl ProcessMedium {
 
     /// Whether the CMA copy of `n` of the `len` bytes of `r`, from `s`, is
     /// split with its sender: a whole message of at least `cma_split_bytes`,
-    /// and not in a two-way exchange, where the sender's core is busy with
-    /// data of its own: neither while our own rendezvous to it is out (its
+    /// and a sender whose core is free for it. In a two-way exchange it is
+    /// busy with data of its own: while our own rendezvous to it is out (its
     /// core is copying our data; measured: osu_bibw 10% slower at 64-256 KiB
-    /// with a split) nor when its `RNDV` says it waits for data from us
-    /// (`FLAG_EXPECTING`).
+    /// with a split) or when its `RNDV` says it waits for data from us
+    /// (`FLAG_EXPECTING`). Both say what held when the header was sent; the
+    /// sender's idle word
+    /// ([`Inbox::idle`](crate::segment::Inbox::idle)) says what holds now,
+    /// and wins when it says idle: at the end of an osu_bibw window the rank
+    /// that finished its receives first waits for the other's last copies,
+    /// and can write half of each (traced at 256 KiB: the faster rank idled
+    /// a median 260 us of every 2.2 ms window).
     fn splits(e: &Eng, l: &Loc, s: Rank, r: &RndvStart, n: usize, len: usize) -> bool {
         let min = e.m.sh.opts.cma_split_bytes;
-        l.m.cma[s]
-            && r.may_split
-            && l.m.rndv_out[s] == 0
-            && min > 0
-            && n == len
-            && n >= min.max(2 * SPLIT_PAGE)
+        let free = (r.may_split && l.m.rndv_out[s] == 0) || e.m.sh.inbox(s).idle();
+        l.m.cma[s] && free && min > 0 && n == len && n >= min.max(2 * SPLIT_PAGE)
+    }
+
+    /// Publishes whether this rank is idle for receiving: no receive posted,
+    /// no rendezvous copy, split or stream of its own under way
+    /// ([`Inbox::set_idle`](crate::segment::Inbox::set_idle)), when that
+    /// changed. Called after each progress round and before each rendezvous
+    /// header we send, so a peer that reads our header finds us busy if our
+    /// receives were posted first (as osu_bibw posts them).
+    pub(super) fn publish_idle(e: &Eng, l: &mut Loc) {
+        let idle = l.matching.posted_len() == 0
+            && l.m.copies.is_empty()
+            && l.m.splits.is_empty()
+            && l.m.streams_in.is_empty();
+        if idle != l.m.idle_published {
+            e.m.sh.mine.set_idle(idle);
+            l.m.idle_published = idle;
+        }
     }
 
     /// Whether a CMA call on peer `s` may be made now: it has not departed
@@ -412,6 +431,7 @@ impl ProcessMedium {
         header.cookie = id;
         let rndv = header.kind == KIND_RNDV;
         if rndv {
+            Self::publish_idle(e, l);
             // A rendezvous is synchronous anyway (no FLAG_SYNC); what the
             // receiver needs to know is whether we expect data from it.
             header.flags = if l.matching.posted_from(out.dest) {

@@ -495,6 +495,34 @@ fn a_sender_with_receives_posted_is_not_asked_to_write_half() {
 }
 
 #[test]
+fn a_sender_that_expected_data_but_is_idle_now_is_asked_to_write_half() {
+    // The end of an osu_bibw window: the sender's header said it waited for
+    // data from us (it had a receive posted), but by the time we copy, its
+    // receives are done and its idle word says so: it writes half.
+    let (d0, d1) = pair(&[("cma", "on")]);
+    let len = 1 << 20;
+    let data: Vec<u8> = (0..len as u32).map(|i| (i % 239) as u8).collect();
+    let before = d0.engine.lock().m.splits_done;
+    let theirs = d1.irecv(Buffer::zeroed(8), Source::Rank(0), TagSel::Tag(11), 4);
+    let send = d1.isend(Buffer::from(data.clone()), 0, 10, 4);
+    d0.send(&[1; 8], 1, 11, 4).unwrap();
+    assert!(theirs.wait().status.error.is_none());
+    // A progress round of rank 1 publishes that it is idle now.
+    d1.progress();
+    assert!(d1.engine.lock().m.idle_published, "rank 1 says it is idle");
+    std::thread::scope(|s| {
+        s.spawn(|| assert!(send.wait().status.error.is_none()));
+        let got = d0
+            .irecv(Buffer::zeroed(len), Source::Rank(1), TagSel::Tag(10), 4)
+            .wait();
+        assert!(got.status.error.is_none(), "{:?}", got.status);
+        assert!(got.buf[..] == data[..], "wrong bytes");
+    });
+    let split = d0.engine.lock().m.splits_done - before;
+    assert_eq!(split, 1, "the idle sender wrote half");
+}
+
+#[test]
 fn a_write_request_for_a_send_not_held_is_a_violation() {
     // A hostile receiver asks for the tail of a send that does not
     // exist (or asks twice): the sender fails it, writes nothing.
