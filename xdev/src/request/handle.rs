@@ -1,0 +1,447 @@
+//! The handle user code holds: [`Request`] (a request born complete, or
+//! the handle's share of one in flight, [`Held`]), the small [`Handle`] a
+//! device moves through its posting path, and [`Failed`].
+
+use std::fmt;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use super::pool::{self, CoreRef};
+use super::{Completion, Progress, RequestId, LIVE, NO_HANDLE};
+use crate::{Buffer, Status};
+
+/// The handle of a non-blocking operation.
+///
+/// Safe code gets the buffer back only from a completed request. A request
+/// cannot be taken apart, and a request core lends no buffer, so the review
+/// reproduction (take the core of a posted receive, take its buffer, free it
+/// while the sender writes) no longer compiles:
+///
+/// ```compile_fail,E0624
+/// # use std::sync::Arc;
+/// # use xdev::{Buffer, Request};
+/// # use xdev::devkit::{Progress, RequestCore, RequestKind, Tracker};
+/// # struct Inert;
+/// # impl Progress for Inert {
+/// #     fn progress(&self) {}
+/// #     fn wait(&self, _: &RequestCore) {}
+/// #     fn cancel(&self, _: &xdev::devkit::CoreRef) -> bool { false }
+/// # }
+/// let t = Tracker::new();
+/// let req = Request::new(t.start(RequestKind::Recv, Buffer::zeroed(64)), Arc::new(Inert));
+/// let (core, _engine) = req.into_parts(); // private to xdev
+/// ```
+///
+/// ```compile_fail,E0599
+/// # use xdev::Buffer;
+/// # use xdev::devkit::{RequestKind, Tracker};
+/// let t = Tracker::new();
+/// let core = t.start(RequestKind::Recv, Buffer::zeroed(64));
+/// let buf = core.lend_buffer(); // no such method: relaying starts without a buffer
+/// ```
+#[must_use = "a request must be waited or tested to get its buffer back"]
+pub struct Request {
+    pub(super) inner: Inner,
+}
+
+/// The shapes of a request: born complete, or in flight.
+pub(super) enum Inner {
+    /// The operation ended inside the call that started it: the handle
+    /// itself carries the buffer and the status. No pooled core, no
+    /// reference count, no engine; `peek` does not report it (the caller
+    /// holds it complete). The status is kept whole, as the device wrote
+    /// it: rebuilding it from a narrower copy at `wait` costs a stalled
+    /// wide load of freshly written narrow fields, more than the bytes it
+    /// saves.
+    Done {
+        id: RequestId,
+        buf: Buffer,
+        status: Status,
+    },
+    /// The device owns the buffer until the core completes.
+    InFlight(Held),
+}
+
+/// The handle's share of a request in flight: its core, and the engine that
+/// progresses, waits for and cancels it once the handle needed it. Dropping
+/// it releases the handle (so `peek` no longer reports the request); the
+/// core stays with the device until the operation ends.
+///
+/// A request started by
+/// [`Tracker::start_request`](super::Tracker::start_request) finds its
+/// engine through
+/// its core's weak reference, upgraded only when the handle must drive the
+/// engine (a wait or a test that finds it not done, a cancel): a request
+/// that is done by the time its handle looks (the common case in a window
+/// of requests, which one progress round completes together) never counts
+/// a reference to the engine, where a counted one cost two locked
+/// instructions per request (profiled on psm's receive: the increment was
+/// 30% of its start, the decrement 35% of its consume). `wait` and `test`
+/// keep what they upgraded here, so a loop of tests upgrades once.
+pub(super) struct Held {
+    pub(super) core: CoreRef,
+    pub(super) engine: Option<Arc<dyn Progress>>,
+}
+
+impl Drop for Held {
+    #[inline]
+    fn drop(&mut self) {
+        self.core.release_handle();
+    }
+}
+
+impl Held {
+    /// Runs `f` on the engine that drives this request: the one the handle
+    /// holds, else its core's, upgraded for the call. `None` once the
+    /// engine is gone (its device was dropped): nothing will drive the
+    /// request any more.
+    #[inline]
+    fn with_engine<R>(&self, f: impl FnOnce(&dyn Progress) -> R) -> Option<R> {
+        match &self.engine {
+            Some(e) => Some(f(&**e)),
+            None => self.core.bound_engine().map(|e| f(&*e)),
+        }
+    }
+
+    /// Makes sure the handle holds its engine (upgrading the core's weak
+    /// reference if it does not yet); false if the engine is gone.
+    #[inline]
+    fn hold_engine(&mut self) -> bool {
+        if self.engine.is_none() {
+            self.engine = self.core.bound_engine();
+        }
+        self.engine.is_some()
+    }
+
+    /// [`Request::wait`] for a request not done yet: the engine waits for
+    /// it (upgraded from the core's weak reference if the handle does not
+    /// hold it), or, once the engine is gone, [`orphaned`](Self::orphaned).
+    /// Out of line, so that `wait` stays small enough to inline where a
+    /// request is done when waited for (a completion returned by a call
+    /// is written through memory and read back wide: a stalled load).
+    #[inline(never)]
+    fn wait_for_engine(mut self) -> Completion {
+        self.hold_engine();
+        match &self.engine {
+            None => return self.orphaned(),
+            Some(engine) => {
+                engine.wait(&self.core);
+                // The buffer comes back only once the request is done, even
+                // if the engine's wait returned early.
+                while !self.core.is_done() {
+                    engine.progress();
+                    crate::sync::yield_now();
+                }
+            }
+        }
+        self.consume()
+    }
+
+    /// The completion of a request whose engine is gone (its device was
+    /// dropped) before the request completed: `Error::Closed`, with an
+    /// empty buffer. The request's own buffer stays in its core, whoever
+    /// may still use it (a peer's copy, say), and is freed with the core.
+    #[cold]
+    #[inline(never)]
+    fn orphaned(self) -> Completion {
+        if self.core.is_done() {
+            return self.consume();
+        }
+        drop(self);
+        Completion::closed()
+    }
+
+    /// Takes the completion of a done core and lets the handle go (the core
+    /// to this thread's stash if nobody else holds it, see
+    /// [`pool::recycle`]).
+    fn consume(self) -> Completion {
+        // Released first: after that, `peek` no longer starts reading the
+        // status we take, and the pool cannot reuse the core while we hold
+        // it.
+        let (core, engine, reported) = self.release();
+        let completion = core.take();
+        drop(engine);
+        if reported {
+            // `peek` may still be reading the status, under the pool's
+            // lock: the core goes back by the count (a sweep, under that
+            // lock), not to this thread's stash and a new request at once.
+            drop(core);
+        } else {
+            pool::recycle(core);
+        }
+        completion
+    }
+
+    /// Releases the handle and gives up the core and its engine (`None` if
+    /// the engine is gone), without `Held`'s own drop (which would only
+    /// release the handle again).
+    fn into_parts(self) -> (CoreRef, Option<Arc<dyn Progress>>) {
+        let (core, engine, _) = self.release();
+        let engine = engine.or_else(|| core.bound_engine());
+        (core, engine)
+    }
+
+    /// [`into_parts`](Held::into_parts) (the engine only if the handle had
+    /// it), and whether `peek` had reported the request (see
+    /// [`RequestCore::release_handle`](super::RequestCore::release_handle)).
+    #[inline]
+    fn release(self) -> (CoreRef, Option<Arc<dyn Progress>>, bool) {
+        let reported = self.core.release_handle();
+        let this = std::mem::ManuallyDrop::new(self);
+        // SAFETY: `this` is never used or dropped again; each field is read
+        // out exactly once.
+        let (core, engine) = unsafe { (std::ptr::read(&this.core), std::ptr::read(&this.engine)) };
+        (core, engine, reported)
+    }
+}
+
+/// The caller's share of a request that
+/// [`Tracker::start_request`](super::Tracker::start_request) just
+/// started, before it becomes the [`Request`] handed to the caller
+/// ([`into_request`](Handle::into_request)). Four words where a `Request`
+/// is eleven: a device moves this through its posting path and makes the
+/// `Request` where it returns it, so the large value is written once, in
+/// place, instead of being copied at every return. Dropping it is dropping
+/// the request (the handle is released; the device keeps the core).
+#[must_use = "a started request must reach its caller"]
+pub struct Handle(pub(super) Held);
+
+impl Handle {
+    /// The request handed to the caller.
+    #[inline]
+    pub fn into_request(self) -> Request {
+        Request {
+            inner: Inner::InFlight(self.0),
+        }
+    }
+}
+
+impl fmt::Debug for Handle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("Handle").field(&self.0.core.id()).finish()
+    }
+}
+
+impl Request {
+    /// Wraps a core created by [`Tracker::start`](super::Tracker::start) (or
+    /// [`Tracker::start_relay`](super::Tracker::start_relay)), with the
+    /// engine that progresses, waits
+    /// for and cancels it.
+    ///
+    /// # Panics
+    /// If the core already has a handle: a request has exactly one.
+    pub fn new(core: CoreRef, engine: Arc<dyn Progress>) -> Self {
+        // Relaxed: only the uniqueness of the handle is decided here; the
+        // core's contents are published by `done`.
+        let first = core
+            .handle
+            .compare_exchange(NO_HANDLE, LIVE, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok();
+        assert!(first, "a request core has exactly one handle");
+        Request {
+            inner: Inner::InFlight(Held {
+                core,
+                engine: Some(engine),
+            }),
+        }
+    }
+
+    /// The request id (as reported by `peek`).
+    #[inline]
+    pub fn id(&self) -> RequestId {
+        match &self.inner {
+            Inner::Done { id, .. } => *id,
+            Inner::InFlight(h) => h.core.id(),
+        }
+    }
+
+    /// Whether the request was born complete: its operation ended inside
+    /// the call that started it. `peek` reports only requests that were
+    /// not.
+    pub fn was_born_complete(&self) -> bool {
+        matches!(self.inner, Inner::Done { .. })
+    }
+
+    /// Drives progress once and says whether the operation has completed,
+    /// or can no longer complete (its device was dropped first: `wait` then
+    /// returns `Error::Closed` at once). A request not done yet upgrades its
+    /// engine's weak reference for each call (two locked instructions);
+    /// [`test`](Request::test) keeps it after the first.
+    #[inline]
+    pub fn is_complete(&self) -> bool {
+        match &self.inner {
+            Inner::Done { .. } => true,
+            Inner::InFlight(h) => {
+                if !h.core.is_done() && h.with_engine(|e| e.progress()).is_none() {
+                    // Nothing drives it any more: `wait` ends it at once
+                    // (`Held::orphaned`).
+                    return true;
+                }
+                h.core.is_done()
+            }
+        }
+    }
+
+    /// The completion if the operation has completed, else the request back.
+    #[inline]
+    pub fn test(mut self) -> Result<Completion, Request> {
+        if let Inner::InFlight(h) = &mut self.inner {
+            // Held from now on, so that a loop of tests upgrades once.
+            if !h.core.is_done() && !h.hold_engine() {
+                return Ok(self.wait());
+            }
+        }
+        if self.is_complete() {
+            Ok(self.wait())
+        } else {
+            Err(self)
+        }
+    }
+
+    /// The completion if the operation has already completed, else the
+    /// request back; unlike [`test`](Request::test), drives no progress
+    /// (for a layered device that just started this request below).
+    pub fn take_if_done(self) -> Result<Completion, Request> {
+        let done = match &self.inner {
+            Inner::Done { .. } => true,
+            Inner::InFlight(h) => h.core.is_done(),
+        };
+        if done {
+            Ok(self.consume())
+        } else {
+            Err(self)
+        }
+    }
+
+    /// Blocks until completion (spinning, then sleeping) and returns the
+    /// buffer and status.
+    #[inline]
+    pub fn wait(self) -> Completion {
+        // Matched here, not through `split`: the completion of a request
+        // born complete is then built once, in the caller's slot.
+        match self.inner {
+            Inner::Done { buf, status, .. } => Completion { buf, status },
+            Inner::InFlight(h) => {
+                if h.core.is_done() {
+                    h.consume()
+                } else {
+                    h.wait_for_engine()
+                }
+            }
+        }
+    }
+
+    /// Waits for every request of `reqs`, which is left empty with its
+    /// allocation kept, and appends their completions to `out` in the order
+    /// of the requests (`MPI_Waitall`): every buffer comes back, those of
+    /// failed operations too. The requests are waited for in order; the
+    /// progress made for one completes the later ones it reaches as well.
+    pub fn wait_all(reqs: &mut Vec<Request>, out: &mut Vec<Completion>) {
+        out.reserve(reqs.len());
+        out.extend(reqs.drain(..).map(Request::wait));
+    }
+
+    /// Waits for the operation and returns its buffer and status, or the
+    /// error that ended it together with the buffer (so nothing is lost:
+    /// a truncated receive's first bytes are in it; boxed, so that the
+    /// successful result stays small).
+    #[inline]
+    pub fn wait_ok(self) -> Result<(Buffer, Status), Box<Failed>> {
+        let Completion { buf, mut status } = self.wait();
+        match status.error.take() {
+            None => Ok((buf, status)),
+            Some(error) => Err(Box::new(Failed {
+                buf,
+                status,
+                error: *error,
+            })),
+        }
+    }
+
+    /// Cancels an unmatched receive. Returns true if it was cancelled; the
+    /// request then completes at once with `status.cancelled` set. Sends and
+    /// matched receives are not cancelled.
+    pub fn cancel(&self) -> bool {
+        match &self.inner {
+            Inner::Done { .. } => false,
+            Inner::InFlight(h) => {
+                !h.core.is_done() && h.with_engine(|e| e.cancel(&h.core)) == Some(true)
+            }
+        }
+    }
+
+    /// Takes the request apart (for
+    /// [`RequestCore::relay`](super::RequestCore::relay)): the completion
+    /// of a request born complete, or (`Err`) the core and the engine that
+    /// progresses, waits for and cancels it (`None` if it is gone). The
+    /// request is no longer reported by its device's `peek`.
+    pub(super) fn into_parts(self) -> Result<Completion, (CoreRef, Option<Arc<dyn Progress>>)> {
+        self.split().map_err(Held::into_parts)
+    }
+
+    #[inline]
+    fn consume(self) -> Completion {
+        self.split().unwrap_or_else(Held::consume)
+    }
+
+    /// The completion of a request born complete, or the handle's share of
+    /// one in flight.
+    #[inline(always)]
+    fn split(self) -> Result<Completion, Held> {
+        match self.inner {
+            Inner::Done { buf, status, .. } => Ok(Completion { buf, status }),
+            Inner::InFlight(h) => Err(h),
+        }
+    }
+}
+
+/// A request that ended with an error: the error, the status (with its
+/// `error` taken out) and the buffer, given back whatever happened.
+#[derive(Debug)]
+pub struct Failed {
+    /// The buffer given to the operation (a truncated receive's first
+    /// bytes are in it).
+    pub buf: Buffer,
+    /// The status, its `error` moved to [`error`](Failed::error).
+    pub status: Status,
+    /// What ended the operation.
+    pub error: crate::Error,
+}
+
+impl From<Failed> for crate::Error {
+    fn from(f: Failed) -> Self {
+        f.error
+    }
+}
+
+impl From<Box<Failed>> for crate::Error {
+    fn from(f: Box<Failed>) -> Self {
+        f.error
+    }
+}
+
+impl fmt::Display for Failed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.error.fmt(f)
+    }
+}
+
+impl std::error::Error for Failed {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.error)
+    }
+}
+
+impl fmt::Debug for Request {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.inner {
+            Inner::Done { id, buf, status } => f
+                .debug_struct("Request")
+                .field("id", id)
+                .field("len", &buf.len())
+                .field("status", status)
+                .finish(),
+            Inner::InFlight(h) => h.core.fmt(f),
+        }
+    }
+}
