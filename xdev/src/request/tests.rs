@@ -722,3 +722,31 @@ fn a_request_outliving_its_engine_ends_closed_without_its_buffer() {
     let c = h.into_request().wait();
     assert_eq!((c.status.count, &c.buf[..]), (2, &[1u8, 1][..]));
 }
+
+/// A request relayed after the engine below is gone (its device dropped):
+/// nothing will complete it below, so the relay hands the hook `Closed` at
+/// once, with an empty buffer, and records nothing to wait for.
+#[test]
+fn a_relay_over_a_gone_engine_hands_its_hook_closed() {
+    let upper = Tracker::new();
+    let below = Completer::new();
+    let (core, h) = below
+        .t
+        .start_request(RequestKind::Recv, Buffer::from(vec![3u8; 4]), &below);
+    drop(below);
+    let outer = upper.start_relay(RequestKind::Recv);
+    let got = Arc::new(Mutex::new(None));
+    let g = got.clone();
+    outer.relay(
+        h.into_request(),
+        Box::new(move |c: Completion| *g.lock().unwrap() = Some(c)),
+    );
+    let c = got.lock().unwrap().take().expect("the hook ran at once");
+    assert!(matches!(
+        c.status.error.as_deref(),
+        Some(crate::Error::Closed)
+    ));
+    assert!(c.buf.is_empty());
+    assert!(outer.relayed_to().is_none(), "nothing below to wait for");
+    assert_eq!(core.buffer_len(), 4, "the buffer stays in the core below");
+}
