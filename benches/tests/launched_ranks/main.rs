@@ -202,9 +202,14 @@ fn a_process_device_runs_under_the_launcher() {
     for r in &rows {
         assert_eq!(r.len(), 4, "{stdout}");
         // The KV device is far slower than a copy: its bandwidth ratios
-        // print as 0.00.
-        assert!(r[1] > 0.0 && r[2] > 0.0 && r[3] >= 0.0, "{r:?}");
+        // print as 0.00, and so may its 1-byte bandwidth (under 5 kB/s
+        // once a message takes 200 us, as on a slow CI machine).
+        assert!(r[1] >= 0.0 && r[2] > 0.0 && r[3] >= 0.0, "{r:?}");
     }
+    // Latency rows are times and never print as zero; the 16-byte
+    // bandwidth prints as zero only past 3 ms a message.
+    assert!(rows[..6].iter().all(|r| r[1] > 0.0), "{stdout}");
+    assert!(rows[10][0] == 16.0 && rows[10][1] > 0.0, "{stdout}");
     let json = run_ranks("kv", "--quick --max-size 4 --test latency --json")
         .unwrap()
         .1;
@@ -266,7 +271,8 @@ fn mbw_mr_under_the_launcher() {
     for r in &rows {
         // size, MB/s, messages/s, floor, ratio
         assert_eq!(r.len(), 5, "{r:?}");
-        assert!(r[1] > 0.0 && r[3] > 0.0, "{r:?}");
+        // (MB/s may print as 0.00 on a slow machine, messages/s not.)
+        assert!(r[1] >= 0.0 && r[2] > 0.0 && r[3] > 0.0, "{r:?}");
         // Messages/s = MB/s * 10^6 / size, up to the rounding of MB/s
         // to 2 decimals.
         let rate = r[1] * 1e6 / r[0];
