@@ -51,8 +51,8 @@ pub use crate::device::{check_recv, check_send, check_tag};
 pub use crate::face::{start_each, Face, Seat, SendTo, Transport};
 pub use crate::options::{OptionSpec, Options};
 pub use crate::request::{
-    abort_on_unwind, Completion, CompletionHook, CoreRef, Handle, Progress, RequestCore,
-    RequestKind, Tracker,
+    abort_on_unwind, Completion, CompletionHook, CoreRef, Handle, KeepAlive, Lender, Progress,
+    RequestCore, RequestKind, Tracker,
 };
 
 // The modules below are private at the crate root; each is re-exported here

@@ -12,6 +12,10 @@
 //! a weak one): a request still in flight when its engine is gone ends with
 //! `Error::Closed` and an empty buffer, its own buffer staying in the core.
 //!
+//! A device that keeps an operation in its own table may instead lend the
+//! request out ([`Lender`], `lent.rs`): the handle owns the buffer and
+//! gives it back only once the device says the operation left it.
+//!
 //! What keeps that rule sound against code outside the device:
 //! - a [`Tracker`] completes only the requests it started (each core records
 //!   its tracker), so nobody but the device that owns a request can hand its
@@ -32,11 +36,13 @@ use std::sync::{Arc, OnceLock, Weak};
 use crate::sync::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, UnsafeCell};
 
 mod handle;
+mod lent;
 mod pool;
 mod tracker;
 
 pub use handle::{Failed, Handle, Request};
 use handle::{Held, Inner};
+pub use lent::{KeepAlive, Lender};
 pub use pool::CoreRef;
 pub use tracker::Tracker;
 

@@ -28,7 +28,22 @@ pub(super) enum Slot {
         env: Envelope,
         len: usize,
     },
-    /// A non-blocking receive; completed through the tracker.
+    /// A non-blocking receive lent out ([`xdev::devkit::Lender`], see
+    /// `lend.rs`): the handle owns the buffer; its end goes to
+    /// [`Inner::ended`] unless the handle's own wait tests it first.
+    Lent {
+        /// What `peek` reports it as.
+        id: xdev::RequestId,
+        /// The buffer's length.
+        cap: usize,
+        /// The source it names (to fail it if that peer leaves).
+        source: Option<Rank>,
+    },
+    /// A lent receive whose handle was dropped while PSM2 was writing its
+    /// buffer: the buffer is freed once PSM2 completes it.
+    Dropped(#[allow(dead_code)] xdev::Buffer),
+    /// A non-blocking receive held through a core (one that a layered
+    /// device relays); completed through the tracker.
     Recv {
         core: xdev::devkit::CoreRef,
         /// The source it names (to fail it if that peer leaves).
@@ -61,6 +76,14 @@ pub(super) struct Inner {
     /// Send buffers PSM2 may still read (their peer left first): freed
     /// only after the queue (the engine's drop closes it first).
     pub(super) kept: Vec<xdev::Buffer>,
+    /// Lent receives that ended before their handle's wait looked (a
+    /// collecting round, a cancel, a departure): their status.
+    pub(super) ended: KeyMap<super::lend::Ended>,
+    /// Open leases (lent requests whose handle has not ended them).
+    pub(super) leases: usize,
+    /// The engine itself, while a lease is open: a lent handle reaches the
+    /// engine through an uncounted pointer (see `lend.rs`).
+    pub(super) keep: Option<Arc<PsmEngine>>,
 }
 
 pub struct PsmEngine {
@@ -199,7 +222,11 @@ impl PsmEngine {
     /// was a second one per round. Returns whether anything completed.
     pub(super) fn progress_locked(&self, l: &mut Inner) -> bool {
         let Inner {
-            queue, done, batch, ..
+            queue,
+            done,
+            batch,
+            ended,
+            ..
         } = l;
         let Some(q) = queue.as_mut() else {
             return false;
@@ -212,7 +239,7 @@ impl PsmEngine {
                     continue;
                 };
                 any = true;
-                self.complete_slot(q, done, key, slot, st);
+                self.complete_slot(q, (done, ended), key, slot, st);
             }
             if !more {
                 return any;
@@ -226,7 +253,7 @@ impl PsmEngine {
     fn complete_slot(
         &self,
         q: &TrackedQueue<Slot>,
-        done: &mut KeyMap<MqStatus>,
+        (done, ended): (&mut KeyMap<MqStatus>, &mut KeyMap<super::lend::Ended>),
         key: RequestKey,
         slot: Slot,
         st: &MqStatus,
@@ -245,7 +272,11 @@ impl PsmEngine {
                 self.tracker
                     .complete_with(&core, || self.recv_status(q.peer_of(st), st, Some(cap)));
             }
-            Slot::Abandoned | Slot::SelfCopy(_) => {}
+            Slot::Lent { id, cap, .. } => {
+                let status = self.recv_status(q.peer_of(st), st, Some(cap));
+                ended.insert(key, super::lend::Ended::new(id, status));
+            }
+            Slot::Abandoned | Slot::SelfCopy(_) | Slot::Dropped(_) => {}
         }
     }
 
@@ -282,6 +313,9 @@ impl PsmEngine {
                 Slot::Send { env, .. } if env.source == d => sends.push(k),
                 Slot::Recv {
                     source: Some(s), ..
+                }
+                | Slot::Lent {
+                    source: Some(s), ..
                 } if *s == d => recvs.push(k),
                 _ => {}
             }
@@ -292,8 +326,15 @@ impl PsmEngine {
             context: 0,
         };
         for k in recvs {
-            if let Some(Slot::Recv { core, .. }) = q.cancel(k) {
-                self.tracker.complete(&core, Status::failed(env, lost(d)));
+            match q.cancel(k) {
+                Some(Slot::Recv { core, .. }) => {
+                    self.tracker.complete(&core, Status::failed(env, lost(d)));
+                }
+                Some(Slot::Lent { id, .. }) => {
+                    let status = Status::failed(env, lost(d));
+                    l.ended.insert(k, super::lend::Ended::new(id, status));
+                }
+                _ => {}
             }
         }
         for k in sends {

@@ -67,6 +67,7 @@ use xdev::{Device, Rank, Registry, Result};
 mod blocking;
 mod engine;
 pub mod layer;
+mod lend;
 mod ops;
 mod setup;
 
@@ -131,7 +132,7 @@ impl RawPsm {
     /// Runs `f` on the device's matched queue, holding the device's lock
     /// meanwhile (so `f` must not call the device: it would wait for
     /// itself). Fails with [`Closed`](xdev::Error::Closed) once the device
-    /// finished.
+    /// finished or was dropped.
     pub fn with_queue<R>(
         &self,
         f: impl FnOnce(&mut layer::MatchedQueue) -> Result<R>,
@@ -162,6 +163,15 @@ impl RawPsm {
     /// receive with it takes the device's sends of that tag and context.
     pub fn device_selector(&self, pattern: &xdev::Pattern) -> layer::Selector {
         engine::selector(pattern)
+    }
+}
+
+impl Drop for PsmDevice {
+    /// Closes the queue (forced) if `finish` did not: requests still in
+    /// flight end with `Closed`. A lent request keeps the engine's memory
+    /// alive past this (see `lend.rs`), not its endpoint.
+    fn drop(&mut self) {
+        self.engine.close_queue(true);
     }
 }
 

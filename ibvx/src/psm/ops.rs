@@ -4,7 +4,7 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use xdev::devkit::{CoreRef, RequestKind, Seat, SendTo, Transport};
+use xdev::devkit::{RequestKind, Seat, SendTo, Transport};
 use xdev::{Buffer, Envelope, Error, Pattern, Peeked, Request, Result, Source, Status};
 
 use super::engine::{lost, PsmEngine, Slot};
@@ -110,29 +110,28 @@ impl Transport for PsmEngine {
             let status = Status::failed(eng.recv_env(&pattern), lost(s));
             return eng.tracker.completed(buf, status);
         }
-        // The core owns the buffer before PSM2 sees it, and the table's
-        // entry holds the core from the post until PSM2 is done with the
-        // memory: no placeholder, no test after the post (a receive whose
-        // message is already here completes inside the post, and the
-        // request's wait collects it without polling PSM2).
-        let (core, handle) = eng.tracker.start_request(RequestKind::Recv, buf, eng);
-        let Some(q) = l.queue.as_mut() else {
-            drop(l);
-            eng.fail_unposted(&core, &pattern, Error::Closed);
-            return handle.into_request();
-        };
-        core.set_token(q.next_key().to_u64());
-        let at = (core.buffer_ptr(), core.buffer_len());
-        // SAFETY: the buffer is the core's, and the core is the entry's
-        // payload: it stays alive, and its buffer out of safe code's reach
-        // (a core lends no buffer), until the request leaves the queue.
-        let posted = unsafe { eng.post_recv(&mut l, at, &pattern, Slot::Recv { core, source }) };
+        // Lent out (see `lend.rs`): the handle owns the buffer, the queue's
+        // table holds the receive until the handle ends the lease. Until
+        // the handle owns it, the buffer is held in a `ManuallyDrop`:
+        // should anything unwind while PSM2 may write it, it leaks instead
+        // of being freed.
+        let mut buf = std::mem::ManuallyDrop::new(buf);
+        // SAFETY: on `Ok` the handle is made from the buffer below, and
+        // nothing frees it before (it is held in a `ManuallyDrop`).
+        let posted = unsafe { eng.lend_recv(&mut l, &mut buf, &pattern) };
         drop(l);
-        if let Err((e, Slot::Recv { core, .. })) = posted {
-            // The post failed: PSM2 never had the buffer.
-            eng.fail_unposted(&core, &pattern, e);
+        let buf = std::mem::ManuallyDrop::into_inner(buf);
+        match posted {
+            // SAFETY: the lease `lend_recv` opened keeps the engine alive
+            // (`Inner::keep`) until the call that ends it returns, and that
+            // call hands the reference back only when it was the last lease
+            // (see `lend.rs`).
+            Ok((id, key)) => unsafe { Request::lent(id, key.to_u64(), buf, &**eng) },
+            Err(e) => {
+                let status = Status::failed(eng.recv_env(&pattern), e);
+                eng.tracker.completed(buf, status)
+            }
         }
-        handle.into_request()
     }
 
     fn probe(&self, pattern: Pattern, block: bool) -> Result<Option<Status>> {
@@ -160,9 +159,9 @@ impl Transport for PsmEngine {
     fn peek(&self) -> Result<Option<Peeked>> {
         let eng = self;
         let mut found = None;
-        eng.block_until(true, |eng, _| {
-            found = eng.tracker.pop_completed();
-            Ok(found.is_some() || eng.tracker.outstanding() == 0)
+        eng.block_until(true, |eng, l| {
+            found = eng.peek_lent(l).or_else(|| eng.tracker.pop_completed());
+            Ok(found.is_some() || (eng.tracker.outstanding() == 0 && !eng.lent_outstanding(l)))
         })?;
         Ok(found.or_else(|| eng.tracker.pop_completed()))
     }
@@ -177,43 +176,44 @@ impl Transport for PsmEngine {
             eng.check_departures(l);
             Ok(eng.tracker.outstanding_sends() == 0)
         });
-        let mut l = eng.lock();
-        let mut ended = Vec::new();
-        if let Some(mut q) = l.queue.take() {
-            // Posted receives PSM2 has not matched go back to it before the
-            // close (they end with Closed below, with the rest).
-            let recvs: Vec<_> = q
-                .iter()
-                .filter(|(_, s)| matches!(s, Slot::Recv { .. }))
-                .map(|(k, _)| k)
-                .collect();
-            ended.extend(recvs.into_iter().filter_map(|k| q.cancel(k)));
-            // Receives that had matched finish inside the close; what is
-            // still outstanding can no longer complete.
-            ended.extend(q.close(setup::PSM_TIMEOUT));
-        }
-        for s in ended {
-            if let Slot::Send { core, .. } | Slot::Recv { core, .. } = s {
-                let env = Envelope {
-                    source: eng.rank,
-                    tag: -1,
-                    context: 0,
-                };
-                eng.tracker
-                    .complete(&core, Status::failed(env, Error::Closed));
-            }
-        }
-        drop(l);
+        eng.close_queue(false);
         r
     }
 }
 
 impl PsmEngine {
-    /// Fails receive `core`, which was never posted (the queue closed, or
-    /// the post failed): its handle gets the buffer back with `e`.
-    fn fail_unposted(&self, core: &CoreRef, pattern: &Pattern, e: Error) {
-        self.tracker
-            .complete(core, Status::failed(self.recv_env(pattern), e));
+    /// Closes the queue (`finish`, or the device's drop with `forced`):
+    /// receives PSM2 has not matched go back to it first; what is still
+    /// outstanding after the close can no longer complete, and its held
+    /// requests end with `Closed` (lent ones find the queue closed).
+    pub(super) fn close_queue(&self, forced: bool) {
+        let mut l = self.lock();
+        let Some(mut q) = l.queue.take() else {
+            return;
+        };
+        let recvs: Vec<_> = q
+            .iter()
+            .filter(|(_, s)| matches!(s, Slot::Recv { .. } | Slot::Lent { .. }))
+            .map(|(k, _)| k)
+            .collect();
+        let mut stopped: Vec<_> = recvs.into_iter().filter_map(|k| q.cancel(k)).collect();
+        // Receives that had matched finish inside a graceful close.
+        stopped.extend(if forced {
+            q.close_now()
+        } else {
+            q.close(setup::PSM_TIMEOUT)
+        });
+        let env = Envelope {
+            source: self.rank,
+            tag: -1,
+            context: 0,
+        };
+        for s in stopped {
+            if let Slot::Send { core, .. } | Slot::Recv { core, .. } = s {
+                self.tracker
+                    .complete(&core, Status::failed(env, Error::Closed));
+            }
+        }
     }
 
     /// The envelope of a receive for `pattern` that failed before it

@@ -124,11 +124,11 @@ fn a_receive_of_a_message_already_here_completes_at_its_wait() {
     // The receive posted after the send finds the message inside
     // `psm2_mq_irecv2`. It is not tested after its post (a receive posted
     // ahead of its message, the common case, would pay for a failed test),
-    // so it is in flight with a core, and its wait collects the completion.
+    // so it is lent out in flight, and its wait tests it.
     // (Whether the eager self-send itself ends at once is PSM2's business.)
     let send = dev.isend(Buffer::from(vec![0x3c; 96]), 0, 9, 0);
     let recv = dev.irecv(Buffer::zeroed(128), Source::Rank(0), TagSel::Tag(9), 0);
-    assert!(!recv.was_born_complete(), "a posted receive has a core");
+    assert!(!recv.was_born_complete(), "a posted receive is in flight");
     let (buf, st) = recv.wait_ok().unwrap();
     assert_eq!((st.source, st.tag, st.count), (0, 9, 96));
     assert!(buf[..96].iter().all(|&x| x == 0x3c));
@@ -156,4 +156,95 @@ fn the_raw_queue_is_refused_once_the_device_finished() {
     dev.finish().unwrap();
     let after = raw.with_queue(|_| -> xdev::Result<()> { panic!("lent a closed queue") });
     assert!(matches!(after, Err(xdev::Error::Closed)), "{after:?}");
+}
+
+#[test]
+fn a_lent_receive_dropped_unwaited_takes_no_message() {
+    let _one = ONE_ENDPOINT.lock().unwrap_or_else(|p| p.into_inner());
+    let Some(dev) = solo() else {
+        return;
+    };
+    // Receives are lent out: the handle owns the buffer. Dropping one that
+    // has not matched hands its buffer to the device, which cancels it in
+    // PSM2 first: the next message goes to the next receive.
+    let dropped = dev.irecv(Buffer::zeroed(64), Source::Rank(0), TagSel::Tag(11), 0);
+    drop(dropped);
+    assert_eq!(dev.engine.lock().leases, 0, "the drop ended its lease");
+    let mut r = dev.irecv(Buffer::zeroed(64), Source::Rank(0), TagSel::Tag(11), 0);
+    dev.ssend(&[0x5a; 64], 0, 11, 0).unwrap();
+    // (Bounded: had the dropped receive stayed posted, it took the
+    // message and this one never completes.)
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let c = loop {
+        match r.test() {
+            Ok(c) => break c,
+            Err(back) => r = back,
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the message went to the dropped receive"
+        );
+    };
+    let (buf, st) = c.into_result().unwrap();
+    assert_eq!((st.source, st.tag, st.count), (0, 11, 64));
+    assert!(buf.iter().all(|&x| x == 0x5a));
+    // One dropped after it matched (its message in PSM2's hands already):
+    // the device keeps the buffer until PSM2 completed it; then nothing is
+    // left behind.
+    let matched = dev.irecv(Buffer::zeroed(64), Source::Rank(0), TagSel::Tag(12), 0);
+    let send = dev.isend(Buffer::from(vec![0x11; 64]), 0, 12, 0);
+    drop(matched);
+    send.wait_ok().unwrap();
+    dev.finish().unwrap();
+    let l = dev.engine.lock();
+    assert_eq!((l.leases, l.keep.is_some(), l.ended.len()), (0, false, 0));
+}
+
+#[test]
+fn lent_receives_keep_the_engine_and_end_closed_when_the_device_goes() {
+    let _one = ONE_ENDPOINT.lock().unwrap_or_else(|p| p.into_inner());
+    let Some(dev) = solo() else {
+        return;
+    };
+    let engine = std::sync::Arc::downgrade(&dev.engine);
+    // Two receives that never match, one of them forgotten: the engine
+    // holds itself (once, not per request) while their leases are open.
+    let pending = dev.irecv(Buffer::zeroed(32), Source::Rank(0), TagSel::Tag(13), 0);
+    let forgotten = dev.irecv(Buffer::zeroed(32), Source::Rank(0), TagSel::Tag(13), 0);
+    assert_eq!(
+        engine.strong_count(),
+        2,
+        "the device's, and the leases' one"
+    );
+    std::mem::forget(forgotten);
+    drop(dev);
+    // The device's drop closed the endpoint: the wait ends at once with
+    // `Closed`, its buffer back, and the engine's memory is still there
+    // for the forgotten handle (leaked with it, never freed under it).
+    let c = pending.wait();
+    assert!(
+        matches!(c.status.error.as_deref(), Some(xdev::Error::Closed)),
+        "{:?}",
+        c.status
+    );
+    assert_eq!(c.buf.len(), 32);
+    assert_eq!(engine.strong_count(), 1, "kept for the forgotten lease");
+}
+
+#[test]
+fn a_lent_receive_is_peeked_once_and_tested() {
+    let _one = ONE_ENDPOINT.lock().unwrap_or_else(|p| p.into_inner());
+    let Some(dev) = solo() else {
+        return;
+    };
+    let r = dev.irecv(Buffer::zeroed(16), Source::Rank(0), TagSel::Tag(14), 0);
+    assert!(!r.was_born_complete());
+    assert!(!r.is_complete());
+    dev.send(&[7; 16], 0, 14, 0).unwrap();
+    let seen = dev.peek().unwrap().expect("the receive completed");
+    assert_eq!((seen.id, seen.status.count), (r.id(), 16));
+    assert!(dev.peek().unwrap().is_none(), "reported once");
+    assert!(r.is_complete());
+    let (buf, _) = r.test().expect("complete").into_result().unwrap();
+    assert_eq!(&buf[..], &[7; 16]);
 }

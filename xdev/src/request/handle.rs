@@ -60,6 +60,9 @@ pub(super) enum Inner {
     },
     /// The device owns the buffer until the core completes.
     InFlight(Held),
+    /// The handle owns the buffer, lent to a device that keeps the
+    /// operation in its own table ([`Lender`](super::Lender)).
+    Lent(super::lent::Lent),
 }
 
 /// The handle's share of a request in flight: its core, and the engine that
@@ -246,12 +249,38 @@ impl Request {
         }
     }
 
+    /// A request lent out by `engine`, which keeps operation `token` (into
+    /// or from `buf`) in its own table until the handle ends the lease (see
+    /// [`Lender`](super::Lender)). `id` is what `peek` reports it as (from
+    /// [`Tracker::lend_id`](super::Tracker::lend_id)).
+    ///
+    /// # Safety
+    /// `engine` stays alive (its device holds a strong reference to it
+    /// somewhere) until the call of its `wait_lent`, `drop_lent` or
+    /// `hold_lent` for `token` returns: the handle reaches it through an
+    /// uncounted pointer. `buf`'s memory may be used by the device until
+    /// then; the handle gives it back only from `wait_lent`.
+    #[inline]
+    pub unsafe fn lent<E: super::Lender>(
+        id: RequestId,
+        token: u64,
+        buf: Buffer,
+        engine: &E,
+    ) -> Request {
+        // SAFETY: the caller's contract.
+        let lent = unsafe { super::lent::Lent::new(id, token, buf, engine) };
+        Request {
+            inner: Inner::Lent(lent),
+        }
+    }
+
     /// The request id (as reported by `peek`).
     #[inline]
     pub fn id(&self) -> RequestId {
         match &self.inner {
             Inner::Done { id, .. } => *id,
             Inner::InFlight(h) => h.core.id(),
+            Inner::Lent(l) => l.id(),
         }
     }
 
@@ -271,6 +300,7 @@ impl Request {
     pub fn is_complete(&self) -> bool {
         match &self.inner {
             Inner::Done { .. } => true,
+            Inner::Lent(l) => l.test(),
             Inner::InFlight(h) => {
                 if !h.core.is_done() && h.with_engine(|e| e.progress()).is_none() {
                     // Nothing drives it any more: `wait` ends it at once
@@ -305,6 +335,8 @@ impl Request {
         let done = match &self.inner {
             Inner::Done { .. } => true,
             Inner::InFlight(h) => h.core.is_done(),
+            // (Cannot tell without asking the device, which may progress.)
+            Inner::Lent(_) => false,
         };
         if done {
             Ok(self.consume())
@@ -321,6 +353,7 @@ impl Request {
         // born complete is then built once, in the caller's slot.
         match self.inner {
             Inner::Done { buf, status, .. } => Completion { buf, status },
+            Inner::Lent(l) => l.wait(),
             Inner::InFlight(h) => {
                 if h.core.is_done() {
                     h.consume()
@@ -367,6 +400,7 @@ impl Request {
             Inner::InFlight(h) => {
                 !h.core.is_done() && h.with_engine(|e| e.cancel(&h.core)) == Some(true)
             }
+            Inner::Lent(l) => l.cancel(),
         }
     }
 
@@ -386,11 +420,14 @@ impl Request {
 
     /// The completion of a request born complete, or the handle's share of
     /// one in flight.
+    /// A lent request is first turned into a held one (its device ends the
+    /// lease).
     #[inline(always)]
     fn split(self) -> Result<Completion, Held> {
         match self.inner {
             Inner::Done { buf, status, .. } => Ok(Completion { buf, status }),
             Inner::InFlight(h) => Err(h),
+            Inner::Lent(l) => l.hold().split(),
         }
     }
 }
@@ -442,6 +479,7 @@ impl fmt::Debug for Request {
                 .field("status", status)
                 .finish(),
             Inner::InFlight(h) => h.core.fmt(f),
+            Inner::Lent(l) => l.fmt(f),
         }
     }
 }

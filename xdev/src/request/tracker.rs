@@ -148,6 +148,14 @@ impl Tracker {
         }
     }
 
+    /// A fresh request id for a request a device lends out
+    /// ([`Request::lent`]): from the same per-thread blocks as the ids of
+    /// requests born complete, so no locked instruction per request.
+    #[inline]
+    pub fn lend_id(&self) -> RequestId {
+        born_id()
+    }
+
     /// Starts a request that holds no buffer yet, for a device layered over
     /// others: the buffer goes to a request on the device below, and comes
     /// back with [`complete_returning`](Tracker::complete_returning) (see

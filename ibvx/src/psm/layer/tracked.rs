@@ -278,7 +278,7 @@ impl<T> TrackedQueue<T> {
     /// Request `key`'s payload and status if it has completed
     /// (`psm2_mq_test2` on its handle, which frees it). `None` if it has
     /// not, or if `key` names no outstanding request. Does not poll.
-    #[inline]
+    #[inline(always)]
     pub fn test(&mut self, key: RequestKey) -> Option<(T, MqStatus)> {
         let req = self.entry(key)?.req;
         // SAFETY: req is live: it is in the table.
@@ -291,7 +291,7 @@ impl<T> TrackedQueue<T> {
     ///
     /// # Safety
     /// `req` is a live request of this queue: not freed by PSM2 yet.
-    #[inline]
+    #[inline(always)]
     unsafe fn test_live(&self, mut req: psm2_mq_req_t) -> Option<MqStatus> {
         let (_, psm) = self.mq.raw();
         let mut st = MaybeUninit::<psm2_mq_status2_t>::zeroed();
@@ -361,6 +361,15 @@ impl<T> TrackedQueue<T> {
     /// Whether no request is outstanding.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// Finalizes the queue and closes the endpoint at once (forced, as the
+    /// queue's drop does), then hands back the payloads of the requests
+    /// still outstanding: PSM2 no longer touches their memory.
+    pub fn close_now(self) -> Vec<T> {
+        let TrackedQueue { mq, slots, .. } = self;
+        drop(mq);
+        slots.into_iter().filter_map(|e| e.payload).collect()
     }
 
     /// Finalizes the queue and closes the endpoint gracefully (up to
