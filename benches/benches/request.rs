@@ -10,6 +10,11 @@
 //!   path a device takes, [`Tracker::start_request`] (the device's
 //!   reference to the core and the handle at once), then the completion,
 //!   the device's reference dropped, and the wait.
+//! - `request/lifecycle/lend_wait`: the handle's side of a lent request
+//!   ([`Request::lent`], the psm device's receive): a fresh id, the
+//!   handle, and its wait through a [`Lender`] whose operation is done by
+//!   then and that builds the completion in place (no pooled core, no
+//!   claim, no reference count).
 //! - `request/thread/pingpong_0B`: two ranks of the `thread` device, one
 //!   thread each (pinned to cores 0 and 1), opened in one world through the
 //!   registry and used through the [`Device`] trait only. Per iteration rank
@@ -65,7 +70,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use xdev::devkit::{Progress, RequestCore, RequestKind, Tracker};
+use xdev::devkit::{Completion, KeepAlive, Lender, Progress, RequestCore, RequestKind, Tracker};
 use xdev::registry::Registry;
 use xdev::{Buffer, Config, Device, Envelope, Request, Source, Status, TagSel};
 
@@ -246,6 +251,42 @@ impl Progress for Inert {
     }
 }
 
+/// A lender whose operations are done by the time they are waited for,
+/// with no table: the handle's side of a lent request alone.
+struct Lending;
+
+impl Lending {
+    fn status(token: u64) -> Status {
+        let env = Envelope {
+            source: token as usize,
+            tag: 0,
+            context: CTX,
+        };
+        Status::ok(env, 0)
+    }
+}
+
+impl Lender for Lending {
+    fn test_lent(&self, _: u64) -> bool {
+        true
+    }
+    fn wait_lent(&self, token: u64, buf: Buffer, _: &mut KeepAlive) -> Completion {
+        Completion {
+            buf,
+            status: Lending::status(token),
+        }
+    }
+    fn cancel_lent(&self, _: u64) -> bool {
+        false
+    }
+    fn drop_lent(&self, _: u64, _: Buffer) -> KeepAlive {
+        None
+    }
+    fn hold_lent(&self, token: u64, buf: Buffer) -> (Request, KeepAlive) {
+        (Tracker::new().completed(buf, Lending::status(token)), None)
+    }
+}
+
 /// A request created and completed on its own: start, handle, complete,
 /// wait; the buffer (empty, never reallocated) comes back for the next one.
 fn lifecycle(c: &mut Criterion) {
@@ -285,6 +326,17 @@ fn lifecycle(c: &mut Criterion) {
         &mut step,
     );
     g.bench_function("start_request_complete_wait", |b| b.iter(&mut step));
+    // A lent request: id, handle, wait.
+    let lender = Lending;
+    let mut step = || {
+        let back = buf.take().expect("buffer back");
+        // SAFETY: the lender lives on this stack frame for the whole loop,
+        // past every wait.
+        let req = unsafe { Request::lent(tracker.lend_id(), 1, back, &lender) };
+        buf = Some(req.wait().buf);
+    };
+    count_allocations("request/lifecycle/lend_wait", 1, &mut step);
+    g.bench_function("lend_wait", |b| b.iter(&mut step));
     g.finish();
 }
 

@@ -132,8 +132,13 @@ impl Lent {
         (this.token, buf, this.engine)
     }
 
-    /// Waits for the operation and ends the lease.
-    #[inline]
+    /// Waits for the operation and ends the lease. Out of line, so that
+    /// `Request::wait` stays small enough to inline where a request is born
+    /// complete (inlined here, it made `Request::wait` an out-of-line call
+    /// whose returned completion the caller read back wide, a stalled load:
+    /// psm's eager sender lost 10-40% of its rate). The completion is still
+    /// built once, in the caller's place, by the device.
+    #[inline(never)]
     pub(super) fn wait(self) -> Completion {
         let (token, buf, engine) = self.into_parts();
         let mut keep = None;
