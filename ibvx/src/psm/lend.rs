@@ -62,9 +62,10 @@ enum LentEnd {
 }
 
 impl PsmEngine {
-    /// The status of a lent receive that the device's close ended (its
-    /// `finish`, or its drop) before PSM2 completed it.
-    fn closed(&self) -> Status {
+    /// The status of a receive (lent or held) or send that the device's
+    /// close ended (its `finish`, or its drop) before PSM2 completed it:
+    /// this rank's envelope, no tag.
+    pub(super) fn closed(&self) -> Status {
         let env = Envelope {
             source: self.rank,
             tag: -1,

@@ -5,7 +5,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use xdev::devkit::{RequestKind, Seat, SendTo, Transport};
-use xdev::{Buffer, Envelope, Error, Pattern, Peeked, Request, Result, Source, Status};
+use xdev::{Buffer, Envelope, Pattern, Peeked, Request, Result, Source, Status};
 
 use super::engine::{lost, PsmEngine, Slot};
 use super::setup;
@@ -191,27 +191,24 @@ impl PsmEngine {
         let Some(mut q) = l.queue.take() else {
             return;
         };
-        let recvs: Vec<_> = q
-            .iter()
-            .filter(|(_, s)| matches!(s, Slot::Recv { .. } | Slot::Lent { .. }))
-            .map(|(k, _)| k)
-            .collect();
-        let mut stopped: Vec<_> = recvs.into_iter().filter_map(|k| q.cancel(k)).collect();
-        // Receives that had matched finish inside a graceful close.
-        stopped.extend(if forced {
+        // A forced close lets go of every buffer at once; a graceful one
+        // first cancels the receives that have not matched (they would
+        // never finish), and lets those that had matched finish.
+        let stopped = if forced {
             q.close_now()
         } else {
-            q.close(setup::PSM_TIMEOUT)
-        });
-        let env = Envelope {
-            source: self.rank,
-            tag: -1,
-            context: 0,
+            let recvs: Vec<_> = q
+                .iter()
+                .filter(|(_, s)| matches!(s, Slot::Recv { .. } | Slot::Lent { .. }))
+                .map(|(k, _)| k)
+                .collect();
+            let mut stopped: Vec<_> = recvs.into_iter().filter_map(|k| q.cancel(k)).collect();
+            stopped.extend(q.close(setup::PSM_TIMEOUT));
+            stopped
         };
         for s in stopped {
             if let Slot::Send { core, .. } | Slot::Recv { core, .. } = s {
-                self.tracker
-                    .complete(&core, Status::failed(env, Error::Closed));
+                self.tracker.complete(&core, self.closed());
             }
         }
     }
