@@ -248,3 +248,42 @@ fn a_lent_receive_is_peeked_once_and_tested() {
     let (buf, _) = r.test().expect("complete").into_result().unwrap();
     assert_eq!(&buf[..], &[7; 16]);
 }
+
+#[test]
+fn a_lent_receive_relayed_after_the_device_went_ends_closed_with_its_buffer() {
+    use std::sync::{Arc, Mutex};
+    use xdev::devkit::{Completion, RequestKind, Tracker};
+    let _one = ONE_ENDPOINT.lock().unwrap_or_else(|p| p.into_inner());
+    let Some(dev) = solo() else {
+        return;
+    };
+    let engine = Arc::downgrade(&dev.engine);
+    let pending = dev.irecv(Buffer::zeroed(24), Source::Rank(0), TagSel::Tag(15), 0);
+    drop(dev);
+    // Relaying holds the lent receive first: the queue is closed, so it is
+    // held born complete with `Closed` and its buffer, and the hook runs
+    // at once; the lease ends, and with it the engine.
+    let outer_tracker = Tracker::new();
+    let outer = outer_tracker.start_relay(RequestKind::Recv);
+    let seen: Arc<Mutex<Option<Completion>>> = Arc::default();
+    let into = Arc::clone(&seen);
+    outer.relay(
+        pending,
+        Box::new(move |c: Completion| {
+            *into.lock().unwrap() = Some(c);
+        }),
+    );
+    let c = seen
+        .lock()
+        .unwrap()
+        .take()
+        .expect("the hook ran at the relay");
+    assert!(
+        matches!(c.status.error.as_deref(), Some(xdev::Error::Closed)),
+        "{:?}",
+        c.status
+    );
+    assert_eq!(c.buf.len(), 24);
+    assert!(outer.relayed_to().is_none(), "nothing below to wait for");
+    assert_eq!(engine.strong_count(), 0, "the last lease let the engine go");
+}
