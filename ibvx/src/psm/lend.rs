@@ -49,8 +49,10 @@ impl Ended {
 
 /// How a lent receive ended, as its wait found it.
 enum LentEnd {
-    /// PSM2 completed it: its status, its source's rank, its capacity.
+    /// PSM2 completed it: its id, its status, its source's rank, its
+    /// capacity.
     Psm {
+        id: RequestId,
         source: Option<Rank>,
         st: MqStatus,
         cap: usize,
@@ -158,7 +160,8 @@ impl PsmEngine {
             // A receive that named its source matched only that rank's
             // endpoint (PSM2 matches the source address): no lookup of the
             // status's address.
-            Some((Slot::Lent { cap, source, .. }, st)) => Some(LentEnd::Psm {
+            Some((Slot::Lent { id, cap, source }, st)) => Some(LentEnd::Psm {
+                id,
                 source: source.or_else(|| q.peer_of(&st)),
                 st,
                 cap,
@@ -200,7 +203,9 @@ impl PsmEngine {
     #[inline(always)]
     fn lent_status(&self, end: LentEnd) -> Status {
         match end {
-            LentEnd::Psm { source, st, cap } => self.recv_status(source, &st, Some(cap)),
+            LentEnd::Psm {
+                source, st, cap, ..
+            } => self.recv_status(source, &st, Some(cap)),
             LentEnd::Ended(status) => status,
             LentEnd::Closed => self.closed(),
         }
@@ -239,18 +244,19 @@ impl Lender for PsmEngine {
         if l.ended.contains_key(&key) {
             return true;
         }
-        let Some(q) = l.queue.as_mut() else {
-            return true;
-        };
-        q.poll();
-        match q.test(key) {
-            Some((Slot::Lent { id, cap, .. }, st)) => {
-                let status = self.recv_status(q.peer_of(&st), &st, Some(cap));
+        if let Some(q) = l.queue.as_mut() {
+            q.poll();
+        }
+        // Testing frees PSM2's request: its end waits in `ended` for the
+        // handle's wait (and a `peek`).
+        match self.take_lent_end(l, key) {
+            Some(end @ LentEnd::Psm { id, .. }) => {
+                let status = self.lent_status(end);
                 l.ended.insert(key, Ended::new(id, status));
                 true
             }
             Some(_) => true,
-            None => q.get(key).is_none(),
+            None => false,
         }
     }
 
