@@ -278,7 +278,7 @@ impl<T> TrackedQueue<T> {
     /// Request `key`'s payload and status if it has completed
     /// (`psm2_mq_test2` on its handle, which frees it). `None` if it has
     /// not, or if `key` names no outstanding request. Does not poll.
-    #[inline(always)]
+    #[inline]
     pub fn test(&mut self, key: RequestKey) -> Option<(T, MqStatus)> {
         let req = self.entry(key)?.req;
         // SAFETY: req is live: it is in the table.
@@ -291,7 +291,7 @@ impl<T> TrackedQueue<T> {
     ///
     /// # Safety
     /// `req` is a live request of this queue: not freed by PSM2 yet.
-    #[inline(always)]
+    #[inline]
     unsafe fn test_live(&self, mut req: psm2_mq_req_t) -> Option<MqStatus> {
         let (_, psm) = self.mq.raw();
         let mut st = MaybeUninit::<psm2_mq_status2_t>::zeroed();
