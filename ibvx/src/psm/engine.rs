@@ -170,13 +170,38 @@ impl PsmEngine {
     /// The xdev status of a completed receive into `cap` bytes, or of a
     /// probed message (`cap` = `None`), sent by `source` (`None`: an
     /// endpoint that is not in the job).
-    #[inline]
+    ///
+    /// A whole message from a rank of the job is built here, inlined, in
+    /// the caller's place; every other case out of line. (Built by a call
+    /// and then moved, the status was read back wide from its narrow
+    /// stores: a stalled store forward, half of the lent wait's samples.)
+    #[inline(always)]
     pub(super) fn recv_status(
         &self,
         source: Option<Rank>,
         st: &MqStatus,
         cap: Option<usize>,
     ) -> Status {
+        if let (Some(source), Some(cap)) = (source, cap) {
+            let t = st.tag().0;
+            let len = t[2] as usize;
+            if st.is_ok() && len <= cap && st.nbytes() as usize == len {
+                let env = Envelope {
+                    source,
+                    tag: t[0] as i32,
+                    context: t[1],
+                };
+                return Status::ok(env, len);
+            }
+        }
+        self.recv_status_rest(source, st, cap)
+    }
+
+    /// [`recv_status`](Self::recv_status) for a probe, a truncation, an
+    /// error or an unknown sender.
+    #[cold]
+    #[inline(never)]
+    fn recv_status_rest(&self, source: Option<Rank>, st: &MqStatus, cap: Option<usize>) -> Status {
         let t = st.tag().0;
         let env = Envelope {
             source: source.unwrap_or(usize::MAX),
