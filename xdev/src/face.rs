@@ -320,7 +320,10 @@ fn blocking_send<D: Face + ?Sized>(dev: &D, buf: &[u8], to: SendTo) -> Result<()
     dev.engine().blocking_send(buf, to)
 }
 
-/// `isend` and `issend`: checked, then started by the engine.
+/// `isend` and `issend`: checked, then started by the engine. Always
+/// inlined into the face's `isend`, so that an engine whose `start_send`
+/// is inlined too is one call from the user.
+#[inline(always)]
 fn start_send<D: Face + ?Sized>(dev: &D, buf: Buffer, to: SendTo) -> Request {
     let engine = dev.engine();
     if let Err(e) = send_checked(engine, to) {

@@ -92,7 +92,12 @@ impl<M: Medium> Transport for Engine<M> {
         M::wait_send(self, &waiter)
     }
 
-    /// Starts sending `buf`, which moves into the request.
+    /// Starts sending `buf`, which moves into the request. Inlined into
+    /// the face's `isend` (as `start_recv` into `irecv`): one call, not
+    /// two, between the user and the ring, and the buffer and the request
+    /// are not copied once more at a second call's boundary (osu_bibw 1 B,
+    /// 6 alternating runs: thread 7.89 -> 8.34 MB/s, shm 7.77 -> 8.67).
+    #[inline(always)]
     fn start_send(self: &Arc<Self>, buf: Buffer, to: SendTo) -> Request {
         let (dest, tag, context, sync) = to.parts();
         let env = to.envelope();
@@ -179,6 +184,7 @@ impl<M: Medium> Transport for Engine<M> {
     }
 
     /// Starts a receive into `buf`, which moves into the request.
+    #[inline(always)]
     fn start_recv(self: &Arc<Self>, buf: Buffer, pattern: Pattern) -> Request {
         let mut l = self.lock();
         self.start_recv_locked(&mut l, buf, pattern)
