@@ -183,9 +183,11 @@ impl Transport for PsmEngine {
 
 impl PsmEngine {
     /// Closes the queue (`finish`, or the device's drop with `forced`):
-    /// receives PSM2 has not matched go back to it first; what is still
-    /// outstanding after the close can no longer complete, and its held
-    /// requests end with `Closed` (lent ones find the queue closed).
+    /// a graceful close first takes back the receives PSM2 has not matched
+    /// and lets the others finish, a forced one lets go of everything at
+    /// once; what is still outstanding after the close can no longer
+    /// complete, and its held requests end with `Closed` (lent ones find
+    /// the queue closed).
     pub(super) fn close_queue(&self, forced: bool) {
         let mut l = self.lock();
         let Some(mut q) = l.queue.take() else {
