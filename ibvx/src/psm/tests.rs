@@ -287,3 +287,38 @@ fn a_lent_receive_relayed_after_the_device_went_ends_closed_with_its_buffer() {
     assert!(outer.relayed_to().is_none(), "nothing below to wait for");
     assert_eq!(engine.strong_count(), 0, "the last lease let the engine go");
 }
+
+#[test]
+fn a_held_receive_in_flight_ends_closed_when_the_device_goes() {
+    use std::sync::{Arc, Mutex};
+    use xdev::devkit::{Completion, RequestKind, Tracker};
+    let _one = ONE_ENDPOINT.lock().unwrap_or_else(|p| p.into_inner());
+    let Some(dev) = solo() else {
+        return;
+    };
+    // Relayed while the device is open, the lent receive becomes a held
+    // one (a core in the queue's table); the device's drop (a forced
+    // close, which lets go of the buffers without cancelling first) then
+    // completes it with `Closed` and hands its buffer to the hook.
+    let pending = dev.irecv(Buffer::zeroed(40), Source::Rank(0), TagSel::Tag(16), 0);
+    let outer_tracker = Tracker::new();
+    let outer = outer_tracker.start_relay(RequestKind::Recv);
+    let seen: Arc<Mutex<Option<Completion>>> = Arc::default();
+    let into = Arc::clone(&seen);
+    outer.relay(
+        pending,
+        Box::new(move |c: Completion| {
+            *into.lock().unwrap() = Some(c);
+        }),
+    );
+    assert!(outer.relayed_to().is_some(), "held below, in flight");
+    assert!(seen.lock().unwrap().is_none(), "not complete yet");
+    drop(dev);
+    let c = seen.lock().unwrap().take().expect("the close completed it");
+    assert!(
+        matches!(c.status.error.as_deref(), Some(xdev::Error::Closed)),
+        "{:?}",
+        c.status
+    );
+    assert_eq!(c.buf.len(), 40);
+}
