@@ -11,7 +11,7 @@
 //! device's receive (`xdev-bench --device psm --test rate_split`,
 //! alternating runs), lending cut the wait from 145-170 ns to 117-130 ns
 //! per 8-byte message; `request/lifecycle/lend_wait` in the criterion
-//! bench takes 28 ns where a held request's lifecycle takes 63.
+//! bench takes 20-22 ns where a held request's lifecycle takes 63.
 //!
 //! What keeps it sound:
 //! - the handle gives the buffer back only from [`Lender::wait_lent`],
