@@ -249,49 +249,66 @@ fn a_lent_receive_is_peeked_once_and_tested() {
     assert_eq!(&buf[..], &[7; 16]);
 }
 
-#[test]
-fn a_lent_receive_relayed_after_the_device_went_ends_closed_with_its_buffer() {
-    use std::sync::{Arc, Mutex};
-    use xdev::devkit::{Completion, RequestKind, Tracker};
-    let _one = ONE_ENDPOINT.lock().unwrap_or_else(|p| p.into_inner());
-    let Some(dev) = solo() else {
-        return;
-    };
-    let engine = Arc::downgrade(&dev.engine);
-    let pending = dev.irecv(Buffer::zeroed(24), Source::Rank(0), TagSel::Tag(15), 0);
-    drop(dev);
-    // Relaying holds the lent receive first: the queue is closed, so it is
-    // held born complete with `Closed` and its buffer, and the hook runs
-    // at once; the lease ends, and with it the engine.
-    let outer_tracker = Tracker::new();
-    let outer = outer_tracker.start_relay(RequestKind::Recv);
-    let seen: Arc<Mutex<Option<Completion>>> = Arc::default();
-    let into = Arc::clone(&seen);
+/// A relay of `below` into a request of a tracker of its own, whose hook
+/// keeps the completion: the tracker, the relaying request, and where the
+/// completion lands.
+type Relayed = (
+    xdev::devkit::Tracker,
+    xdev::devkit::CoreRef,
+    std::sync::Arc<std::sync::Mutex<Option<xdev::devkit::Completion>>>,
+);
+
+fn relay_into_hook(below: xdev::Request) -> Relayed {
+    let tracker = xdev::devkit::Tracker::new();
+    let outer = tracker.start_relay(xdev::devkit::RequestKind::Recv);
+    let seen: std::sync::Arc<std::sync::Mutex<Option<xdev::devkit::Completion>>> =
+        std::sync::Arc::default();
+    let into = std::sync::Arc::clone(&seen);
     outer.relay(
-        pending,
-        Box::new(move |c: Completion| {
+        below,
+        Box::new(move |c| {
             *into.lock().unwrap() = Some(c);
         }),
     );
-    let c = seen
-        .lock()
-        .unwrap()
-        .take()
-        .expect("the hook ran at the relay");
+    (tracker, outer, seen)
+}
+
+/// Asserts that `c` ended with `Closed` and brought back its `len`-byte
+/// buffer.
+fn assert_closed_with_buffer(c: &xdev::devkit::Completion, len: usize) {
     assert!(
         matches!(c.status.error.as_deref(), Some(xdev::Error::Closed)),
         "{:?}",
         c.status
     );
-    assert_eq!(c.buf.len(), 24);
+    assert_eq!(c.buf.len(), len);
+}
+
+#[test]
+fn a_lent_receive_relayed_after_the_device_went_ends_closed_with_its_buffer() {
+    let _one = ONE_ENDPOINT.lock().unwrap_or_else(|p| p.into_inner());
+    let Some(dev) = solo() else {
+        return;
+    };
+    let engine = std::sync::Arc::downgrade(&dev.engine);
+    let pending = dev.irecv(Buffer::zeroed(24), Source::Rank(0), TagSel::Tag(15), 0);
+    drop(dev);
+    // Relaying holds the lent receive first: the queue is closed, so it is
+    // held born complete with `Closed` and its buffer, and the hook runs
+    // at once; the lease ends, and with it the engine.
+    let (_tracker, outer, seen) = relay_into_hook(pending);
+    let c = seen
+        .lock()
+        .unwrap()
+        .take()
+        .expect("the hook ran at the relay");
+    assert_closed_with_buffer(&c, 24);
     assert!(outer.relayed_to().is_none(), "nothing below to wait for");
     assert_eq!(engine.strong_count(), 0, "the last lease let the engine go");
 }
 
 #[test]
 fn a_held_receive_in_flight_ends_closed_when_the_device_goes() {
-    use std::sync::{Arc, Mutex};
-    use xdev::devkit::{Completion, RequestKind, Tracker};
     let _one = ONE_ENDPOINT.lock().unwrap_or_else(|p| p.into_inner());
     let Some(dev) = solo() else {
         return;
@@ -301,24 +318,10 @@ fn a_held_receive_in_flight_ends_closed_when_the_device_goes() {
     // close, which lets go of the buffers without cancelling first) then
     // completes it with `Closed` and hands its buffer to the hook.
     let pending = dev.irecv(Buffer::zeroed(40), Source::Rank(0), TagSel::Tag(16), 0);
-    let outer_tracker = Tracker::new();
-    let outer = outer_tracker.start_relay(RequestKind::Recv);
-    let seen: Arc<Mutex<Option<Completion>>> = Arc::default();
-    let into = Arc::clone(&seen);
-    outer.relay(
-        pending,
-        Box::new(move |c: Completion| {
-            *into.lock().unwrap() = Some(c);
-        }),
-    );
+    let (_tracker, outer, seen) = relay_into_hook(pending);
     assert!(outer.relayed_to().is_some(), "held below, in flight");
     assert!(seen.lock().unwrap().is_none(), "not complete yet");
     drop(dev);
     let c = seen.lock().unwrap().take().expect("the close completed it");
-    assert!(
-        matches!(c.status.error.as_deref(), Some(xdev::Error::Closed)),
-        "{:?}",
-        c.status
-    );
-    assert_eq!(c.buf.len(), 40);
+    assert_closed_with_buffer(&c, 40);
 }
