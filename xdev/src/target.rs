@@ -67,12 +67,58 @@ impl BlockingRecv {
     }
 }
 
+/// A non-blocking receive its engine lent out
+/// ([`Request::lent`](crate::Request::lent)): the handle owns the buffer,
+/// and the engine keeps the receive's state in its own table, at `slot`.
+/// Such a target is completed by that engine (into its table), never by
+/// [`Target::complete`].
+///
+/// [`Target::dst`] gives the buffer's address, valid for writes under the
+/// lender's contract: the handle hands the buffer out only once the engine
+/// completed the receive (or took the buffer into its table).
+#[derive(Debug)]
+pub struct LentRecv {
+    ptr: *mut u8,
+    cap: usize,
+    slot: u32,
+}
+
+// SAFETY: as for `BlockingRecv`: the address is only handed out
+// (`Target::dst`), never dereferenced here; the engine's writes through it
+// follow the lender's contract stated on `LentRecv::new`.
+unsafe impl Send for LentRecv {}
+// SAFETY: as above; through a shared reference one reads only numbers.
+unsafe impl Sync for LentRecv {}
+
+impl LentRecv {
+    /// The lent receive at `slot` of its engine's table, into `cap` bytes
+    /// at `ptr`.
+    ///
+    /// # Safety
+    /// `ptr` is valid for writes of `cap` bytes, and written by nothing
+    /// else, until the engine completes this receive (or takes it out of
+    /// everything that delivers into it): the buffer of a lent request,
+    /// which its handle gives back only once its lease ended.
+    #[inline]
+    pub unsafe fn new(ptr: *mut u8, cap: usize, slot: u32) -> Self {
+        LentRecv { ptr, cap, slot }
+    }
+
+    /// The receive's slot in its engine's table.
+    #[inline]
+    pub fn slot(&self) -> u32 {
+        self.slot
+    }
+}
+
 /// Where a matched message goes.
 pub enum Target {
     /// A non-blocking receive: its request owns the buffer.
     Request(CoreRef),
     /// A blocking receive: the waiting call borrows the buffer.
     Blocking(Arc<BlockingRecv>),
+    /// A non-blocking receive its engine lent out: the engine completes it.
+    Lent(LentRecv),
 }
 
 impl Target {
@@ -85,16 +131,27 @@ impl Target {
         match self {
             Target::Request(c) => (c.buffer_ptr(), c.buffer_len()),
             Target::Blocking(b) => (b.ptr, b.cap),
+            Target::Lent(r) => (r.ptr, r.cap),
         }
     }
 
-    /// Completes the receive with `st`.
+    /// Whether the receive is a blocking call's (the waiting call borrows
+    /// its buffer), not a request's.
+    #[inline]
+    pub fn is_blocking(&self) -> bool {
+        matches!(self, Target::Blocking(_))
+    }
+
+    /// Completes the receive with `st` (not a [`Target::Lent`]: its engine
+    /// completes that one into its own table).
     pub fn complete(self, tracker: &Tracker, st: Status) {
         self.complete_with(tracker, || st)
     }
 
     /// Completes the receive with the status `st` makes, built where the
-    /// receive keeps it (see [`Tracker::complete_with`]).
+    /// receive keeps it (see [`Tracker::complete_with`]). Not for a
+    /// [`Target::Lent`], which only its engine can complete (a bug of that
+    /// engine: it panics).
     #[inline]
     pub fn complete_with(self, tracker: &Tracker, st: impl FnOnce() -> Status) {
         match self {
@@ -106,6 +163,7 @@ impl Target {
                 // Release: the status is written before the waiter sees done.
                 b.done.store(true, Ordering::Release);
             }
+            Target::Lent(r) => lent_by_engine(r.slot),
         }
     }
 
@@ -113,6 +171,13 @@ impl Target {
     pub fn is(&self, b: &Arc<BlockingRecv>) -> bool {
         matches!(self, Target::Blocking(t) if Arc::ptr_eq(t, b))
     }
+}
+
+/// A lent receive reached [`Target::complete_with`]: its engine's bug.
+#[cold]
+#[inline(never)]
+fn lent_by_engine(slot: u32) -> ! {
+    panic!("lent receive {slot} must be completed by the engine that lent it")
 }
 
 /// A non-blocking send waiting for room (ring space, credits) to start.

@@ -28,6 +28,7 @@ use crate::doorbell::DoorbellRef;
 use crate::futex::Scope;
 use crate::ring::{Consumer, Header, Incoming, Producer, RingRef};
 
+mod lend;
 mod ops;
 mod progress;
 mod recv;
@@ -338,6 +339,8 @@ pub struct Local<M: Medium> {
     /// Receives queued behind others that skip their look at the ring
     /// (see `post_recv`), and how many the next empty look makes skip.
     pub(crate) post_looks: PostLooks,
+    /// The receives lent out (see `lend.rs`).
+    pub(crate) leases: lend::Leases<M>,
     /// The medium's own.
     pub(crate) m: M::State,
 }
@@ -444,6 +447,7 @@ impl<M: Medium> Local<M> {
             spare_payloads: Vec::new(),
             defer_copies: false,
             post_looks: PostLooks::default(),
+            leases: Default::default(),
             m,
         }
     }
@@ -655,8 +659,9 @@ impl<M: Medium> Engine<M> {
         l.freed_local[s] += len + crate::wire::ENTRY_CHARGE;
     }
 
-    pub(crate) fn complete_target(&self, t: Target, st: Status) {
-        t.complete(&self.tracker, st);
+    /// Completes target `t` with `st`.
+    pub(crate) fn complete_target(&self, l: &mut Local<M>, t: Target, st: Status) {
+        self.complete_target_with(l, t, || st);
     }
 
     /// A peer broke the protocol: stop reading its ring, fail what involves
@@ -690,7 +695,7 @@ impl<M: Medium> Engine<M> {
                 tag: -1,
                 context: 0,
             };
-            self.complete_target(t, Status::failed(env, err.clone()));
+            self.complete_target(l, t, Status::failed(env, err.clone()));
         }
         for p in std::mem::take(&mut l.backlog[d]) {
             l.backlog_total -= 1;

@@ -2,12 +2,13 @@
 //! receives, probes, `peek` and `finish`.
 
 use std::cell::Cell;
+use std::mem::ManuallyDrop;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use xdev::devkit::matching::Posted;
+use xdev::devkit::matching::{Posted, PostedId};
 use xdev::devkit::target::{lost, BlockingRecv, Pending, Target};
-use xdev::devkit::{start_each, CoreRef, Handle, RequestKind, Seat, SendTo, Transport};
+use xdev::devkit::{start_each, CoreRef, RequestKind, Seat, SendTo, Transport};
 use xdev::{
     Buffer, Context, Envelope, Error, Pattern, Peeked, Rank, Request, Result, Source, Status, Tag,
 };
@@ -270,8 +271,8 @@ impl<M: Medium> Transport for Engine<M> {
             true,
             |eng, l| {
                 eng.progress_locked(l, None);
-                found = eng.tracker.pop_completed();
-                Ok(found.is_some() || eng.tracker.outstanding() == 0)
+                found = l.leases.peek().or_else(|| eng.tracker.pop_completed());
+                Ok(found.is_some() || (eng.tracker.outstanding() == 0 && !l.leases.outstanding()))
             },
             || false,
         )?;
@@ -294,18 +295,14 @@ impl<M: Medium> Transport for Engine<M> {
             },
             || false,
         );
-        let mut l = self.lock();
-        M::close(self, &mut l);
+        let mut guard = self.lock();
+        let l = &mut *guard;
+        M::close(self, l);
         for t in l.matching.remove_posted_where(|_, _| true) {
-            let env = Envelope {
-                source: self.rank,
-                tag: -1,
-                context: 0,
-            };
-            self.complete_target(t, Status::failed(env, Error::Closed));
+            self.complete_target(l, t, Status::failed(self.closed_env(), Error::Closed));
         }
         l.matching.drain_unexpected();
-        drop(l);
+        drop(guard);
         self.depart(false);
         self.m.finished();
         r
@@ -468,11 +465,19 @@ impl<M: Medium> Engine<M> {
                 }
             }
         }
-        // The handle, not the request, comes back through `post_recv`:
-        // the request is made here, in the caller's slot.
-        let handle = self.post_recv(l, buf, pattern);
+        // Lent out (see `lend.rs`): no request core. The buffer is held in
+        // a `ManuallyDrop` until the handle owns it: should anything unwind
+        // while it is queued, it leaks instead of being freed.
+        let mut buf = ManuallyDrop::new(buf);
+        // SAFETY: the handle is made from the buffer right below, and
+        // nothing frees it before.
+        let (id, slot) = unsafe { self.lend_recv(l, &mut buf, pattern) };
         l.defer_copies = false;
-        handle.into_request()
+        let buf = ManuallyDrop::into_inner(buf);
+        // SAFETY: the lease `lend_recv` opened keeps the engine alive
+        // (`Leases::keep`) until the call that ends it returns, and that
+        // call hands the reference back only when it was the last lease.
+        unsafe { Request::lent(id, u64::from(slot), buf, &**self) }
     }
 
     /// The common case of `start_recv`: nothing else is posted (so this
@@ -499,23 +504,17 @@ impl<M: Medium> Engine<M> {
         }
     }
 
-    /// Posts a receive request (matched against the unexpected queue first).
-    /// Inlined into `start_recv_locked`, its one caller: the per-message
-    /// path pays no call.
+    /// Queues receive `t` for `pattern` (matched against the unexpected
+    /// queue first) as posted receive `id` (the next posted id: its cancel
+    /// token). Inlined into its one caller: the per-message path pays no
+    /// call.
     #[inline(always)]
-    fn post_recv(self: &Arc<Self>, l: &mut Local<M>, buf: Buffer, pattern: Pattern) -> Handle {
-        let (core, handle) = self.tracker.start_request(RequestKind::Recv, buf, self);
-        // The cancel token is the id `post` gives a queued receive, set
-        // before the device's reference moves into the queue: no second
-        // reference (a locked increment, and a locked decrement when it
-        // goes) per posted receive. A receive that matches at once is not
-        // queued, and its token is cleared below.
-        let id = l.matching.next_posted_id();
-        core.set_token(id.as_u64());
-        match l.matching.post(pattern, Target::Request(core)) {
+    pub(crate) fn post_target(&self, l: &mut Local<M>, t: Target, pattern: Pattern, id: PostedId) {
+        match l.matching.post(pattern, t) {
             Posted::Matched { env, msg, recv } => {
-                if let Target::Request(core) = &recv {
-                    core.set_token(u64::MAX);
+                // Not queued: `id` goes to the next receive queued.
+                if let Target::Lent(r) = &recv {
+                    l.leases.unqueued(r.slot());
                 }
                 let (p, n) = recv.dst();
                 let out = self.deliver_unexpected(l, env, msg, p, n);
@@ -555,12 +554,11 @@ impl<M: Medium> Engine<M> {
                                 context: pattern.context,
                             };
                             let err = gone_error(l, s);
-                            self.complete_target(t, Status::failed(env, err));
+                            self.complete_target(l, t, Status::failed(env, err));
                         }
                     }
                 }
             }
         }
-        handle
     }
 }

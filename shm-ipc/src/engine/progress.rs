@@ -181,7 +181,9 @@ impl<M: Medium> Progress for Engine<M> {
     }
 
     fn cancel(&self, core: &xdev::devkit::CoreRef) -> bool {
-        let t = unpost(&mut self.lock().matching, core);
-        t.map(|t| self.complete_target(t, cancelled())).is_some()
+        let mut l = self.lock();
+        let t = unpost(&mut l.matching, core);
+        t.map(|t| self.complete_target(&mut l, t, cancelled()))
+            .is_some()
     }
 }

@@ -129,7 +129,7 @@ impl<M: Medium> Engine<M> {
                 // here and moved, it would be a stalled wide load).
                 self.eager_payload(l, s, msg, p, n);
                 let len = h.len as usize;
-                target.complete_with(&self.tracker, || Status::received(env, len, n));
+                self.complete_target_with(l, target, || Status::received(env, len, n));
             } else {
                 let out = self.rendezvous_from_ring(l, s, msg, p, n);
                 self.settle(l, env, out, target);
@@ -250,7 +250,7 @@ impl<M: Medium> Engine<M> {
         target: Target,
     ) {
         match out {
-            Outcome::Done(st) => self.complete_target(target, st),
+            Outcome::Done(st) => self.complete_target(l, target, st),
             Outcome::Later(x) => M::settle(self, l, env, x, target),
         }
     }

@@ -187,7 +187,7 @@ impl ProcessMedium {
             Status::received(sp.env, sp.start.len, cap)
         };
         l.m.splits_done += 1;
-        e.complete_target(sp.target, st);
+        e.complete_target(l, sp.target, st);
         Ok(())
     }
 
@@ -221,7 +221,7 @@ impl ProcessMedium {
             let st = l.m.streams_in.remove(&key).expect("present");
             Self::stream_ended(l, s);
             let status = Status::received(st.env, st.len, cap);
-            e.complete_target(st.target, status);
+            e.complete_target(l, st.target, status);
         }
         Ok(())
     }

@@ -339,7 +339,7 @@ unsafe impl Medium for ProcessMedium {
         let keys: Vec<(Rank, u64)> = l.m.splits.keys().filter(|k| k.0 == d).copied().collect();
         for k in keys {
             let sp = l.m.splits.remove(&k).expect("present");
-            e.complete_target(sp.target, Status::failed(sp.env, err.clone()));
+            e.complete_target(l, sp.target, Status::failed(sp.env, err.clone()));
         }
         let keys: Vec<(Rank, u64)> = (l.m.streams_in.keys())
             .filter(|k| k.0 == d)
@@ -347,7 +347,7 @@ unsafe impl Medium for ProcessMedium {
             .collect();
         for k in keys {
             let st = l.m.streams_in.remove(&k).expect("present");
-            e.complete_target(st.target, Status::failed(st.env, err.clone()));
+            e.complete_target(l, st.target, Status::failed(st.env, err.clone()));
         }
         // Unexpected rendezvous starts from it fail when matched (l.gone).
     }
@@ -361,7 +361,7 @@ unsafe impl Medium for ProcessMedium {
 
     fn close(e: &Eng, l: &mut Loc) {
         for (_, st) in std::mem::take(&mut l.m.streams_in) {
-            e.complete_target(st.target, Status::failed(st.env, Error::Closed));
+            e.complete_target(l, st.target, Status::failed(st.env, Error::Closed));
         }
     }
 

@@ -100,6 +100,14 @@ impl ProcessDevice {
     }
 }
 
+impl Drop for ProcessDevice {
+    /// With receives still lent out (which keep the engine alive), closes
+    /// the engine now, as its own drop would: their waits end `Closed`.
+    fn drop(&mut self) {
+        self.engine.close_lent();
+    }
+}
+
 impl xdev::devkit::Face for ProcessDevice {
     type Engine = Engine<ProcessMedium>;
     fn engine(&self) -> &Arc<Engine<ProcessMedium>> {

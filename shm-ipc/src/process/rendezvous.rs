@@ -341,7 +341,8 @@ impl ProcessMedium {
                     len,
                     target,
                 };
-                if matches!(c.target, Target::Request(_)) {
+                if !c.target.is_blocking() {
+                    // A request's (held or lent): at the next progress.
                     l.m.copies.push_back(c);
                 } else {
                     // A blocking receive (another thread's): now.

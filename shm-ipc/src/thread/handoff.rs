@@ -155,7 +155,8 @@ impl ThreadMedium {
     }
 
     /// A rendezvous left for later, matched to `target`: a request's copy
-    /// waits for the next progress, a blocking receive's is done now.
+    /// (a lent one's too) waits for the next progress, a blocking
+    /// receive's is done now.
     pub(super) fn settle_pull(
         e: &Eng,
         l: &mut Loc,
@@ -163,12 +164,12 @@ impl ThreadMedium {
         hand: Arc<Handoff>,
         target: Target,
     ) {
-        if matches!(target, Target::Request(_)) {
+        if !target.is_blocking() {
             l.m.pulls.push_back(PendingPull { env, hand, target });
         } else {
             let (dst, cap) = target.dst();
             let st = hand.pull(env, dst, cap);
-            e.complete_target(target, st);
+            e.complete_target(l, target, st);
         }
     }
 
@@ -182,7 +183,7 @@ impl ThreadMedium {
         while let Some(p) = l.m.pulls.pop_front() {
             let (dst, cap) = p.target.dst();
             let st = p.hand.pull(p.env, dst, cap);
-            e.complete_target(p.target, st);
+            e.complete_target(l, p.target, st);
             any = true;
         }
         any

@@ -288,6 +288,14 @@ impl ThreadDevice {
     }
 }
 
+impl Drop for ThreadDevice {
+    /// With receives still lent out (which keep the engine alive), closes
+    /// the engine now, as its own drop would: their waits end `Closed`.
+    fn drop(&mut self) {
+        self.engine.close_lent();
+    }
+}
+
 impl xdev::devkit::Face for ThreadDevice {
     type Engine = Engine<ThreadMedium>;
     fn engine(&self) -> &Arc<Engine<ThreadMedium>> {

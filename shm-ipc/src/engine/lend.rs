@@ -1,0 +1,444 @@
+//! The engine lends its posted receives out ([`Lender`]): the handle owns
+//! the buffer, and the receive lives in the matching queue as a
+//! [`Target::Lent`] and in this rank's [`Leases`] table (under the rank
+//! lock) until the handle ends the lease.
+//!
+//! A receive held through a pooled request core costs, per message, the
+//! pool's take and reset, the claim's locked `cmpxchg` at completion, the
+//! locked decrement of the queue's counted reference and the handle's
+//! consume. A lent receive costs none of them: the drain writes its status
+//! once, into its slot, under the lock it already holds, and the handle's
+//! wait takes it from there.
+//!
+//! The handle reaches the engine through an uncounted pointer, so the
+//! engine keeps itself alive for it: the first open lease stores a strong
+//! reference to the engine in [`Leases`] (one `Arc` increment per window of
+//! receives), and the lease that ends last hands it back to the handle, to
+//! drop after the call. A handle forgotten with `mem::forget` leaks the
+//! engine, never frees it under another handle. Dropping the device with
+//! leases open closes the engine at once ([`Engine::close_lent`]): their
+//! waits end.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use xdev::devkit::matching::PostedId;
+use xdev::devkit::target::{cancelled, LentRecv, Target};
+use xdev::devkit::{Completion, CoreRef, KeepAlive, Lender, RequestKind};
+use xdev::{Buffer, Envelope, Error, Pattern, Peeked, Request, RequestId, Status};
+
+use super::{Engine, Local, Medium};
+
+/// One lent receive's state.
+enum Slot {
+    /// Not in use.
+    Free,
+    /// Lent and not ended: queued as posted receive `posted`, or (once the
+    /// queue no longer has it) matched to a rendezvous that goes on.
+    Open { id: RequestId, posted: PostedId },
+    /// Ended, with its status; `reported` once `peek` gave it.
+    Ended {
+        id: RequestId,
+        status: Status,
+        reported: bool,
+    },
+    /// Turned into a held request (a relay): the completion goes to `core`.
+    Held(CoreRef),
+    /// The handle went while a rendezvous wrote the buffer: kept here
+    /// until that ends (`None`: leaked, the engine closed under it).
+    Dropped(Option<Buffer>),
+}
+
+/// This rank's lent receives, by slot (the handle's token), and what keeps
+/// the engine alive for them. Bounded by the receives a user keeps open
+/// (one slot each, reused).
+pub(crate) struct Leases<M: Medium> {
+    slots: Vec<Slot>,
+    free: Vec<u32>,
+    /// Leases open (handles not ended).
+    open: usize,
+    /// The engine's own strong reference while a lease is open.
+    keep: Option<Arc<Engine<M>>>,
+}
+
+impl<M: Medium> Default for Leases<M> {
+    fn default() -> Self {
+        Leases {
+            slots: Vec::new(),
+            free: Vec::new(),
+            open: 0,
+            keep: None,
+        }
+    }
+}
+
+impl<M: Medium> Leases<M> {
+    /// A slot for a new lease (the caller fills it).
+    #[inline]
+    fn take_slot(&mut self) -> u32 {
+        match self.free.pop() {
+            Some(s) => s,
+            None => {
+                self.slots.push(Slot::Free);
+                (self.slots.len() - 1) as u32
+            }
+        }
+    }
+
+    #[inline]
+    fn free_slot(&mut self, s: u32) {
+        self.slots[s as usize] = Slot::Free;
+        self.free.push(s);
+    }
+
+    /// Ends a lease: the last one hands back the engine's reference, which
+    /// the caller drops after the call.
+    #[inline]
+    fn end_lease(&mut self) -> KeepAlive {
+        self.open -= 1;
+        if self.open == 0 {
+            self.keep.take().map(|e| e as Arc<dyn Lender>)
+        } else {
+            None
+        }
+    }
+
+    /// The receive at `s` matched as it was posted, never queued: no
+    /// posted id names it (the one it was given goes to the next receive
+    /// queued).
+    pub(crate) fn unqueued(&mut self, s: u32) {
+        if let Slot::Open { posted, .. } = &mut self.slots[s as usize] {
+            *posted = PostedId::from_raw(u64::MAX);
+        }
+    }
+
+    /// Whether the lease at `s` ended (a wait would return at once).
+    fn ended(&self, s: u32) -> bool {
+        matches!(self.slots[s as usize], Slot::Ended { .. })
+    }
+
+    /// Completes the lent receive at `s` with the status `st` makes, built
+    /// in its slot.
+    #[inline(always)]
+    pub(crate) fn complete_with(
+        &mut self,
+        tracker: &xdev::devkit::Tracker,
+        s: u32,
+        st: impl FnOnce() -> Status,
+    ) {
+        let slot = &mut self.slots[s as usize];
+        if let Slot::Open { id, .. } = *slot {
+            *slot = Slot::Ended {
+                id,
+                status: st(),
+                reported: false,
+            };
+            return;
+        }
+        self.complete_rest(tracker, s, st());
+    }
+
+    /// [`complete_with`](Self::complete_with) for a slot that is not
+    /// simply open: held (its core completes) or dropped (freed).
+    #[cold]
+    #[inline(never)]
+    fn complete_rest(&mut self, tracker: &xdev::devkit::Tracker, s: u32, st: Status) {
+        match std::mem::replace(&mut self.slots[s as usize], Slot::Free) {
+            Slot::Held(core) => {
+                tracker.complete(&core, st);
+            }
+            Slot::Dropped(buf) => drop(buf),
+            other => {
+                // A slot is completed once, while open, held or dropped.
+                self.slots[s as usize] = other;
+                debug_assert!(false, "lent slot {s} completed twice");
+                return;
+            }
+        }
+        self.free.push(s);
+    }
+
+    /// The earliest-started ended receive not reported yet, marked
+    /// reported: for `peek`.
+    pub(crate) fn peek(&mut self) -> Option<Peeked> {
+        let (id, status, reported) = self
+            .slots
+            .iter_mut()
+            .filter_map(|s| match s {
+                Slot::Ended {
+                    id,
+                    status,
+                    reported: reported @ false,
+                } => Some((*id, status, reported)),
+                _ => None,
+            })
+            .min_by_key(|(id, ..)| *id)?;
+        *reported = true;
+        Some(Peeked {
+            id,
+            status: status.clone(),
+        })
+    }
+
+    /// Whether a lent receive is outstanding for `peek`: open, or ended
+    /// and not reported yet.
+    pub(crate) fn outstanding(&self) -> bool {
+        self.slots.iter().any(|s| {
+            matches!(
+                s,
+                Slot::Open { .. }
+                    | Slot::Ended {
+                        reported: false,
+                        ..
+                    }
+            )
+        })
+    }
+}
+
+impl<M: Medium> Drop for Leases<M> {
+    fn drop(&mut self) {
+        // A buffer kept for a rendezvous that never ended may still be
+        // written (a peer's split copy): leak it rather than free it.
+        for s in &mut self.slots {
+            if let Slot::Dropped(buf) = s {
+                std::mem::forget(buf.take());
+            }
+        }
+    }
+}
+
+impl<M: Medium> Engine<M> {
+    /// Queues receive `buf` for `pattern` as a lent request (the caller
+    /// has ruled out a closing engine, and found nothing here to take):
+    /// its id and slot (the handle's token). The caller makes the handle
+    /// ([`Request::lent`]) in the place it returns it.
+    ///
+    /// # Safety
+    /// The caller makes the handle from `buf` (whose memory the engine now
+    /// writes), and until then lets nothing free it (an unwind included:
+    /// hold it in a `ManuallyDrop`).
+    #[inline(always)]
+    pub(crate) unsafe fn lend_recv(
+        self: &Arc<Self>,
+        l: &mut Local<M>,
+        buf: &mut Buffer,
+        pattern: Pattern,
+    ) -> (RequestId, u32) {
+        let id = self.tracker.lend_id();
+        let slot = l.leases.take_slot();
+        let posted = l.matching.next_posted_id();
+        l.leases.slots[slot as usize] = Slot::Open { id, posted };
+        if l.leases.open == 0 {
+            l.leases.keep = Some(Arc::clone(self));
+        }
+        l.leases.open += 1;
+        // SAFETY: the buffer's memory stays valid and unused by anything
+        // else until the receive completes: the caller's handle owns it and
+        // hands it out only from `wait_lent` once the slot ended;
+        // `drop_lent` moves it into the slot while a rendezvous may write
+        // it; `mem::forget` of the handle leaks it.
+        let recv = unsafe { LentRecv::new(buf.as_mut_ptr(), buf.len(), slot) };
+        self.post_target(l, Target::Lent(recv), pattern, posted);
+        (id, slot)
+    }
+
+    /// Completes target `t` with the status `st` makes (a lent receive in
+    /// its slot, built there).
+    #[inline(always)]
+    pub(crate) fn complete_target_with(
+        &self,
+        l: &mut Local<M>,
+        t: Target,
+        st: impl FnOnce() -> Status,
+    ) {
+        match t {
+            Target::Lent(r) => l.leases.complete_with(&self.tracker, r.slot(), st),
+            t => t.complete_with(&self.tracker, st),
+        }
+    }
+
+    /// The device goes with leases open: the engine closes now (as a rank
+    /// that died, if it did not finish), so that their waits end. Queued
+    /// receives end `Closed`; one a rendezvous still writes ends `Closed`
+    /// at its wait, its buffer leaked. Without open leases the engine's
+    /// own drop does this.
+    pub(crate) fn close_lent(&self) {
+        if self.lock().leases.open == 0 {
+            return;
+        }
+        self.closing.store(true, Ordering::Release);
+        {
+            let mut l = self.lock();
+            let l = &mut *l;
+            for t in l.matching.remove_posted_where(|_, _| true) {
+                self.complete_target(l, t, Status::failed(self.closed_env(), Error::Closed));
+            }
+        }
+        if !self.closed.load(Ordering::Acquire) {
+            self.depart(true);
+        }
+    }
+
+    /// The envelope of a receive the engine's close ended.
+    pub(crate) fn closed_env(&self) -> Envelope {
+        Envelope {
+            source: self.rank,
+            tag: -1,
+            context: 0,
+        }
+    }
+
+    /// The end of lease `s` once the engine closed without ending it (a
+    /// rendezvous may still write its buffer): `Closed`, the buffer leaked.
+    #[cold]
+    fn abandon_lent(&self, l: &mut Local<M>, s: u32, buf: Buffer) -> Status {
+        std::mem::forget(buf);
+        if let Some(posted) = match l.leases.slots[s as usize] {
+            Slot::Open { posted, .. } => Some(posted),
+            _ => None,
+        } {
+            // Still queued (a close that raced): nothing writes it now.
+            if l.matching.cancel(posted).is_some() {
+                l.leases.free_slot(s);
+                return Status::failed(self.closed_env(), Error::Closed);
+            }
+        }
+        l.leases.slots[s as usize] = Slot::Dropped(None);
+        Status::failed(self.closed_env(), Error::Closed)
+    }
+
+    /// [`wait_lent`](Lender::wait_lent) for a receive that had not ended
+    /// at its first look.
+    #[inline(never)]
+    fn wait_lent_end(&self, s: u32, buf: Buffer, keep: &mut KeepAlive) -> Completion {
+        let r = self.block_until(
+            true,
+            |eng, l| {
+                // Nothing moves once the engine closed (a dropped device).
+                if !l.leases.ended(s) && !eng.closed.load(Ordering::Acquire) {
+                    eng.progress_locked(l, None);
+                }
+                Ok(l.leases.ended(s))
+            },
+            || false,
+        );
+        let mut l = self.lock();
+        let l = &mut *l;
+        if let Slot::Ended { .. } = l.leases.slots[s as usize] {
+            let Slot::Ended { status, .. } =
+                std::mem::replace(&mut l.leases.slots[s as usize], Slot::Free)
+            else {
+                unreachable!()
+            };
+            l.leases.free.push(s);
+            *keep = l.leases.end_lease();
+            return Completion { buf, status };
+        }
+        debug_assert!(r.is_err(), "the wait ends early only on a close");
+        let status = self.abandon_lent(l, s, buf);
+        *keep = l.leases.end_lease();
+        Completion {
+            buf: Buffer::zeroed(0),
+            status,
+        }
+    }
+}
+
+impl<M: Medium> Lender for Engine<M> {
+    fn test_lent(&self, token: u64) -> bool {
+        let s = token as u32;
+        let mut l = self.lock();
+        if !l.leases.ended(s) {
+            self.progress_locked(&mut l, None);
+        }
+        l.leases.ended(s) || self.closed.load(Ordering::Acquire)
+    }
+
+    #[inline]
+    fn wait_lent(&self, token: u64, buf: Buffer, keep: &mut KeepAlive) -> Completion {
+        let s = token as u32;
+        {
+            let mut l = self.lock();
+            let l = &mut *l;
+            let slot = &mut l.leases.slots[s as usize];
+            if let Slot::Ended { .. } = slot {
+                let Slot::Ended { status, .. } = std::mem::replace(slot, Slot::Free) else {
+                    unreachable!()
+                };
+                l.leases.free.push(s);
+                *keep = l.leases.end_lease();
+                return Completion { buf, status };
+            }
+        }
+        self.wait_lent_end(s, buf, keep)
+    }
+
+    fn cancel_lent(&self, token: u64) -> bool {
+        let s = token as u32;
+        let mut l = self.lock();
+        let l = &mut *l;
+        let Slot::Open { id, posted } = l.leases.slots[s as usize] else {
+            return false;
+        };
+        if l.matching.cancel(posted).is_none() {
+            return false; // matched: its rendezvous goes on
+        }
+        l.leases.slots[s as usize] = Slot::Ended {
+            id,
+            status: cancelled(),
+            reported: false,
+        };
+        true
+    }
+
+    fn drop_lent(&self, token: u64, buf: Buffer) -> KeepAlive {
+        let s = token as u32;
+        let mut buf = Some(buf);
+        let mut l = self.lock();
+        let l = &mut *l;
+        match l.leases.slots[s as usize] {
+            Slot::Open { posted, .. } => {
+                if l.matching.cancel(posted).is_some() {
+                    l.leases.free_slot(s);
+                } else {
+                    // A rendezvous writes the buffer until it ends.
+                    l.leases.slots[s as usize] = Slot::Dropped(buf.take());
+                }
+            }
+            _ => l.leases.free_slot(s),
+        }
+        let keep = l.leases.end_lease();
+        drop(buf);
+        keep
+    }
+
+    fn hold_lent(&self, token: u64, buf: Buffer) -> (Request, KeepAlive) {
+        let s = token as u32;
+        let mut l = self.lock();
+        let l = &mut *l;
+        let req = match std::mem::replace(&mut l.leases.slots[s as usize], Slot::Free) {
+            Slot::Ended { status, .. } => {
+                l.leases.free.push(s);
+                self.tracker.completed(buf, status)
+            }
+            Slot::Open { posted, .. } if !self.closed.load(Ordering::Acquire) => {
+                let engine = l.leases.keep.as_ref().expect("a lease is open");
+                // The receive moves into a core, which the slot holds from
+                // now on (the buffer's memory unmoved); a cancel of the
+                // held request finds it by its posted id.
+                let (core, handle) = self.tracker.start_request(RequestKind::Recv, buf, engine);
+                core.set_token(posted.as_u64());
+                l.leases.slots[s as usize] = Slot::Held(core);
+                handle.into_request()
+            }
+            other => {
+                l.leases.slots[s as usize] = other;
+                let status = self.abandon_lent(l, s, buf);
+                self.tracker.completed(Buffer::zeroed(0), status)
+            }
+        };
+        let keep = l.leases.end_lease();
+        (req, keep)
+    }
+}
