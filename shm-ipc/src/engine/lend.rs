@@ -29,24 +29,56 @@ use xdev::{Buffer, Envelope, Error, Pattern, Peeked, Request, RequestId, Status}
 
 use super::{Engine, Local, Medium};
 
-/// One lent receive's state.
-enum Slot {
+/// What a lent receive's slot holds now.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum State {
     /// Not in use.
     Free,
     /// Lent and not ended: queued as posted receive `posted`, or (once the
     /// queue no longer has it) matched to a rendezvous that goes on.
-    Open { id: RequestId, posted: PostedId },
-    /// Ended, with its status; `reported` once `peek` gave it.
-    Ended {
-        id: RequestId,
-        status: Status,
-        reported: bool,
-    },
-    /// Turned into a held request (a relay): the completion goes to `core`.
-    Held(CoreRef),
-    /// The handle went while a rendezvous wrote the buffer: kept here
-    /// until that ends (`None`: leaked, the engine closed under it).
-    Dropped(Option<Buffer>),
+    Open,
+    /// Ended with `status`, not reported by `peek` yet.
+    Ended,
+    /// Ended with `status`, and reported by `peek`.
+    Reported,
+    /// Turned into a held request (a relay): the completion goes to `held`.
+    Held,
+    /// The handle went while a rendezvous wrote the buffer: `dropped`
+    /// keeps it until that ends (`None`: leaked, the engine closed under
+    /// it).
+    Dropped,
+}
+
+/// One lent receive. Flat, not an enum with data: opening and ending a
+/// lease write the words they change in place (an enum value built aside
+/// and moved in was a stalled wide load of its narrow stores, and a call
+/// to drop the old value).
+struct Slot {
+    state: State,
+    id: RequestId,
+    posted: PostedId,
+    /// The status, once ended (stale otherwise).
+    status: Status,
+    held: Option<CoreRef>,
+    dropped: Option<Buffer>,
+}
+
+impl Slot {
+    fn new() -> Self {
+        let env = Envelope {
+            source: 0,
+            tag: -1,
+            context: 0,
+        };
+        Slot {
+            state: State::Free,
+            id: RequestId(0),
+            posted: PostedId::from_raw(u64::MAX),
+            status: Status::ok(env, 0),
+            held: None,
+            dropped: None,
+        }
+    }
 }
 
 /// This rank's lent receives, by slot (the handle's token), and what keeps
@@ -73,21 +105,27 @@ impl<M: Medium> Default for Leases<M> {
 }
 
 impl<M: Medium> Leases<M> {
-    /// A slot for a new lease (the caller fills it).
-    #[inline]
-    fn take_slot(&mut self) -> u32 {
-        match self.free.pop() {
+    /// A free slot for a new lease, opened for receive `id`, queued as
+    /// `posted`.
+    #[inline(always)]
+    fn open_slot(&mut self, id: RequestId, posted: PostedId) -> u32 {
+        let s = match self.free.pop() {
             Some(s) => s,
             None => {
-                self.slots.push(Slot::Free);
+                self.slots.push(Slot::new());
                 (self.slots.len() - 1) as u32
             }
-        }
+        };
+        let slot = &mut self.slots[s as usize];
+        slot.state = State::Open;
+        slot.id = id;
+        slot.posted = posted;
+        s
     }
 
     #[inline]
     fn free_slot(&mut self, s: u32) {
-        self.slots[s as usize] = Slot::Free;
+        self.slots[s as usize].state = State::Free;
         self.free.push(s);
     }
 
@@ -107,14 +145,43 @@ impl<M: Medium> Leases<M> {
     /// posted id names it (the one it was given goes to the next receive
     /// queued).
     pub(crate) fn unqueued(&mut self, s: u32) {
-        if let Slot::Open { posted, .. } = &mut self.slots[s as usize] {
-            *posted = PostedId::from_raw(u64::MAX);
+        let slot = &mut self.slots[s as usize];
+        if slot.state == State::Open {
+            slot.posted = PostedId::from_raw(u64::MAX);
         }
     }
 
     /// Whether the lease at `s` ended (a wait would return at once).
+    #[inline]
     fn ended(&self, s: u32) -> bool {
-        matches!(self.slots[s as usize], Slot::Ended { .. })
+        matches!(self.slots[s as usize].state, State::Ended | State::Reported)
+    }
+
+    /// The status of the ended receive at `s`, taken (field by field, into
+    /// the caller's place), and the slot freed.
+    #[inline(always)]
+    fn take_status(&mut self, s: u32) -> Status {
+        let slot = &mut self.slots[s as usize];
+        slot.state = State::Free;
+        let st = &mut slot.status;
+        let status = Status {
+            source: st.source,
+            tag: st.tag,
+            context: st.context,
+            count: st.count,
+            message_len: st.message_len,
+            cancelled: st.cancelled,
+            error: st.error.take(),
+        };
+        self.free.push(s);
+        status
+    }
+
+    /// Ends the open receive at `s` with `status`.
+    fn end(&mut self, s: u32, status: Status) {
+        let slot = &mut self.slots[s as usize];
+        slot.status = status;
+        slot.state = State::Ended;
     }
 
     /// Completes the lent receive at `s` with the status `st` makes, built
@@ -127,12 +194,9 @@ impl<M: Medium> Leases<M> {
         st: impl FnOnce() -> Status,
     ) {
         let slot = &mut self.slots[s as usize];
-        if let Slot::Open { id, .. } = *slot {
-            *slot = Slot::Ended {
-                id,
-                status: st(),
-                reported: false,
-            };
+        if slot.state == State::Open {
+            slot.status = st();
+            slot.state = State::Ended;
             return;
         }
         self.complete_rest(tracker, s, st());
@@ -143,56 +207,43 @@ impl<M: Medium> Leases<M> {
     #[cold]
     #[inline(never)]
     fn complete_rest(&mut self, tracker: &xdev::devkit::Tracker, s: u32, st: Status) {
-        match std::mem::replace(&mut self.slots[s as usize], Slot::Free) {
-            Slot::Held(core) => {
+        let slot = &mut self.slots[s as usize];
+        match slot.state {
+            State::Held => {
+                let core = slot.held.take().expect("a held slot holds its core");
+                self.free_slot(s);
                 tracker.complete(&core, st);
             }
-            Slot::Dropped(buf) => drop(buf),
-            other => {
-                // A slot is completed once, while open, held or dropped.
-                self.slots[s as usize] = other;
-                debug_assert!(false, "lent slot {s} completed twice");
-                return;
+            State::Dropped => {
+                drop(slot.dropped.take());
+                self.free_slot(s);
             }
+            // A slot is completed once, while open, held or dropped.
+            other => debug_assert!(false, "lent slot {s} completed while {other:?}"),
         }
-        self.free.push(s);
     }
 
     /// The earliest-started ended receive not reported yet, marked
     /// reported: for `peek`.
     pub(crate) fn peek(&mut self) -> Option<Peeked> {
-        let (id, status, reported) = self
+        let slot = self
             .slots
             .iter_mut()
-            .filter_map(|s| match s {
-                Slot::Ended {
-                    id,
-                    status,
-                    reported: reported @ false,
-                } => Some((*id, status, reported)),
-                _ => None,
-            })
-            .min_by_key(|(id, ..)| *id)?;
-        *reported = true;
+            .filter(|s| s.state == State::Ended)
+            .min_by_key(|s| s.id)?;
+        slot.state = State::Reported;
         Some(Peeked {
-            id,
-            status: status.clone(),
+            id: slot.id,
+            status: slot.status.clone(),
         })
     }
 
     /// Whether a lent receive is outstanding for `peek`: open, or ended
     /// and not reported yet.
     pub(crate) fn outstanding(&self) -> bool {
-        self.slots.iter().any(|s| {
-            matches!(
-                s,
-                Slot::Open { .. }
-                    | Slot::Ended {
-                        reported: false,
-                        ..
-                    }
-            )
-        })
+        self.slots
+            .iter()
+            .any(|s| matches!(s.state, State::Open | State::Ended))
     }
 }
 
@@ -201,9 +252,7 @@ impl<M: Medium> Drop for Leases<M> {
         // A buffer kept for a rendezvous that never ended may still be
         // written (a peer's split copy): leak it rather than free it.
         for s in &mut self.slots {
-            if let Slot::Dropped(buf) = s {
-                std::mem::forget(buf.take());
-            }
+            std::mem::forget(s.dropped.take());
         }
     }
 }
@@ -226,9 +275,8 @@ impl<M: Medium> Engine<M> {
         pattern: Pattern,
     ) -> (RequestId, u32) {
         let id = self.tracker.lend_id();
-        let slot = l.leases.take_slot();
         let posted = l.matching.next_posted_id();
-        l.leases.slots[slot as usize] = Slot::Open { id, posted };
+        let slot = l.leases.open_slot(id, posted);
         if l.leases.open == 0 {
             l.leases.keep = Some(Arc::clone(self));
         }
@@ -294,17 +342,15 @@ impl<M: Medium> Engine<M> {
     #[cold]
     fn abandon_lent(&self, l: &mut Local<M>, s: u32, buf: Buffer) -> Status {
         std::mem::forget(buf);
-        if let Some(posted) = match l.leases.slots[s as usize] {
-            Slot::Open { posted, .. } => Some(posted),
-            _ => None,
-        } {
-            // Still queued (a close that raced): nothing writes it now.
-            if l.matching.cancel(posted).is_some() {
-                l.leases.free_slot(s);
-                return Status::failed(self.closed_env(), Error::Closed);
-            }
+        let slot = &l.leases.slots[s as usize];
+        // Still queued (a close that raced): nothing writes it now.
+        if slot.state == State::Open && l.matching.cancel(slot.posted).is_some() {
+            l.leases.free_slot(s);
+        } else {
+            let slot = &mut l.leases.slots[s as usize];
+            slot.state = State::Dropped;
+            slot.dropped = None;
         }
-        l.leases.slots[s as usize] = Slot::Dropped(None);
         Status::failed(self.closed_env(), Error::Closed)
     }
 
@@ -325,15 +371,12 @@ impl<M: Medium> Engine<M> {
         );
         let mut l = self.lock();
         let l = &mut *l;
-        if let Slot::Ended { .. } = l.leases.slots[s as usize] {
-            let Slot::Ended { status, .. } =
-                std::mem::replace(&mut l.leases.slots[s as usize], Slot::Free)
-            else {
-                unreachable!()
-            };
-            l.leases.free.push(s);
+        if l.leases.ended(s) {
             *keep = l.leases.end_lease();
-            return Completion { buf, status };
+            return Completion {
+                buf,
+                status: l.leases.take_status(s),
+            };
         }
         debug_assert!(r.is_err(), "the wait ends early only on a close");
         let status = self.abandon_lent(l, s, buf);
@@ -361,14 +404,12 @@ impl<M: Medium> Lender for Engine<M> {
         {
             let mut l = self.lock();
             let l = &mut *l;
-            let slot = &mut l.leases.slots[s as usize];
-            if let Slot::Ended { .. } = slot {
-                let Slot::Ended { status, .. } = std::mem::replace(slot, Slot::Free) else {
-                    unreachable!()
-                };
-                l.leases.free.push(s);
+            if l.leases.ended(s) {
                 *keep = l.leases.end_lease();
-                return Completion { buf, status };
+                return Completion {
+                    buf,
+                    status: l.leases.take_status(s),
+                };
             }
         }
         self.wait_lent_end(s, buf, keep)
@@ -378,17 +419,11 @@ impl<M: Medium> Lender for Engine<M> {
         let s = token as u32;
         let mut l = self.lock();
         let l = &mut *l;
-        let Slot::Open { id, posted } = l.leases.slots[s as usize] else {
-            return false;
-        };
-        if l.matching.cancel(posted).is_none() {
-            return false; // matched: its rendezvous goes on
+        let slot = &l.leases.slots[s as usize];
+        if slot.state != State::Open || l.matching.cancel(slot.posted).is_none() {
+            return false; // ended, or matched: its rendezvous goes on
         }
-        l.leases.slots[s as usize] = Slot::Ended {
-            id,
-            status: cancelled(),
-            reported: false,
-        };
+        l.leases.end(s, cancelled());
         true
     }
 
@@ -397,16 +432,14 @@ impl<M: Medium> Lender for Engine<M> {
         let mut buf = Some(buf);
         let mut l = self.lock();
         let l = &mut *l;
-        match l.leases.slots[s as usize] {
-            Slot::Open { posted, .. } => {
-                if l.matching.cancel(posted).is_some() {
-                    l.leases.free_slot(s);
-                } else {
-                    // A rendezvous writes the buffer until it ends.
-                    l.leases.slots[s as usize] = Slot::Dropped(buf.take());
-                }
-            }
-            _ => l.leases.free_slot(s),
+        let slot = &mut l.leases.slots[s as usize];
+        if slot.state == State::Open && l.matching.cancel(slot.posted).is_none() {
+            // A rendezvous writes the buffer until it ends.
+            slot.state = State::Dropped;
+            slot.dropped = buf.take();
+        } else {
+            // Ended, or still queued (the cancel took it out).
+            l.leases.free_slot(s);
         }
         let keep = l.leases.end_lease();
         drop(buf);
@@ -417,23 +450,26 @@ impl<M: Medium> Lender for Engine<M> {
         let s = token as u32;
         let mut l = self.lock();
         let l = &mut *l;
-        let req = match std::mem::replace(&mut l.leases.slots[s as usize], Slot::Free) {
-            Slot::Ended { status, .. } => {
-                l.leases.free.push(s);
+        let state = l.leases.slots[s as usize].state;
+        let req = match state {
+            State::Ended | State::Reported => {
+                let status = l.leases.take_status(s);
                 self.tracker.completed(buf, status)
             }
-            Slot::Open { posted, .. } if !self.closed.load(Ordering::Acquire) => {
+            State::Open if !self.closed.load(Ordering::Acquire) => {
+                let posted = l.leases.slots[s as usize].posted;
                 let engine = l.leases.keep.as_ref().expect("a lease is open");
                 // The receive moves into a core, which the slot holds from
                 // now on (the buffer's memory unmoved); a cancel of the
                 // held request finds it by its posted id.
                 let (core, handle) = self.tracker.start_request(RequestKind::Recv, buf, engine);
                 core.set_token(posted.as_u64());
-                l.leases.slots[s as usize] = Slot::Held(core);
+                let slot = &mut l.leases.slots[s as usize];
+                slot.state = State::Held;
+                slot.held = Some(core);
                 handle.into_request()
             }
-            other => {
-                l.leases.slots[s as usize] = other;
+            _ => {
                 let status = self.abandon_lent(l, s, buf);
                 self.tracker.completed(Buffer::zeroed(0), status)
             }
