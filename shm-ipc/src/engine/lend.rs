@@ -177,6 +177,18 @@ impl<M: Medium> Leases<M> {
         status
     }
 
+    /// Ends the lease of the ended receive at `s`: its completion, with
+    /// `buf`, built in the caller's place; the engine's reference to `keep`
+    /// if it was the last lease.
+    #[inline(always)]
+    fn end_ended(&mut self, s: u32, buf: Buffer, keep: &mut KeepAlive) -> Completion {
+        *keep = self.end_lease();
+        Completion {
+            buf,
+            status: self.take_status(s),
+        }
+    }
+
     /// Ends the open receive at `s` with `status`.
     fn end(&mut self, s: u32, status: Status) {
         let slot = &mut self.slots[s as usize];
@@ -372,11 +384,7 @@ impl<M: Medium> Engine<M> {
         let mut l = self.lock();
         let l = &mut *l;
         if l.leases.ended(s) {
-            *keep = l.leases.end_lease();
-            return Completion {
-                buf,
-                status: l.leases.take_status(s),
-            };
+            return l.leases.end_ended(s, buf, keep);
         }
         debug_assert!(r.is_err(), "the wait ends early only on a close");
         let status = self.abandon_lent(l, s, buf);
@@ -403,13 +411,8 @@ impl<M: Medium> Lender for Engine<M> {
         let s = token as u32;
         {
             let mut l = self.lock();
-            let l = &mut *l;
             if l.leases.ended(s) {
-                *keep = l.leases.end_lease();
-                return Completion {
-                    buf,
-                    status: l.leases.take_status(s),
-                };
+                return l.leases.end_ended(s, buf, keep);
             }
         }
         self.wait_lent_end(s, buf, keep)
