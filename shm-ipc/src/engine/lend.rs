@@ -25,7 +25,7 @@ use std::sync::Arc;
 use xdev::devkit::matching::PostedId;
 use xdev::devkit::target::{cancelled, LentRecv, Target};
 use xdev::devkit::{Completion, CoreRef, KeepAlive, Lender, RequestKind};
-use xdev::{Buffer, Envelope, Error, Pattern, Peeked, Request, RequestId, Status};
+use xdev::{Buffer, Envelope, Pattern, Peeked, Request, RequestId, Status};
 
 use super::{Engine, Local, Medium};
 
@@ -324,28 +324,17 @@ impl<M: Medium> Engine<M> {
     /// at its wait, its buffer leaked. Without open leases the engine's
     /// own drop does this.
     pub(crate) fn close_lent(&self) {
-        if self.lock().leases.open == 0 {
-            return;
-        }
-        self.closing.store(true, Ordering::Release);
         {
             let mut l = self.lock();
-            let l = &mut *l;
-            for t in l.matching.remove_posted_where(|_, _| true) {
-                self.complete_target(l, t, Status::failed(self.closed_env(), Error::Closed));
+            if l.leases.open == 0 {
+                return;
             }
+            // Under the lock: a post that comes after sees `closing`.
+            self.closing.store(true, Ordering::Release);
+            self.fail_posted_closed(&mut l);
         }
         if !self.closed.load(Ordering::Acquire) {
             self.depart(true);
-        }
-    }
-
-    /// The envelope of a receive the engine's close ended.
-    pub(crate) fn closed_env(&self) -> Envelope {
-        Envelope {
-            source: self.rank,
-            tag: -1,
-            context: 0,
         }
     }
 
@@ -363,7 +352,7 @@ impl<M: Medium> Engine<M> {
             slot.state = State::Dropped;
             slot.dropped = None;
         }
-        Status::failed(self.closed_env(), Error::Closed)
+        self.closed_status()
     }
 
     /// [`wait_lent`](Lender::wait_lent) for a receive that had not ended

@@ -337,7 +337,7 @@ pub struct Local<M: Medium> {
     /// bidirectional exchange would copy in turn instead of together).
     pub(crate) defer_copies: bool,
     /// Receives queued behind others that skip their look at the ring
-    /// (see `post_recv`), and how many the next empty look makes skip.
+    /// (see `post_target`), and how many the next empty look makes skip.
     pub(crate) post_looks: PostLooks,
     /// The receives lent out (see `lend.rs`).
     pub(crate) leases: lend::Leases<M>,
@@ -346,7 +346,7 @@ pub struct Local<M: Medium> {
 }
 
 /// When a receive queued behind others looks at its source's ring (see
-/// `post_recv`): always while looks find messages; after a look that finds
+/// `post_target`): always while looks find messages; after a look that finds
 /// the ring empty, the next 1, then 2, 4, 8 and at most
 /// [`POST_LOOK_SKIP_MAX`] receives do not look, until a look finds a message
 /// again. So a receiver that posts a window of 64 before its messages come
@@ -662,6 +662,25 @@ impl<M: Medium> Engine<M> {
     /// Completes target `t` with `st`.
     pub(crate) fn complete_target(&self, l: &mut Local<M>, t: Target, st: Status) {
         self.complete_target_with(l, t, || st);
+    }
+
+    /// The status of a receive the engine's close ended: `Closed`, this
+    /// rank's envelope, no tag.
+    pub(crate) fn closed_status(&self) -> Status {
+        let env = Envelope {
+            source: self.rank,
+            tag: -1,
+            context: 0,
+        };
+        Status::failed(env, Error::Closed)
+    }
+
+    /// Ends every queued receive with [`closed_status`](Self::closed_status)
+    /// (`finish`, or the device's drop with receives lent out).
+    pub(crate) fn fail_posted_closed(&self, l: &mut Local<M>) {
+        for t in l.matching.remove_posted_where(|_, _| true) {
+            self.complete_target(l, t, self.closed_status());
+        }
     }
 
     /// A peer broke the protocol: stop reading its ring, fail what involves

@@ -298,9 +298,7 @@ impl<M: Medium> Transport for Engine<M> {
         let mut guard = self.lock();
         let l = &mut *guard;
         M::close(self, l);
-        for t in l.matching.remove_posted_where(|_, _| true) {
-            self.complete_target(l, t, Status::failed(self.closed_env(), Error::Closed));
-        }
+        self.fail_posted_closed(l);
         l.matching.drain_unexpected();
         drop(guard);
         self.depart(false);
