@@ -105,10 +105,10 @@ impl<M: Medium> Default for Leases<M> {
 }
 
 impl<M: Medium> Leases<M> {
-    /// A free slot for a new lease, opened for receive `id`, queued as
-    /// `posted`.
+    /// A free slot for a new lease, opened for receive `id` (not queued
+    /// yet: no posted id).
     #[inline(always)]
-    fn open_slot(&mut self, id: RequestId, posted: PostedId) -> u32 {
+    fn open_slot(&mut self, id: RequestId) -> u32 {
         let s = match self.free.pop() {
             Some(s) => s,
             None => {
@@ -119,7 +119,7 @@ impl<M: Medium> Leases<M> {
         let slot = &mut self.slots[s as usize];
         slot.state = State::Open;
         slot.id = id;
-        slot.posted = posted;
+        slot.posted = PostedId::from_raw(u64::MAX);
         s
     }
 
@@ -141,13 +141,14 @@ impl<M: Medium> Leases<M> {
         }
     }
 
-    /// The receive at `s` matched as it was posted, never queued: no
-    /// posted id names it (the one it was given goes to the next receive
-    /// queued).
-    pub(crate) fn unqueued(&mut self, s: u32) {
+    /// The open receive at `s` was queued as `posted` (its cancel token).
+    /// A receive never queued keeps no posted id, so that a cancel or drop
+    /// of it can never take another receive out of the queue.
+    #[inline]
+    fn queued_as(&mut self, s: u32, posted: PostedId) {
         let slot = &mut self.slots[s as usize];
         if slot.state == State::Open {
-            slot.posted = PostedId::from_raw(u64::MAX);
+            slot.posted = posted;
         }
     }
 
@@ -287,8 +288,7 @@ impl<M: Medium> Engine<M> {
         pattern: Pattern,
     ) -> (RequestId, u32) {
         let id = self.tracker.lend_id();
-        let posted = l.matching.next_posted_id();
-        let slot = l.leases.open_slot(id, posted);
+        let slot = l.leases.open_slot(id);
         if l.leases.open == 0 {
             l.leases.keep = Some(Arc::clone(self));
         }
@@ -299,7 +299,12 @@ impl<M: Medium> Engine<M> {
         // `drop_lent` moves it into the slot while a rendezvous may write
         // it; `mem::forget` of the handle leaks it.
         let recv = unsafe { LentRecv::new(buf.as_mut_ptr(), buf.len(), slot) };
-        self.post_target(l, Target::Lent(recv), pattern, posted);
+        // The posted id is recorded once the receive is queued (a look at
+        // the ring inside `post_target` may already have ended it or
+        // matched it to a rendezvous: the id then names nothing queued).
+        if let Some(posted) = self.post_target(l, Target::Lent(recv), pattern) {
+            l.leases.queued_as(slot, posted);
+        }
         (id, slot)
     }
 

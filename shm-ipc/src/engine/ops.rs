@@ -503,23 +503,24 @@ impl<M: Medium> Engine<M> {
     }
 
     /// Queues receive `t` for `pattern` (matched against the unexpected
-    /// queue first) as posted receive `id` (the next posted id: its cancel
-    /// token). Inlined into its one caller: the per-message path pays no
-    /// call.
+    /// queue first): the posted id it was queued as (its cancel token), or
+    /// `None` if it matched at once and was never queued. Inlined into its
+    /// one caller: the per-message path pays no call.
     #[inline(always)]
-    pub(crate) fn post_target(&self, l: &mut Local<M>, t: Target, pattern: Pattern, id: PostedId) {
+    pub(crate) fn post_target(
+        &self,
+        l: &mut Local<M>,
+        t: Target,
+        pattern: Pattern,
+    ) -> Option<PostedId> {
         match l.matching.post(pattern, t) {
             Posted::Matched { env, msg, recv } => {
-                // Not queued: `id` goes to the next receive queued.
-                if let Target::Lent(r) = &recv {
-                    l.leases.unqueued(r.slot());
-                }
                 let (p, n) = recv.dst();
                 let out = self.deliver_unexpected(l, env, msg, p, n);
                 self.settle(l, env, out, recv);
+                None
             }
-            Posted::Queued(queued) => {
-                debug_assert_eq!(queued, id);
+            Posted::Queued(id) => {
                 M::unstall(self, l);
                 // A look at the source's ring: a sender ahead of us has
                 // the messages for the receives queued so far there, and
@@ -556,6 +557,7 @@ impl<M: Medium> Engine<M> {
                         }
                     }
                 }
+                Some(id)
             }
         }
     }
