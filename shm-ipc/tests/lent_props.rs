@@ -16,8 +16,11 @@
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use std::time::Duration;
+
 use proptest::prelude::*;
 use shm_ipc::ThreadDevice;
+use xdev::devkit::conformance::Watchdog;
 use xdev::devkit::Completion;
 use xdev::{Buffer, Config, Device, Request, Source, TagSel, ANY_SOURCE, ANY_TAG};
 
@@ -223,6 +226,9 @@ proptest! {
     fn posted_receives_match_cancel_and_end_as_the_model_says(
         ops in prop::collection::vec(op(), 1..80)
     ) {
+        // A wait the model expects to end but the device never ends (a
+        // receive answered for another) fails here instead of hanging.
+        let _dog = Watchdog::arm("lent receives against the model", Duration::from_secs(60));
         run(ops)?;
     }
 }
