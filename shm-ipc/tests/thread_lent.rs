@@ -1,6 +1,6 @@
 //! The thread device's lent receives (`engine/lend.rs`) at the edges of a
 //! lease: a handle dropped while a rendezvous copy into its buffer is still
-//! to come, and the device dropped under such a copy.
+//! to come, the device dropped under such a copy, and a relay.
 //!
 //! The set-up for both: rank 1 has one receive queued (tag 9, never sent),
 //! so the next receive is posted behind it; a 1 MiB message with tag 1 is
@@ -15,6 +15,7 @@ use std::time::Duration;
 use shm_ipc::ThreadDevice;
 
 use xdev::devkit::conformance::Watchdog;
+use xdev::devkit::{Completion, CoreRef, RequestKind, Tracker};
 use xdev::{
     Buffer, BufferStorage, Config, Device, Error, Request, Source, TagSel, ANY_SOURCE, ANY_TAG,
 };
@@ -154,4 +155,69 @@ fn a_lent_receive_whose_device_goes_before_its_copy_ends_closed() {
         s.status
     );
     dev0.finish().unwrap();
+}
+
+type Seen = Arc<Mutex<Option<Completion>>>;
+
+/// Relays `below` into a request of a tracker of its own, as a layered
+/// device does; what the relay's hook was given lands in the returned slot.
+fn relay(below: Request) -> (Tracker, CoreRef, Seen) {
+    let tracker = Tracker::new();
+    let outer = tracker.start_relay(RequestKind::Recv);
+    let seen = Seen::default();
+    let into = Arc::clone(&seen);
+    outer.relay(below, Box::new(move |c| *into.lock().unwrap() = Some(c)));
+    (tracker, outer, seen)
+}
+
+/// Lent receives relayed by a layered device (`Lender::hold_lent`): one
+/// that already ended hands its completion over at once; one still queued
+/// becomes a held request, completed through its core when its message
+/// comes, or cancelled through that core (the cancel finds it by the
+/// posted id its slot kept).
+#[test]
+fn relayed_lent_receives_end_through_their_held_core() {
+    let _dog = Watchdog::arm("relayed lent receives", Duration::from_secs(60));
+    let job = format!("lent-relay-{}", std::process::id());
+    let (dev0, dev1) = (open(&job, 0), open(&job, 1));
+    let queued = dev1.irecv(Buffer::zeroed(8), Source::Rank(0), TagSel::Tag(1), 0);
+    let to_cancel = dev1.irecv(Buffer::zeroed(8), Source::Rank(0), TagSel::Tag(2), 0);
+    let ended = dev1.irecv(Buffer::zeroed(8), Source::Rank(0), TagSel::Tag(3), 0);
+    dev0.send(b"three", 1, 3, 0).unwrap();
+    dev1.iprobe(ANY_SOURCE, ANY_TAG, 0).unwrap();
+    let (_t1, _outer1, seen1) = relay(queued);
+    let (_t2, outer2, seen2) = relay(to_cancel);
+    let (_t3, _outer3, seen3) = relay(ended);
+
+    let c = seen3
+        .lock()
+        .unwrap()
+        .take()
+        .expect("an ended receive relays at once");
+    assert!(c.status.error.is_none(), "{:?}", c.status);
+    assert_eq!(&c.buf[..5], b"three");
+
+    assert!(seen2.lock().unwrap().is_none());
+    let (core, engine) = outer2.relayed_to().expect("held below");
+    assert!(engine.cancel(core), "the held receive is still queued");
+    let c = seen2
+        .lock()
+        .unwrap()
+        .take()
+        .expect("the cancel completes it");
+    assert!(c.status.cancelled, "{:?}", c.status);
+    assert_eq!(c.buf.len(), 8);
+
+    assert!(seen1.lock().unwrap().is_none());
+    dev0.send(b"one", 1, 1, 0).unwrap();
+    dev1.iprobe(ANY_SOURCE, ANY_TAG, 0).unwrap();
+    let c = seen1
+        .lock()
+        .unwrap()
+        .take()
+        .expect("completed through its core");
+    assert!(c.status.error.is_none(), "{:?}", c.status);
+    assert_eq!(&c.buf[..3], b"one");
+    dev0.finish().unwrap();
+    dev1.finish().unwrap();
 }
