@@ -17,6 +17,7 @@ mod lines;
 mod machine;
 mod markdown;
 mod measure;
+mod passes;
 mod paths;
 mod plots;
 pub mod psm2_peer;
@@ -31,6 +32,10 @@ use std::time::Duration;
 pub use driver::report_main;
 pub use machine::{civil_from_days, utc_now, LoadSampler, Machine, LOAD_SAMPLE_EVERY};
 pub use measure::{measure_mpi, run_captured, which, Mpi, MPIS, MPI_INSTALL, MPI_PEER_SOURCE};
+pub use passes::{
+    pass_args, pass_ratio, passes_jsonl, Pass, PassRatio, PASSES, PASS_DEVICES, PASS_MAX_SIZE,
+    PASS_PEER, PASS_ROWS,
+};
 pub use paths::{path_args, path_records, PATHS, PATH_MIN_SIZE, PATH_PREFIX};
 pub use records::{
     parse_results, parse_vm, perftest_status, Record, Results, SyscallCount, VmRun, PERFTEST_FAILED,
@@ -98,6 +103,9 @@ pub struct Report {
     pub results: Results,
     /// (peer, status): raw PSM2, Open MPI, MPICH, UCX, perftest.
     pub peers: Vec<(String, PeerStatus)>,
+    /// The small-message passes against Open MPI ([`passes`](self::Pass)),
+    /// or why there are none.
+    pub passes: Result<Vec<Pass>, String>,
     /// What was measured in the soft-RoCE VM, if a results file was given.
     pub vm: Option<VmRun>,
     /// (a, b): the tables end with a column `a / b`, the two lines' values
@@ -122,6 +130,7 @@ impl Report {
             built: vec!["ibv".into()],
             results: vm.results.clone(),
             peers: Vec::new(),
+            passes: Err("not run in the VM".into()),
             vm: None,
             relative: Some(("ibv".into(), PERFTEST.into())),
         })

@@ -10,8 +10,8 @@ use super::measure::{
     measure_floors_for_peers, measure_mpis, measure_suite, raw_psm2_status, ucx_peer,
 };
 use super::{
-    parse_vm, perftest_status, LoadSampler, Machine, PeerStatus, Report, PERFTEST, PERFTEST_ABSENT,
-    TESTS,
+    parse_vm, passes_jsonl, perftest_status, LoadSampler, Machine, PeerStatus, Report, PASSES,
+    PERFTEST, PERFTEST_ABSENT, TESTS,
 };
 use crate::osu;
 
@@ -48,6 +48,10 @@ OPTIONS:
                      ibv and perftest, measured in the guest
   --no-mpi           do not build or run the MPI peers
   --no-ucx           do not run the UCX peer (ucx_perftest)
+  --passes N         small-message passes against Open MPI (default 7, quick
+                     2; 0: none): Open MPI, thread and shm up to 64 B in
+                     turn, each device divided by its own pass's Open MPI
+                     (DIR/passes.jsonl)
   -h, --help         this text";
 
 /// Options of `xdev-bench report`.
@@ -59,6 +63,8 @@ struct ReportArgs {
     vm: Option<PathBuf>,
     mpi: bool,
     ucx: bool,
+    /// `None`: the default for the run ([`PASSES`], quick 2).
+    passes: Option<usize>,
 }
 
 /// Parses the arguments after `report`: `None` for `--help`.
@@ -70,6 +76,7 @@ fn parse_report(args: &[String]) -> Result<Option<ReportArgs>, String> {
         vm: None,
         mpi: true,
         ucx: true,
+        passes: None,
     };
     let mut it = args.iter();
     while let Some(arg) = it.next() {
@@ -85,6 +92,13 @@ fn parse_report(args: &[String]) -> Result<Option<ReportArgs>, String> {
             "--vm" => r.vm = Some(value("--vm")?.into()),
             "--no-mpi" => r.mpi = false,
             "--no-ucx" => r.ucx = false,
+            "--passes" => {
+                r.passes = Some(
+                    value("--passes")?
+                        .parse()
+                        .map_err(|_| "--passes takes a count".to_string())?,
+                )
+            }
             "-h" | "--help" => return Ok(None),
             other => {
                 return Err(format!(
@@ -132,6 +146,8 @@ pub fn report_main(args: &[String], reg: &Registry) -> Result<PathBuf, String> {
         measure_floors_for_peers(&exe, r.max_size, r.quick, &mut results);
     }
     peers.extend(measure_mpis(r.mpi, r.max_size, r.quick, &mut results));
+    let passes = r.passes.unwrap_or(if r.quick { 2 } else { PASSES });
+    let passes = super::passes::measure_passes(&exe, passes, r.quick, r.mpi);
     peers.push(ucx_peer(r.ucx, r.max_size, r.quick, &mut results));
 
     let vm = vm_text.as_deref().map(parse_vm);
@@ -157,6 +173,7 @@ pub fn report_main(args: &[String], reg: &Registry) -> Result<PathBuf, String> {
         built: reg.entries().iter().map(|e| e.name.to_string()).collect(),
         results,
         peers,
+        passes,
         vm,
         relative: None,
     };
@@ -193,7 +210,11 @@ fn write_report(report: &Report, out: &Path, vm_text: Option<&str>) -> Result<()
         jsonl.push_str(&osu::not_measured(d, why, true));
         jsonl.push('\n');
     }
-    write("results.jsonl", &jsonl)
+    write("results.jsonl", &jsonl)?;
+    if let Ok(passes) = &report.passes {
+        write("passes.jsonl", &passes_jsonl(passes))?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]

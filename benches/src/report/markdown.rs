@@ -128,6 +128,7 @@ impl Report {
         s.push_str("\n## Headline figures\n\n");
         s.push_str(&self.headline());
         s.push('\n');
+        s.push_str(&self.pass_section());
         if self.vm.is_some() {
             s.push_str(
                 "`ibv` and perftest, measured in the soft-RoCE VM, have a section of their \
@@ -196,7 +197,10 @@ impl Report {
              load disturbed least. Every ratio in a row divides by the row's floor, so the \
              ratios of a row compare directly. The plots show sizes \
              from 1 byte on log axes, the floors dashed. Raw records, with each device's own \
-             floor: `results.jsonl` beside this file.\n",
+             floor: `results.jsonl` beside this file. The small-message passes (their \
+             section, after the headline) run Open MPI's osu_peer and the thread and shm \
+             devices in turn up to 64 B, each run with the same rounds as above, in an order \
+             rotated from pass to pass; their records, each with its pass: `passes.jsonl`.\n",
         );
         if self.vm.is_some() {
             s.push_str(

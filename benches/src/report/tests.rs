@@ -66,6 +66,7 @@ fn report() -> Report {
                 PeerStatus::NotMeasured(PERFTEST_ABSENT.into()),
             ),
         ],
+        passes: Err("skipped (--no-mpi)".into()),
         vm: None,
         relative: None,
     }

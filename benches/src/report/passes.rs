@@ -1,0 +1,309 @@
+//! Small messages in interleaved passes: Open MPI, thread and shm measured
+//! in turn, a few seconds each, several times over, and each device
+//! compared with the Open MPI run of its own pass.
+//!
+//! Why: on this kind of host (two vCPUs of a shared machine) the speed of
+//! a cross-core hand-off flips between two levels from one second to the
+//! next, for every transport alike (Open MPI's osu_bibw at 1 B: 7.9-10 or
+//! 12.7-14.5 MB/s in back-to-back runs). The report's main tables measure
+//! each device and peer once, minutes apart, so a ratio between two of
+//! them also carries the host's state at two moments. A pass puts the
+//! three runs seconds apart, in an order rotated from pass to pass, and
+//! the section gives each device the median of its per-pass ratios to Open
+//! MPI, with their range and how many passes were at least level: what a
+//! small-message target can be read from. The main tables are unchanged.
+
+use std::fmt::Write as _;
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use super::measure::{measure_mpi, run_captured, which, MPIS};
+use super::records::{parse_results, Record};
+use super::Report;
+use crate::osu;
+
+/// The peer each pass compares with (its `mpicc` and `mpirun`: [`MPIS`]).
+pub const PASS_PEER: &str = "Open MPI";
+
+/// The devices measured in each pass.
+pub const PASS_DEVICES: [&str; 2] = ["thread", "shm"];
+
+/// The largest message of a pass.
+pub const PASS_MAX_SIZE: usize = 64;
+
+/// Passes of a full report (`--passes` sets it; a quick report makes 2).
+pub const PASSES: usize = 7;
+
+/// The rows of the section: the issue's small-message targets.
+pub const PASS_ROWS: [(&str, usize); 8] = [
+    ("latency", 8),
+    ("bw", 1),
+    ("bw", 8),
+    ("bw", 64),
+    ("bibw", 1),
+    ("bibw", 8),
+    ("bibw", 64),
+    ("rate", 8),
+];
+
+/// What one pass measured: the records of its three runs.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Pass {
+    /// Every record of the pass (the peer's and the devices').
+    pub records: Vec<Record>,
+}
+
+impl Pass {
+    /// The value `series` measured for (`test`, `size`) in this pass.
+    fn value(&self, series: &str, test: &str, size: usize) -> Option<f64> {
+        self.records
+            .iter()
+            .find(|r| r.device == series && r.test == test && r.size == size)
+            .map(|r| r.value)
+            .filter(|v| *v > 0.0)
+    }
+}
+
+/// The arguments of `device`'s run in a pass.
+pub fn pass_args(device: &str, quick: bool) -> Vec<String> {
+    let mut a: Vec<String> = [
+        "--json",
+        "--device",
+        device,
+        "--test",
+        "latency,bw,bibw,rate",
+    ]
+    .map(String::from)
+    .to_vec();
+    a.extend(["--min-size".into(), "1".into(), "--max-size".into()]);
+    a.push(PASS_MAX_SIZE.to_string());
+    if quick {
+        a.push("--quick".into());
+    }
+    a
+}
+
+/// Runs `passes` passes with `exe` (this program) and the [`PASS_PEER`]'s
+/// osu_peer: none when Open MPI is not installed or not wanted (the
+/// section then says why).
+pub(super) fn measure_passes(
+    exe: &Path,
+    passes: usize,
+    quick: bool,
+    mpi_wanted: bool,
+) -> Result<Vec<Pass>, String> {
+    if passes == 0 {
+        return Err("skipped (--passes 0)".into());
+    }
+    if !mpi_wanted {
+        return Err("skipped (--no-mpi)".into());
+    }
+    let peer = MPIS
+        .iter()
+        .find(|m| m.series == PASS_PEER)
+        .expect("Open MPI is one of the MPI peers");
+    if which(peer.mpicc).is_none() {
+        return Err(format!("{PASS_PEER} is not installed"));
+    }
+    let dir = std::env::temp_dir().join(format!("xdev-bench-passes-{}", std::process::id()));
+    let rounds = if quick { 1 } else { 3 };
+    let mut out = Vec::with_capacity(passes);
+    for i in 0..passes {
+        eprintln!("report: small messages, pass {} of {passes}", i + 1);
+        let mut pass = Pass::default();
+        // Rotated, so that no run always comes first (after the idle
+        // stretch) or always follows the same other.
+        for k in 0..=PASS_DEVICES.len() {
+            match (i + k) % (PASS_DEVICES.len() + 1) {
+                0 => match measure_mpi(peer, &dir, PASS_MAX_SIZE, rounds, quick) {
+                    Ok((records, _)) => pass.records.extend(records),
+                    Err(e) => eprintln!("report: pass {}: {PASS_PEER}: {e}", i + 1),
+                },
+                d => {
+                    let device = PASS_DEVICES[d - 1];
+                    let (text, status) = run_captured(
+                        Command::new(exe).args(pass_args(device, quick)),
+                        Duration::from_secs(600),
+                        |_| {},
+                    );
+                    if let Err(e) = status {
+                        eprintln!("report: pass {}: {device}: {e}", i + 1);
+                    }
+                    let mut r = parse_results(&text).records;
+                    r.retain(|x| x.device == device);
+                    pass.records.extend(r);
+                }
+            }
+        }
+        out.push(pass);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(out)
+}
+
+/// `passes` as JSON lines: each record with its pass (from 1).
+pub fn passes_jsonl(passes: &[Pass]) -> String {
+    let mut s = String::new();
+    for (i, p) in passes.iter().enumerate() {
+        for r in &p.records {
+            let rec = osu::json(&r.device, &r.test, r.size, r.value, &r.unit, r.floor);
+            let _ = writeln!(s, "{{\"pass\":{},{}", i + 1, &rec[1..]);
+        }
+    }
+    s
+}
+
+/// The median of `v` (not empty): the middle value, or the mean of the two
+/// middle ones.
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+/// One device's figures on one row across the passes.
+#[derive(Debug, PartialEq)]
+pub struct PassRatio {
+    /// The device's median value.
+    pub value: f64,
+    /// The median of the per-pass ratios to the peer (the peer's latency
+    /// over the device's, the device's bandwidth or rate over the peer's:
+    /// above 1 the device is ahead).
+    pub ratio: f64,
+    /// The least and the largest per-pass ratio.
+    pub range: (f64, f64),
+    /// Passes with a ratio of at least 1.
+    pub level: usize,
+    /// Passes where both the device and the peer measured the row.
+    pub passes: usize,
+}
+
+/// `device` against [`PASS_PEER`] on (`test`, `size`) over `passes`: only
+/// passes where both measured it count. `None` if none did.
+pub fn pass_ratio(passes: &[Pass], device: &str, test: &str, size: usize) -> Option<PassRatio> {
+    let pairs: Vec<(f64, f64)> = passes
+        .iter()
+        .filter_map(|p| {
+            Some((
+                p.value(device, test, size)?,
+                p.value(PASS_PEER, test, size)?,
+            ))
+        })
+        .collect();
+    if pairs.is_empty() {
+        return None;
+    }
+    let mut ratios: Vec<f64> = pairs
+        .iter()
+        .map(|&(d, o)| if test == "latency" { o / d } else { d / o })
+        .collect();
+    let mut values: Vec<f64> = pairs.iter().map(|p| p.0).collect();
+    let level = ratios.iter().filter(|&&r| r >= 1.0).count();
+    let ratio = median(&mut ratios);
+    Some(PassRatio {
+        value: median(&mut values),
+        ratio,
+        range: (ratios[0], ratios[ratios.len() - 1]),
+        level,
+        passes: pairs.len(),
+    })
+}
+
+/// A figure of `test` with its unit's precision, without the unit.
+fn number(test: &str, v: f64) -> String {
+    match test {
+        "latency" => format!("{v:.3}"),
+        "rate" => format!("{:.2}", v / 1e6),
+        _ => format!("{v:.2}"),
+    }
+}
+
+/// A figure of `test` with its unit.
+fn figure(test: &str, v: f64) -> String {
+    let unit = match test {
+        "latency" => "us",
+        "rate" => "M/s",
+        _ => "MB/s",
+    };
+    format!("{} {unit}", number(test, v))
+}
+
+impl Report {
+    /// The section of the interleaved passes: per row, Open MPI's median
+    /// and range, and each device's median with its ratio to Open MPI
+    /// (median of the passes' ratios, their range, passes at least level).
+    pub(super) fn pass_section(&self) -> String {
+        let mut s = String::from("### Small messages in interleaved passes\n\n");
+        let passes = match &self.passes {
+            Err(why) => {
+                let _ = writeln!(s, "Not measured: {why}.\n");
+                return s;
+            }
+            Ok(p) => p,
+        };
+        let _ = write!(
+            s,
+            "{n} passes, each running {PASS_PEER}'s osu_peer and `xdev-bench` on {devices} up to \
+             {PASS_MAX_SIZE} B, seconds apart, in an order rotated from pass to pass. The speed \
+             of a cross-core hand-off on this host flips between two levels from one second \
+             to the next, for every transport alike, so a ratio between runs minutes apart \
+             (the tables above) also carries that; here each device is divided by the \
+             {PASS_PEER} run of its own pass. Each device cell: its median, then the median of \
+             its per-pass ratios to {PASS_PEER} (latency: {PASS_PEER}'s over the device's; \
+             above 1 the device is ahead), their range, and how many passes were at least \
+             level. Records: `passes.jsonl`.\n\n| test | size | {PASS_PEER} (median, range) |",
+            n = passes.len(),
+            devices = PASS_DEVICES.join(" and "),
+        );
+        for d in PASS_DEVICES {
+            let _ = write!(s, " {d} |");
+        }
+        s.push_str("\n|---|---:|---:|");
+        s.push_str(&"---:|".repeat(PASS_DEVICES.len()));
+        s.push('\n');
+        for (test, size) in PASS_ROWS {
+            let mut peer: Vec<f64> = passes
+                .iter()
+                .filter_map(|p| p.value(PASS_PEER, test, size))
+                .collect();
+            let peer_cell = if peer.is_empty() {
+                "–".to_string()
+            } else {
+                let m = median(&mut peer);
+                format!(
+                    "{} ({}–{})",
+                    figure(test, m),
+                    number(test, peer[0]),
+                    number(test, peer[peer.len() - 1])
+                )
+            };
+            let _ = write!(s, "| {test} | {size} B | {peer_cell} |");
+            for d in PASS_DEVICES {
+                let cell = match pass_ratio(passes, d, test, size) {
+                    Some(r) => format!(
+                        "{}: **{:.2}x** ({:.2}–{:.2}, {} of {} ≥ 1)",
+                        figure(test, r.value),
+                        r.ratio,
+                        r.range.0,
+                        r.range.1,
+                        r.level,
+                        r.passes
+                    ),
+                    None => "–".into(),
+                };
+                let _ = write!(s, " {cell} |");
+            }
+            s.push('\n');
+        }
+        s.push('\n');
+        s
+    }
+}
+
+#[cfg(test)]
+mod tests;
