@@ -215,6 +215,20 @@ pub fn measure_mpi(
     rounds: usize,
     quick: bool,
 ) -> Result<(Vec<Record>, String), String> {
+    build_mpi_peer(mpi, dir)?.run(max_size, rounds, quick)
+}
+
+/// The MPI peer built for one MPI ([`build_mpi_peer`]), ready to run as
+/// often as wanted.
+pub struct MpiPeer<'m> {
+    mpi: &'m Mpi,
+    mpirun: PathBuf,
+    exe: PathBuf,
+}
+
+/// Builds the MPI peer with `mpi`'s `mpicc` in `dir`, or says why not
+/// (the MPI is not installed, the build failed).
+pub fn build_mpi_peer<'m>(mpi: &'m Mpi, dir: &Path) -> Result<MpiPeer<'m>, String> {
     let mpicc = which(mpi.mpicc).ok_or_else(|| {
         format!(
             "{} is not installed (no {} on PATH; install with `{MPI_INSTALL}`)",
@@ -245,39 +259,54 @@ pub fn measure_mpi(
             String::from_utf8_lossy(&cc.stderr).trim()
         ));
     }
-    let mut cmd = if mpi.over_psm2 {
-        super::psm2_peer::command(&mpirun)?
-    } else {
-        Command::new(&mpirun)
-    };
-    cmd.args(["-np", "2"])
-        .args(mpi.run_args)
-        .arg(&exe)
-        .arg(mpi.series)
-        .arg(max_size.to_string())
-        .arg(rounds.to_string())
-        .arg(if quick { "1" } else { "0" })
-        .arg(crate::WARM_UP_BYTES.to_string())
-        // Open MPI refuses to run as root without these (containers, CI).
-        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
-        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
-    let (out, r) = run_captured(&mut cmd, Duration::from_secs(900), |_| {});
-    r.map_err(|e| format!("{} -np 2 osu_peer {e}", mpi.mpirun))?;
-    let records = parse_results(&out).records;
-    if records.is_empty() {
-        return Err(format!("{} printed no records", mpi.mpirun));
+    Ok(MpiPeer { mpi, mpirun, exe })
+}
+
+impl MpiPeer<'_> {
+    /// Runs the peer on two ranks up to `max_size` bytes, `rounds` rounds
+    /// per size: its records (named after its MPI's series) and a note on
+    /// how, or why not.
+    pub fn run(
+        &self,
+        max_size: usize,
+        rounds: usize,
+        quick: bool,
+    ) -> Result<(Vec<Record>, String), String> {
+        let (mpi, mpirun, exe) = (self.mpi, &self.mpirun, &self.exe);
+        let mut cmd = if mpi.over_psm2 {
+            super::psm2_peer::command(mpirun)?
+        } else {
+            Command::new(mpirun)
+        };
+        cmd.args(["-np", "2"])
+            .args(mpi.run_args)
+            .arg(exe)
+            .arg(mpi.series)
+            .arg(max_size.to_string())
+            .arg(rounds.to_string())
+            .arg(if quick { "1" } else { "0" })
+            .arg(crate::WARM_UP_BYTES.to_string())
+            // Open MPI refuses to run as root without these (containers, CI).
+            .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+            .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
+        let (out, r) = run_captured(&mut cmd, Duration::from_secs(900), |_| {});
+        r.map_err(|e| format!("{} -np 2 osu_peer {e}", mpi.mpirun))?;
+        let records = parse_results(&out).records;
+        if records.is_empty() {
+            return Err(format!("{} printed no records", mpi.mpirun));
+        }
+        let version = version(mpirun).unwrap_or_else(|| "version unknown".into());
+        let mut how = format!(
+            "{version}; `{} -np 2 {}`",
+            mpi.mpirun,
+            mpi.run_args.join(" ")
+        );
+        if mpi.over_psm2 {
+            how.push_str("; ");
+            how.push_str(super::psm2_peer::PSM2_HOW);
+        }
+        Ok((records, how))
     }
-    let version = version(&mpirun).unwrap_or_else(|| "version unknown".into());
-    let mut how = format!(
-        "{version}; `{} -np 2 {}`",
-        mpi.mpirun,
-        mpi.run_args.join(" ")
-    );
-    if mpi.over_psm2 {
-        how.push_str("; ");
-        how.push_str(super::psm2_peer::PSM2_HOW);
-    }
-    Ok((records, how))
 }
 
 /// The suite of the report: this program (`exe`) on every device, the
@@ -369,6 +398,16 @@ pub(super) fn measure_floors_for_peers(
     results.records.extend(parse_results(&text).records);
 }
 
+/// Rounds per size of an MPI peer's run: one in a quick report, else
+/// three (the suite's default).
+pub(super) fn mpi_rounds(quick: bool) -> usize {
+    if quick {
+        1
+    } else {
+        3
+    }
+}
+
 /// Every MPI of [`MPIS`] ([`measure_mpi`], skipped unless `mpi`): its
 /// records go into `results`; (name, status) of each.
 pub(super) fn measure_mpis(
@@ -384,8 +423,7 @@ pub(super) fn measure_mpis(
             PeerStatus::NotMeasured("skipped (--no-mpi)".into())
         } else {
             eprintln!("report: measuring {} (osu_peer.c)", mpi.name);
-            let rounds = if quick { 1 } else { 3 };
-            match measure_mpi(mpi, &build_dir, max_size, rounds, quick) {
+            match measure_mpi(mpi, &build_dir, max_size, mpi_rounds(quick), quick) {
                 Ok((records, how)) => {
                     results.records.extend(records);
                     PeerStatus::Measured(how)

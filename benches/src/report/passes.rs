@@ -15,11 +15,9 @@
 
 use std::fmt::Write as _;
 use std::path::Path;
-use std::process::Command;
-use std::time::Duration;
 
-use super::measure::{measure_mpi, run_captured, which, MPIS};
-use super::records::{parse_results, Record};
+use super::measure::{build_mpi_peer, measure_series, mpi_rounds, MpiPeer, MPIS};
+use super::records::{parse_results, Record, Results};
 use super::Report;
 use crate::osu;
 
@@ -85,8 +83,8 @@ pub fn pass_args(device: &str, quick: bool) -> Vec<String> {
 }
 
 /// Runs `passes` passes with `exe` (this program) and the [`PASS_PEER`]'s
-/// osu_peer: none when Open MPI is not installed or not wanted (the
-/// section then says why).
+/// osu_peer (built once): none when Open MPI is not wanted or cannot be
+/// built (the section then says why).
 pub(super) fn measure_passes(
     exe: &Path,
     passes: usize,
@@ -99,47 +97,46 @@ pub(super) fn measure_passes(
     if !mpi_wanted {
         return Err("skipped (--no-mpi)".into());
     }
-    let peer = MPIS
+    let mpi = MPIS
         .iter()
         .find(|m| m.series == PASS_PEER)
         .expect("Open MPI is one of the MPI peers");
-    if which(peer.mpicc).is_none() {
-        return Err(format!("{PASS_PEER} is not installed"));
-    }
     let dir = std::env::temp_dir().join(format!("xdev-bench-passes-{}", std::process::id()));
-    let rounds = if quick { 1 } else { 3 };
-    let mut out = Vec::with_capacity(passes);
-    for i in 0..passes {
-        eprintln!("report: small messages, pass {} of {passes}", i + 1);
-        let mut pass = Pass::default();
-        // Rotated, so that no run always comes first (after the idle
-        // stretch) or always follows the same other.
-        for k in 0..=PASS_DEVICES.len() {
-            match (i + k) % (PASS_DEVICES.len() + 1) {
-                0 => match measure_mpi(peer, &dir, PASS_MAX_SIZE, rounds, quick) {
-                    Ok((records, _)) => pass.records.extend(records),
-                    Err(e) => eprintln!("report: pass {}: {PASS_PEER}: {e}", i + 1),
-                },
-                d => {
-                    let device = PASS_DEVICES[d - 1];
-                    let (text, status) = run_captured(
-                        Command::new(exe).args(pass_args(device, quick)),
-                        Duration::from_secs(600),
-                        |_| {},
-                    );
-                    if let Err(e) = status {
-                        eprintln!("report: pass {}: {device}: {e}", i + 1);
-                    }
-                    let mut r = parse_results(&text).records;
-                    r.retain(|x| x.device == device);
-                    pass.records.extend(r);
-                }
+    let peer = build_mpi_peer(mpi, &dir);
+    let out = peer.map(|peer| {
+        (0..passes)
+            .map(|i| one_pass(exe, &peer, i, passes, quick))
+            .collect()
+    });
+    let _ = std::fs::remove_dir_all(&dir);
+    out
+}
+
+/// Pass `i` of `n`: the peer and each device, in an order rotated by `i`
+/// so that no run always comes first (after the idle stretch) or always
+/// follows the same other.
+fn one_pass(exe: &Path, peer: &MpiPeer<'_>, i: usize, n: usize, quick: bool) -> Pass {
+    eprintln!("report: small messages, pass {} of {n}", i + 1);
+    let mut r = Results::default();
+    for k in 0..=PASS_DEVICES.len() {
+        match (i + k) % (PASS_DEVICES.len() + 1) {
+            0 => match peer.run(PASS_MAX_SIZE, mpi_rounds(quick), quick) {
+                Ok((records, _)) => r.records.extend(records),
+                Err(e) => eprintln!("report: pass {}: {PASS_PEER}: {e}", i + 1),
+            },
+            d => {
+                let device = PASS_DEVICES[d - 1];
+                let only_device = |text: &str| {
+                    let mut x = parse_results(text);
+                    x.records.retain(|x| x.device == device);
+                    x
+                };
+                let what = (device, "small-message records");
+                measure_series(exe, pass_args(device, quick), what, only_device, &mut r);
             }
         }
-        out.push(pass);
     }
-    let _ = std::fs::remove_dir_all(&dir);
-    Ok(out)
+    Pass { records: r.records }
 }
 
 /// `passes` as JSON lines: each record with its pass (from 1).
@@ -154,16 +151,17 @@ pub fn passes_jsonl(passes: &[Pass]) -> String {
     s
 }
 
-/// The median of `v` (not empty): the middle value, or the mean of the two
-/// middle ones.
-fn median(v: &mut [f64]) -> f64 {
+/// The median, the least and the largest of `v` (not empty); the median
+/// of an even count is the mean of the two middle values.
+fn spread(mut v: Vec<f64>) -> (f64, f64, f64) {
     v.sort_by(f64::total_cmp);
     let n = v.len();
-    if n % 2 == 1 {
+    let median = if n % 2 == 1 {
         v[n / 2]
     } else {
         (v[n / 2 - 1] + v[n / 2]) / 2.0
-    }
+    };
+    (median, v[0], v[n - 1])
 }
 
 /// One device's figures on one row across the passes.
@@ -198,17 +196,16 @@ pub fn pass_ratio(passes: &[Pass], device: &str, test: &str, size: usize) -> Opt
     if pairs.is_empty() {
         return None;
     }
-    let mut ratios: Vec<f64> = pairs
+    let ratios: Vec<f64> = pairs
         .iter()
         .map(|&(d, o)| if test == "latency" { o / d } else { d / o })
         .collect();
-    let mut values: Vec<f64> = pairs.iter().map(|p| p.0).collect();
     let level = ratios.iter().filter(|&&r| r >= 1.0).count();
-    let ratio = median(&mut ratios);
+    let (ratio, least, most) = spread(ratios);
     Some(PassRatio {
-        value: median(&mut values),
+        value: spread(pairs.iter().map(|p| p.0).collect()).0,
         ratio,
-        range: (ratios[0], ratios[ratios.len() - 1]),
+        range: (least, most),
         level,
         passes: pairs.len(),
     })
@@ -267,19 +264,19 @@ impl Report {
         s.push_str(&"---:|".repeat(PASS_DEVICES.len()));
         s.push('\n');
         for (test, size) in PASS_ROWS {
-            let mut peer: Vec<f64> = passes
+            let peer: Vec<f64> = passes
                 .iter()
                 .filter_map(|p| p.value(PASS_PEER, test, size))
                 .collect();
             let peer_cell = if peer.is_empty() {
                 "–".to_string()
             } else {
-                let m = median(&mut peer);
+                let (m, least, most) = spread(peer);
                 format!(
                     "{} ({}–{})",
                     figure(test, m),
-                    number(test, peer[0]),
-                    number(test, peer[peer.len() - 1])
+                    number(test, least),
+                    number(test, most)
                 )
             };
             let _ = write!(s, "| {test} | {size} B | {peer_cell} |");
