@@ -358,11 +358,7 @@ fn recv_checked<T: Transport>(
     context: Context,
 ) -> std::result::Result<(), (Envelope, Error)> {
     recv_checks(engine, source, tag).map_err(|e| {
-        let env = Envelope {
-            source: engine.seat().rank,
-            tag: -1,
-            context,
-        };
+        let env = Envelope::untagged(engine.seat().rank, context);
         (env, e)
     })
 }

@@ -553,12 +553,7 @@ pub struct Completion {
 /// The status of a request that ended without an operation to report:
 /// `Error::Closed`, from no rank, with no tag.
 fn closed_status() -> Status {
-    let env = crate::Envelope {
-        source: usize::MAX,
-        tag: -1,
-        context: 0,
-    };
-    Status::failed(env, crate::Error::Closed)
+    Status::closed(usize::MAX)
 }
 
 impl Completion {

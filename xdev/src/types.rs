@@ -64,6 +64,29 @@ pub struct Envelope {
     pub context: Context,
 }
 
+impl Envelope {
+    /// The envelope of an operation that ended with no message to name
+    /// (failed before it matched, cancelled, closed): `source` (usually
+    /// this rank, or the peer that failed), no tag (-1), `context`.
+    ///
+    /// ```
+    /// use xdev::{Envelope, Error, Status};
+    /// let env = Envelope::untagged(3, 7);
+    /// assert_eq!((env.source, env.tag, env.context), (3, -1, 7));
+    /// let st = Status::closed(3);
+    /// assert_eq!((st.source, st.tag, st.context), (3, -1, 0));
+    /// assert!(matches!(st.error.as_deref(), Some(Error::Closed)));
+    /// ```
+    #[inline]
+    pub const fn untagged(source: Rank, context: Context) -> Self {
+        Envelope {
+            source,
+            tag: -1,
+            context,
+        }
+    }
+}
+
 /// What a receive or probe accepts: a source and tag (each possibly a
 /// wildcard) in one exact context.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
@@ -178,6 +201,13 @@ impl Status {
             cancelled: false,
             error: Some(Box::new(error)),
         }
+    }
+
+    /// The status of an operation its device's close ended
+    /// ([`Error::Closed`]): `source`'s envelope (the closing rank, or
+    /// `usize::MAX` for none), no tag, context 0.
+    pub fn closed(source: Rank) -> Self {
+        Status::failed(Envelope::untagged(source, 0), Error::Closed)
     }
 
     /// The status of a receive cancelled before it matched.

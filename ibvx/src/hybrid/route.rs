@@ -104,11 +104,7 @@ impl HybridEngine {
     /// The envelope of a receive that fails before it matched (as every
     /// device: this rank, no tag).
     pub(super) fn failed_recv_env(&self, context: Context) -> Envelope {
-        Envelope {
-            source: self.rank,
-            tag: -1,
-            context,
-        }
+        Envelope::untagged(self.rank, context)
     }
 
     pub(super) fn request(self: &Arc<Self>, core: xdev::devkit::CoreRef) -> Request {

@@ -597,11 +597,7 @@ impl IbvEngine {
                 tracing::error!(peer = d, error = %e, "cannot move the queue pair to the error state");
             }
         }
-        let env = Envelope {
-            source: d,
-            tag: -1,
-            context: 0,
-        };
+        let env = Envelope::untagged(d, 0);
         self.fail_first_if(
             l,
             |p| p.source == Source::Rank(d),

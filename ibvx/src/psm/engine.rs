@@ -345,11 +345,7 @@ impl PsmEngine {
                 _ => {}
             }
         }
-        let env = Envelope {
-            source: d,
-            tag: -1,
-            context: 0,
-        };
+        let env = Envelope::untagged(d, 0);
         for k in recvs {
             match q.cancel(k) {
                 Some(Slot::Recv { core, .. }) => {

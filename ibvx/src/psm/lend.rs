@@ -21,9 +21,7 @@
 use std::sync::Arc;
 
 use xdev::devkit::{Completion, KeepAlive, Lender, RequestKind};
-use xdev::{
-    Buffer, Envelope, Error, Pattern, Peeked, Rank, Request, RequestId, Source, Status, TagSel,
-};
+use xdev::{Buffer, Error, Pattern, Peeked, Rank, Request, RequestId, Source, Status, TagSel};
 
 use super::engine::{Inner, PsmEngine, Slot};
 use super::layer::{MqStatus, RequestKey};
@@ -68,12 +66,7 @@ impl PsmEngine {
     /// close ended (its `finish`, or its drop) before PSM2 completed it:
     /// this rank's envelope, no tag.
     pub(super) fn closed(&self) -> Status {
-        let env = Envelope {
-            source: self.rank,
-            tag: -1,
-            context: 0,
-        };
-        Status::failed(env, Error::Closed)
+        Status::closed(self.rank)
     }
 
     /// Posts receive `buf` for `p` as a lent request: a [`Slot::Lent`]

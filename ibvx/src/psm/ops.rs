@@ -218,10 +218,6 @@ impl PsmEngine {
     /// The envelope of a receive for `pattern` that failed before it
     /// matched: this rank, no tag.
     fn recv_env(&self, pattern: &Pattern) -> Envelope {
-        Envelope {
-            source: self.rank,
-            tag: -1,
-            context: pattern.context,
-        }
+        Envelope::untagged(self.rank, pattern.context)
     }
 }

@@ -65,11 +65,7 @@ struct Slot {
 
 impl Slot {
     fn new() -> Self {
-        let env = Envelope {
-            source: 0,
-            tag: -1,
-            context: 0,
-        };
+        let env = Envelope::untagged(0, 0);
         Slot {
             state: State::Free,
             id: RequestId(0),

@@ -667,12 +667,7 @@ impl<M: Medium> Engine<M> {
     /// The status of a receive the engine's close ended: `Closed`, this
     /// rank's envelope, no tag.
     pub(crate) fn closed_status(&self) -> Status {
-        let env = Envelope {
-            source: self.rank,
-            tag: -1,
-            context: 0,
-        };
-        Status::failed(env, Error::Closed)
+        Status::closed(self.rank)
     }
 
     /// Ends every queued receive with [`closed_status`](Self::closed_status)
@@ -709,11 +704,7 @@ impl<M: Medium> Engine<M> {
             .matching
             .remove_posted_where(|p, _| p.source == Source::Rank(d))
         {
-            let env = Envelope {
-                source: d,
-                tag: -1,
-                context: 0,
-            };
+            let env = Envelope::untagged(d, 0);
             self.complete_target(l, t, Status::failed(env, err.clone()));
         }
         for p in std::mem::take(&mut l.backlog[d]) {

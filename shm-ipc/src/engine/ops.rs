@@ -429,11 +429,7 @@ impl<M: Medium> Engine<M> {
         buf: Buffer,
         pattern: Pattern,
     ) -> Request {
-        let env = Envelope {
-            source: self.rank,
-            tag: -1,
-            context: pattern.context,
-        };
+        let env = Envelope::untagged(self.rank, pattern.context);
         if self.closing.load(Ordering::Acquire) {
             // `finish` began after our first check; it sets `closing` before
             // it empties the queues under this lock, so nothing posted now
@@ -547,11 +543,7 @@ impl<M: Medium> Engine<M> {
                         // Still queued (so not done) exactly when the cancel
                         // finds it.
                         if let Some(t) = l.matching.cancel(id) {
-                            let env = Envelope {
-                                source: s,
-                                tag: -1,
-                                context: pattern.context,
-                            };
+                            let env = Envelope::untagged(s, pattern.context);
                             let err = gone_error(l, s);
                             self.complete_target(l, t, Status::failed(env, err));
                         }

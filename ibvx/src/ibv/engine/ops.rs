@@ -99,11 +99,7 @@ impl Transport for IbvEngine {
     }
 
     fn start_recv(self: &Arc<Self>, buf: Buffer, pattern: Pattern) -> Request {
-        let env = Envelope {
-            source: self.fab.rank,
-            tag: -1,
-            context: pattern.context,
-        };
+        let env = Envelope::untagged(self.fab.rank, pattern.context);
         let (core, handle) = self.tracker.start_request(RequestKind::Recv, buf, self);
         let mut l = self.lock();
         if self.closing.load(Ordering::Acquire) {
@@ -228,11 +224,7 @@ impl Transport for IbvEngine {
                 && l.incoming.is_empty())
         });
         let mut l = self.lock();
-        let env = Envelope {
-            source: self.fab.rank,
-            tag: -1,
-            context: 0,
-        };
+        let env = Envelope::untagged(self.fab.rank, 0);
         self.fail_first_if(&mut l, |_| true, Status::failed(env, Error::Closed));
         let posted = l.matching.remove_posted_where(|_, _| true);
         for t in posted {

@@ -202,11 +202,7 @@ impl IbvEngine {
                 if let Some((env, msg)) = l.matching.take(&pattern) {
                     self.deliver(l, env, msg, Dest::Recv(t));
                 } else {
-                    let env = Envelope {
-                        source: s,
-                        tag: -1,
-                        context: pattern.context,
-                    };
+                    let env = Envelope::untagged(s, pattern.context);
                     let e = Self::gone_error(l, s).expect("gone");
                     self.complete_target(l, Dest::Recv(t), Status::failed(env, e));
                 }
