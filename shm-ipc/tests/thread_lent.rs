@@ -170,6 +170,12 @@ fn relay(below: Request) -> (Tracker, CoreRef, Seen) {
     (tracker, outer, seen)
 }
 
+/// What the relay's hook was given, taken (`what` names it when it was
+/// not given yet).
+fn relayed(seen: &Seen, what: &str) -> Completion {
+    seen.lock().unwrap().take().expect(what)
+}
+
 /// Lent receives relayed by a layered device (`Lender::hold_lent`): one
 /// that already ended hands its completion over at once; one still queued
 /// becomes a held request, completed through its core when its message
@@ -189,33 +195,21 @@ fn relayed_lent_receives_end_through_their_held_core() {
     let (_t2, outer2, seen2) = relay(to_cancel);
     let (_t3, _outer3, seen3) = relay(ended);
 
-    let c = seen3
-        .lock()
-        .unwrap()
-        .take()
-        .expect("an ended receive relays at once");
+    let c = relayed(&seen3, "an ended receive relays at once");
     assert!(c.status.error.is_none(), "{:?}", c.status);
     assert_eq!(&c.buf[..5], b"three");
 
     assert!(seen2.lock().unwrap().is_none());
     let (core, engine) = outer2.relayed_to().expect("held below");
     assert!(engine.cancel(core), "the held receive is still queued");
-    let c = seen2
-        .lock()
-        .unwrap()
-        .take()
-        .expect("the cancel completes it");
+    let c = relayed(&seen2, "the cancel completes it");
     assert!(c.status.cancelled, "{:?}", c.status);
     assert_eq!(c.buf.len(), 8);
 
     assert!(seen1.lock().unwrap().is_none());
     dev0.send(b"one", 1, 1, 0).unwrap();
     dev1.iprobe(ANY_SOURCE, ANY_TAG, 0).unwrap();
-    let c = seen1
-        .lock()
-        .unwrap()
-        .take()
-        .expect("completed through its core");
+    let c = relayed(&seen1, "completed through its core");
     assert!(c.status.error.is_none(), "{:?}", c.status);
     assert_eq!(&c.buf[..3], b"one");
     dev0.finish().unwrap();

@@ -65,7 +65,7 @@ impl PostedId {
 
     /// Rebuilds an id from [`as_u64`](Self::as_u64) (for transports that keep
     /// it in a request's cookie).
-    pub fn from_raw(raw: u64) -> Self {
+    pub const fn from_raw(raw: u64) -> Self {
         PostedId(raw)
     }
 }

@@ -49,6 +49,10 @@ enum State {
     Dropped,
 }
 
+/// The posted id of a receive that is not (or no longer known to be)
+/// queued: it names no posted receive.
+const NOT_QUEUED: PostedId = PostedId::from_raw(u64::MAX);
+
 /// One lent receive. Flat, not an enum with data: opening and ending a
 /// lease write the words they change in place (an enum value built aside
 /// and moved in was a stalled wide load of its narrow stores, and a call
@@ -69,7 +73,7 @@ impl Slot {
         Slot {
             state: State::Free,
             id: RequestId(0),
-            posted: PostedId::from_raw(u64::MAX),
+            posted: NOT_QUEUED,
             status: Status::ok(env, 0),
             held: None,
             dropped: None,
@@ -115,8 +119,18 @@ impl<M: Medium> Leases<M> {
         let slot = &mut self.slots[s as usize];
         slot.state = State::Open;
         slot.id = id;
-        slot.posted = PostedId::from_raw(u64::MAX);
+        slot.posted = NOT_QUEUED;
         s
+    }
+
+    /// Opens a lease (with its slot already open): the first one keeps
+    /// `engine` alive until the last one ends ([`end_lease`](Self::end_lease)).
+    #[inline]
+    fn open_lease(&mut self, engine: &Arc<Engine<M>>) {
+        if self.open == 0 {
+            self.keep = Some(Arc::clone(engine));
+        }
+        self.open += 1;
     }
 
     #[inline]
@@ -285,10 +299,7 @@ impl<M: Medium> Engine<M> {
     ) -> (RequestId, u32) {
         let id = self.tracker.lend_id();
         let slot = l.leases.open_slot(id);
-        if l.leases.open == 0 {
-            l.leases.keep = Some(Arc::clone(self));
-        }
-        l.leases.open += 1;
+        l.leases.open_lease(self);
         // SAFETY: the buffer's memory stays valid and unused by anything
         // else until the receive completes: the caller's handle owns it and
         // hands it out only from `wait_lent` once the slot ended;
