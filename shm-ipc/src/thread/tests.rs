@@ -106,3 +106,42 @@ fn a_window_on_a_finished_device_gives_every_buffer_back_closed() {
         }
     });
 }
+
+#[test]
+fn eager_sends_that_find_the_ring_full_are_queued_whole() {
+    // The eager fast path makes a send's request before it pushes; a push
+    // that finds no room (or no credit) takes the buffer back and queues
+    // the send. Every message must still arrive, whole and in order.
+    const N: usize = 200;
+    let msg = |i: usize| -> Vec<u8> { (0..100).map(|j| (i * 7 + j) as u8).collect() };
+    let ready = std::sync::Barrier::new(2);
+    ThreadWorld::new(2).option("ring_bytes", 4096).run(|dev| {
+        if dev.id() == 1 {
+            let reqs: Vec<Request> = (0..N)
+                .map(|i| dev.isend(Buffer::from(msg(i)), 0, 4, 0))
+                .collect();
+            // Nothing was received yet: a 4 KiB ring holds a few
+            // dozen of these, so later sends were queued.
+            let (done, queued): (Vec<_>, Vec<_>) = reqs
+                .into_iter()
+                .map(Request::take_if_done)
+                .partition(Result::is_ok);
+            assert!(!done.is_empty() && !queued.is_empty(), "{}", done.len());
+            ready.wait();
+            for r in queued {
+                let got = r.unwrap_err().wait();
+                assert!(got.status.error.is_none(), "{:?}", got.status);
+            }
+        } else {
+            ready.wait();
+            for i in 0..N {
+                let mut buf = [0u8; 100];
+                let st = dev
+                    .recv(&mut buf, Source::Rank(1), TagSel::Tag(4), 0)
+                    .unwrap();
+                assert_eq!(st.count, 100);
+                assert_eq!(buf[..], msg(i)[..], "message {i}");
+            }
+        }
+    });
+}
