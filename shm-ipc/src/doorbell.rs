@@ -310,9 +310,18 @@ impl Backoff {
     pub fn snooze(&mut self) -> bool {
         self.polls = self.polls.saturating_add(1);
         if self.polls < SPIN_POLLS {
-            // No `pause` here: a poll is a few loads already, and the hint's
-            // tens of cycles would be added to every message that arrives
-            // while we spin (measured: shm 8-byte latency 0.18 -> 0.16 us).
+            // A `pause` between polls. An earlier measurement (main tables,
+            // minutes apart) had it cost 8-byte latency (0.16 -> 0.18 us);
+            // measured in the report's interleaved passes, each against
+            // Open MPI in the same pass, 7 reports alternating with and
+            // without it: latency 8 B ahead in 6 of 7 pairs on thread
+            // (1.32-1.66x Open MPI's against 1.20-1.46x) and in 5 of 7 on
+            // shm, bandwidth and message rate unchanged within the spread.
+            // Likely why (not isolated): leaving a spin loop without the
+            // hint costs a pipeline clear when the awaited store lands, and
+            // tighter polling pulls the line the sender writes back to us
+            // more often.
+            std::hint::spin_loop();
             return true;
         }
         let since = *self
