@@ -340,7 +340,13 @@ fn scaled(quick: bool, (iters, skip): (usize, usize)) -> (usize, usize) {
 /// times and the best of each is kept, so that a neighbour's burst on this
 /// shared machine hits both sides of a ratio alike.
 pub(crate) fn rounds(a: &Args) -> usize {
-    if a.quick {
+    rounds_for(a.quick)
+}
+
+/// [`rounds`] of a run with or without `--quick` (also an MPI peer's
+/// rounds per size in a report, so that both sides of a ratio get as many).
+pub(crate) fn rounds_for(quick: bool) -> usize {
+    if quick {
         1
     } else {
         3

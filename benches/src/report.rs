@@ -34,7 +34,7 @@ pub use machine::{civil_from_days, utc_now, LoadSampler, Machine, LOAD_SAMPLE_EV
 pub use measure::{measure_mpi, run_captured, which, Mpi, MPIS, MPI_INSTALL, MPI_PEER_SOURCE};
 pub use passes::{
     pass_args, pass_ratio, passes_jsonl, Pass, PassRatio, PASSES, PASS_DEVICES, PASS_MAX_SIZE,
-    PASS_PEER, PASS_ROWS,
+    PASS_PEER, PASS_ROWS, QUICK_PASSES,
 };
 pub use paths::{path_args, path_records, PATHS, PATH_MIN_SIZE, PATH_PREFIX};
 pub use records::{

@@ -11,7 +11,7 @@ use super::measure::{
 };
 use super::{
     parse_vm, passes_jsonl, perftest_status, LoadSampler, Machine, PeerStatus, Report, PASSES,
-    PERFTEST, PERFTEST_ABSENT, TESTS,
+    PERFTEST, PERFTEST_ABSENT, QUICK_PASSES, TESTS,
 };
 use crate::osu;
 
@@ -63,7 +63,7 @@ struct ReportArgs {
     vm: Option<PathBuf>,
     mpi: bool,
     ucx: bool,
-    /// `None`: the default for the run ([`PASSES`], quick 2).
+    /// `None`: the default for the run ([`PASSES`], quick [`QUICK_PASSES`]).
     passes: Option<usize>,
 }
 
@@ -146,7 +146,9 @@ pub fn report_main(args: &[String], reg: &Registry) -> Result<PathBuf, String> {
         measure_floors_for_peers(&exe, r.max_size, r.quick, &mut results);
     }
     peers.extend(measure_mpis(r.mpi, r.max_size, r.quick, &mut results));
-    let passes = r.passes.unwrap_or(if r.quick { 2 } else { PASSES });
+    let passes = r
+        .passes
+        .unwrap_or(if r.quick { QUICK_PASSES } else { PASSES });
     let passes = super::passes::measure_passes(&exe, passes, r.quick, r.mpi);
     peers.push(ucx_peer(r.ucx, r.max_size, r.quick, &mut results));
 

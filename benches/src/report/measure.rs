@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use super::records::{parse_results, Record, Results};
 use super::{PeerStatus, PSM_VS_RAW, RAW_PSM2, TESTS};
+use crate::cli::rounds_for;
 
 /// The C source of the MPI peer, built at report time with each MPI's `mpicc`.
 pub const MPI_PEER_SOURCE: &str = include_str!("../../mpi/osu_peer.c");
@@ -398,16 +399,6 @@ pub(super) fn measure_floors_for_peers(
     results.records.extend(parse_results(&text).records);
 }
 
-/// Rounds per size of an MPI peer's run: one in a quick report, else
-/// three (the suite's default).
-pub(super) fn mpi_rounds(quick: bool) -> usize {
-    if quick {
-        1
-    } else {
-        3
-    }
-}
-
 /// Every MPI of [`MPIS`] ([`measure_mpi`], skipped unless `mpi`): its
 /// records go into `results`; (name, status) of each.
 pub(super) fn measure_mpis(
@@ -423,7 +414,7 @@ pub(super) fn measure_mpis(
             PeerStatus::NotMeasured("skipped (--no-mpi)".into())
         } else {
             eprintln!("report: measuring {} (osu_peer.c)", mpi.name);
-            match measure_mpi(mpi, &build_dir, max_size, mpi_rounds(quick), quick) {
+            match measure_mpi(mpi, &build_dir, max_size, rounds_for(quick), quick) {
                 Ok((records, how)) => {
                     results.records.extend(records);
                     PeerStatus::Measured(how)

@@ -16,9 +16,10 @@
 use std::fmt::Write as _;
 use std::path::Path;
 
-use super::measure::{build_mpi_peer, measure_series, mpi_rounds, MpiPeer, MPIS};
+use super::measure::{build_mpi_peer, measure_series, MpiPeer, MPIS};
 use super::records::{parse_results, Record, Results};
 use super::Report;
+use crate::cli::rounds_for;
 use crate::osu;
 
 /// The peer each pass compares with (its `mpicc` and `mpirun`: [`MPIS`]).
@@ -30,8 +31,11 @@ pub const PASS_DEVICES: [&str; 2] = ["thread", "shm"];
 /// The largest message of a pass.
 pub const PASS_MAX_SIZE: usize = 64;
 
-/// Passes of a full report (`--passes` sets it; a quick report makes 2).
+/// Passes of a full report (`--passes` sets it).
 pub const PASSES: usize = 7;
+
+/// Passes of a quick report (`--passes` sets it).
+pub const QUICK_PASSES: usize = 2;
 
 /// The rows of the section: the small-message targets.
 pub const PASS_ROWS: [(&str, usize); 8] = [
@@ -120,7 +124,7 @@ fn one_pass(exe: &Path, peer: &MpiPeer<'_>, i: usize, n: usize, quick: bool) -> 
     let mut r = Results::default();
     for k in 0..=PASS_DEVICES.len() {
         match (i + k) % (PASS_DEVICES.len() + 1) {
-            0 => match peer.run(PASS_MAX_SIZE, mpi_rounds(quick), quick) {
+            0 => match peer.run(PASS_MAX_SIZE, rounds_for(quick), quick) {
                 Ok((records, _)) => r.records.extend(records),
                 Err(e) => eprintln!("report: pass {}: {PASS_PEER}: {e}", i + 1),
             },
