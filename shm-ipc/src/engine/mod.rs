@@ -220,9 +220,6 @@ pub struct Outgoing<'a> {
     pub(crate) context: Context,
     pub(crate) data: &'a [u8],
     pub(crate) sync: bool,
-    /// Send only as a plain eager message (else report `Full`, pushing
-    /// nothing): the caller has no request yet to own a send that waits.
-    pub(crate) eager_only: bool,
 }
 
 impl Outgoing<'_> {

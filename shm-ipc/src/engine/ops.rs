@@ -40,7 +40,6 @@ impl<M: Medium> Transport for Engine<M> {
             context,
             data: buf,
             sync,
-            eager_only: false,
         };
         // While the ring is full: the consumer position it was full against.
         let full_at = Cell::new(None);
@@ -427,15 +426,10 @@ impl<M: Medium> Engine<M> {
         if data.len() > self.eager_max || !l.backlog[dest].is_empty() {
             return false;
         }
-        let out = Outgoing {
-            dest,
-            tag: to.tag,
-            context: to.context,
-            data,
-            sync: false,
-            eager_only: true,
-        };
-        matches!(self.push(l, &out, None), Sent::Complete)
+        matches!(
+            self.push_eager(l, dest, (to.tag, to.context), data),
+            Sent::Complete
+        )
     }
 
     /// `start_recv` under the lock `l` (held by the caller, for one
