@@ -69,55 +69,77 @@ impl PsmEngine {
         Status::closed(self.rank)
     }
 
-    /// Posts receive `buf` for `p` as a lent request: a [`Slot::Lent`]
-    /// under a new lease; its id and key (the handle's token), or the error
-    /// if it could not be posted (the queue closed, PSM2 refused it: PSM2
-    /// never had the buffer). The caller makes the handle
-    /// ([`Request::lent`]) once the lock is released, in the place it
-    /// returns it: a request made here and moved out costs a stalled wide
-    /// load of its fields.
+    /// Posts receive `buf` for `p` as a lent request (a [`Slot::Lent`]
+    /// under a new lease) and returns its handle, or a request failed with
+    /// the error if it could not be posted (the queue closed, PSM2 refused
+    /// it: PSM2 never had the buffer).
     ///
-    /// # Safety
-    /// On `Ok`, the caller makes the handle from `buf` (its memory, which
-    /// PSM2 now writes, must stay valid and otherwise unused until the
-    /// handle ends the lease), and until then lets nothing free it (an
-    /// unwind included: hold it in a `ManuallyDrop`).
-    ///
-    /// Always inlined, which does not by itself remove a stalled store
-    /// forward here: the id and key still pass through the stack as two
-    /// words that the handle's write reads back as one wide load (43% of
-    /// `start_recv`'s samples, psm rate at 8 B). Taking the id in the
-    /// caller removes that load, but the stall then moves to the caller's
-    /// copy of the returned request into its window (the bench's loop: 3%
-    /// of all samples against 0.7%), with no change in the rate: one such
-    /// stall per request remains while the handle is returned by value.
+    /// The handle is made *before* the post, with the key the table gives
+    /// next: the caller copies the returned request wide right after this
+    /// call, and a wide load that spans narrower stores waits until every
+    /// older store has reached the cache. Made after the post, those
+    /// included PSM2's own (47% of `start_recv`'s samples sat on one such
+    /// load, psm receiver at 8 B); made before, its fields reach the cache
+    /// ahead of them. A failed post takes the buffer back out of the
+    /// handle, which no engine call has seen.
     #[inline(always)]
-    pub(super) unsafe fn lend_recv(
+    pub(super) fn lend_recv(
         self: &Arc<Self>,
         l: &mut Inner,
-        buf: &mut Buffer,
+        mut buf: Buffer,
         p: &Pattern,
-    ) -> Result<(RequestId, RequestKey), Error> {
+    ) -> Request {
         let source = match p.source {
             Source::Rank(s) => Some(s),
             Source::Any => None,
         };
+        let Some(key) = l.queue.as_ref().map(|q| q.next_key()) else {
+            return self
+                .tracker
+                .completed(buf, Status::failed(self.recv_env(p), Error::Closed));
+        };
         let at = (buf.as_mut_ptr(), buf.len());
         let id = self.tracker.lend_id();
+        // SAFETY: the lease opened below once the post succeeded keeps the
+        // engine alive (`Inner::keep`) until the call that ends it returns,
+        // and that call hands the reference back only when it was the last
+        // lease; until then `self` is borrowed here.
+        let req = unsafe { Request::lent(id, key.to_u64(), buf, &**self) };
         let slot = Slot::Lent {
             id,
             cap: at.1,
             source,
         };
-        // SAFETY: the buffer's memory stays valid and unused by anything
-        // else until the request leaves the queue: the caller's handle owns
-        // it and hands it out only once its lease ended, and every end of a
-        // lease (`wait_lent`, `drop_lent`, `hold_lent`) first has the
-        // request leave the queue or moves the buffer into its slot;
-        // `mem::forget` of the handle leaks it.
-        let key = unsafe { self.post_recv(l, at, p, slot) }.map_err(|(e, _)| e)?;
-        self.open_lease(l);
-        Ok((id, key))
+        // An unwind from the post aborts: the handle's drop would end a
+        // lease that is not open yet, under the lock we hold, while PSM2
+        // may write the buffer.
+        let posted = xdev::devkit::abort_on_unwind("posting a lent receive", || {
+            // SAFETY: the buffer's memory stays valid and unused by anything
+            // else until the request leaves the queue: the handle owns it
+            // and hands it out only once its lease ended, and every end of
+            // a lease (`wait_lent`, `drop_lent`, `hold_lent`) first has the
+            // request leave the queue or moves the buffer into its slot;
+            // `mem::forget` of the handle leaks it.
+            let posted = unsafe { self.post_recv(l, at, p, slot) };
+            debug_assert!(
+                posted.as_ref().map_or(true, |&k| k == key),
+                "the table gives the key it named"
+            );
+            posted
+        });
+        match posted {
+            Ok(_) => {
+                self.open_lease(l);
+                req
+            }
+            Err((e, _)) => {
+                // SAFETY: not posted: the table and PSM2 hold nothing for
+                // its token, and no lease was opened for it.
+                let buf = unsafe { req.take_back_unposted() };
+                self.tracker
+                    .completed(buf, Status::failed(self.recv_env(p), e))
+            }
+        }
     }
 
     /// Opens a lease: the first one keeps the engine alive.

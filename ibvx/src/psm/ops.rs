@@ -111,27 +111,10 @@ impl Transport for PsmEngine {
             return eng.tracker.completed(buf, status);
         }
         // Lent out (see `lend.rs`): the handle owns the buffer, the queue's
-        // table holds the receive until the handle ends the lease. Until
-        // the handle owns it, the buffer is held in a `ManuallyDrop`:
-        // should anything unwind while PSM2 may write it, it leaks instead
-        // of being freed.
-        let mut buf = std::mem::ManuallyDrop::new(buf);
-        // SAFETY: on `Ok` the handle is made from the buffer below, and
-        // nothing frees it before (it is held in a `ManuallyDrop`).
-        let posted = unsafe { eng.lend_recv(&mut l, &mut buf, &pattern) };
+        // table holds the receive until the handle ends the lease.
+        let req = eng.lend_recv(&mut l, buf, &pattern);
         drop(l);
-        let buf = std::mem::ManuallyDrop::into_inner(buf);
-        match posted {
-            // SAFETY: the lease `lend_recv` opened keeps the engine alive
-            // (`Inner::keep`) until the call that ends it returns, and that
-            // call hands the reference back only when it was the last lease
-            // (see `lend.rs`).
-            Ok((id, key)) => unsafe { Request::lent(id, key.to_u64(), buf, &**eng) },
-            Err(e) => {
-                let status = Status::failed(eng.recv_env(&pattern), e);
-                eng.tracker.completed(buf, status)
-            }
-        }
+        req
     }
 
     fn probe(&self, pattern: Pattern, block: bool) -> Result<Option<Status>> {
@@ -217,7 +200,7 @@ impl PsmEngine {
 
     /// The envelope of a receive for `pattern` that failed before it
     /// matched: this rank, no tag.
-    fn recv_env(&self, pattern: &Pattern) -> Envelope {
+    pub(super) fn recv_env(&self, pattern: &Pattern) -> Envelope {
         Envelope::untagged(self.rank, pattern.context)
     }
 }

@@ -345,6 +345,24 @@ impl Request {
         }
     }
 
+    /// The buffer of a request made by [`Request::lent`] whose operation
+    /// its engine never started, taken back without ending a lease (there
+    /// is none): for an engine that makes the handle before it posts the
+    /// operation, so that the handle's fields are written before the
+    /// post's own stores and not read back behind them, and whose post
+    /// then failed. Any other request is waited for, its buffer returned.
+    ///
+    /// # Safety
+    /// For a lent request: its engine holds nothing for its token, never
+    /// had the buffer, and does not expect the lease to end.
+    #[inline]
+    pub unsafe fn take_back_unposted(self) -> Buffer {
+        match self.inner {
+            Inner::Lent(l) => l.into_buffer(),
+            inner => Request { inner }.wait().buf,
+        }
+    }
+
     /// Blocks until completion (spinning, then sleeping) and returns the
     /// buffer and status.
     #[inline]

@@ -133,6 +133,13 @@ impl Lent {
         (this.token, buf, this.engine)
     }
 
+    /// The buffer, without calling the engine (see
+    /// [`Request::take_back_unposted`](super::Request::take_back_unposted)).
+    #[inline]
+    pub(super) fn into_buffer(self) -> Buffer {
+        self.into_parts().1
+    }
+
     /// Waits for the operation and ends the lease. Out of line, so that
     /// `Request::wait` stays small enough to inline where a request is born
     /// complete (inlined here, it made `Request::wait` an out-of-line call

@@ -184,3 +184,33 @@ fn a_relayed_lent_request_is_held_first() {
     assert_eq!((&c.buf[..], c.status.source), (&b"relay"[..], 6));
     assert_eq!(Arc::strong_count(&desk), 1);
 }
+
+#[test]
+fn an_unposted_lent_request_gives_its_buffer_back_without_its_device() {
+    let desk = Desk::open();
+    let req = desk.lend(11, b"back");
+    let ptr = {
+        let super::super::handle::Inner::Lent(l) = &req.inner else {
+            panic!("a lent request")
+        };
+        l.buf.as_ptr()
+    };
+    // SAFETY: the desk never started operation 11.
+    let buf = unsafe { req.take_back_unposted() };
+    assert_eq!(&buf[..], b"back");
+    assert_eq!(buf.as_ptr(), ptr, "the same memory, unmoved");
+    assert!(desk.calls().is_empty(), "no call reached the device");
+    assert!(desk.handed.lock().unwrap().is_empty());
+    // The lease it never opened stays the device's to end.
+    assert_eq!(Arc::strong_count(&desk), 2);
+    drop(desk.end());
+}
+
+#[test]
+fn taking_back_a_request_that_is_not_lent_waits_for_it() {
+    let buf = Buffer::from(b"done".to_vec());
+    let req = Tracker::new().completed(buf, status(3, 4));
+    // SAFETY: not a lent request: no engine is involved.
+    let buf = unsafe { req.take_back_unposted() };
+    assert_eq!(&buf[..], b"done");
+}
