@@ -174,38 +174,38 @@ impl Buffer {
     /// The bytes as a `Vec` (free for heap buffers, a copy for foreign ones).
     /// The attachment is dropped first, while the memory is still held.
     pub fn into_vec(self) -> Vec<u8> {
-        let mut me = std::mem::ManuallyDrop::new(self);
-        match me.release_parts() {
-            Ok(cap) => {
-                let len = me.tail.len;
-                // SAFETY: `ptr`, `len` and `cap` are the raw parts of the Vec
-                // this heap buffer took in `From<Vec<u8>>`, whose allocation
-                // nothing else owns; `me` is never dropped (its tail is, by
-                // the take below), so the Vec is rebuilt exactly once.
-                let v = unsafe { Vec::from_raw_parts(me.ptr.as_ptr(), len, cap) };
-                // SAFETY: `me` is never used or dropped again.
-                drop(unsafe { std::ptr::read(&me.tail) });
-                v
-            }
+        let me = std::mem::ManuallyDrop::new(self);
+        // SAFETY: `me` is never dropped, so its tail is moved out (and
+        // dropped at the end of this call) exactly once, here.
+        let mut tail = unsafe { std::ptr::read(&me.tail) };
+        match tail.release() {
+            // SAFETY: `ptr`, `len` and `cap` are the raw parts of the Vec
+            // this heap buffer took in `From<Vec<u8>>`, whose allocation
+            // nothing else owns; `me` is never dropped, so the Vec is
+            // rebuilt exactly once.
+            Ok(cap) => unsafe { Vec::from_raw_parts(me.ptr.as_ptr(), tail.len, cap) },
             Err(foreign) => {
-                let copy = me[..].to_vec();
+                // SAFETY: the storage, still held, is valid for `len` bytes
+                // at `ptr` (the `BufferStorage` contract).
+                let bytes = unsafe { std::slice::from_raw_parts(me.ptr.as_ptr(), tail.len) };
+                let copy = bytes.to_vec();
                 drop(foreign); // releases the foreign memory
-                               // SAFETY: `me` is never used or dropped again.
-                drop(unsafe { std::ptr::read(&me.tail) });
                 copy
             }
         }
     }
+}
 
-    /// Takes the foreign parts out of the tail, its attachment dropped
-    /// first (while the memory is still held): `Ok` with the `Vec`
-    /// capacity of a heap buffer, or `Err` with the foreign storage, still
-    /// holding the memory until the caller drops it.
-    fn release_parts(&mut self) -> Result<usize, Box<dyn BufferStorage>> {
-        drop(self.tail.attachment.take());
-        match self.tail.storage.take() {
+impl Tail {
+    /// Takes the foreign parts out, the attachment dropped first (while
+    /// the memory is still held): `Ok` with the `Vec` capacity of a heap
+    /// buffer, or `Err` with the foreign storage, still holding the memory
+    /// until the caller drops it.
+    fn release(&mut self) -> Result<usize, Box<dyn BufferStorage>> {
+        drop(self.attachment.take());
+        match self.storage.take() {
             Some(storage) => Err(storage),
-            None => Ok(self.tail.heap_cap),
+            None => Ok(self.heap_cap),
         }
     }
 }
@@ -214,7 +214,7 @@ impl Drop for Buffer {
     fn drop(&mut self) {
         // A foreign buffer's memory is released with its storage, dropped
         // here with the `Err`.
-        if let Ok(cap) = self.release_parts() {
+        if let Ok(cap) = self.tail.release() {
             // SAFETY: as in `into_vec`: the raw parts of the Vec this heap
             // buffer owns, rebuilt once, here, to free it.
             drop(unsafe { Vec::from_raw_parts(self.ptr.as_ptr(), self.tail.len, cap) });
