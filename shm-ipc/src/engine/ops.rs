@@ -423,7 +423,7 @@ impl<M: Medium> Engine<M> {
     #[inline(always)]
     fn push_eager_now(&self, l: &mut Local<M>, data: &[u8], to: SendTo) -> bool {
         let dest = to.dest;
-        if data.len() > self.eager_max || !l.backlog[dest].is_empty() {
+        if !l.backlog[dest].is_empty() || !self.eager_fits(l, dest, data.len()) {
             return false;
         }
         matches!(

@@ -26,6 +26,13 @@ impl<M: Medium> Engine<M> {
         l.eager_sent[dest] + charge - l.freed_seen[dest] <= credit
     }
 
+    /// Whether a message of `len` bytes to `dest` goes eager: within the
+    /// eager limit, and `len` more eager bytes stay within its credit.
+    #[inline(always)]
+    pub(crate) fn eager_fits(&self, l: &mut Local<M>, dest: Rank, len: usize) -> bool {
+        len <= self.eager_max && self.has_credit(l, dest, len as u64 + ENTRY_CHARGE)
+    }
+
     /// Tries to put one message into the destination's ring. `request`: the
     /// send's request (`None`: a blocking send). An eager send that does
     /// not wait goes through [`push_eager`](Self::push_eager).
@@ -36,8 +43,7 @@ impl<M: Medium> Engine<M> {
         request: Option<&CoreRef>,
     ) -> Sent<M::Waiter> {
         let dest = out.dest;
-        let charge = out.data.len() as u64 + ENTRY_CHARGE;
-        let eager = out.data.len() <= self.eager_max && self.has_credit(l, dest, charge);
+        let eager = self.eager_fits(l, dest, out.data.len());
         if eager && !out.sync {
             return self.push_eager(l, dest, (out.tag, out.context), out.data);
         }
@@ -79,10 +85,11 @@ impl<M: Medium> Engine<M> {
         )
     }
 
-    /// An eager send of `data` to `dest` with `tag` and `context`, pushed
-    /// now or not at all: `Full` when it is over the eager limit, out of
-    /// credit or finds no room (nothing pushed), `Refused` when `dest` has
-    /// gone. `push` for a send that does not wait, taking scalars: the
+    /// An eager send of `data` to `dest` with `tag` and `context` (the
+    /// caller found it [`eager_fits`](Self::eager_fits)), pushed now or not
+    /// at all: `Full` when it finds no room (nothing pushed), `Refused`
+    /// when `dest` has gone. `push` for a send that does not wait, taking
+    /// scalars: the
     /// header is built here from registers and never read back from memory.
     /// Built from a struct the caller had just written, the header's
     /// 8-byte read of the tag and context spanned two 4-byte stores, and
@@ -97,10 +104,6 @@ impl<M: Medium> Engine<M> {
         (tag, context): (xdev::Tag, xdev::Context),
         data: &[u8],
     ) -> Sent<M::Waiter> {
-        let charge = data.len() as u64 + ENTRY_CHARGE;
-        if data.len() > self.eager_max || !self.has_credit(l, dest, charge) {
-            return Sent::Full;
-        }
         if l.gone[dest] {
             return Sent::Refused(gone_error(l, dest));
         }
