@@ -15,7 +15,11 @@
  * measured ROUNDS times and the best round is kept (OSU's average per
  * round, best round).
  *
- * Usage: mpirun -np 2 osu_peer NAME MAX_SIZE ROUNDS QUICK WARM_UP_BYTES
+ * Usage: mpirun -np 2 osu_peer NAME MAX_SIZE ROUNDS QUICK WARM_UP_BYTES [MIN_SIZE TESTS]
+ * MIN_SIZE and TESTS (a comma list of latency, bw, bibw and rate) narrow
+ * the run, as xdev-bench's --min-size and --test do; by default every test
+ * from the smallest size (0 bytes for latency, 1 for the others). The
+ * buffers are MAX_SIZE bytes either way.
  * Prints one JSON record per test and size on rank 0, in xdev-bench's
  * schema ("floor" is 0: the report divides by the floors xdev-bench
  * measured in the same run).
@@ -26,6 +30,23 @@
 #include <string.h>
 
 #define WINDOW 64
+
+/* Whether `tests` (a comma list, or NULL for all) names `test`. */
+static int wanted(const char *tests, const char *test) {
+  if (tests == NULL)
+    return 1;
+  size_t n = strlen(test);
+  for (const char *p = tests; *p;) {
+    const char *end = strchr(p, ',');
+    size_t len = end ? (size_t)(end - p) : strlen(p);
+    if (len == n && strncmp(p, test, n) == 0)
+      return 1;
+    if (!end)
+      break;
+    p = end + 1;
+  }
+  return 0;
+}
 
 /* xdev-bench's large_warm_up: windows enough to move `warm_up_bytes` per
  * side (its WARM_UP_BYTES, which the report passes), at least 2, before
@@ -108,9 +129,10 @@ int main(int argc, char **argv) {
   int me, n;
   MPI_Comm_rank(MPI_COMM_WORLD, &me);
   MPI_Comm_size(MPI_COMM_WORLD, &n);
-  if (argc != 6 || n != 2) {
+  if ((argc != 6 && argc != 8) || n != 2) {
     if (me == 0)
-      fprintf(stderr, "usage: mpirun -np 2 osu_peer NAME MAX_SIZE ROUNDS QUICK WARM_UP_BYTES\n");
+      fprintf(stderr, "usage: mpirun -np 2 osu_peer NAME MAX_SIZE ROUNDS QUICK WARM_UP_BYTES "
+                      "[MIN_SIZE TESTS]\n");
     MPI_Abort(MPI_COMM_WORLD, 2);
   }
   const char *name = argv[1];
@@ -118,6 +140,8 @@ int main(int argc, char **argv) {
   int rounds = atoi(argv[3]);
   int quick = atoi(argv[4]);
   size_t warm_up_bytes = strtoul(argv[5], NULL, 10);
+  size_t min = argc == 8 ? strtoul(argv[6], NULL, 10) : 0;
+  const char *tests = argc == 8 ? argv[7] : NULL;
   if (rounds < 1)
     rounds = 1;
   char *buf = malloc(max > 0 ? max : 1);
@@ -130,7 +154,8 @@ int main(int argc, char **argv) {
   }
   memset(buf, 0xa5, max);
 
-  for (size_t size = 0; size <= max; size = size ? 2 * size : 1) {
+  for (size_t size = min; wanted(tests, "latency") && size <= max;
+       size = size ? 2 * size : 1) {
     int iters, skip;
     iterations(0, size, quick, warm_up_bytes, &iters, &skip);
     double best = 1e300;
@@ -148,7 +173,9 @@ int main(int argc, char **argv) {
   /* bw, bibw, then rate (the bw loop, counted in messages). */
   for (int test = 0; test < 3; test++) {
     int bi = test == 1;
-    for (size_t size = 1; size <= max; size *= 2) {
+    if (!wanted(tests, test == 0 ? "bw" : bi ? "bibw" : "rate"))
+      continue;
+    for (size_t size = min > 1 ? min : 1; size <= max; size *= 2) {
       int iters, skip;
       iterations(1, size, quick, warm_up_bytes, &iters, &skip);
       double best = 1e300;

@@ -33,8 +33,9 @@ pub use driver::report_main;
 pub use machine::{civil_from_days, utc_now, LoadSampler, Machine, LOAD_SAMPLE_EVERY};
 pub use measure::{measure_mpi, run_captured, which, Mpi, MPIS, MPI_INSTALL, MPI_PEER_SOURCE};
 pub use passes::{
-    pass_args, pass_ratio, passes_jsonl, Pass, PassRatio, PASSES, PASS_DEVICES, PASS_MAX_SIZE,
-    PASS_PEER, PASS_ROWS, QUICK_PASSES,
+    large_pass_args, large_pass_rows, pass_args, pass_ratio, passes_jsonl, Pass, PassRatio,
+    LARGE_PASS_DEVICES, LARGE_PASS_MAX_SIZE, LARGE_PASS_MIN_SIZE, LARGE_PASS_TEST, PASSES,
+    PASS_DEVICES, PASS_MAX_SIZE, PASS_PEER, PASS_ROWS, QUICK_PASSES,
 };
 pub use paths::{path_args, path_records, PATHS, PATH_MIN_SIZE, PATH_PREFIX};
 pub use records::{
@@ -103,8 +104,8 @@ pub struct Report {
     pub results: Results,
     /// (peer, status): raw PSM2, Open MPI, MPICH, UCX, perftest.
     pub peers: Vec<(String, PeerStatus)>,
-    /// The small-message passes against Open MPI ([`passes`](self::Pass)),
-    /// or why there are none.
+    /// The interleaved passes against Open MPI ([`passes`](self::Pass)):
+    /// small messages, and osu_bibw at large ones; or why there are none.
     pub passes: Result<Vec<Pass>, String>,
     /// What was measured in the soft-RoCE VM, if a results file was given.
     pub vm: Option<VmRun>,

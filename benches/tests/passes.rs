@@ -1,10 +1,13 @@
-//! The report's small-message passes against a real Open MPI: every pass
-//! ran Open MPI's osu_peer and the thread and shm devices, and the section
-//! divides each device by its own pass's Open MPI.
+//! The report's interleaved passes against a real Open MPI: every pass
+//! ran Open MPI's osu_peer and the thread and shm devices at small messages,
+//! then Open MPI and shm at osu_bibw from 256 KiB, and the sections divide
+//! each device by its own pass's Open MPI.
 
 use std::process::{Command, Stdio};
 
-use xdev_bench::report::{parse_results, which, PASS_DEVICES, PASS_PEER, PASS_ROWS};
+use xdev_bench::report::{
+    large_pass_rows, parse_results, which, LARGE_PASS_DEVICES, PASS_DEVICES, PASS_PEER, PASS_ROWS,
+};
 
 const BENCH: &str = env!("CARGO_BIN_EXE_xdev-bench");
 
@@ -30,7 +33,7 @@ fn every_pass_measures_open_mpi_and_both_devices() {
         "--quick",
         "--no-ucx",
         "--max-size",
-        "8",
+        "262144",
         "--passes",
         "2",
         "--out",
@@ -48,8 +51,9 @@ fn every_pass_measures_open_mpi_and_both_devices() {
         .nth(1)
         .unwrap_or_else(|| panic!("no passes section: {md}"));
     assert!(section.trim_start().starts_with("2 passes"), "{section}");
-    // The records: each pass has the peer and both devices on every row
-    // (bw and bibw at 64 B are past --max-size).
+    // The records: each pass has the peer and both devices on every
+    // small-message row, and the peer and shm on the large one (256 KiB,
+    // the report's --max-size).
     let text = std::fs::read_to_string(dir.join("passes.jsonl")).unwrap();
     for pass in 1..=2 {
         let tag = format!("{{\"pass\":{pass},");
@@ -60,15 +64,27 @@ fn every_pass_measures_open_mpi_and_both_devices() {
             .collect();
         let records = parse_results(&lines).records;
         for series in std::iter::once(PASS_PEER).chain(PASS_DEVICES) {
-            for (test, size) in PASS_ROWS.iter().filter(|r| r.1 <= 8) {
+            for (test, size) in PASS_ROWS {
                 let r = records
                     .iter()
-                    .find(|r| r.device == series && r.test == *test && r.size == *size);
+                    .find(|r| r.device == series && r.test == test && r.size == size);
                 assert!(
                     r.is_some_and(|r| r.value > 0.0),
                     "pass {pass}: no {series} {test} {size}: {text}"
                 );
             }
+        }
+        let large = large_pass_rows(262_144);
+        assert_eq!(large, [("bibw", 262_144)]);
+        for series in std::iter::once(PASS_PEER).chain(LARGE_PASS_DEVICES) {
+            let found: Vec<_> = records
+                .iter()
+                .filter(|r| r.device == series && r.test == "bibw" && r.size > 64)
+                .map(|r| (r.size, r.value > 0.0))
+                .collect();
+            // Nothing below 256 KiB in the large part (osu_peer's MIN_SIZE
+            // and TESTS narrowed it), nothing past --max-size.
+            assert_eq!(found, [(262_144, true)], "pass {pass}: {series}: {text}");
         }
     }
     // The section's row of rate at 8 B: the peer's median and a ratio for
@@ -78,5 +94,18 @@ fn every_pass_measures_open_mpi_and_both_devices() {
         .find(|l| l.starts_with("| rate | 8 B |"))
         .unwrap_or_else(|| panic!("{section}"));
     assert_eq!(row.matches("of 2 ≥ 1").count(), PASS_DEVICES.len(), "{row}");
+    let large = md
+        .split("### Large bi-directional bandwidth in interleaved passes")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no large passes section: {md}"));
+    let row = large
+        .lines()
+        .find(|l| l.starts_with("| bibw | 256 KiB |"))
+        .unwrap_or_else(|| panic!("{large}"));
+    assert_eq!(
+        row.matches("of 2 ≥ 1").count(),
+        LARGE_PASS_DEVICES.len(),
+        "{row}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -48,10 +48,11 @@ OPTIONS:
                      ibv and perftest, measured in the guest
   --no-mpi           do not build or run the MPI peers
   --no-ucx           do not run the UCX peer (ucx_perftest)
-  --passes N         small-message passes against Open MPI (default 7, quick
+  --passes N         interleaved passes against Open MPI (default 7, quick
                      2; 0: none): Open MPI, thread and shm up to 64 B in
-                     turn, each device divided by its own pass's Open MPI
-                     (DIR/passes.jsonl)
+                     turn, then Open MPI and shm osu_bibw from 256 KiB up
+                     to --max-size (at most 4 MiB), each device divided by
+                     its own pass's Open MPI (DIR/passes.jsonl)
   -h, --help         this text";
 
 /// Options of `xdev-bench report`.
@@ -149,7 +150,7 @@ pub fn report_main(args: &[String], reg: &Registry) -> Result<PathBuf, String> {
     let passes = r
         .passes
         .unwrap_or(if r.quick { QUICK_PASSES } else { PASSES });
-    let passes = super::passes::measure_passes(&exe, passes, r.quick, r.mpi);
+    let passes = super::passes::measure_passes(&exe, passes, (r.quick, r.max_size), r.mpi);
     peers.push(ucx_peer(r.ucx, r.max_size, r.quick, &mut results));
 
     let vm = vm_text.as_deref().map(parse_vm);

@@ -199,8 +199,9 @@ impl Report {
              from 1 byte on log axes, the floors dashed. Raw records, with each device's own \
              floor: `results.jsonl` beside this file. The small-message passes (their \
              section, after the headline) run Open MPI's osu_peer and the thread and shm \
-             devices in turn up to 64 B, each run with the same rounds as above, in an order \
-             rotated from pass to pass; their records, each with its pass: `passes.jsonl`.\n",
+             devices in turn up to 64 B, then Open MPI and shm at osu_bibw from 256 KiB, each \
+             run with the same rounds as above, in an order rotated from pass to pass; their \
+             records, each with its pass: `passes.jsonl`.\n",
         );
         if self.vm.is_some() {
             s.push_str(

@@ -273,6 +273,20 @@ impl MpiPeer<'_> {
         rounds: usize,
         quick: bool,
     ) -> Result<(Vec<Record>, String), String> {
+        self.run_only(None, max_size, rounds, quick)
+    }
+
+    /// [`run`](Self::run) narrowed to `only`'s tests (a comma list of
+    /// latency, bw, bibw and rate) from `only`'s smallest size up to
+    /// `max_size` (osu_peer's MIN_SIZE and TESTS); `None`: every test and
+    /// size.
+    pub fn run_only(
+        &self,
+        only: Option<(&str, usize)>,
+        max_size: usize,
+        rounds: usize,
+        quick: bool,
+    ) -> Result<(Vec<Record>, String), String> {
         let (mpi, mpirun, exe) = (self.mpi, &self.mpirun, &self.exe);
         let mut cmd = if mpi.over_psm2 {
             super::psm2_peer::command(mpirun)?
@@ -287,6 +301,10 @@ impl MpiPeer<'_> {
             .arg(rounds.to_string())
             .arg(if quick { "1" } else { "0" })
             .arg(crate::WARM_UP_BYTES.to_string())
+            .args(
+                only.into_iter()
+                    .flat_map(|(tests, min)| [min.to_string(), tests.to_string()]),
+            )
             // Open MPI refuses to run as root without these (containers, CI).
             .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
             .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");

@@ -12,6 +12,12 @@
 //! the section gives each device the median of its per-pass ratios to Open
 //! MPI, with their range and how many passes were at least level: what a
 //! small-message target can be read from. The main tables are unchanged.
+//!
+//! Large messages swing too: the host's memory bandwidth moved Open MPI's
+//! osu_bibw at 512 KiB between 6.2 and 12.5 GB/s in runs minutes apart,
+//! more than the gap between shm and Open MPI (both copy with CMA there).
+//! So a pass also runs osu_bibw from 256 KiB on Open MPI and shm, in turn,
+//! when the report goes that far.
 
 use std::fmt::Write as _;
 use std::path::Path;
@@ -49,7 +55,31 @@ pub const PASS_ROWS: [(&str, usize); 8] = [
     ("rate", 8),
 ];
 
-/// What one pass measured: the records of its three runs.
+/// The devices of the large-message part of a pass: the issue's target is
+/// shm's osu_bibw against Open MPI's, both one-copy (CMA) there.
+pub const LARGE_PASS_DEVICES: [&str; 1] = ["shm"];
+
+/// The sizes of the large-message part of a pass: osu_bibw from this size
+/// up to the report's `--max-size` (at most [`LARGE_PASS_MAX_SIZE`]); none
+/// when `--max-size` is below it.
+pub const LARGE_PASS_MIN_SIZE: usize = 256 << 10;
+
+/// The largest message of the large-message part of a pass.
+pub const LARGE_PASS_MAX_SIZE: usize = 4 << 20;
+
+/// The test of the large-message part of a pass.
+pub const LARGE_PASS_TEST: &str = "bibw";
+
+/// The rows of the large-message section, up to `max_size`: osu_bibw at
+/// every power of two from [`LARGE_PASS_MIN_SIZE`].
+pub fn large_pass_rows(max_size: usize) -> Vec<(&'static str, usize)> {
+    std::iter::successors(Some(LARGE_PASS_MIN_SIZE), |s| Some(s * 2))
+        .take_while(|&s| s <= max_size.min(LARGE_PASS_MAX_SIZE))
+        .map(|s| (LARGE_PASS_TEST, s))
+        .collect()
+}
+
+/// What one pass measured: the records of its runs.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Pass {
     /// Every record of the pass (the peer's and the devices').
@@ -86,13 +116,35 @@ pub fn pass_args(device: &str, quick: bool) -> Vec<String> {
     a
 }
 
+/// The arguments of `device`'s large-message run in a pass, up to
+/// `max_size` (see [`large_pass_rows`]).
+pub fn large_pass_args(device: &str, max_size: usize, quick: bool) -> Vec<String> {
+    let mut a: Vec<String> = ["--json", "--device", device, "--test", LARGE_PASS_TEST]
+        .map(String::from)
+        .to_vec();
+    a.extend([
+        "--min-size".into(),
+        LARGE_PASS_MIN_SIZE.to_string(),
+        "--max-size".into(),
+        max_size.min(LARGE_PASS_MAX_SIZE).to_string(),
+    ]);
+    if quick {
+        a.push("--quick".into());
+    }
+    a
+}
+
 /// Runs `passes` passes with `exe` (this program) and the [`PASS_PEER`]'s
 /// osu_peer (built once): none when Open MPI is not wanted or cannot be
 /// built (the section then says why).
+///
+/// Each pass also measures osu_bibw at large messages
+/// ([`large_pass_rows`]) on [`LARGE_PASS_DEVICES`] and the peer, in the
+/// same rotated order, when `max_size` reaches [`LARGE_PASS_MIN_SIZE`].
 pub(super) fn measure_passes(
     exe: &Path,
     passes: usize,
-    quick: bool,
+    (quick, max_size): (bool, usize),
     mpi_wanted: bool,
 ) -> Result<Vec<Pass>, String> {
     if passes == 0 {
@@ -109,7 +161,13 @@ pub(super) fn measure_passes(
     let peer = build_mpi_peer(mpi, &dir);
     let out = peer.map(|peer| {
         (0..passes)
-            .map(|i| one_pass(exe, &peer, i, passes, quick))
+            .map(|i| {
+                let mut pass = one_pass(exe, &peer, i, passes, quick);
+                if !large_pass_rows(max_size).is_empty() {
+                    large_part(exe, &peer, i, (quick, max_size), &mut pass);
+                }
+                pass
+            })
             .collect()
     });
     let _ = std::fs::remove_dir_all(&dir);
@@ -141,6 +199,49 @@ fn one_pass(exe: &Path, peer: &MpiPeer<'_>, i: usize, n: usize, quick: bool) -> 
         }
     }
     Pass { records: r.records }
+}
+
+/// The large-message part of pass `i`: osu_bibw from
+/// [`LARGE_PASS_MIN_SIZE`] up to `max_size` by the peer and each of
+/// [`LARGE_PASS_DEVICES`], in an order rotated by `i`, into `pass`.
+fn large_part(
+    exe: &Path,
+    peer: &MpiPeer<'_>,
+    i: usize,
+    (quick, max_size): (bool, usize),
+    pass: &mut Pass,
+) {
+    eprintln!("report: large bibw, pass {}", i + 1);
+    let max = max_size.min(LARGE_PASS_MAX_SIZE);
+    let mut r = Results::default();
+    for k in 0..=LARGE_PASS_DEVICES.len() {
+        match (i + k) % (LARGE_PASS_DEVICES.len() + 1) {
+            0 => {
+                let only = Some((LARGE_PASS_TEST, LARGE_PASS_MIN_SIZE));
+                match peer.run_only(only, max, rounds_for(quick), quick) {
+                    Ok((records, _)) => r.records.extend(records),
+                    Err(e) => eprintln!("report: pass {}: {PASS_PEER}: {e}", i + 1),
+                }
+            }
+            d => {
+                let device = LARGE_PASS_DEVICES[d - 1];
+                let only_device = |text: &str| {
+                    let mut x = parse_results(text);
+                    x.records.retain(|x| x.device == device);
+                    x
+                };
+                let args = large_pass_args(device, max_size, quick);
+                measure_series(
+                    exe,
+                    args,
+                    (device, "large bibw records"),
+                    only_device,
+                    &mut r,
+                );
+            }
+        }
+    }
+    pass.records.extend(r.records);
 }
 
 /// `passes` as JSON lines: each record with its pass (from 1).
@@ -235,9 +336,10 @@ fn figure(test: &str, v: f64) -> String {
 }
 
 impl Report {
-    /// The section of the interleaved passes: per row, Open MPI's median
-    /// and range, and each device's median with its ratio to Open MPI
-    /// (median of the passes' ratios, their range, passes at least level).
+    /// The sections of the interleaved passes: small messages (per row,
+    /// Open MPI's median and range, and each device's median with its
+    /// ratio to Open MPI: median of the passes' ratios, their range, passes
+    /// at least level), then osu_bibw at large messages where measured.
     pub(super) fn pass_section(&self) -> String {
         let mut s = String::from("### Small messages in interleaved passes\n\n");
         let passes = match &self.passes {
@@ -257,52 +359,88 @@ impl Report {
              {PASS_PEER} run of its own pass. Each device cell: its median, then the median of \
              its per-pass ratios to {PASS_PEER} (latency: {PASS_PEER}'s over the device's; \
              above 1 the device is ahead), their range, and how many passes were at least \
-             level. Records: `passes.jsonl`.\n\n| test | size | {PASS_PEER} (median, range) |",
+             level. Records: `passes.jsonl`.\n\n",
             n = passes.len(),
             devices = PASS_DEVICES.join(" and "),
         );
-        for d in PASS_DEVICES {
-            let _ = write!(s, " {d} |");
+        pass_table(&mut s, passes, &PASS_ROWS, &PASS_DEVICES);
+        let large: Vec<(&str, usize)> = large_pass_rows(LARGE_PASS_MAX_SIZE)
+            .into_iter()
+            .filter(|&(test, size)| {
+                passes
+                    .iter()
+                    .any(|p| p.value(PASS_PEER, test, size).is_some())
+            })
+            .collect();
+        if !large.is_empty() {
+            let _ = write!(
+                s,
+                "### Large bi-directional bandwidth in interleaved passes\n\n\
+                 The same passes also ran osu_bibw from {} KiB by {PASS_PEER}'s osu_peer and \
+                 `xdev-bench` on {}, in an order rotated from pass to pass: at these sizes both \
+                 copy with CMA, and the host's memory bandwidth swings by more than the \
+                 difference between them from one run to the next. Cells as above.\n\n",
+                LARGE_PASS_MIN_SIZE >> 10,
+                LARGE_PASS_DEVICES.join(" and "),
+            );
+            pass_table(&mut s, passes, &large, &LARGE_PASS_DEVICES);
         }
-        s.push_str("\n|---|---:|---:|");
-        s.push_str(&"---:|".repeat(PASS_DEVICES.len()));
-        s.push('\n');
-        for (test, size) in PASS_ROWS {
-            let peer: Vec<f64> = passes
-                .iter()
-                .filter_map(|p| p.value(PASS_PEER, test, size))
-                .collect();
-            let peer_cell = if peer.is_empty() {
-                "–".to_string()
-            } else {
-                let (m, least, most) = spread(peer);
-                format!(
-                    "{} ({}–{})",
-                    figure(test, m),
-                    number(test, least),
-                    number(test, most)
-                )
-            };
-            let _ = write!(s, "| {test} | {size} B | {peer_cell} |");
-            for d in PASS_DEVICES {
-                let cell = match pass_ratio(passes, d, test, size) {
-                    Some(r) => format!(
-                        "{}: **{:.2}x** ({:.2}–{:.2}, {} of {} ≥ 1)",
-                        figure(test, r.value),
-                        r.ratio,
-                        r.range.0,
-                        r.range.1,
-                        r.level,
-                        r.passes
-                    ),
-                    None => "–".into(),
-                };
-                let _ = write!(s, " {cell} |");
-            }
-            s.push('\n');
-        }
-        s.push('\n');
         s
+    }
+}
+
+/// Appends to `s` the table of `rows` for `devices` over `passes`.
+fn pass_table(s: &mut String, passes: &[Pass], rows: &[(&str, usize)], devices: &[&str]) {
+    let _ = write!(s, "| test | size | {PASS_PEER} (median, range) |");
+    for d in devices {
+        let _ = write!(s, " {d} |");
+    }
+    s.push_str("\n|---|---:|---:|");
+    s.push_str(&"---:|".repeat(devices.len()));
+    s.push('\n');
+    for &(test, size) in rows {
+        let peer: Vec<f64> = passes
+            .iter()
+            .filter_map(|p| p.value(PASS_PEER, test, size))
+            .collect();
+        let peer_cell = if peer.is_empty() {
+            "–".to_string()
+        } else {
+            let (m, least, most) = spread(peer);
+            format!(
+                "{} ({}–{})",
+                figure(test, m),
+                number(test, least),
+                number(test, most)
+            )
+        };
+        let _ = write!(s, "| {test} | {} | {peer_cell} |", size_label(size));
+        for d in devices {
+            let cell = match pass_ratio(passes, d, test, size) {
+                Some(r) => format!(
+                    "{}: **{:.2}x** ({:.2}–{:.2}, {} of {} ≥ 1)",
+                    figure(test, r.value),
+                    r.ratio,
+                    r.range.0,
+                    r.range.1,
+                    r.level,
+                    r.passes
+                ),
+                None => "–".into(),
+            };
+            let _ = write!(s, " {cell} |");
+        }
+        s.push('\n');
+    }
+    s.push('\n');
+}
+
+/// A message size as the tables write it: bytes, or KiB and MiB from 1 KiB.
+fn size_label(size: usize) -> String {
+    match size {
+        s if s >= 1 << 20 && s % (1 << 20) == 0 => format!("{} MiB", s >> 20),
+        s if s >= 1 << 10 && s % (1 << 10) == 0 => format!("{} KiB", s >> 10),
+        s => format!("{s} B"),
     }
 }
 

@@ -99,3 +99,47 @@ fn the_pass_records_are_written_with_their_pass_and_read_back() {
     assert_eq!(back.len(), 12);
     assert_eq!(back[1], rec("thread", "bibw", 1, 13.0));
 }
+
+#[test]
+fn the_large_part_runs_bibw_from_256_kib_up_to_the_reports_largest_size() {
+    assert!(large_pass_rows(128 << 10).is_empty());
+    let rows = large_pass_rows(1 << 20);
+    assert_eq!(
+        rows,
+        [("bibw", 256 << 10), ("bibw", 512 << 10), ("bibw", 1 << 20)]
+    );
+    assert_eq!(large_pass_rows(64 << 20).last(), Some(&("bibw", 4 << 20)));
+    let s = large_pass_args("shm", 64 << 20, true).join(" ");
+    assert_eq!(
+        s,
+        "--json --device shm --test bibw --min-size 262144 --max-size 4194304 --quick"
+    );
+}
+
+#[test]
+fn large_bibw_gets_its_own_section_only_where_measured() {
+    let mut report = super::super::tests::report_with_rates();
+    let pass = |o: f64, d: f64| Pass {
+        records: vec![
+            rec(PASS_PEER, "bibw", 1 << 20, o),
+            rec("shm", "bibw", 1 << 20, d),
+        ],
+    };
+    report.passes = Ok(vec![pass(8000.0, 7200.0), pass(10000.0, 10600.0)]);
+    let md = report.markdown();
+    let large = md
+        .split("### Large bi-directional bandwidth in interleaved passes")
+        .nth(1)
+        .unwrap_or_else(|| panic!("{md}"));
+    // Per pass 0.90 and 1.06: their median 0.98, one pass level.
+    assert!(
+        large.contains("| bibw | 1 MiB | 9000.00 MB/s (8000.00–10000.00) | 8900.00 MB/s: **0.98x** (0.90–1.06, 1 of 2 ≥ 1) |"),
+        "{large}"
+    );
+    // Only the sizes some pass measured.
+    assert!(!large.contains("| bibw | 256 KiB |"), "{large}");
+    report.passes = Ok(flipping());
+    assert!(!report
+        .markdown()
+        .contains("### Large bi-directional bandwidth"));
+}
