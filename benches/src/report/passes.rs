@@ -161,87 +161,83 @@ pub(super) fn measure_passes(
     let peer = build_mpi_peer(mpi, &dir);
     let out = peer.map(|peer| {
         (0..passes)
-            .map(|i| {
-                let mut pass = one_pass(exe, &peer, i, passes, quick);
-                if !large_pass_rows(max_size).is_empty() {
-                    large_part(exe, &peer, i, (quick, max_size), &mut pass);
-                }
-                pass
-            })
+            .map(|i| one_pass(exe, &peer, (i, passes), (quick, max_size)))
             .collect()
     });
     let _ = std::fs::remove_dir_all(&dir);
     out
 }
 
-/// Pass `i` of `n`: the peer and each device, in an order rotated by `i`
-/// so that no run always comes first (after the idle stretch) or always
-/// follows the same other.
-fn one_pass(exe: &Path, peer: &MpiPeer<'_>, i: usize, n: usize, quick: bool) -> Pass {
+/// Pass `i` of `n`: the peer and each device at small messages, then (when
+/// `max_size` reaches [`LARGE_PASS_MIN_SIZE`]) the peer and each of
+/// [`LARGE_PASS_DEVICES`] at osu_bibw from that size.
+fn one_pass(
+    exe: &Path,
+    peer: &MpiPeer<'_>,
+    (i, n): (usize, usize),
+    (quick, max_size): (bool, usize),
+) -> Pass {
     eprintln!("report: small messages, pass {} of {n}", i + 1);
     let mut r = Results::default();
-    for k in 0..=PASS_DEVICES.len() {
-        match (i + k) % (PASS_DEVICES.len() + 1) {
-            0 => match peer.run(PASS_MAX_SIZE, rounds_for(quick), quick) {
-                Ok((records, _)) => r.records.extend(records),
-                Err(e) => eprintln!("report: pass {}: {PASS_PEER}: {e}", i + 1),
-            },
-            d => {
-                let device = PASS_DEVICES[d - 1];
-                let only_device = |text: &str| {
-                    let mut x = parse_results(text);
-                    x.records.retain(|x| x.device == device);
-                    x
-                };
-                let what = (device, "small-message records");
-                measure_series(exe, pass_args(device, quick), what, only_device, &mut r);
-            }
-        }
+    let small = Part {
+        what: "small-message records",
+        devices: &PASS_DEVICES,
+        peer: (None, PASS_MAX_SIZE),
+        args: &|d| pass_args(d, quick),
+    };
+    small.run(exe, peer, i, quick, &mut r);
+    if !large_pass_rows(max_size).is_empty() {
+        eprintln!("report: large bibw, pass {} of {n}", i + 1);
+        let large = Part {
+            what: "large bibw records",
+            devices: &LARGE_PASS_DEVICES,
+            peer: (
+                Some((LARGE_PASS_TEST, LARGE_PASS_MIN_SIZE)),
+                max_size.min(LARGE_PASS_MAX_SIZE),
+            ),
+            args: &|d| large_pass_args(d, max_size, quick),
+        };
+        large.run(exe, peer, i, quick, &mut r);
     }
     Pass { records: r.records }
 }
 
-/// The large-message part of pass `i`: osu_bibw from
-/// [`LARGE_PASS_MIN_SIZE`] up to `max_size` by the peer and each of
-/// [`LARGE_PASS_DEVICES`], in an order rotated by `i`, into `pass`.
-fn large_part(
-    exe: &Path,
-    peer: &MpiPeer<'_>,
-    i: usize,
-    (quick, max_size): (bool, usize),
-    pass: &mut Pass,
-) {
-    eprintln!("report: large bibw, pass {}", i + 1);
-    let max = max_size.min(LARGE_PASS_MAX_SIZE);
-    let mut r = Results::default();
-    for k in 0..=LARGE_PASS_DEVICES.len() {
-        match (i + k) % (LARGE_PASS_DEVICES.len() + 1) {
-            0 => {
-                let only = Some((LARGE_PASS_TEST, LARGE_PASS_MIN_SIZE));
-                match peer.run_only(only, max, rounds_for(quick), quick) {
+/// One part of a pass: the peer's run and each device's.
+struct Part<'a> {
+    /// What the devices' runs give, for messages.
+    what: &'static str,
+    devices: &'a [&'a str],
+    /// The peer's narrowing and largest size ([`MpiPeer::run_only`]).
+    peer: (Option<(&'static str, usize)>, usize),
+    /// A device's arguments.
+    args: &'a dyn Fn(&str) -> Vec<String>,
+}
+
+impl Part<'_> {
+    /// Runs the peer and each device, in an order rotated by `i` so that no
+    /// run always comes first (after the idle stretch) or always follows
+    /// the same other, into `r`.
+    fn run(&self, exe: &Path, peer: &MpiPeer<'_>, i: usize, quick: bool, r: &mut Results) {
+        let n = self.devices.len() + 1;
+        for k in 0..n {
+            match (i + k) % n {
+                0 => match peer.run_only(self.peer.0, self.peer.1, rounds_for(quick), quick) {
                     Ok((records, _)) => r.records.extend(records),
                     Err(e) => eprintln!("report: pass {}: {PASS_PEER}: {e}", i + 1),
+                },
+                d => {
+                    let device = self.devices[d - 1];
+                    let only_device = |text: &str| {
+                        let mut x = parse_results(text);
+                        x.records.retain(|x| x.device == device);
+                        x
+                    };
+                    let args = (self.args)(device);
+                    measure_series(exe, args, (device, self.what), only_device, r);
                 }
-            }
-            d => {
-                let device = LARGE_PASS_DEVICES[d - 1];
-                let only_device = |text: &str| {
-                    let mut x = parse_results(text);
-                    x.records.retain(|x| x.device == device);
-                    x
-                };
-                let args = large_pass_args(device, max_size, quick);
-                measure_series(
-                    exe,
-                    args,
-                    (device, "large bibw records"),
-                    only_device,
-                    &mut r,
-                );
             }
         }
     }
-    pass.records.extend(r.records);
 }
 
 /// `passes` as JSON lines: each record with its pass (from 1).
