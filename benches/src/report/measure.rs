@@ -17,6 +17,32 @@ pub const MPI_PEER_SOURCE: &str = include_str!("../../mpi/osu_peer.c");
 /// How to install the MPI peers on Debian.
 pub const MPI_INSTALL: &str = "apt-get install openmpi-bin libopenmpi-dev mpich libmpich-dev";
 
+/// The arguments of one run of this program beside the suite: `device`'s
+/// `tests` (a comma list) from `min` to `max` bytes as JSON records, with
+/// each of `options` as a device option (`--option K=V`), and `--quick`.
+pub fn series_args(
+    device: &str,
+    tests: &str,
+    (min, max): (usize, usize),
+    options: &[&str],
+    quick: bool,
+) -> Vec<String> {
+    let mut a: Vec<String> = ["--json", "--device", device, "--test", tests, "--min-size"]
+        .map(String::from)
+        .to_vec();
+    a.push(min.to_string());
+    a.push("--max-size".into());
+    a.push(max.to_string());
+    for o in options {
+        a.push("--option".into());
+        a.push((*o).into());
+    }
+    if quick {
+        a.push("--quick".into());
+    }
+    a
+}
+
 /// Runs `exe` with `args` as the series `series` (a run of its own beside
 /// the suite's, within 30 minutes) and adds what `records` makes of its
 /// output to `results`; a run that gave no `test` records is listed as not

@@ -22,7 +22,7 @@
 use std::fmt::Write as _;
 use std::path::Path;
 
-use super::measure::{build_mpi_peer, measure_series, MpiPeer, MPIS};
+use super::measure::{build_mpi_peer, measure_series, series_args, MpiPeer, MPIS};
 use super::records::{parse_results, Record, Results};
 use super::Report;
 use crate::cli::rounds_for;
@@ -99,39 +99,15 @@ impl Pass {
 
 /// The arguments of `device`'s run in a pass.
 pub fn pass_args(device: &str, quick: bool) -> Vec<String> {
-    let mut a: Vec<String> = [
-        "--json",
-        "--device",
-        device,
-        "--test",
-        "latency,bw,bibw,rate",
-    ]
-    .map(String::from)
-    .to_vec();
-    a.extend(["--min-size".into(), "1".into(), "--max-size".into()]);
-    a.push(PASS_MAX_SIZE.to_string());
-    if quick {
-        a.push("--quick".into());
-    }
-    a
+    let tests = "latency,bw,bibw,rate";
+    series_args(device, tests, (1, PASS_MAX_SIZE), &[], quick)
 }
 
 /// The arguments of `device`'s large-message run in a pass, up to
 /// `max_size` (see [`large_pass_rows`]).
 pub fn large_pass_args(device: &str, max_size: usize, quick: bool) -> Vec<String> {
-    let mut a: Vec<String> = ["--json", "--device", device, "--test", LARGE_PASS_TEST]
-        .map(String::from)
-        .to_vec();
-    a.extend([
-        "--min-size".into(),
-        LARGE_PASS_MIN_SIZE.to_string(),
-        "--max-size".into(),
-        max_size.min(LARGE_PASS_MAX_SIZE).to_string(),
-    ]);
-    if quick {
-        a.push("--quick".into());
-    }
-    a
+    let sizes = (LARGE_PASS_MIN_SIZE, max_size.min(LARGE_PASS_MAX_SIZE));
+    series_args(device, LARGE_PASS_TEST, sizes, &[], quick)
 }
 
 /// Runs `passes` passes with `exe` (this program) and the [`PASS_PEER`]'s

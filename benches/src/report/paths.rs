@@ -6,7 +6,7 @@
 use std::fmt::Write as _;
 use std::path::Path;
 
-use super::measure::measure_series;
+use super::measure::{measure_series, series_args};
 use super::records::{parse_results, Results};
 use super::Report;
 
@@ -29,20 +29,7 @@ const VERSUS: &str = "Open MPI";
 
 /// The arguments of one path's run of `xdev-bench`.
 pub fn path_args(options: &[&str], max_size: usize, quick: bool) -> Vec<String> {
-    let mut a: Vec<String> = ["--json", "--device", "shm", "--test", "bibw", "--min-size"]
-        .map(String::from)
-        .to_vec();
-    a.push(PATH_MIN_SIZE.to_string());
-    a.push("--max-size".into());
-    a.push(max_size.to_string());
-    for o in options {
-        a.push("--option".into());
-        a.push((*o).into());
-    }
-    if quick {
-        a.push("--quick".into());
-    }
-    a
+    series_args("shm", "bibw", (PATH_MIN_SIZE, max_size), options, quick)
 }
 
 /// The records of `text` (one path's run) named `series` instead of `shm`.

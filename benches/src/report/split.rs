@@ -8,7 +8,7 @@
 use std::fmt::Write as _;
 use std::path::Path;
 
-use super::measure::measure_series;
+use super::measure::{measure_series, series_args};
 use super::records::{parse_results, Results};
 use super::{Report, PSM_VS_RAW};
 
@@ -24,15 +24,7 @@ pub const SPLIT_TESTS: [(&str, &str); 2] = [
 
 /// The arguments of the split run of `xdev-bench`.
 pub fn split_args(quick: bool) -> Vec<String> {
-    let size = SPLIT_SIZE.to_string();
-    let mut a: Vec<String> = ["--json", "--device", "psm", "--test", "rate_split"]
-        .map(String::from)
-        .to_vec();
-    a.extend(["--min-size".into(), size.clone(), "--max-size".into(), size]);
-    if quick {
-        a.push("--quick".into());
-    }
-    a
+    series_args("psm", "rate_split", (SPLIT_SIZE, SPLIT_SIZE), &[], quick)
 }
 
 /// The `psm-vs-raw` records of the receiving rank's time per message with

@@ -5,7 +5,7 @@
 
 use std::path::Path;
 
-use super::measure::measure_series;
+use super::measure::{measure_series, series_args};
 use super::records::{parse_results, Results};
 
 /// How the window series' names end (`"shm (window calls)"`).
@@ -20,15 +20,8 @@ pub const WINDOW_MAX_SIZE: usize = 64 << 10;
 
 /// The arguments of `device`'s window run of `xdev-bench`.
 pub fn window_args(device: &str, max_size: usize, quick: bool) -> Vec<String> {
-    let mut a: Vec<String> = ["--json", "--device", device, "--test", "bibw_window"]
-        .map(String::from)
-        .to_vec();
-    a.extend(["--min-size".into(), "1".into(), "--max-size".into()]);
-    a.push(max_size.min(WINDOW_MAX_SIZE).to_string());
-    if quick {
-        a.push("--quick".into());
-    }
-    a
+    let sizes = (1, max_size.min(WINDOW_MAX_SIZE));
+    series_args(device, "bibw_window", sizes, &[], quick)
 }
 
 /// The records of `text` (`device`'s window run) as bibw records of the
