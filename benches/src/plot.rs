@@ -46,12 +46,20 @@ const FLOOR_DASHES: [&str; 3] = ["8,5", "2,3", "12,3,2,3"];
 
 /// `size` in bytes as an axis label: 1, 4, 16, ..., 1K, 4K, ..., 1M, 4M.
 pub fn size_label(size: usize) -> String {
+    let (n, prefix) = size_in_units(size);
+    format!("{n}{prefix}")
+}
+
+/// `size` in bytes as a count of its largest whole binary unit and that
+/// unit's prefix: `(n, "M")` for whole MiB, `(n, "K")` for whole KiB, else
+/// `(size, "")`.
+pub fn size_in_units(size: usize) -> (usize, &'static str) {
     if size >= 1 << 20 && size % (1 << 20) == 0 {
-        format!("{}M", size >> 20)
+        (size >> 20, "M")
     } else if size >= 1 << 10 && size % (1 << 10) == 0 {
-        format!("{}K", size >> 10)
+        (size >> 10, "K")
     } else {
-        size.to_string()
+        (size, "")
     }
 }
 

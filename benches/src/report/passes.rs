@@ -407,12 +407,12 @@ fn pass_table(s: &mut String, passes: &[Pass], rows: &[(&str, usize)], devices: 
     s.push('\n');
 }
 
-/// A message size as the tables write it: bytes, or KiB and MiB from 1 KiB.
+/// A message size as the pass tables write it: bytes, or whole KiB and MiB
+/// ([`size_in_units`](crate::plot::size_in_units), the plots' scaling).
 fn size_label(size: usize) -> String {
-    match size {
-        s if s >= 1 << 20 && s % (1 << 20) == 0 => format!("{} MiB", s >> 20),
-        s if s >= 1 << 10 && s % (1 << 10) == 0 => format!("{} KiB", s >> 10),
-        s => format!("{s} B"),
+    match crate::plot::size_in_units(size) {
+        (n, "") => format!("{n} B"),
+        (n, prefix) => format!("{n} {prefix}iB"),
     }
 }
 
