@@ -162,7 +162,7 @@ fn one_pass(
         args: &|d| pass_args(d, quick),
     };
     small.run(exe, peer, i, quick, &mut r);
-    if !large_pass_rows(max_size).is_empty() {
+    if max_size >= LARGE_PASS_MIN_SIZE {
         eprintln!("report: large bibw, pass {} of {n}", i + 1);
         let large = Part {
             what: "large bibw records",
