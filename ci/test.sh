@@ -127,6 +127,9 @@ fi
 step "shm-ipc ring hostile-peer property tests, debug build (integer overflow is a panic there)"
 timeout 900 cargo test -p shm-ipc --test ring_hostile
 
+step "shm-ipc biased lock unit tests, debug build (a thread that locks a lock it holds panics there)"
+timeout 900 cargo test -p shm-ipc --lib biased
+
 step "loom models of the shm-ipc ring, the biased engine lock and the request core (shm-ipc/tests/{ring,biased}_loom.rs, xdev/tests/request_loom.rs)"
 # --cfg loom changes every crate's build: its own target dir keeps the main
 # cache valid. The models themselves run in a few seconds; the bound is for

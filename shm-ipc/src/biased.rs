@@ -32,7 +32,10 @@
 //! Where `membarrier` is refused, both fences are `fence(SeqCst)` (the
 //! symmetric form of the same argument): correct, and no faster than the
 //! plain lock. The lock is not reentrant: a thread that locks it twice
-//! waits forever, as with the plain lock, and never gets two guards.
+//! waits forever, as with the plain lock (a debug build panics instead),
+//! and its `try_lock` fails. It never gets two guards: a thread that
+//! entered by the test-and-set lock and now owns the bias holds the lock by
+//! its epoch's flag, as the fast path does, so its own fast path refuses.
 
 use std::cell::UnsafeCell;
 use std::marker::PhantomData;
@@ -150,6 +153,8 @@ impl<T> BiasedLock<T> {
     /// test-and-set lock (moving the bias away first).
     #[inline]
     pub fn lock(&self) -> BiasedGuard<'_, T> {
+        #[cfg(all(debug_assertions, not(loom)))]
+        held::check(self as *const Self as usize);
         let me = token();
         // Relaxed: only a mover changes the bias, and the re-check after
         // the fence below decides.
@@ -163,11 +168,7 @@ impl<T> BiasedLock<T> {
                 // `move_bias`).
                 light_fence();
                 if self.bias.load(Ordering::Relaxed) == b {
-                    return BiasedGuard {
-                        lock: self,
-                        epoch: Some(epoch(b)),
-                        _not_send: PhantomData,
-                    };
+                    return self.guard(Some(epoch(b)));
                 }
                 // Moved meanwhile: its mover waits for this store.
                 flag.store(false, Ordering::Release);
@@ -216,27 +217,57 @@ impl<T> BiasedLock<T> {
     }
 
     /// Under the test-and-set lock: makes sure no owner is inside (moving
-    /// the bias if another thread has it), then gives the guard.
+    /// the bias to this thread if another thread has it), then gives the
+    /// guard.
+    ///
+    /// Where the bias is now ours, the guard holds the lock as its owner
+    /// does (our epoch's flag up, the test-and-set lock let go), so that a
+    /// thread holds it one way only. Held by the test-and-set lock, the
+    /// owner's own fast path (a `lock` or `try_lock` made under the lock)
+    /// would have found its flag down and handed out a second guard; with
+    /// the flag up it refuses, as a plain lock does.
     fn entered(&self, me: u64) -> BiasedGuard<'_, T> {
-        match self.bias.load(Ordering::Relaxed) {
-            DISABLED => {}
-            UNBIASED => self.bias.store(biased(me, 0), Ordering::Relaxed),
-            // Our own bias and we are not inside: a mover took it and gave
-            // it back meanwhile (only we raise this epoch's flag).
-            b if owner(b) == me && !self.inside[epoch(b)].load(Ordering::Relaxed) => {}
+        let ours = match self.bias.load(Ordering::Relaxed) {
+            DISABLED => None,
+            UNBIASED => {
+                let b = biased(me, 0);
+                self.bias.store(b, Ordering::Relaxed);
+                Some(b)
+            }
+            // Our own bias and we are not inside (only we raise this
+            // epoch's flag).
+            b if owner(b) == me && !self.inside[epoch(b)].load(Ordering::Relaxed) => Some(b),
             b => self.move_bias(b, me),
+        };
+        if let Some(b) = ours {
+            let e = epoch(b);
+            self.inside[e].store(true, Ordering::Relaxed);
+            // Release: the next test-and-set holder, which acquires
+            // `locked`, sees our flag up (and our writes so far); it moves
+            // the bias and waits for the flag as for any owner's.
+            self.locked.store(false, Ordering::Release);
+            return self.guard(Some(e));
         }
+        self.guard(None)
+    }
+
+    /// The guard of an entry by the fast path of `epoch`, or by the
+    /// test-and-set lock (`None`).
+    #[inline]
+    fn guard(&self, epoch: Option<usize>) -> BiasedGuard<'_, T> {
+        #[cfg(all(debug_assertions, not(loom)))]
+        held::enter(self as *const Self as usize);
         BiasedGuard {
             lock: self,
-            epoch: None,
+            epoch,
             _not_send: PhantomData,
         }
     }
 
     /// Moves the bias `from` its owner (to `me` in the next epoch, or
     /// nowhere once it moved [`MOVES`] times) and waits until that owner is
-    /// out. Called under the test-and-set lock.
-    fn move_bias(&self, from: u64, me: u64) {
+    /// out. Called under the test-and-set lock. The new bias if it is ours.
+    fn move_bias(&self, from: u64, me: u64) -> Option<u64> {
         let next = epoch(from) as u32 + 1;
         let to = if next <= MOVES {
             biased(me, next)
@@ -255,6 +286,7 @@ impl<T> BiasedLock<T> {
             spins = spins.saturating_add(1);
             backoff(spins);
         }
+        (to != DISABLED).then_some(to)
     }
 
     /// How often the bias moved.
@@ -304,6 +336,8 @@ impl<T> DerefMut for BiasedGuard<'_, T> {
 impl<T> Drop for BiasedGuard<'_, T> {
     #[inline]
     fn drop(&mut self) {
+        #[cfg(all(debug_assertions, not(loom)))]
+        held::leave(self.lock as *const BiasedLock<T> as usize);
         // Release: publishes our writes to the next holder (the owner's
         // next entry is ordered by its own program order; a mover acquires
         // `inside`, a test-and-set holder `locked`).
@@ -316,3 +350,49 @@ impl<T> Drop for BiasedGuard<'_, T> {
 
 #[cfg(all(test, not(loom)))]
 mod tests;
+
+/// Debug builds: the locks this thread holds, so that a thread that locks
+/// one it holds panics at once (naming the call) rather than waiting
+/// forever, and a second guard of one lock on one thread, which would alias
+/// the value, cannot go unnoticed.
+#[cfg(all(debug_assertions, not(loom)))]
+mod held {
+    use std::cell::RefCell;
+
+    std::thread_local! {
+        static HELD: RefCell<Vec<usize>> = const { RefCell::new(Vec::new()) };
+    }
+
+    /// Panics if this thread holds the lock at `addr`.
+    pub(super) fn check(addr: usize) {
+        // A thread whose locals are gone is not checked.
+        let _ = HELD.try_with(|h| {
+            assert!(
+                !h.borrow().contains(&addr),
+                "a thread locked a BiasedLock it already holds (it would wait forever)"
+            );
+        });
+    }
+
+    /// This thread now holds the lock at `addr`.
+    pub(super) fn enter(addr: usize) {
+        let _ = HELD.try_with(|h| {
+            let mut h = h.borrow_mut();
+            assert!(
+                !h.contains(&addr),
+                "two guards of one BiasedLock on one thread"
+            );
+            h.push(addr);
+        });
+    }
+
+    /// This thread let go of the lock at `addr`.
+    pub(super) fn leave(addr: usize) {
+        let _ = HELD.try_with(|h| {
+            let mut h = h.borrow_mut();
+            if let Some(i) = h.iter().rposition(|&a| a == addr) {
+                h.swap_remove(i);
+            }
+        });
+    }
+}

@@ -96,3 +96,29 @@ fn a_stale_owner_never_unmarks_the_new_owner() {
         assert_eq!(value(&s), 4);
     });
 }
+
+#[test]
+fn two_movers_and_the_first_owner_exclude_each_other() {
+    // Three threads, as in a rank whose device one thread opened and two
+    // others drive (the finish-racing conformance test): the bias moves
+    // from the opener to one driver, then to the other (or back), while
+    // the earlier owners retry on stale reads of it. (Bounded at two
+    // preemptions, 585 executions; three did not end within 10 minutes.)
+    let mut b = loom::model::Builder::new();
+    b.preemption_bound = Some(2);
+    b.max_branches = 100_000;
+    b.check(|| {
+        let s = shared();
+        bump(&s);
+        let (s1, s2) = (s.clone(), s.clone());
+        let t1 = thread::spawn(move || {
+            bump(&s1);
+            bump(&s1);
+        });
+        let t2 = thread::spawn(move || bump(&s2));
+        bump(&s);
+        t1.join().unwrap();
+        t2.join().unwrap();
+        assert_eq!(value(&s), 5);
+    });
+}
