@@ -19,7 +19,7 @@
  * MIN_SIZE and TESTS (a comma list of latency, bw, bibw and rate) narrow
  * the run, as xdev-bench's --min-size and --test do; by default every test
  * from the smallest size (0 bytes for latency, 1 for the others). The
- * buffers are MAX_SIZE bytes either way.
+ * buffers are MAX_SIZE bytes either way, page-aligned from 4 KiB up.
  * Prints one JSON record per test and size on rank 0, in xdev-bench's
  * schema ("floor" is 0: the report divides by the floors xdev-bench
  * measured in the same run).
@@ -30,6 +30,25 @@
 #include <string.h>
 
 #define WINDOW 64
+
+/* A buffer of `max` bytes: page-aligned from one page up, as OSU's
+ * posix_memalign'ed buffers and xdev-bench's (`bench_buffer`) are, so that
+ * both sides of a comparison copy between memory placed alike; malloc'ed
+ * below a page. Exits on failure. */
+static char *buffer(size_t max) {
+  void *p = NULL;
+  if (max >= 4096) {
+    if (posix_memalign(&p, 4096, max) != 0)
+      p = NULL;
+  } else {
+    p = malloc(max > 0 ? max : 1);
+  }
+  if (p == NULL) {
+    fprintf(stderr, "osu_peer: cannot allocate %zu bytes\n", max);
+    MPI_Abort(MPI_COMM_WORLD, 2);
+  }
+  return p;
+}
 
 /* Whether `tests` (a comma list, or NULL for all) names `test`. */
 static int wanted(const char *tests, const char *test) {
@@ -144,11 +163,11 @@ int main(int argc, char **argv) {
   const char *tests = argc == 8 ? argv[7] : NULL;
   if (rounds < 1)
     rounds = 1;
-  char *buf = malloc(max > 0 ? max : 1);
+  char *buf = buffer(max);
   char *sbufs[WINDOW], *rbufs[WINDOW];
   for (int w = 0; w < WINDOW; w++) {
-    sbufs[w] = malloc(max > 0 ? max : 1);
-    rbufs[w] = malloc(max > 0 ? max : 1);
+    sbufs[w] = buffer(max);
+    rbufs[w] = buffer(max);
     memset(sbufs[w], 0x5a, max);
     memset(rbufs[w], 1, max);
   }

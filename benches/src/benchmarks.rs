@@ -66,6 +66,25 @@ pub fn large_warm_up(size: usize) -> usize {
 /// The OSU window of outstanding sends in the bandwidth test.
 pub const WINDOW: usize = 64;
 
+/// A benchmark buffer of `size` bytes filled with `fill`.
+///
+/// From one page up it starts on a page boundary, as OSU's
+/// `posix_memalign`ed buffers (and `osu_peer`'s) do: a copy between two
+/// processes or by a NIC runs page by page, and buffers at different
+/// offsets into their pages split every page's copy. `malloc` puts large
+/// blocks 16 bytes into a page, so without this the device and the peer it
+/// is compared with were measured on differently placed memory. Below a
+/// page it is a plain heap buffer: a window of 64 page-aligned small
+/// buffers would all fall into the same cache sets.
+pub fn bench_buffer(size: usize, fill: u8) -> Buffer {
+    if size < xdev::PageAligned::PAGE {
+        return Buffer::from(vec![fill; size]);
+    }
+    let mut b = Buffer::zeroed_page_aligned(size);
+    b.fill(fill);
+    b
+}
+
 /// Pingpong between ranks 0 and 1: half the round-trip time in microseconds,
 /// on rank 0 (`None` elsewhere). Other ranks idle.
 pub fn latency(
@@ -75,7 +94,7 @@ pub fn latency(
     skip: usize,
 ) -> xdev::Result<Option<f64>> {
     let me = dev.id();
-    let mut buf = vec![0xA5u8; size];
+    let mut buf = bench_buffer(size, 0xA5);
     let c = BENCH_CONTEXT;
     let secs = timed(iters, skip, || {
         match me {
@@ -125,9 +144,7 @@ pub fn bandwidth(
 ) -> xdev::Result<Option<f64>> {
     let me = dev.id();
     let c = BENCH_CONTEXT + 1;
-    let mut bufs: Vec<Buffer> = (0..WINDOW)
-        .map(|_| Buffer::from(vec![0x5Au8; size]))
-        .collect();
+    let mut bufs: Vec<Buffer> = (0..WINDOW).map(|_| bench_buffer(size, 0x5A)).collect();
     let mut reqs: Vec<Request> = Vec::with_capacity(WINDOW);
     let side = match me {
         0 => Some(Side::Sender(1)),
@@ -242,10 +259,8 @@ fn bibw_loop(
         1 => Some(0),
         _ => None,
     };
-    let mut rbufs: Vec<Buffer> = (0..WINDOW).map(|_| Buffer::from(vec![0u8; size])).collect();
-    let mut sbufs: Vec<Buffer> = (0..WINDOW)
-        .map(|_| Buffer::from(vec![0x3Cu8; size]))
-        .collect();
+    let mut rbufs: Vec<Buffer> = (0..WINDOW).map(|_| bench_buffer(size, 0)).collect();
+    let mut sbufs: Vec<Buffer> = (0..WINDOW).map(|_| bench_buffer(size, 0x3C)).collect();
     let secs = timed(iters, skip, || match peer {
         Some(peer) => exchange(peer, &mut rbufs, &mut sbufs),
         None => Ok(()),
@@ -378,9 +393,7 @@ fn stream(
     c: u32,
 ) -> xdev::Result<Option<f64>> {
     let me = dev.id();
-    let mut bufs: Vec<Buffer> = (0..WINDOW)
-        .map(|_| Buffer::from(vec![0x69u8; size]))
-        .collect();
+    let mut bufs: Vec<Buffer> = (0..WINDOW).map(|_| bench_buffer(size, 0x69)).collect();
     let mut reqs: Vec<Request> = Vec::with_capacity(WINDOW);
     let side = if me < pairs {
         Some(Side::Sender(me + pairs))

@@ -30,6 +30,7 @@ mod sync;
 mod target;
 mod types;
 
+pub use buffer::aligned::PageAligned;
 pub use buffer::{Attachment, Buffer, BufferId, BufferStorage};
 pub use device::{Config, Device};
 pub use error::{BadOption, Error, Result, UnknownOption};

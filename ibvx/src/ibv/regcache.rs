@@ -252,9 +252,12 @@ impl RegistrationCache {
     /// attaches a token whose drop (just before the buffer releases its
     /// memory, see [`xdev::Buffer::attach`]) ends the entry. True when `buf`
     /// carries this cache's token (now or already); false for an empty
-    /// buffer or foreign storage (a leased chunk is registered anyway).
+    /// buffer or one of this cache's leases (a leased chunk is registered
+    /// anyway). Other foreign storage (a page-aligned buffer, say) is
+    /// adopted like heap memory: its attachment too is dropped before the
+    /// storage releases the memory.
     pub(crate) fn adopt(&self, buf: &mut xdev::Buffer) -> bool {
-        if buf.is_empty() || buf.storage().is_some() {
+        if buf.is_empty() || buf.storage().is_some_and(|s| s.is::<Lease>()) {
             return false;
         }
         let ours = buf

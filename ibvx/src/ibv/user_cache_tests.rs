@@ -69,6 +69,62 @@ fn a_reused_buffer_stays_registered_and_a_reallocated_one_sends_its_own_data() {
     }
 }
 
+/// A buffer of foreign storage (page-aligned, as OSU's benchmarks make
+/// them) sent again and again is registered once too, and dropping it ends
+/// the entry before its memory goes; a leased buffer never enters the user
+/// table (its chunk is registered already).
+#[test]
+fn a_reused_page_aligned_buffer_stays_registered_and_a_lease_is_not_adopted() {
+    if unavailable().is_some() {
+        return;
+    }
+    let j = job(2, &[]);
+    let (a, b) = (&j.devs[0], &j.devs[1]);
+    const ROUNDS: usize = 20;
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let mut buf = vec![0u8; LEN];
+            for i in 0..ROUNDS + 1 {
+                let st = b
+                    .recv(&mut buf, Source::Rank(0), TagSel::Tag(i as i32), 0)
+                    .unwrap();
+                assert_eq!(st.count, LEN);
+                assert!(buf == pattern(i, LEN), "message {i}: stale or corrupt data");
+            }
+        });
+        let mut aligned = Buffer::zeroed_page_aligned(LEN);
+        assert_eq!(aligned.as_ptr() as usize % 4096, 0);
+        for i in 0..ROUNDS {
+            aligned.copy_from_slice(&pattern(i, LEN));
+            let c = a.isend(aligned, 1, i as i32, 0).wait();
+            assert!(c.status.error.is_none(), "{:?}", c.status);
+            aligned = c.buf;
+        }
+        let st = a.cache().stats();
+        assert_eq!(st.user_misses, 1, "registered once: {st:?}");
+        assert_eq!(st.user_hits, ROUNDS as u64 - 1, "{st:?}");
+        drop(aligned);
+        assert_eq!(
+            a.cache().stats().user_entries,
+            0,
+            "dropping it ends the entry"
+        );
+        let mut leased = a.alloc_buffer(LEN).unwrap();
+        leased.copy_from_slice(&pattern(ROUNDS, LEN));
+        let c = a.isend(leased, 1, ROUNDS as i32, 0).wait();
+        assert!(c.status.error.is_none(), "{:?}", c.status);
+        let after = a.cache().stats();
+        assert_eq!(
+            (after.user_misses, after.user_entries),
+            (1, 0),
+            "a lease is not a user entry: {after:?}"
+        );
+    });
+    for d in &j.devs {
+        d.finish().unwrap();
+    }
+}
+
 /// Sixteen live buffers of 256 KiB sent round-robin with a pinned budget of
 /// 1 MiB: the cache stays within the budget (evicting least recently used
 /// entries) and every message arrives intact.

@@ -129,3 +129,18 @@ fn a_vec_with_spare_capacity_comes_back_whole() {
     drop(Buffer::from(Vec::new()));
     assert!(Buffer::from(Vec::new()).into_vec().is_empty());
 }
+
+#[test]
+fn a_page_aligned_buffer_starts_on_a_page_and_is_zeroed() {
+    for len in [1usize, 100, 4096, 4097, 1 << 20] {
+        let mut b = Buffer::zeroed_page_aligned(len);
+        assert_eq!(b.len(), len);
+        assert_eq!(b.as_ptr() as usize % crate::PageAligned::PAGE, 0, "{len}");
+        assert!(b.iter().all(|&x| x == 0), "{len}: zero-filled");
+        b[len - 1] = 7;
+        assert!(b.storage().is_some_and(|s| s.is::<crate::PageAligned>()));
+        assert_eq!(b.into_vec().last(), Some(&7));
+    }
+    let empty = Buffer::zeroed_page_aligned(0);
+    assert!(empty.is_empty());
+}
