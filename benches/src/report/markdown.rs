@@ -187,7 +187,8 @@ impl Report {
              round of each is kept (OSU's average per round, best round). Ranks are pinned to \
              cores 0 and 1. The floors are measured once more, alone (`xdev-bench --test floor`), \
              right before the MPI peers, and count among the floors of their sizes. The MPI peers run `benches/mpi/osu_peer.c` (the same loops, \
-             counts and rounds) with `mpirun -np 2` and binding to cores. Raw PSM2 runs the same \
+             counts and rounds) with `mpirun -np 2` and binding to cores. Buffers of a page or \
+             more start on a page boundary on both sides, as OSU's do. Raw PSM2 runs the same \
              loops against `psm2_mq_*` on the psm device's own endpoint, alternating with the \
              device. Each device's floors are measured alongside it, size by size. The \
              memcpy floor of a row is the best measured at that size in this run; the \

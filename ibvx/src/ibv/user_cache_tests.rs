@@ -10,6 +10,35 @@ use super::device_tests::{job, pattern, unavailable};
 
 const LEN: usize = 256 * 1024;
 
+/// Receives messages `tags` from rank 0, each `LEN` bytes of its pattern.
+fn receive_patterns(b: &super::IbvDevice, tags: std::ops::Range<usize>) {
+    let mut buf = vec![0u8; LEN];
+    for i in tags {
+        let st = b
+            .recv(&mut buf, Source::Rank(0), TagSel::Tag(i as i32), 0)
+            .unwrap();
+        assert_eq!(st.count, LEN);
+        assert!(buf == pattern(i, LEN), "message {i}: stale or corrupt data");
+    }
+}
+
+/// Sends `buf` to rank 1 once per tag in `tags`, filled with that tag's
+/// pattern each time; checks that the user table registered it once for
+/// all of them, and gives it back.
+fn send_again(a: &super::IbvDevice, mut buf: Buffer, tags: std::ops::Range<usize>) -> Buffer {
+    let rounds = tags.len() as u64;
+    for i in tags {
+        buf.copy_from_slice(&pattern(i, LEN));
+        let c = a.isend(buf, 1, i as i32, 0).wait();
+        assert!(c.status.error.is_none(), "{:?}", c.status);
+        buf = c.buf;
+    }
+    let st = a.cache().stats();
+    assert_eq!(st.user_misses, 1, "registered once: {st:?}");
+    assert_eq!(st.user_hits, rounds - 1, "{st:?}");
+    buf
+}
+
 /// One buffer sent again and again (new contents each time) is registered
 /// once; fresh buffers, dropped after each send (malloc hands the same
 /// address back), are each registered anew and arrive with their own bytes.
@@ -23,26 +52,8 @@ fn a_reused_buffer_stays_registered_and_a_reallocated_one_sends_its_own_data() {
     const ROUNDS: usize = 40;
     let mut addrs = std::collections::HashSet::new();
     std::thread::scope(|s| {
-        s.spawn(|| {
-            let mut buf = vec![0u8; LEN];
-            for i in 0..2 * ROUNDS {
-                let st = b
-                    .recv(&mut buf, Source::Rank(0), TagSel::Tag(i as i32), 0)
-                    .unwrap();
-                assert_eq!(st.count, LEN);
-                assert!(buf == pattern(i, LEN), "message {i}: stale or corrupt data");
-            }
-        });
-        let mut reused = Buffer::zeroed(LEN);
-        for i in 0..ROUNDS {
-            reused.copy_from_slice(&pattern(i, LEN));
-            let c = a.isend(reused, 1, i as i32, 0).wait();
-            assert!(c.status.error.is_none(), "{:?}", c.status);
-            reused = c.buf;
-        }
-        let st = a.cache().stats();
-        assert_eq!(st.user_misses, 1, "registered once: {st:?}");
-        assert_eq!(st.user_hits, ROUNDS as u64 - 1, "{st:?}");
+        s.spawn(|| receive_patterns(b, 0..2 * ROUNDS));
+        let reused = send_again(a, Buffer::zeroed(LEN), 0..ROUNDS);
         drop(reused);
         assert_eq!(
             a.cache().stats().user_entries,
@@ -82,27 +93,10 @@ fn a_reused_page_aligned_buffer_stays_registered_and_a_lease_is_not_adopted() {
     let (a, b) = (&j.devs[0], &j.devs[1]);
     const ROUNDS: usize = 20;
     std::thread::scope(|s| {
-        s.spawn(|| {
-            let mut buf = vec![0u8; LEN];
-            for i in 0..ROUNDS + 1 {
-                let st = b
-                    .recv(&mut buf, Source::Rank(0), TagSel::Tag(i as i32), 0)
-                    .unwrap();
-                assert_eq!(st.count, LEN);
-                assert!(buf == pattern(i, LEN), "message {i}: stale or corrupt data");
-            }
-        });
-        let mut aligned = Buffer::zeroed_page_aligned(LEN);
+        s.spawn(|| receive_patterns(b, 0..ROUNDS + 1));
+        let aligned = Buffer::zeroed_page_aligned(LEN);
         assert_eq!(aligned.as_ptr() as usize % 4096, 0);
-        for i in 0..ROUNDS {
-            aligned.copy_from_slice(&pattern(i, LEN));
-            let c = a.isend(aligned, 1, i as i32, 0).wait();
-            assert!(c.status.error.is_none(), "{:?}", c.status);
-            aligned = c.buf;
-        }
-        let st = a.cache().stats();
-        assert_eq!(st.user_misses, 1, "registered once: {st:?}");
-        assert_eq!(st.user_hits, ROUNDS as u64 - 1, "{st:?}");
+        let aligned = send_again(a, aligned, 0..ROUNDS);
         drop(aligned);
         assert_eq!(
             a.cache().stats().user_entries,
