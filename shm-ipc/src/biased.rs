@@ -227,6 +227,11 @@ impl<T> BiasedLock<T> {
     /// would have found its flag down and handed out a second guard; with
     /// the flag up it refuses, as a plain lock does.
     fn entered(&self, me: u64) -> BiasedGuard<'_, T> {
+        // The bias is never already ours here: only this thread moves it
+        // to itself, here, and from then on enters by its flag; its fast
+        // path falls back to this lock only once the bias moved away, or
+        // while it holds the lock itself (a re-entry, which waits in
+        // `move_bias` for its own flag forever, as with a plain lock).
         let ours = match self.bias.load(Ordering::Relaxed) {
             DISABLED => None,
             UNBIASED => {
@@ -234,9 +239,6 @@ impl<T> BiasedLock<T> {
                 self.bias.store(b, Ordering::Relaxed);
                 Some(b)
             }
-            // Our own bias and we are not inside (only we raise this
-            // epoch's flag).
-            b if owner(b) == me && !self.inside[epoch(b)].load(Ordering::Relaxed) => Some(b),
             b => self.move_bias(b, me),
         };
         if let Some(b) = ours {
