@@ -146,29 +146,28 @@ fn three_threads_through_the_moves_of_fresh_locks() {
     // and a vector's length under the lock show any overlap.
     const ROUNDS: usize = 3_000;
     const PER: u64 = 12;
+    fn bump(g: &mut (u64, Vec<u64>)) {
+        let v = g.0;
+        g.1.push(v);
+        g.0 = v + 1;
+    }
     for round in 0..ROUNDS {
         let lock = BiasedLock::new((0u64, Vec::<u64>::new()));
-        lock.lock().0 += 0;
+        drop(lock.lock()); // opened here: the bias is this thread's
         std::thread::scope(|s| {
             for t in 0..2u64 {
                 let lock = &lock;
                 s.spawn(move || {
                     for i in 0..PER {
-                        let mut g = match (i + t) % 3 {
-                            0 => lock.try_lock().unwrap_or_else(|| lock.lock()),
-                            _ => lock.lock(),
-                        };
-                        let v = g.0;
-                        g.1.push(v);
-                        g.0 = v + 1;
+                        match (i + t) % 3 {
+                            0 => bump(&mut lock.try_lock().unwrap_or_else(|| lock.lock())),
+                            _ => bump(&mut lock.lock()),
+                        }
                     }
                 });
             }
             for _ in 0..PER {
-                let mut g = lock.lock();
-                let v = g.0;
-                g.1.push(v);
-                g.0 = v + 1;
+                bump(&mut lock.lock());
             }
         });
         let g = lock.lock();
