@@ -24,8 +24,8 @@ fn receive_patterns(b: &super::IbvDevice, tags: std::ops::Range<usize>) {
 
 /// Sends `buf` to rank 1 once per tag in `tags`, filled with that tag's
 /// pattern each time; checks that the user table registered it once for
-/// all of them, and gives it back.
-fn send_again(a: &super::IbvDevice, mut buf: Buffer, tags: std::ops::Range<usize>) -> Buffer {
+/// all of them, and that dropping it then ends the entry.
+fn send_again_then_drop(a: &super::IbvDevice, mut buf: Buffer, tags: std::ops::Range<usize>) {
     let rounds = tags.len() as u64;
     for i in tags {
         buf.copy_from_slice(&pattern(i, LEN));
@@ -36,7 +36,12 @@ fn send_again(a: &super::IbvDevice, mut buf: Buffer, tags: std::ops::Range<usize
     let st = a.cache().stats();
     assert_eq!(st.user_misses, 1, "registered once: {st:?}");
     assert_eq!(st.user_hits, rounds - 1, "{st:?}");
-    buf
+    drop(buf);
+    assert_eq!(
+        a.cache().stats().user_entries,
+        0,
+        "dropping it ends the entry"
+    );
 }
 
 /// One buffer sent again and again (new contents each time) is registered
@@ -53,13 +58,7 @@ fn a_reused_buffer_stays_registered_and_a_reallocated_one_sends_its_own_data() {
     let mut addrs = std::collections::HashSet::new();
     std::thread::scope(|s| {
         s.spawn(|| receive_patterns(b, 0..2 * ROUNDS));
-        let reused = send_again(a, Buffer::zeroed(LEN), 0..ROUNDS);
-        drop(reused);
-        assert_eq!(
-            a.cache().stats().user_entries,
-            0,
-            "dropping it ends the entry"
-        );
+        send_again_then_drop(a, Buffer::zeroed(LEN), 0..ROUNDS);
         for i in ROUNDS..2 * ROUNDS {
             let v = pattern(i, LEN);
             addrs.insert(v.as_ptr() as usize);
@@ -95,14 +94,8 @@ fn a_reused_page_aligned_buffer_stays_registered_and_a_lease_is_not_adopted() {
     std::thread::scope(|s| {
         s.spawn(|| receive_patterns(b, 0..ROUNDS + 1));
         let aligned = Buffer::zeroed_page_aligned(LEN);
-        assert_eq!(aligned.as_ptr() as usize % 4096, 0);
-        let aligned = send_again(a, aligned, 0..ROUNDS);
-        drop(aligned);
-        assert_eq!(
-            a.cache().stats().user_entries,
-            0,
-            "dropping it ends the entry"
-        );
+        assert_eq!(aligned.as_ptr() as usize % xdev::PageAligned::PAGE, 0);
+        send_again_then_drop(a, aligned, 0..ROUNDS);
         let mut leased = a.alloc_buffer(LEN).unwrap();
         leased.copy_from_slice(&pattern(ROUNDS, LEN));
         let c = a.isend(leased, 1, ROUNDS as i32, 0).wait();
