@@ -300,16 +300,18 @@ impl<M: Medium> Engine<M> {
         let id = self.tracker.lend_id();
         let slot = l.leases.open_slot(id);
         l.leases.open_lease(self);
+        let (ptr, cap) = (buf.as_mut_ptr(), buf.len());
+        // Made where the matching engine stores it (see `post_target`).
         // SAFETY: the buffer's memory stays valid and unused by anything
         // else until the receive completes: the caller's handle owns it and
         // hands it out only from `wait_lent` once the slot ended;
         // `drop_lent` moves it into the slot while a rendezvous may write
         // it; `mem::forget` of the handle leaks it.
-        let recv = unsafe { LentRecv::new(buf.as_mut_ptr(), buf.len(), slot) };
+        let recv = move || Target::Lent(unsafe { LentRecv::new(ptr, cap, slot) });
         // The posted id is recorded once the receive is queued (a look at
         // the ring inside `post_target` may already have ended it or
         // matched it to a rendezvous: the id then names nothing queued).
-        if let Some(posted) = self.post_target(l, Target::Lent(recv), pattern) {
+        if let Some(posted) = self.post_target(l, recv, pattern) {
             l.leases.queued_as(slot, posted);
         }
         (id, slot)

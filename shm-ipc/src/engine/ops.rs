@@ -510,18 +510,21 @@ impl<M: Medium> Engine<M> {
         }
     }
 
-    /// Queues receive `t` for `pattern` (matched against the unexpected
-    /// queue first): the posted id it was queued as (its cancel token), or
-    /// `None` if it matched at once and was never queued. Inlined into its
-    /// one caller: the per-message path pays no call.
+    /// Queues the receive `t` makes for `pattern` (matched against the
+    /// unexpected queue first): the posted id it was queued as (its cancel
+    /// token), or `None` if it matched at once and was never queued.
+    /// Inlined into its one caller: the per-message path pays no call. The
+    /// target is made where the matching engine puts it
+    /// ([`MatchingEngine::post_with`](xdev::devkit::matching::MatchingEngine::post_with)),
+    /// not built here and moved there.
     #[inline(always)]
     pub(crate) fn post_target(
         &self,
         l: &mut Local<M>,
-        t: Target,
+        t: impl FnOnce() -> Target,
         pattern: Pattern,
     ) -> Option<PostedId> {
-        match l.matching.post(pattern, t) {
+        match l.matching.post_with(pattern, t) {
             Posted::Matched { env, msg, recv } => {
                 let (p, n) = recv.dst();
                 let out = self.deliver_unexpected(l, env, msg, p, n);

@@ -80,10 +80,12 @@ impl<E: Sequenced> Buckets<E> {
         }
     }
 
-    /// Appends `e` (which must carry the highest sequence number so far) to
-    /// bucket `key`.
-    #[inline]
-    pub(super) fn push(&mut self, key: Rank, e: E) {
+    /// Appends the entry `make` makes (which must carry the highest sequence
+    /// number so far) to bucket `key`. It is made once its place is known,
+    /// so that it is written there and not first built elsewhere and moved
+    /// in (see [`MatchingEngine::post_with`](super::MatchingEngine::post_with)).
+    #[inline(always)]
+    pub(super) fn push(&mut self, key: Rank, make: impl FnOnce() -> E) {
         let b = if key < DENSE_RANKS {
             if key >= self.dense.len() {
                 self.dense.resize_with(key + 1, VecDeque::new);
@@ -93,7 +95,7 @@ impl<E: Sequenced> Buckets<E> {
             self.sparse.entry(key).or_default()
         };
         self.live += usize::from(b.is_empty());
-        b.push_back(e);
+        b.push_back(make());
         self.len += 1;
     }
 
