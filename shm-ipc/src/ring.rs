@@ -4,27 +4,40 @@
 //!
 //! Layout: a 128-byte control block (the consumer's `tail` on its own cache
 //! line, then the producer's "waiting for space" flag on another), followed
-//! by `nslots` cache-line slots. A message takes one or more consecutive
-//! slots: the first holds a 40-byte header and the first [`INLINE`] payload
-//! bytes, the following slots hold the rest of the payload contiguously
-//! (wrapping at the end of the ring). So a message of up to 24 bytes is a
-//! single cache line: the consumer's poll of that line is the whole transfer.
+//! by `nslots` 32-byte slots, two to a cache line. A message is one of:
+//!
+//! - **short**: one slot, a 20-byte header and up to [`SHORT_INLINE`]
+//!   payload bytes. Eager data of up to 12 bytes with no cookie (the
+//!   per-message traffic of a small-message stream) travels this way, so two
+//!   such messages share a cache line: a consumer behind its producer (a
+//!   window of sends) takes two messages per line it pulls, and the producer
+//!   claims one line per two messages (what Open MPI's vader gets by packing
+//!   its fast box);
+//! - **long**: two or more slots, starting on a line (an odd position is
+//!   first filled with a one-slot *padding* entry): the first slot holds the
+//!   full header, the second a zero word, the `aux` word and the first
+//!   [`INLINE`] payload bytes, and the following slots hold the rest of the
+//!   payload contiguously (wrapping at the end of the ring). So a long
+//!   message of up to 16 bytes is one cache line.
 //!
 //! Publication is one `Release` store of the first slot's `seq` word (the
-//! absolute slot position + 1) after the payload's continuation slots, then
-//! the first slot's header and inline payload, are written; the
-//! consumer's `Acquire` load of `seq` makes them visible (the doorbell's
-//! fences order it against a sleeper, see [`crate::doorbell`]). Stale data can
-//! never look published: the first word of a slot is either a header's `seq`
-//! (a position + 1 of an earlier lap, never the one the consumer waits for,
-//! since positions only grow), or zero: the consumer zeroes the first word of
-//! every *continuation* slot it consumes (there it is payload, which could
-//! hold any value) before it releases the slots by storing `tail`
-//! (`Release`); the producer reads `tail` with `Acquire` before reusing
-//! them. A one-slot message is not written back at all: the consumer's only
-//! access to its line is the read, so the producer's next write there takes
-//! the line back from a reader, not from a writer (half the cross-core
-//! transfers per small message).
+//! absolute slot position + 1) after everything else of the message is
+//! written (the continuation slots first, then the second slot, then the
+//! first slot's header and inline payload); a padding entry is published
+//! the same way before the message it precedes. The consumer's `Acquire`
+//! load of `seq` makes them visible (the doorbell's fences order it against
+//! a sleeper, see [`crate::doorbell`]). Stale data can never look published:
+//! the first word of a slot is either a `seq` (a position + 1 of an earlier
+//! lap, never the one the consumer waits for, since positions only grow), or
+//! zero: a long message's second slot starts with a zero word its producer
+//! writes, and the consumer zeroes the first word of every *continuation*
+//! slot it consumes (there it is payload, which could hold any value) before
+//! it releases the slots by storing `tail` (`Release`); the producer reads
+//! `tail` with `Acquire` before reusing them. A message within its first
+//! line is not written back at all: the consumer's only access to that line
+//! is the read, so the producer's next write there takes the line back from
+//! a reader, not from a writer (half the cross-core transfers per small
+//! message).
 //!
 //! A producer that finds the ring full may flag that it waits for room
 //! ([`Producer::set_waiting`]); [`Consumer::pop`] then reports the flag so
@@ -56,23 +69,33 @@ use std::ptr::{self, NonNull};
 
 use crate::sync::{heavy_fence, light_fence, AtomicU32, AtomicU64, Ordering};
 
-/// Bytes per slot (one cache line).
-pub const SLOT: usize = 64;
-/// Bytes of header in a message's first slot.
-pub const HEADER: usize = 40;
-/// Payload bytes carried in the first slot.
-pub const INLINE: usize = SLOT - HEADER;
+/// Bytes per slot (half a cache line).
+pub const SLOT: usize = 32;
+/// Bytes of a long message's header: its first slot, and the zero and
+/// `aux` words of its second.
+pub const HEADER: usize = 48;
+/// Payload bytes a long message carries in its first line (after its
+/// header, in its second slot).
+pub const INLINE: usize = 2 * SLOT - HEADER;
+/// Payload bytes a short message carries (in its one slot).
+pub const SHORT_INLINE: usize = SLOT - OFF_SHORT_PAYLOAD;
+/// The bit of the kind byte that marks a short message or a padding entry:
+/// the kinds a caller pushes are below it.
+pub const KIND_SHORT: u8 = 0x80;
+/// The kind byte of a padding entry (a short entry no caller can push).
+const KIND_PAD: u8 = 0xFF;
 
 /// How far past its head the producer claims a slot's line (see
-/// `Producer::claim_ahead`). One to four measured alike on this machine
-/// (rate at 8 B, 3 alternating runs); two covers a slower transfer.
+/// `Producer::claim_ahead`), in 32-byte slots: two lines. One to four lines
+/// measured alike on this machine (rate at 8 B, 3 alternating runs, with
+/// 64-byte slots); two covers a slower transfer.
 /// x86_64 only (elsewhere the claim is a no-op).
 #[cfg_attr(any(loom, not(target_arch = "x86_64")), allow(dead_code))]
-const CLAIM_AHEAD: u64 = 2;
+const CLAIM_AHEAD: u64 = 4;
 
 /// How far past its tail the consumer starts reading (see
-/// `Consumer::read_ahead`): two messages of two slots (up to 64 bytes), four
-/// of one. Measured against one (the earlier choice, made on 8-byte messages
+/// `Consumer::read_ahead`), in 32-byte slots: four lines, where four
+/// one-line messages of the 64-byte slots this was measured with started. Measured against one (the earlier choice, made on 8-byte messages
 /// only, before the producer wrote a message's first slot last) and eight,
 /// 4 alternating rounds of `xdev-bench --device thread --device shm --test
 /// bw|bibw|rate` at 8 and 64 B: osu_bw 64 B +17-25% (464/417 -> 542/523
@@ -82,17 +105,24 @@ const CLAIM_AHEAD: u64 = 2;
 /// the producer a transfer, which is why this stays short. x86_64 only,
 /// like `CLAIM_AHEAD`.
 #[cfg_attr(any(loom, not(target_arch = "x86_64")), allow(dead_code))]
-const READ_AHEAD: u64 = 4;
+const READ_AHEAD: u64 = 8;
 /// Bytes of the control block before the slots.
 pub const CONTROL: usize = 128;
 
+// Both forms: the first slot.
 const OFF_KIND: usize = 8;
 const OFF_FLAGS: usize = 9;
 const OFF_TAG: usize = 12;
 const OFF_CONTEXT: usize = 16;
+// A short message: its length (one byte) and payload.
+const OFF_SHORT_LEN: usize = 10;
+const OFF_SHORT_PAYLOAD: usize = 20;
+// A long message: in the first slot,
 const OFF_LEN: usize = 20;
 const OFF_COOKIE: usize = 24;
-const OFF_AUX: usize = 32;
+// and in the second (after its zero word).
+const OFF_AUX: usize = 8;
+const OFF_INLINE: usize = HEADER - SLOT;
 // (The loom build keeps `waiting` in its side table.)
 #[cfg_attr(loom, allow(dead_code))]
 const OFF_WAITING: usize = 64;
@@ -137,6 +167,12 @@ pub enum RingError {
         /// The claimed payload length.
         len: u32,
     },
+    /// A padding entry not followed by a long message on a line (our
+    /// producer writes one only there).
+    Misplaced {
+        /// The padding entry's position.
+        at: u64,
+    },
     /// The consumer's position (the ring's `tail` word) went backwards or
     /// past the producer's head: the producer cannot tell which slots are
     /// free.
@@ -152,6 +188,9 @@ impl std::fmt::Display for RingError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             RingError::Corrupt { len } => write!(f, "ring entry claims {len} payload bytes"),
+            RingError::Misplaced { at } => {
+                write!(f, "ring padding at {at} precedes no long message")
+            }
             RingError::BadTail { tail, head } => {
                 write!(
                     f,
@@ -164,11 +203,12 @@ impl std::fmt::Display for RingError {
 
 impl std::error::Error for RingError {}
 
-/// The fewest slots a ring has.
-pub const MIN_SLOTS: usize = 4;
+/// The fewest slots a ring has (a long message with its padding takes up to
+/// half the ring, and at least three slots).
+pub const MIN_SLOTS: usize = 8;
 /// The most slots a ring has (1 GiB of slots): a message's length, at most
 /// half the ring, then fits the header's 32-bit field with room to spare.
-pub const MAX_SLOTS: usize = 1 << 24;
+pub const MAX_SLOTS: usize = 1 << 25;
 
 /// Whether a ring may have `nslots` slots: a power of two from
 /// [`MIN_SLOTS`] to [`MAX_SLOTS`].
@@ -189,7 +229,7 @@ pub fn bytes_for(nslots: usize) -> usize {
 /// ```compile_fail,E0505
 /// use shm_ipc::ring::HeapRing;
 ///
-/// let ring = HeapRing::new(4);
+/// let ring = HeapRing::new(8);
 /// let view = ring.view();
 /// drop(ring); // the memory goes while `view` still points at it
 /// view.has_message();
@@ -374,14 +414,24 @@ pub fn slots_for_bytes(ring_bytes: usize) -> usize {
 }
 
 /// The largest payload one message may carry in a ring of `nslots` slots:
-/// half the ring, so that a message always fits once the consumer catches up.
+/// with its padding, half the ring, so that a message always fits once the
+/// consumer catches up.
 pub fn max_payload_for(nslots: usize) -> usize {
-    INLINE + (nslots / 2 - 1) * SLOT
+    INLINE + (nslots / 2 - 3) * SLOT
 }
 
-/// Slots a message with `len` payload bytes occupies.
+/// Slots a long message with `len` payload bytes occupies (its padding, if
+/// it needs one, not counted).
 pub fn slots_for(len: usize) -> u64 {
-    1 + len.saturating_sub(INLINE).div_ceil(SLOT) as u64
+    2 + len.saturating_sub(INLINE).div_ceil(SLOT) as u64
+}
+
+/// Whether a message goes short (one slot): eager-like data of at most
+/// [`SHORT_INLINE`] bytes whose header carries nothing a short slot drops
+/// (no cookie, `aux` its length).
+#[inline(always)]
+pub fn is_short(header: &Header, len: usize) -> bool {
+    len <= SHORT_INLINE && header.cookie == 0 && header.aux == len as u64
 }
 
 /// The producing end. Only one producer may exist per ring.
@@ -426,8 +476,8 @@ impl Producer {
         self.tail_cache
     }
 
-    /// Whether a message of `len` bytes fits now (refreshing the consumer's
-    /// position if needed).
+    /// Whether a message of `len` bytes fits now, however it goes (long,
+    /// with its padding), refreshing the consumer's position if needed.
     ///
     /// # Errors
     /// [`RingError::BadTail`] if the consumer's position read from the ring
@@ -435,7 +485,13 @@ impl Producer {
     /// this producer's head): the ring is corrupt. Nothing is changed then,
     /// and a later call reads the position again.
     pub fn has_room(&mut self, len: usize) -> Result<bool, RingError> {
-        let k = slots_for(len);
+        self.has_slots(slots_for(len) + 1)
+    }
+
+    /// Whether `k` slots from the head are free now (see
+    /// [`has_room`](Producer::has_room) for the errors).
+    #[inline]
+    fn has_slots(&mut self, k: u64) -> Result<bool, RingError> {
         let n = self.ring.nslots as u64;
         // No underflow: tail_cache <= head always (it only takes validated
         // values, and head only grows).
@@ -458,32 +514,90 @@ impl Producer {
     }
 
     /// Appends a message: `Ok(false)` (and nothing written) if the ring
-    /// lacks room. `header.len` is set from `payload`.
+    /// lacks room. `header.len` is set from `payload`. It goes short if
+    /// [`is_short`] says so, else long.
     ///
     /// # Errors
     /// [`RingError::BadTail`] (nothing written) if the consumer's position is
     /// corrupt, see [`has_room`](Producer::has_room).
     ///
     /// # Panics
-    /// If `payload` exceeds [`RingRef::max_payload`] (a caller bug).
+    /// If `payload` exceeds [`RingRef::max_payload`] or `header.kind` is not
+    /// below [`KIND_SHORT`] (a caller bug).
     #[inline]
     pub fn try_push(&mut self, header: &Header, payload: &[u8]) -> Result<bool, RingError> {
         assert!(
-            payload.len() <= self.max_payload,
-            "message too large for ring"
+            payload.len() <= self.max_payload && header.kind < KIND_SHORT,
+            "message too large for ring, or a kind the ring reserves"
         );
-        if !self.has_room(payload.len())? {
+        let pushed = if is_short(header, payload.len()) {
+            self.push_short(header, payload)?
+        } else {
+            self.push_long(header, payload)?
+        };
+        if pushed {
+            self.claim_ahead();
+        }
+        Ok(pushed)
+    }
+
+    /// A short message: one slot.
+    #[inline(always)]
+    fn push_short(&mut self, header: &Header, payload: &[u8]) -> Result<bool, RingError> {
+        if !self.has_slots(1)? {
             return Ok(false);
         }
         let slot = self.ring.slot(self.head);
-        let first = payload.len().min(INLINE);
         #[cfg(loom)]
-        self.ring.touch(self.head, slots_for(payload.len()), true);
-        // SAFETY: slots head..head+k are free (has_room) and owned by the
-        // producer until published; all offsets are inside the first slot or
-        // inside the slot area (wrapping handled by `write_wrapped`).
+        self.ring.touch(self.head, 1, true);
+        // SAFETY: slot `head` is free (has_slots) and the producer's until
+        // published; every offset lies inside it (the payload is at most
+        // SHORT_INLINE bytes, see `is_short`).
+        unsafe {
+            ptr::write(slot.add(OFF_KIND), header.kind | KIND_SHORT);
+            ptr::write(slot.add(OFF_FLAGS), header.flags);
+            ptr::write(slot.add(OFF_SHORT_LEN), payload.len() as u8);
+            ptr::write_unaligned(slot.add(OFF_TAG) as *mut i32, header.tag);
+            ptr::write_unaligned(slot.add(OFF_CONTEXT) as *mut u32, header.context);
+            copy_small(payload.as_ptr(), slot.add(OFF_SHORT_PAYLOAD), payload.len());
+        }
+        self.publish(1);
+        Ok(true)
+    }
+
+    /// A long message: a padding entry first if the head is not on a line,
+    /// then the header's two slots and the payload's continuation slots.
+    #[inline(always)]
+    fn push_long(&mut self, header: &Header, payload: &[u8]) -> Result<bool, RingError> {
+        let pad = self.head & 1;
+        let k = slots_for(payload.len());
+        if !self.has_slots(pad + k)? {
+            return Ok(false);
+        }
+        if pad == 1 {
+            let slot = self.ring.slot(self.head);
+            #[cfg(loom)]
+            self.ring.touch(self.head, 1, true);
+            // SAFETY: slot `head` is free and ours (has_slots covered it).
+            unsafe { ptr::write(slot.add(OFF_KIND), KIND_PAD) };
+            self.publish(1);
+        }
+        let first = payload.len().min(INLINE);
+        let slot = self.ring.slot(self.head);
+        let second = self.ring.slot(self.head + 1);
+        #[cfg(loom)]
+        self.ring.touch(self.head, k, true);
+        // Relaxed: the zero word that makes the second slot's first word
+        // never look published (see the module docs), ordered before any
+        // reader by the publication below.
+        self.ring.seq(self.head + 1).store(0, Ordering::Relaxed);
+        // SAFETY: slots head..head+k are free (has_slots) and owned by the
+        // producer until published; `head` is even, so the first two lie
+        // side by side in one line (never split by the wrap: nslots is even);
+        // the rest is inside the slot area (wrapping handled by
+        // `write_wrapped`).
         //
-        // The continuation slots first, the first slot last: every store to
+        // The continuation slots first, the first line last: every store to
         // the line a waiting consumer polls (header, inline payload, then
         // `seq`) comes in one burst, so that line leaves the consumer once
         // per message. Written header first, a consumer that polls between
@@ -492,17 +606,24 @@ impl Producer {
         // waits for it a second time (measured: osu_bw 64 B +2-8%).
         unsafe {
             if payload.len() > first {
-                self.write_wrapped(self.head + 1, &payload[first..]);
+                self.write_wrapped(self.head + 2, &payload[first..]);
             }
+            ptr::write_unaligned(second.add(OFF_AUX) as *mut u64, header.aux);
+            copy_small(payload.as_ptr(), second.add(OFF_INLINE), first);
             ptr::write(slot.add(OFF_KIND), header.kind);
             ptr::write(slot.add(OFF_FLAGS), header.flags);
             ptr::write_unaligned(slot.add(OFF_TAG) as *mut i32, header.tag);
             ptr::write_unaligned(slot.add(OFF_CONTEXT) as *mut u32, header.context);
             ptr::write_unaligned(slot.add(OFF_LEN) as *mut u32, payload.len() as u32);
             ptr::write_unaligned(slot.add(OFF_COOKIE) as *mut u64, header.cookie);
-            ptr::write_unaligned(slot.add(OFF_AUX) as *mut u64, header.aux);
-            copy_small(payload.as_ptr(), slot.add(HEADER), first);
         }
+        self.publish(k);
+        Ok(true)
+    }
+
+    /// Publishes the entry at the head, of `k` slots, and moves past it.
+    #[inline(always)]
+    fn publish(&mut self, k: u64) {
         // Release: publication (pairs with the consumer's Acquire load of
         // seq). A sleeping consumer is covered by the doorbell the caller
         // rings next: its fence after this store is the publisher's half of
@@ -510,9 +631,7 @@ impl Producer {
         self.ring
             .seq(self.head)
             .store(self.head + 1, Ordering::Release);
-        self.head += slots_for(payload.len());
-        self.claim_ahead();
-        Ok(true)
+        self.head += k;
     }
 
     /// Asks for write ownership of the line [`CLAIM_AHEAD`] slots past the
@@ -594,6 +713,18 @@ impl Producer {
 pub struct Incoming {
     /// Its header (`len` validated against the ring).
     pub header: Header,
+    /// It went short (one slot).
+    short: bool,
+    /// Slots before it: 1 if a padding entry precedes it, else 0.
+    pad: u64,
+}
+
+impl Incoming {
+    /// Its position relative to the consumer's: where its first slot is.
+    #[inline(always)]
+    fn start(&self, tail: u64) -> u64 {
+        tail + self.pad
+    }
 }
 
 /// The consuming end. Only one consumer may exist per ring.
@@ -644,22 +775,74 @@ impl Consumer {
     /// The message at the head, if one is published.
     #[inline]
     pub fn peek(&self) -> Option<Result<Incoming, RingError>> {
-        // Acquire pairs with the producer's publication store.
-        if self.tail >= self.end
-            || self.ring.seq(self.tail).load(Ordering::Acquire) != self.tail + 1
-        {
+        let at = self.tail;
+        if !self.published(at) {
             return None;
         }
-        let slot = self.ring.slot(self.tail);
+        let slot = self.ring.slot(at);
         #[cfg(loom)]
-        self.ring.touch(self.tail, 1, false);
+        self.ring.touch(at, 1, false);
         // SAFETY: the slot is published and not reused by the producer until
-        // we advance tail; reads are within the first slot, and every field is
-        // naturally aligned in the 64-aligned slot. A hostile peer in another
-        // process may still scribble here: every field is plain data and
-        // `len` is validated below before it sizes any copy. `len` is read
-        // once, volatile, so what is validated is what sizes the copies (no
-        // second fetch from the shared memory).
+        // we advance tail; reads are within it. A hostile peer in another
+        // process may still scribble here: every field is plain data, and
+        // the kind and the length are read once, volatile, so what is
+        // validated is what decides the form and sizes the copies (no second
+        // fetch from the shared memory).
+        let kind = unsafe { ptr::read_volatile(slot.add(OFF_KIND)) };
+        if kind == KIND_PAD {
+            return self.peek_long(at + 1, 1);
+        }
+        if kind & KIND_SHORT == 0 {
+            return self.peek_long(at, 0);
+        }
+        // SAFETY: as above.
+        let (len, header) = unsafe {
+            let len = ptr::read_volatile(slot.add(OFF_SHORT_LEN));
+            let header = Header {
+                kind: kind & !KIND_SHORT,
+                flags: ptr::read_volatile(slot.add(OFF_FLAGS)),
+                tag: ptr::read_unaligned(slot.add(OFF_TAG) as *const i32),
+                context: ptr::read_unaligned(slot.add(OFF_CONTEXT) as *const u32),
+                len: u32::from(len),
+                cookie: 0,
+                aux: u64::from(len),
+            };
+            (len, header)
+        };
+        if usize::from(len) > SHORT_INLINE {
+            return Some(Err(RingError::Corrupt {
+                len: u32::from(len),
+            }));
+        }
+        Some(Ok(Incoming {
+            header,
+            short: true,
+            pad: 0,
+        }))
+    }
+
+    /// Whether an entry is published at `at`, before the consumer's limit.
+    #[inline(always)]
+    fn published(&self, at: u64) -> bool {
+        // Acquire pairs with the producer's publication store.
+        at < self.end && self.ring.seq(at).load(Ordering::Acquire) == at + 1
+    }
+
+    /// [`peek`](Consumer::peek) of a long message at `at`, `pad` slots past
+    /// the tail (after a padding entry: then it must be published and
+    /// long, and start a line).
+    #[inline(always)]
+    fn peek_long(&self, at: u64, pad: u64) -> Option<Result<Incoming, RingError>> {
+        if pad == 1 && !self.published(at) {
+            return None;
+        }
+        let slot = self.ring.slot(at);
+        let second = self.ring.slot(at + 1);
+        #[cfg(loom)]
+        self.ring.touch(at, 2, false);
+        // SAFETY: as in `peek`: slots `at` and `at + 1` are published (the
+        // second with the first) and inside the ring; plain data only, the
+        // kind and the length read once.
         let header = unsafe {
             Header {
                 kind: ptr::read_volatile(slot.add(OFF_KIND)),
@@ -668,13 +851,22 @@ impl Consumer {
                 context: ptr::read_unaligned(slot.add(OFF_CONTEXT) as *const u32),
                 len: ptr::read_volatile(slot.add(OFF_LEN) as *const u32),
                 cookie: ptr::read_unaligned(slot.add(OFF_COOKIE) as *const u64),
-                aux: ptr::read_unaligned(slot.add(OFF_AUX) as *const u64),
+                aux: ptr::read_unaligned(second.add(OFF_AUX) as *const u64),
             }
         };
+        if pad == 1 && (header.kind & KIND_SHORT != 0 || at & 1 != 0) {
+            // A padding entry our producer writes only before a long
+            // message, at an odd position.
+            return Some(Err(RingError::Misplaced { at: at - 1 }));
+        }
         if header.len as usize > self.max_payload {
             return Some(Err(RingError::Corrupt { len: header.len }));
         }
-        Some(Ok(Incoming { header }))
+        Some(Ok(Incoming {
+            header,
+            short: false,
+            pad,
+        }))
     }
 
     /// Copies the head message's payload (its first `dst.len()` bytes at
@@ -686,24 +878,41 @@ impl Consumer {
     /// garbage.
     #[inline]
     pub fn copy_payload(&self, msg: &Incoming, dst: &mut [u8]) -> usize {
+        let at = msg.start(self.tail);
+        if msg.short {
+            let len = (msg.header.len as usize).min(SHORT_INLINE).min(dst.len());
+            #[cfg(loom)]
+            self.ring.touch(at, 1, false);
+            // SAFETY: len <= SHORT_INLINE bytes after OFF_SHORT_PAYLOAD lie
+            // inside slot `at`, and dst.len() >= len.
+            unsafe {
+                copy_small(
+                    self.ring.slot(at).add(OFF_SHORT_PAYLOAD),
+                    dst.as_mut_ptr(),
+                    len,
+                )
+            };
+            return len;
+        }
         let len = self.payload_len(msg).min(dst.len());
         let first = len.min(INLINE);
-        let slot = self.ring.slot(self.tail);
+        let second = self.ring.slot(at + 1);
         #[cfg(loom)]
-        self.ring.touch(self.tail, slots_for(len), false);
-        // SAFETY: len <= max_payload = INLINE + (nslots/2 - 1) * SLOT and
-        // dst.len() >= len. The first `first` <= INLINE bytes lie in the head
-        // slot after its header. The rest (rest = len - first < size/2) starts
-        // at the next slot's offset off <= size - SLOT: n1 <= size - off bytes
-        // from off stay inside the area, and the remaining rest - n1 < size
-        // bytes from the area's start too. Every tail position and every len
-        // are checked against a byte model in the unit tests.
+        self.ring.touch(at, slots_for(len), false);
+        // SAFETY: len <= max_payload = INLINE + (nslots/2 - 3) * SLOT and
+        // dst.len() >= len. The first `first` <= INLINE bytes lie in the
+        // second slot after its zero and aux words. The rest (rest = len -
+        // first < size/2) starts at the third slot's offset off <= size -
+        // SLOT: n1 <= size - off bytes from off stay inside the area, and
+        // the remaining rest - n1 < size bytes from the area's start too.
+        // Every tail position and every len are checked against a byte
+        // model in the unit tests.
         unsafe {
-            copy_small(slot.add(HEADER), dst.as_mut_ptr(), first);
+            copy_small(second.add(OFF_INLINE), dst.as_mut_ptr(), first);
             if len > first {
                 let area = self.ring.area();
                 let size = self.ring.nslots * SLOT;
-                let off = ((self.tail + 1) as usize & (self.ring.nslots - 1)) * SLOT;
+                let off = ((at + 2) as usize & (self.ring.nslots - 1)) * SLOT;
                 let rest = len - first;
                 let n1 = rest.min(size - off);
                 ptr::copy_nonoverlapping(area.add(off), dst.as_mut_ptr().add(first), n1);
@@ -719,18 +928,25 @@ impl Consumer {
     #[inline]
     pub fn pop(&mut self, msg: &Incoming) -> bool {
         // At most nslots/2 slots, whatever `msg` says (see copy_payload).
-        let k = slots_for(self.payload_len(msg));
+        let at = msg.start(self.tail);
+        let k = if msg.short {
+            1
+        } else {
+            slots_for(self.payload_len(msg))
+        };
         // The zeroing writes the first word of every continuation slot,
         // which is payload memory. (The first slot's word is a header `seq`,
-        // which no later position can equal: see the module docs.)
+        // which no later position can equal, and a long message's second
+        // slot starts with the zero its producer wrote: see the module
+        // docs.)
         #[cfg(loom)]
-        self.ring.touch(self.tail + 1, k - 1, true);
-        for p in self.tail + 1..self.tail + k {
+        self.ring.touch(at + 2, k.saturating_sub(2), true);
+        for p in (at + 2).min(at + k)..at + k {
             // Relaxed: ordered before the producer's reuse by the Release
             // store of tail below.
             self.ring.seq(p).store(0, Ordering::Relaxed);
         }
-        self.tail += k;
+        self.tail = at + k;
         self.read_ahead();
         // Release: our reads of the message and the zeroing above happen
         // before the producer's Acquire load of tail and its reuse.
@@ -761,8 +977,8 @@ impl Consumer {
         }
     }
 
-    /// `msg`'s payload length, capped at what the ring can hold (a no-op for
-    /// a message from `peek`, which rejects larger ones).
+    /// A long `msg`'s payload length, capped at what the ring can hold (a
+    /// no-op for a message from `peek`, which rejects larger ones).
     #[inline]
     fn payload_len(&self, msg: &Incoming) -> usize {
         (msg.header.len as usize).min(self.max_payload)

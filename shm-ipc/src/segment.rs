@@ -44,7 +44,9 @@ use crate::doorbell::DoorbellRef;
 use crate::ring::{self, RingRef};
 
 const MAGIC: u64 = u64::from_le_bytes(*b"XDEVSHM2");
-const VERSION: u32 = 3;
+/// The layout's version: 4 since the rings' 32-byte slots and short
+/// messages (a peer of another version is refused at attach).
+const VERSION: u32 = 4;
 const PAGE: usize = 4096;
 
 // Control page.

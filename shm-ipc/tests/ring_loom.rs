@@ -38,10 +38,11 @@ fn model(name: &str, f: impl Fn() + Sync + Send + 'static) {
     );
 }
 
-/// Payload lengths of the model's messages in a 4-slot ring: one slot; two
-/// slots (positions 1-2); two slots again at positions 3-4, which wraps to
-/// slot 0 and needs the consumer to have freed the first message (the
-/// ring-full path).
+/// Payload lengths of the model's messages in an 8-slot ring: a short one
+/// (slot 0); a long one of three slots after a padding entry (padding at
+/// 1, the message at 2-4); a long one of three slots again after padding
+/// (5, then 6-8), which wraps to slot 0 and needs the consumer to have
+/// freed the first message (the ring-full path).
 const LENS: [usize; 3] = [10, INLINE + SLOT - 10, INLINE + 26];
 
 fn message(i: usize) -> (Header, Vec<u8>) {
@@ -52,7 +53,8 @@ fn message(i: usize) -> (Header, Vec<u8>) {
         tag: -(i as i32) - 1,
         context: 0xC0_0000 + i as u32,
         len: len as u32,
-        cookie: 0xDEAD_0000 + i as u64,
+        // The first short (no cookie, aux its length), the others long.
+        cookie: if i == 0 { 0 } else { 0xDEAD_0000 + i as u64 },
         aux: len as u64,
     };
     // Every byte tells its message and position apart.
@@ -63,13 +65,18 @@ fn message(i: usize) -> (Header, Vec<u8>) {
 }
 
 fn pair() -> (Arc<HeapRing>, Producer, Consumer) {
-    let r = Arc::new(HeapRing::new(4));
+    let r = Arc::new(HeapRing::new(8));
     let v = r.view();
-    assert_eq!(v.nslots(), 4);
+    assert_eq!(v.nslots(), 8);
     assert!(LENS.iter().all(|&l| l <= v.max_payload()));
+    let (h0, _) = message(0);
+    assert!(ring::is_short(&h0, LENS[0]));
     assert_eq!(
-        LENS.iter().map(|&l| ring::slots_for(l)).collect::<Vec<_>>(),
-        [1, 2, 2]
+        LENS[1..]
+            .iter()
+            .map(|&l| ring::slots_for(l))
+            .collect::<Vec<_>>(),
+        [3, 3]
     );
     // SAFETY: each end is moved into one thread together with a clone of
     // the Arc, so the memory outlives both; there is one of each.
@@ -115,9 +122,10 @@ fn consume(c: &mut Consumer) {
     assert!(c.peek().is_none(), "nothing past the last message");
 }
 
-/// Producer and consumer on two threads: a one-slot message, a two-slot one,
-/// and a two-slot one that wraps and must wait for room (the producer spins
-/// on a full ring until the consumer frees the first message).
+/// Producer and consumer on two threads: a short message, a long one after
+/// a padding entry, and a long one after padding again that wraps and must
+/// wait for room (the producer spins on a full ring until the consumer
+/// frees the first message).
 ///
 /// What this catches: the consumer checks every header field and payload
 /// byte it received, and loom reports any access to a slot's bytes that the

@@ -28,12 +28,50 @@ fn small_copies_move_exactly_their_bytes() {
     }
 }
 
+/// An eager-like header for `len` bytes: short if `len` is small enough.
+fn eager(len: usize) -> Header {
+    Header {
+        kind: 1,
+        tag: 9,
+        context: 3,
+        aux: len as u64,
+        ..Header::default()
+    }
+}
+
 #[test]
-fn small_message_is_one_slot() {
-    assert_eq!(slots_for(0), 1);
-    assert_eq!(slots_for(INLINE), 1);
-    assert_eq!(slots_for(INLINE + 1), 2);
-    assert_eq!(slots_for(INLINE + SLOT), 2);
+fn small_eager_data_is_one_slot_and_the_rest_a_line_or_more() {
+    for len in 0..=SHORT_INLINE {
+        assert!(is_short(&eager(len), len), "{len}");
+    }
+    assert!(!is_short(&eager(SHORT_INLINE + 1), SHORT_INLINE + 1));
+    // What a short slot cannot carry: a cookie, an aux word of its own.
+    let mut h = eager(4);
+    h.cookie = 1;
+    assert!(!is_short(&h, 4));
+    assert!(!is_short(&eager(5), 4));
+    assert_eq!(slots_for(0), 2);
+    assert_eq!(slots_for(INLINE), 2);
+    assert_eq!(slots_for(INLINE + 1), 3);
+    assert_eq!(slots_for(INLINE + SLOT), 3);
+    // Two short messages share a line; a long one after them starts the
+    // next line, and one after a single short message is padded to it.
+    let (_r, mut p, mut c) = pair(16);
+    for (len, head) in [(8, 1), (20, 5), (12, 6), (0, 7), (20, 11)] {
+        let h = if len <= SHORT_INLINE {
+            eager(len)
+        } else {
+            Header::default()
+        };
+        assert_eq!(p.try_push(&h, &vec![7u8; len]), Ok(true));
+        assert_eq!(p.head, head, "after a message of {len} bytes");
+    }
+    for len in [8, 20, 12, 0, 20] {
+        let (_, v) = recv(&mut c).expect("pushed");
+        assert_eq!(v, vec![7u8; len]);
+    }
+    assert_eq!(c.tail, 11);
+    assert!(c.peek().is_none());
 }
 
 #[test]
@@ -46,13 +84,22 @@ fn fifo_with_wrap_and_full_ring() {
         seed = seed
             .wrapping_mul(6364136223846793005)
             .wrapping_add(1442695040888963407);
-        let len = (seed >> 33) as usize % (max + 1);
+        // Every third message small and eager-like (so short), the others
+        // of any length with a cookie (so long, padded where they follow
+        // an odd number of short ones).
+        let small = round % 3 == 0;
+        let len = if small {
+            (seed >> 33) as usize % (SHORT_INLINE + 1)
+        } else {
+            (seed >> 33) as usize % (max + 1)
+        };
         let payload: Vec<u8> = (0..len).map(|i| (i as u64 ^ seed) as u8).collect();
         let h = Header {
             kind: 1,
             tag: round,
             context: 7,
-            cookie: seed,
+            cookie: if small { 0 } else { seed },
+            aux: if small { len as u64 } else { seed >> 7 },
             ..Header::default()
         };
         while !p.try_push(&h, &payload).unwrap() {
@@ -74,7 +121,7 @@ fn fifo_with_wrap_and_full_ring() {
 fn payload_bytes_never_look_published() {
     // Fill payload slots with words equal to future sequence numbers; after
     // consumption the consumer must not mistake them for messages.
-    let (_r, mut p, mut c) = pair(8);
+    let (_r, mut p, mut c) = pair(16);
     let mut payload = vec![0u8; INLINE + 3 * SLOT];
     for (i, w) in payload.chunks_mut(8).enumerate() {
         w.copy_from_slice(&(i as u64 + 2).to_le_bytes());
@@ -87,6 +134,7 @@ fn payload_bytes_never_look_published() {
 #[test]
 fn corrupt_length_is_reported() {
     let (r, mut p, c) = pair(8);
+    // Long (no aux of its length).
     assert!(p.try_push(&Header::default(), b"x").unwrap());
     // Scribble an impossible length, as a hostile peer could.
     // SAFETY: offset OFF_LEN of slot 0 is inside the ring allocation.
@@ -95,37 +143,80 @@ fn corrupt_length_is_reported() {
         c.peek().unwrap().unwrap_err(),
         RingError::Corrupt { len: u32::MAX }
     );
+    // Short: its one-byte length past what a slot holds.
+    let (r, mut p, c) = pair(8);
+    assert!(p.try_push(&eager(1), b"x").unwrap());
+    // SAFETY: offset OFF_SHORT_LEN of slot 0 is inside the ring allocation.
+    unsafe { ptr::write(r.view().slot(0).add(OFF_SHORT_LEN), 200) };
+    assert_eq!(
+        c.peek().unwrap().unwrap_err(),
+        RingError::Corrupt { len: 200 }
+    );
+}
+
+#[test]
+fn padding_before_anything_but_a_long_message_on_a_line_is_reported() {
+    // A short message, then a long one (padded): the padding at 1.
+    let pushed = || {
+        let (r, mut p, mut c) = pair(8);
+        assert!(p.try_push(&eager(1), b"x").unwrap());
+        assert!(p.try_push(&Header::default(), b"yz").unwrap());
+        assert_eq!(p.head, 4);
+        assert_eq!(recv(&mut c).unwrap().1, b"x");
+        (r, p, c)
+    };
+    let (r, _p, c) = pushed();
+    // The long message made short: a padding entry before a short one.
+    // SAFETY: slot 2 is inside the ring allocation.
+    unsafe { ptr::write(r.view().slot(2).add(OFF_KIND), KIND_SHORT | 1) };
+    assert_eq!(
+        c.peek().unwrap().unwrap_err(),
+        RingError::Misplaced { at: 1 }
+    );
+    // Two padding entries in a row (the second at an even position).
+    let (r, _p, c) = pushed();
+    // SAFETY: as above.
+    unsafe { ptr::write(r.view().slot(2).add(OFF_KIND), KIND_PAD) };
+    assert_eq!(
+        c.peek().unwrap().unwrap_err(),
+        RingError::Misplaced { at: 1 }
+    );
+    // Untouched, the padding is skipped.
+    let (_r, _p, mut c) = pushed();
+    assert_eq!(recv(&mut c).unwrap().1, b"yz");
+    assert_eq!(c.tail, 4);
 }
 
 #[test]
 fn corrupt_tail_is_reported() {
-    let (r, mut p, _c) = pair(4);
+    let (r, mut p, _c) = pair(8);
     let set_tail = |t: u64| {
         // SAFETY: the tail word is the first 8 bytes of the ring
         // allocation; nothing accesses it concurrently in this test.
         unsafe { ptr::write(r.view().base_ptr() as *mut u64, t) }
     };
-    let big = [0u8; INLINE + 1];
-    assert_eq!(p.try_push(&Header::default(), &big), Ok(true));
-    assert_eq!(p.try_push(&Header::default(), &big), Ok(true));
-    // Full ring (head 4): the tail is read, and must lie in 0..=4.
-    for bad in [5, u64::MAX] {
+    let short = |p: &mut Producer| p.try_push(&eager(1), b"x");
+    let long = |p: &mut Producer| p.try_push(&Header::default(), &[0u8; INLINE + 1]);
+    for _ in 0..8 {
+        assert_eq!(short(&mut p), Ok(true));
+    }
+    // Full ring (head 8): the tail is read, and must lie in 0..=8.
+    for bad in [9, u64::MAX] {
         set_tail(bad);
         assert_eq!(
-            p.try_push(&Header::default(), b"x"),
-            Err(RingError::BadTail { tail: bad, head: 4 })
+            short(&mut p),
+            Err(RingError::BadTail { tail: bad, head: 8 })
         );
     }
     set_tail(2);
-    assert_eq!(p.try_push(&Header::default(), b"x"), Ok(true));
-    // Head 5, tail seen at 2: a tail of 1 went backwards.
+    assert_eq!(short(&mut p), Ok(true));
+    // Head 9, tail seen at 2: a tail of 1 went backwards (a long message,
+    // padded, needs 4 slots: the tail is read again).
     set_tail(1);
-    assert_eq!(
-        p.try_push(&Header::default(), &big),
-        Err(RingError::BadTail { tail: 1, head: 5 })
-    );
+    assert_eq!(long(&mut p), Err(RingError::BadTail { tail: 1, head: 9 }));
     set_tail(5);
-    assert_eq!(p.try_push(&Header::default(), &big), Ok(true));
+    assert_eq!(long(&mut p), Ok(true));
+    assert_eq!(p.head, 13);
 }
 
 /// Ring memory with guard bytes on both sides, to see accesses that
@@ -201,15 +292,17 @@ impl Drop for Guarded {
 }
 
 /// Area offset of payload byte `j` of a message whose first slot is at
-/// position `pos` (the layout the module docs describe, spelled out with
-/// safe arithmetic).
-fn payload_offset(nslots: usize, pos: u64, j: usize) -> usize {
+/// position `pos`, short or long (the layout the module docs describe,
+/// spelled out with safe arithmetic).
+fn payload_offset(nslots: usize, pos: u64, short: bool, j: usize) -> usize {
     let size = nslots * SLOT;
-    let first = (pos as usize % nslots) * SLOT;
-    if j < INLINE {
-        first + HEADER + j
+    let at = |p: u64| (p as usize % nslots) * SLOT;
+    if short {
+        at(pos) + OFF_SHORT_PAYLOAD + j
+    } else if j < INLINE {
+        at(pos + 1) + OFF_INLINE + j
     } else {
-        (first + SLOT + (j - INLINE)) % size
+        (at(pos + 2) + (j - INLINE)) % size
     }
 }
 
@@ -218,133 +311,214 @@ fn positions(nslots: usize) -> impl Iterator<Item = u64> {
     (0..2 * nslots as u64).chain([1 << 40, (1 << 40) + nslots as u64 - 1])
 }
 
+/// The forms a message at a given position can take for the consumer: short,
+/// long, or long after a padding entry (only where that entry is at an odd
+/// position).
+#[derive(Copy, Clone, Debug, PartialEq)]
+enum Form {
+    Short,
+    Long,
+    Padded,
+}
+
 #[test]
 fn consumer_copies_stay_in_the_ring_for_every_length_and_position() {
-    for nslots in [4, 8, 16] {
+    for nslots in [8, 16] {
         let g = Guarded::new(nslots);
         let v = g.view();
         for tail in positions(nslots) {
-            for len in 0..=v.max_payload() {
-                // Pattern bytes never equal the guard byte.
-                for (i, b) in g.area().iter_mut().enumerate() {
-                    *b = (i % 200) as u8;
+            for form in [Form::Short, Form::Long, Form::Padded] {
+                if form == Form::Padded && tail % 2 == 0 {
+                    continue;
                 }
-                let slot = (tail as usize % nslots) * SLOT;
-                let area = g.area();
-                area[slot..slot + 8].copy_from_slice(&(tail + 1).to_le_bytes());
-                area[slot + OFF_LEN..slot + OFF_LEN + 4]
-                    .copy_from_slice(&(len as u32).to_le_bytes());
-                let want: Vec<u8> = (0..len)
-                    .map(|j| g.area()[payload_offset(nslots, tail, j)])
-                    .collect();
-                let mut c = Consumer {
-                    ring: v.detach(),
-                    tail,
-                    end: u64::MAX,
-                    max_payload: v.max_payload(),
+                let max = if form == Form::Short {
+                    SHORT_INLINE
+                } else {
+                    v.max_payload()
                 };
-                let m = c.peek().expect("published").expect("valid");
-                assert_eq!(m.header.len as usize, len);
-                for cap in [len, len / 2, len + 7] {
-                    let mut dst = vec![GUARD_BYTE; cap];
-                    let n = c.copy_payload(&m, &mut dst);
-                    assert_eq!(n, len.min(cap));
-                    assert_eq!(
-                        dst[..n],
-                        want[..n],
-                        "{nslots} slots, tail {tail}, len {len}"
-                    );
-                    assert!(dst[n..].iter().all(|&b| b == GUARD_BYTE));
+                for len in 0..=max {
+                    consume_one(&g, tail, form, len);
                 }
-                c.pop(&m);
-                assert_eq!(c.tail, tail + slots_for(len));
-                // Continuation slots (payload in the first word) are zeroed;
-                // the first keeps its header's seq, which no later position
-                // can take for published.
-                assert_eq!(v.seq(tail).load(Ordering::Relaxed), tail + 1);
-                for p in tail + 1..c.tail {
-                    assert_eq!(v.seq(p).load(Ordering::Relaxed), 0);
-                }
-                g.assert_guards();
             }
         }
     }
+}
+
+/// Writes a message of `form` and `len` bytes at `tail` into pattern
+/// memory, then peeks, copies (with three capacities) and pops it, checking
+/// the bytes, the new tail, the zeroed words and the guards.
+fn consume_one(g: &Guarded, tail: u64, form: Form, len: usize) {
+    let nslots = g.nslots;
+    let v = g.view();
+    // Pattern bytes never equal the guard byte.
+    for (i, b) in g.area().iter_mut().enumerate() {
+        *b = (i % 200) as u8;
+    }
+    let at_slot = |p: u64| (p as usize % nslots) * SLOT;
+    let start = if form == Form::Padded { tail + 1 } else { tail };
+    let area = g.area();
+    if form == Form::Padded {
+        let s = at_slot(tail);
+        area[s..s + 8].copy_from_slice(&(tail + 1).to_le_bytes());
+        area[s + OFF_KIND] = KIND_PAD;
+    }
+    let s = at_slot(start);
+    area[s..s + 8].copy_from_slice(&(start + 1).to_le_bytes());
+    if form == Form::Short {
+        area[s + OFF_KIND] = KIND_SHORT | 1;
+        area[s + OFF_SHORT_LEN] = len as u8;
+    } else {
+        area[s + OFF_KIND] = 1;
+        area[s + OFF_LEN..s + OFF_LEN + 4].copy_from_slice(&(len as u32).to_le_bytes());
+    }
+    let short = form == Form::Short;
+    let want: Vec<u8> = (0..len)
+        .map(|j| g.area()[payload_offset(nslots, start, short, j)])
+        .collect();
+    let mut c = Consumer {
+        ring: v.detach(),
+        tail,
+        end: u64::MAX,
+        max_payload: v.max_payload(),
+    };
+    let m = c.peek().expect("published").expect("valid");
+    let what = format!("{nslots} slots, tail {tail}, {form:?}, len {len}");
+    assert_eq!(m.header.len as usize, len, "{what}");
+    for cap in [len, len / 2, len + 7] {
+        let mut dst = vec![GUARD_BYTE; cap];
+        let n = c.copy_payload(&m, &mut dst);
+        assert_eq!(n, len.min(cap));
+        assert_eq!(dst[..n], want[..n], "{what}");
+        assert!(dst[n..].iter().all(|&b| b == GUARD_BYTE));
+    }
+    c.pop(&m);
+    let k = if short { 1 } else { slots_for(len) };
+    assert_eq!(c.tail, start + k, "{what}");
+    // Continuation slots (payload in the first word) are zeroed; the first
+    // keeps its header's seq, which no later position can take for
+    // published, and a long message's second slot what its producer wrote
+    // there (the pattern, in this test: nothing wrote it).
+    assert_eq!(v.seq(start).load(Ordering::Relaxed), start + 1);
+    for p in (start + 2).min(c.tail)..c.tail {
+        assert_eq!(v.seq(p).load(Ordering::Relaxed), 0, "{what}");
+    }
+    g.assert_guards();
 }
 
 #[test]
 fn made_up_messages_stay_in_the_ring() {
     // An Incoming that did not come from peek: capped, never outside.
-    let g = Guarded::new(4);
-    let mut c = Consumer {
-        ring: g.view().detach(),
-        tail: 3,
-        end: u64::MAX,
-        max_payload: g.view().max_payload(),
-    };
-    let m = Incoming {
-        header: Header {
-            len: u32::MAX,
-            ..Header::default()
-        },
-    };
-    let mut dst = vec![0u8; 4096];
-    assert_eq!(c.copy_payload(&m, &mut dst), g.view().max_payload());
-    c.pop(&m);
-    assert_eq!(c.tail, 3 + slots_for(g.view().max_payload()));
-    g.assert_guards();
+    let g = Guarded::new(8);
+    for (short, pad) in [(false, 0), (false, 1), (true, 0)] {
+        let mut c = Consumer {
+            ring: g.view().detach(),
+            tail: 7 - pad,
+            end: u64::MAX,
+            max_payload: g.view().max_payload(),
+        };
+        let m = Incoming {
+            header: Header {
+                len: u32::MAX,
+                ..Header::default()
+            },
+            short,
+            pad,
+        };
+        let mut dst = vec![0u8; 4096];
+        let max = if short {
+            SHORT_INLINE
+        } else {
+            g.view().max_payload()
+        };
+        assert_eq!(c.copy_payload(&m, &mut dst), max);
+        c.pop(&m);
+        let k = if short { 1 } else { slots_for(max) };
+        assert_eq!(c.tail, 7 + k);
+        g.assert_guards();
+    }
 }
 
 #[test]
 fn producer_writes_stay_in_the_ring_for_every_length_and_position() {
-    for nslots in [4, 8, 16] {
+    for nslots in [8, 16] {
         let g = Guarded::new(nslots);
         let v = g.view();
         for head in positions(nslots) {
             for len in 0..=v.max_payload() {
-                for (i, b) in g.area().iter_mut().enumerate() {
-                    *b = (i % 200) as u8;
+                produce_one(&g, head, len, false);
+                if len <= SHORT_INLINE {
+                    produce_one(&g, head, len, true);
                 }
-                let mut want = g.area().to_vec();
-                let payload: Vec<u8> = (0..len).map(|j| 200 + (j % 37) as u8).collect();
-                let h = Header {
-                    kind: 1,
-                    flags: 2,
-                    tag: -3,
-                    context: 4,
-                    len: 0,
-                    cookie: 5,
-                    aux: 6,
-                };
-                let mut p = Producer {
-                    ring: v.detach(),
-                    head,
-                    tail_cache: head,
-                    waiting: false,
-                    max_payload: v.max_payload(),
-                };
-                assert_eq!(p.try_push(&h, &payload), Ok(true));
-                assert_eq!(p.head, head + slots_for(len));
-                // The expected bytes, field by field.
-                let s = (head as usize % nslots) * SLOT;
-                let mut put = |off: usize, bytes: &[u8]| {
-                    want[s + off..s + off + bytes.len()].copy_from_slice(bytes)
-                };
-                put(0, &(head + 1).to_le_bytes());
-                put(OFF_KIND, &[1]);
-                put(OFF_FLAGS, &[2]);
-                put(OFF_TAG, &(-3i32).to_le_bytes());
-                put(OFF_CONTEXT, &4u32.to_le_bytes());
-                put(OFF_LEN, &(len as u32).to_le_bytes());
-                put(OFF_COOKIE, &5u64.to_le_bytes());
-                put(OFF_AUX, &6u64.to_le_bytes());
-                for (j, &b) in payload.iter().enumerate() {
-                    want[payload_offset(nslots, head, j)] = b;
-                }
-                assert!(g.area() == want, "{nslots} slots, head {head}, len {len}");
-                g.assert_guards();
             }
         }
     }
+}
+
+/// Pushes a message of `len` bytes at `head` (short, or long with a cookie)
+/// over pattern memory and compares every byte of the ring with what the
+/// layout says.
+fn produce_one(g: &Guarded, head: u64, len: usize, short: bool) {
+    let nslots = g.nslots;
+    let v = g.view();
+    for (i, b) in g.area().iter_mut().enumerate() {
+        *b = (i % 200) as u8;
+    }
+    let mut want = g.area().to_vec();
+    let payload: Vec<u8> = (0..len).map(|j| 200 + (j % 37) as u8).collect();
+    let h = Header {
+        kind: 1,
+        flags: 2,
+        tag: -3,
+        context: 4,
+        len: 0,
+        cookie: if short { 0 } else { 5 },
+        aux: if short { len as u64 } else { 6 },
+    };
+    let mut p = Producer {
+        ring: v.detach(),
+        head,
+        tail_cache: head,
+        waiting: false,
+        max_payload: v.max_payload(),
+    };
+    assert_eq!(p.try_push(&h, &payload), Ok(true));
+    let pad = if short { 0 } else { head & 1 };
+    let start = head + pad;
+    let k = if short { 1 } else { slots_for(len) };
+    assert_eq!(p.head, start + k);
+    // The expected bytes, field by field.
+    let at_slot = |p: u64| (p as usize % nslots) * SLOT;
+    let mut put = |slot: usize, off: usize, bytes: &[u8]| {
+        want[slot + off..slot + off + bytes.len()].copy_from_slice(bytes)
+    };
+    if pad == 1 {
+        put(at_slot(head), 0, &(head + 1).to_le_bytes());
+        put(at_slot(head), OFF_KIND, &[KIND_PAD]);
+    }
+    let s = at_slot(start);
+    put(s, 0, &(start + 1).to_le_bytes());
+    put(s, OFF_FLAGS, &[2]);
+    put(s, OFF_TAG, &(-3i32).to_le_bytes());
+    put(s, OFF_CONTEXT, &4u32.to_le_bytes());
+    if short {
+        put(s, OFF_KIND, &[KIND_SHORT | 1]);
+        put(s, OFF_SHORT_LEN, &[len as u8]);
+    } else {
+        put(s, OFF_KIND, &[1]);
+        put(s, OFF_LEN, &(len as u32).to_le_bytes());
+        put(s, OFF_COOKIE, &5u64.to_le_bytes());
+        let second = at_slot(start + 1);
+        put(second, 0, &0u64.to_le_bytes());
+        put(second, OFF_AUX, &6u64.to_le_bytes());
+    }
+    for (j, &b) in payload.iter().enumerate() {
+        want[payload_offset(nslots, start, short, j)] = b;
+    }
+    assert!(
+        g.area() == want,
+        "{nslots} slots, head {head}, len {len}, short {short}"
+    );
+    g.assert_guards();
 }
 
 #[test]
@@ -357,8 +531,10 @@ fn threads_transfer_in_order() {
         for i in 0u32..100_000 {
             let len = (i % 300) as usize;
             let payload = vec![i as u8; len];
+            // Every other message eager-like: short when small.
             let hd = Header {
                 tag: i as i32,
+                aux: if i % 2 == 0 { len as u64 } else { u64::MAX },
                 ..Header::default()
             };
             while !p.try_push(&hd, &payload).unwrap() {

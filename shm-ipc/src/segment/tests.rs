@@ -153,6 +153,7 @@ fn a_layout_no_inbox_can_have_is_refused() {
         (0, 64),
         (1, 3),
         (1, 2),
+        (1, 4),
         (1, 96),
         (1, ring::MAX_SLOTS * 2),
         (MAX_RANKS + 1, 64),
@@ -171,7 +172,7 @@ fn a_layout_no_inbox_can_have_is_refused() {
     }
     // A rank outside the layout, and a peer's inbox attached with a bad
     // layout, are refused too.
-    let ok = InboxLayout::new(2, 4).unwrap();
+    let ok = InboxLayout::new(2, 8).unwrap();
     assert!(matches!(
         Inbox::create(2, ok),
         Err(Error::InvalidRank { rank: 2, size: 2 })
