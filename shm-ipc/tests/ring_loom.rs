@@ -39,10 +39,10 @@ fn model(name: &str, f: impl Fn() + Sync + Send + 'static) {
 }
 
 /// Payload lengths of the model's messages in an 8-slot ring: a short one
-/// (slot 0); a long one of three slots after a padding entry (padding at
-/// 1, the message at 2-4); a long one of three slots again after padding
-/// (5, then 6-8), which wraps to slot 0 and needs the consumer to have
-/// freed the first message (the ring-full path).
+/// (slot 0); a long one of four slots after a padding entry (padding at 1,
+/// the message at 2-5); a long one of four slots again (6-9), which wraps
+/// to slots 0-1 and needs the consumer to have freed the first two messages
+/// (the ring-full path).
 const LENS: [usize; 3] = [10, INLINE + SLOT - 10, INLINE + 26];
 
 fn message(i: usize) -> (Header, Vec<u8>) {
@@ -76,7 +76,7 @@ fn pair() -> (Arc<HeapRing>, Producer, Consumer) {
             .iter()
             .map(|&l| ring::slots_for(l))
             .collect::<Vec<_>>(),
-        [3, 3]
+        [4, 4]
     );
     // SAFETY: each end is moved into one thread together with a clone of
     // the Arc, so the memory outlives both; there is one of each.

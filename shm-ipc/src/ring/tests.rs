@@ -52,12 +52,21 @@ fn small_eager_data_is_one_slot_and_the_rest_a_line_or_more() {
     assert!(!is_short(&eager(5), 4));
     assert_eq!(slots_for(0), 2);
     assert_eq!(slots_for(INLINE), 2);
-    assert_eq!(slots_for(INLINE + 1), 3);
-    assert_eq!(slots_for(INLINE + SLOT), 3);
-    // Two short messages share a line; a long one after them starts the
-    // next line, and one after a single short message is padded to it.
-    let (_r, mut p, mut c) = pair(16);
-    for (len, head) in [(8, 1), (20, 5), (12, 6), (0, 7), (20, 11)] {
+    assert_eq!(slots_for(INLINE + 1), 4);
+    assert_eq!(slots_for(INLINE + 2 * SLOT), 4);
+    assert_eq!(slots_for(INLINE + 2 * SLOT + 1), 6);
+    // Two short messages share a line; a long one after a single short
+    // message is padded to the next line, and takes whole lines.
+    let (_r, mut p, mut c) = pair(32);
+    for (len, head) in [
+        (8, 1),
+        (20, 6),
+        (12, 7),
+        (0, 8),
+        (20, 12),
+        (4, 13),
+        (40, 18),
+    ] {
         let h = if len <= SHORT_INLINE {
             eager(len)
         } else {
@@ -66,11 +75,11 @@ fn small_eager_data_is_one_slot_and_the_rest_a_line_or_more() {
         assert_eq!(p.try_push(&h, &vec![7u8; len]), Ok(true));
         assert_eq!(p.head, head, "after a message of {len} bytes");
     }
-    for len in [8, 20, 12, 0, 20] {
+    for len in [8, 20, 12, 0, 20, 4, 40] {
         let (_, v) = recv(&mut c).expect("pushed");
         assert_eq!(v, vec![7u8; len]);
     }
-    assert_eq!(c.tail, 11);
+    assert_eq!(c.tail, 18);
     assert!(c.peek().is_none());
 }
 
@@ -211,12 +220,14 @@ fn corrupt_tail_is_reported() {
     set_tail(2);
     assert_eq!(short(&mut p), Ok(true));
     // Head 9, tail seen at 2: a tail of 1 went backwards (a long message,
-    // padded, needs 4 slots: the tail is read again).
+    // padded, needs 5 slots: the tail is read again).
     set_tail(1);
     assert_eq!(long(&mut p), Err(RingError::BadTail { tail: 1, head: 9 }));
     set_tail(5);
+    assert_eq!(long(&mut p), Ok(false));
+    set_tail(6);
     assert_eq!(long(&mut p), Ok(true));
-    assert_eq!(p.head, 13);
+    assert_eq!(p.head, 14);
 }
 
 /// Ring memory with guard bytes on both sides, to see accesses that
