@@ -26,7 +26,9 @@
 //! absolute slot position + 1) after everything else of the message is
 //! written (the continuation slots first, then the second slot, then the
 //! first slot's header and inline payload); a padding entry is published
-//! the same way before the message it precedes. The consumer's `Acquire`
+//! the same way right after the message it precedes, so that whenever the
+//! word at the consumer's position says published, a whole message is
+//! there. The consumer's `Acquire`
 //! load of `seq` makes them visible (the doorbell's fences order it against
 //! a sleeper, see [`crate::doorbell`]). Stale data can never look published:
 //! the first word of a slot is either a `seq` (a position + 1 of an earlier
@@ -577,24 +579,18 @@ impl Producer {
         if !self.has_slots(pad + k)? {
             return Ok(false);
         }
-        if pad == 1 {
-            let slot = self.ring.slot(self.head);
-            #[cfg(loom)]
-            self.ring.touch(self.head, 1, true);
-            // SAFETY: slot `head` is free and ours (has_slots covered it).
-            unsafe { ptr::write(slot.add(OFF_KIND), KIND_PAD) };
-            self.publish(1);
-        }
+        // The message's first slot: past the padding entry, if any.
+        let at = self.head + pad;
         let first = payload.len().min(INLINE);
-        let slot = self.ring.slot(self.head);
-        let second = self.ring.slot(self.head + 1);
+        let slot = self.ring.slot(at);
+        let second = self.ring.slot(at + 1);
         #[cfg(loom)]
-        self.ring.touch(self.head, k, true);
-        // SAFETY: slots head..head+k are free (has_slots) and owned by the
-        // producer until published; `head` is even, so the first two lie
-        // side by side in one line (never split by the wrap: nslots is even);
-        // the rest is inside the slot area (wrapping handled by
-        // `write_wrapped`).
+        self.ring.touch(self.head, pad + k, true);
+        // SAFETY: slots head..at+k are free (has_slots) and owned by the
+        // producer until published; `at` is even, so the message's first
+        // two slots lie side by side in one line (never split by the wrap:
+        // nslots is even); the rest is inside the slot area (wrapping
+        // handled by `write_wrapped`).
         //
         // The continuation slots first, the first line last: every store to
         // the line a waiting consumer polls (header, inline payload, then
@@ -604,8 +600,11 @@ impl Producer {
         // still on its way to us) takes the line back, and the publication
         // waits for it a second time (measured: osu_bw 64 B +2-8%).
         unsafe {
+            if pad == 1 {
+                ptr::write(self.ring.slot(self.head).add(OFF_KIND), KIND_PAD);
+            }
             if payload.len() > first {
-                self.write_wrapped(self.head + 2, &payload[first..]);
+                self.write_wrapped(at + 2, &payload[first..]);
             }
         }
         // Relaxed: the zero word that makes the second slot's first word
@@ -614,7 +613,7 @@ impl Producer {
         // stores, after the continuation's (a store to the first line
         // before those cost osu_latency 32-64 B about 30%: the line went to
         // us, back to the polling consumer, and to us again).
-        self.ring.seq(self.head + 1).store(0, Ordering::Relaxed);
+        self.ring.seq(at + 1).store(0, Ordering::Relaxed);
         // SAFETY: as above.
         unsafe {
             ptr::write_unaligned(second.add(OFF_AUX) as *mut u64, header.aux);
@@ -626,7 +625,19 @@ impl Producer {
             ptr::write_unaligned(slot.add(OFF_LEN) as *mut u32, payload.len() as u32);
             ptr::write_unaligned(slot.add(OFF_COOKIE) as *mut u64, header.cookie);
         }
-        self.publish(k);
+        // The message is published first, then its padding entry: a
+        // consumer (or a waiter's `has_message`) that finds the padding
+        // published finds the message behind it too, so one word at the
+        // consumer's position still says whether a message is there (a
+        // producer that dies between the two leaves neither looking
+        // published).
+        self.ring.seq(at).store(at + 1, Ordering::Release);
+        if pad == 1 {
+            self.ring
+                .seq(self.head)
+                .store(self.head + 1, Ordering::Release);
+        }
+        self.head = at + k;
         Ok(true)
     }
 
