@@ -34,10 +34,14 @@
 //! the first word of a slot is either a `seq` (a position + 1 of an earlier
 //! lap, never the one the consumer waits for, since positions only grow), or
 //! zero: a long message's second slot starts with a zero word its producer
-//! writes, and the consumer zeroes the first word of every *continuation*
-//! slot it consumes (there it is payload, which could hold any value) before
-//! it releases the slots by storing `tail` (`Release`); the producer reads
-//! `tail` with `Acquire` before reusing them. A message within its first
+//! writes; the consumer zeroes the first word of every *continuation* slot
+//! that starts a line (there it is payload, which could hold any value)
+//! before it releases the slots by storing `tail` (`Release`), and the
+//! producer reads `tail` with `Acquire` before reusing them; and a second
+//! half-line, which can start a message only right after a short message in
+//! its first half (long messages start lines), is zeroed by the producer of
+//! that short message, in the line it writes anyway (it then needs both
+//! slots free). One zeroing store per line, as with 64-byte slots. A message within its first
 //! line is not written back at all: the consumer's only access to that line
 //! is the read, so the producer's next write there takes the line back from
 //! a reader, not from a writer (half the cross-core transfers per small
@@ -549,12 +553,23 @@ impl Producer {
     /// A short message: one slot.
     #[inline(always)]
     fn push_short(&mut self, header: &Header, payload: &[u8]) -> Result<bool, RingError> {
-        if !self.has_slots(1)? {
+        // On a line's first slot it also owns the second (see below).
+        let line_start = self.head & 1 == 0;
+        if !self.has_slots(1 + u64::from(line_start))? {
             return Ok(false);
         }
         let slot = self.ring.slot(self.head);
         #[cfg(loom)]
         self.ring.touch(self.head, 1, true);
+        if line_start {
+            // The second half of the line may start a message next (a
+            // short one, or a padding entry): its first word, which may be
+            // stale payload (the consumer zeroes only the line starts of a
+            // long message's continuation), is zeroed here, in the line we
+            // write anyway. Relaxed: ordered before the consumer's read of
+            // it by our publication below.
+            self.ring.seq(self.head + 1).store(0, Ordering::Relaxed);
+        }
         // SAFETY: slot `head` is free (has_slots) and the producer's until
         // published; every offset lies inside it (the payload is at most
         // SHORT_INLINE bytes, see `is_short`).
@@ -954,14 +969,16 @@ impl Consumer {
         } else {
             slots_for(self.payload_len(msg))
         };
-        // The zeroing writes the first word of every continuation slot,
-        // which is payload memory. (The first slot's word is a header `seq`,
-        // which no later position can equal, and a long message's second
-        // slot starts with the zero its producer wrote: see the module
-        // docs.)
+        // The zeroing writes the first word of every continuation slot that
+        // starts a line, which is payload memory: one store per line. (The
+        // first slot's word is a header `seq`, which no later position can
+        // equal; a long message's second slot starts with the zero its
+        // producer wrote; and a second half-line starts a message only
+        // after a short message in its first half, whose producer zeroed
+        // it: see the module docs.)
         #[cfg(loom)]
         self.ring.touch(at + 2, k.saturating_sub(2), true);
-        for p in (at + 2).min(at + k)..at + k {
+        for p in ((at + 2).min(at + k)..at + k).step_by(2) {
             // Relaxed: ordered before the producer's reuse by the Release
             // store of tail below.
             self.ring.seq(p).store(0, Ordering::Relaxed);

@@ -405,13 +405,23 @@ fn consume_one(g: &Guarded, tail: u64, form: Form, len: usize) {
     c.pop(&m);
     let k = if short { 1 } else { slots_for(len) };
     assert_eq!(c.tail, start + k, "{what}");
-    // Continuation slots (payload in the first word) are zeroed; the first
-    // keeps its header's seq, which no later position can take for
-    // published, and a long message's second slot what its producer wrote
-    // there (the pattern, in this test: nothing wrote it).
+    // Continuation slots that start a line (payload in the first word) are
+    // zeroed, the others keep their payload (a short message's producer
+    // zeroes one before a message can start there); the first keeps its
+    // header's seq, which no later position can take for published, and a
+    // long message's second slot what its producer wrote there (the
+    // pattern, in this test: nothing wrote it).
     assert_eq!(v.seq(start).load(Ordering::Relaxed), start + 1);
     for p in (start + 2).min(c.tail)..c.tail {
-        assert_eq!(v.seq(p).load(Ordering::Relaxed), 0, "{what}");
+        let word = v.seq(p).load(Ordering::Relaxed);
+        // (Lines as the message's producer laid them out: from its start,
+        // which only this test puts at an odd position.)
+        if (p - start) % 2 == 0 {
+            assert_eq!(word, 0, "{what}");
+        } else {
+            let s = at_slot(p);
+            assert_eq!(word.to_le_bytes(), g.area()[s..s + 8], "{what}");
+        }
     }
     g.assert_guards();
 }
@@ -514,6 +524,11 @@ fn produce_one(g: &Guarded, head: u64, len: usize, short: bool) {
     if short {
         put(s, OFF_KIND, &[KIND_SHORT | 1]);
         put(s, OFF_SHORT_LEN, &[len as u8]);
+        if start % 2 == 0 {
+            // The line's second half, zeroed for the message that may
+            // start there.
+            put(at_slot(start + 1), 0, &0u64.to_le_bytes());
+        }
     } else {
         put(s, OFF_KIND, &[1]);
         put(s, OFF_LEN, &(len as u32).to_le_bytes());
