@@ -591,3 +591,16 @@ fn every_ring_size_the_devices_accept_gives_a_valid_slot_count() {
         assert!(n >= bytes / SLOT, "{bytes} bytes: {n} slots");
     }
 }
+
+#[test]
+#[should_panic(expected = "a kind the ring reserves")]
+fn a_kind_the_ring_reserves_is_refused() {
+    // The short bit marks short messages and padding: a caller's kind with
+    // it would be read as one of those.
+    let (_r, mut p, _c) = pair(8);
+    let h = Header {
+        kind: KIND_SHORT | 1,
+        ..Header::default()
+    };
+    let _ = p.try_push(&h, b"x");
+}
