@@ -65,7 +65,7 @@ fn matching_window(c: &mut Criterion) {
             }
             for _ in 0..64 {
                 match m.take_posted(black_box(&env)) {
-                    Some((_, recv)) => black_box(recv),
+                    Some(recv) => black_box(recv),
                     None => panic!("no match"),
                 };
             }

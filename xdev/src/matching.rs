@@ -44,11 +44,13 @@ use std::hash::BuildHasherDefault;
 use crate::{Context, Envelope, Pattern, Rank, Source, Tag, TagSel};
 
 mod buckets;
+mod fifo;
 
 #[cfg(test)]
 use buckets::DENSE_RANKS;
-use buckets::{extract_where, first_match, shrink_deque, shrink_map, shrunk_capacity};
+use buckets::{first_match, shrink_deque, shrink_fifo, shrink_map, shrunk_capacity};
 use buckets::{Buckets, Sequenced};
+use fifo::Fifo;
 
 /// Identifies a queued posted receive, for cancellation.
 ///
@@ -68,6 +70,26 @@ impl PostedId {
     pub const fn from_raw(raw: u64) -> Self {
         PostedId(raw)
     }
+}
+
+/// Where a queued posted receive is: what [`find_posted`] returns, to take
+/// or drop that receive with [`take_posted_at`] or [`drop_posted_at`].
+/// It names the receive until the queues change; after that those calls
+/// find nothing (the receive's posting number is checked).
+///
+/// [`find_posted`]: MatchingEngine::find_posted
+/// [`take_posted_at`]: MatchingEngine::take_posted_at
+/// [`drop_posted_at`]: MatchingEngine::drop_posted_at
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PostedAt {
+    /// The context's slot.
+    ctx: usize,
+    /// The source's bucket, or `None` for the wildcard queue.
+    source: Option<Rank>,
+    /// The index in that queue.
+    index: usize,
+    /// The receive's posting number.
+    seq: u64,
 }
 
 /// Outcome of delivering an arriving message.
@@ -187,8 +209,21 @@ impl<M, R> MatchingEngine<M, R> {
     ///
     /// Call this for each sender's messages in that sender's send order.
     pub fn deliver(&mut self, env: Envelope, msg: M) -> Delivered<M, R> {
-        match self.take_posted(&env) {
-            Some((pattern, recv)) => Delivered::Matched { recv, pattern, msg },
+        let at = self.find_posted(&env).map(|(at, _)| at);
+        let taken = at.and_then(|at| Some((at.source, self.remove_posted_at(at)?)));
+        match taken {
+            Some((from, p)) => {
+                let source = match from {
+                    Some(r) => Source::Rank(r),
+                    None => Source::Any,
+                };
+                let pattern = Pattern::new(source, p.tag, env.context);
+                Delivered::Matched {
+                    recv: p.recv,
+                    pattern,
+                    msg,
+                }
+            }
             None => {
                 self.push_unexpected(env, msg);
                 Delivered::Queued
@@ -202,23 +237,66 @@ impl<M, R> MatchingEngine<M, R> {
     /// before it has built an unexpected-message payload; when it returns
     /// `None`, the message must be passed to
     /// [`push_unexpected`](Self::push_unexpected) before the next arrival.
-    #[inline]
-    pub fn take_posted(&mut self, env: &Envelope) -> Option<(Pattern, R)> {
+    ///
+    /// Only the receive comes back, not the pattern it was posted with.
+    #[inline(always)]
+    pub fn take_posted(&mut self, env: &Envelope) -> Option<R> {
+        let (at, _) = self.find_posted(env)?;
+        self.take_posted_at(at)
+    }
+
+    /// The receive [`take_posted`](Self::take_posted) would take for an
+    /// arrival with `env`, left in its queue: where it is, and the receive.
+    ///
+    /// For an engine that needs only a few words of the receive (its
+    /// buffer, its slot in the engine's table) and can then drop it where it
+    /// is ([`drop_posted_at`](Self::drop_posted_at)). Taken out by value, a
+    /// receive of more than two words is copied on through memory in 16-byte
+    /// words that span the narrower stores which wrote it, and each such
+    /// load waits for those stores to reach the cache: on the shm device's
+    /// osu_bibw at 8 B, about 40% of `drain`'s samples sat on such copies of
+    /// the matched receive.
+    #[inline(always)]
+    pub fn find_posted(&self, env: &Envelope) -> Option<(PostedAt, &R)> {
         if self.posted_len == 0 {
             return None;
         }
-        let at = self.slot_of(env.context)?;
-        let ctx = &mut self.ctxs[at];
-        let (p, wild) = ctx.take_posted(env.source, env.tag)?;
+        let at = self.find_slot(env.context)?;
+        let (source, index, p) = self.ctxs[at].find_posted(env.source, env.tag)?;
+        let place = PostedAt {
+            ctx: at,
+            source,
+            index,
+            seq: p.seq,
+        };
+        Some((place, &p.recv))
+    }
+
+    /// Removes the receive at `at` (from [`find_posted`](Self::find_posted),
+    /// the queues unchanged since) and returns it; `None` if the queues
+    /// changed and it is no longer there.
+    #[inline(always)]
+    pub fn take_posted_at(&mut self, at: PostedAt) -> Option<R> {
+        self.remove_posted_at(at).map(|p| p.recv)
+    }
+
+    /// [`take_posted_at`](Self::take_posted_at), dropping the receive where
+    /// it is. Returns whether it was there.
+    #[inline(always)]
+    pub fn drop_posted_at(&mut self, at: PostedAt) -> bool {
+        self.remove_posted_at(at).is_some()
+    }
+
+    /// The entry at `at`, removed, with the bookkeeping of a removal.
+    #[inline(always)]
+    fn remove_posted_at(&mut self, at: PostedAt) -> Option<PostedRecv<R>> {
+        let ctx = self.ctxs.get_mut(at.ctx)?;
+        let taken = ctx.remove_posted(at.source, at.index, at.seq)?;
         let now_empty = ctx.is_empty();
+        self.hot = at.ctx;
         self.posted_len -= 1;
         self.note_ctx_removal(now_empty);
-        let source = if wild {
-            Source::Any
-        } else {
-            Source::Rank(env.source)
-        };
-        Some((Pattern::new(source, p.tag, env.context), p.recv))
+        Some(taken)
     }
 
     /// The second half of [`deliver`](Self::deliver): queues an arriving
@@ -282,7 +360,7 @@ impl<M, R> MatchingEngine<M, R> {
         };
         let ctx = self.ctx_for_push(pattern.context);
         match pattern.source {
-            Source::Any => ctx.wild.push_back(entry()),
+            Source::Any => ctx.wild.push_with(entry),
             Source::Rank(r) => ctx.posted.push(r, entry),
         }
         self.posted_len += 1;
@@ -346,11 +424,11 @@ impl<M, R> MatchingEngine<M, R> {
         if self.posted_len == 0 {
             return None;
         }
-        let by_seq = |q: &VecDeque<PostedRecv<R>>| q.binary_search_by_key(&id.0, |p| p.seq).ok();
+        let by_seq = |q: &Fifo<PostedRecv<R>>| q.binary_search_by_key(&id.0, |p| p.seq).ok();
         let (at, entry) = self.ctxs.iter_mut().enumerate().find_map(|(at, ctx)| {
             if let Some(i) = by_seq(&ctx.wild) {
                 let e = ctx.wild.remove(i)?;
-                shrink_deque(&mut ctx.wild);
+                shrink_fifo(&mut ctx.wild);
                 return Some((at, e));
             }
             if ctx.posted.len == 0 {
@@ -402,7 +480,8 @@ impl<M, R> MatchingEngine<M, R> {
         let is_doomed = |p: &PostedRecv<R>| doomed.binary_search(&p.seq).is_ok();
         let mut out = Vec::with_capacity(doomed.len());
         for ctx in self.ctxs.iter_mut() {
-            extract_where(&mut ctx.wild, is_doomed, &mut out);
+            ctx.wild.extract_where(is_doomed, &mut out);
+            shrink_fifo(&mut ctx.wild);
             ctx.posted.extract_where(is_doomed, &mut out);
         }
         out.sort_unstable_by_key(|p| p.seq);
@@ -593,7 +672,7 @@ struct Ctx<M, R> {
     /// Posted receives naming a specific source, by source.
     posted: Buckets<PostedRecv<R>>,
     /// Posted receives with `Source::Any`, in posting order.
-    wild: VecDeque<PostedRecv<R>>,
+    wild: Fifo<PostedRecv<R>>,
 }
 
 /// Index in its bucket of the still-queued message a log entry refers to;
@@ -614,7 +693,7 @@ impl<M, R> Ctx<M, R> {
             log: VecDeque::new(),
             stale: 0,
             posted: Buckets::new(slack),
-            wild: VecDeque::new(),
+            wild: Fifo::new(),
         }
     }
 
@@ -637,11 +716,12 @@ impl<M, R> Ctx<M, R> {
         });
     }
 
-    /// Removes the earliest-posted receive accepting a message from `source`
-    /// with `tag`: the earlier of the first match in `source`'s bucket and the
-    /// first match in the wildcard list (then also `true`).
-    #[inline]
-    fn take_posted(&mut self, source: Rank, tag: Tag) -> Option<(PostedRecv<R>, bool)> {
+    /// The earliest-posted receive accepting a message from `source` with
+    /// `tag`: the earlier of the first match in `source`'s bucket and the
+    /// first match in the wildcard queue. Its queue (`None`: the wildcard
+    /// one), its index there, and the entry.
+    #[inline(always)]
+    fn find_posted(&self, source: Rank, tag: Tag) -> Option<(Option<Rank>, usize, &PostedRecv<R>)> {
         let accepts = |p: &PostedRecv<R>| tag_ok(p.tag, tag);
         let specific = match self.posted.len {
             0 => None,
@@ -653,13 +733,34 @@ impl<M, R> Ctx<M, R> {
         if !self.wild.is_empty() {
             let before = specific.map_or(u64::MAX, |(_, seq)| seq);
             if let Some((i, _)) = first_match(&self.wild, before, accepts) {
-                let e = self.wild.remove(i)?;
-                shrink_deque(&mut self.wild);
-                return Some((e, true));
+                return Some((None, i, self.wild.get(i)?));
             }
         }
         let (i, _) = specific?;
-        Some((self.posted.remove_in(source, |_| Some(i))?, false))
+        Some((Some(source), i, self.posted.get(source)?.get(i)?))
+    }
+
+    /// Removes the posted receive at index `index` of `source`'s bucket
+    /// (`None`: of the wildcard queue), if it is the one posted as `seq`.
+    #[inline(always)]
+    fn remove_posted(
+        &mut self,
+        source: Option<Rank>,
+        index: usize,
+        seq: u64,
+    ) -> Option<PostedRecv<R>> {
+        let here = |q: &Fifo<PostedRecv<R>>| q.get(index).is_some_and(|p| p.seq == seq);
+        match source {
+            None => {
+                if !here(&self.wild) {
+                    return None;
+                }
+                let e = self.wild.remove(index)?;
+                shrink_fifo(&mut self.wild);
+                Some(e)
+            }
+            Some(r) => self.posted.remove_in(r, |b| here(b).then_some(index)),
+        }
     }
 
     /// Position in the log, source and index in its bucket of the

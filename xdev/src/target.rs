@@ -135,6 +135,16 @@ impl Target {
         }
     }
 
+    /// The engine's table slot of a [`Target::Lent`] receive (`None` for
+    /// the others).
+    #[inline(always)]
+    pub fn lent_slot(&self) -> Option<u32> {
+        match self {
+            Target::Lent(r) => Some(r.slot),
+            _ => None,
+        }
+    }
+
     /// Whether the receive is a blocking call's (the waiting call borrows
     /// its buffer), not a request's.
     #[inline]

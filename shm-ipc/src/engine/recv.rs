@@ -122,7 +122,23 @@ impl<M: Medium> Engine<M> {
                 let out = self.rendezvous_from_ring(l, s, msg, p, n);
                 self.settle_direct(l, env, out, d);
             }
-        } else if let Some((_, target)) = l.matching.take_posted(&env) {
+        } else if let Some((at, slot, (p, n))) = l
+            .matching
+            .find_posted(&env)
+            .filter(|_| h.kind == KIND_EAGER)
+            .and_then(|(at, t)| Some((at, t.lent_slot()?, t.dst())))
+        {
+            // The common case: an eager message for a lent receive. It is
+            // read where it is queued and dropped there (see
+            // `MatchingEngine::find_posted`), and its status is written
+            // into its slot of the leases.
+            let dropped = l.matching.drop_posted_at(at);
+            debug_assert!(dropped, "found just now");
+            self.eager_payload(l, s, msg, p, n);
+            let len = h.len as usize;
+            l.leases
+                .complete_with(&self.tracker, slot, || Status::received(env, len, n));
+        } else if let Some(target) = l.matching.take_posted(&env) {
             let (p, n) = target.dst();
             if h.kind == KIND_EAGER {
                 // The status is built where the receive keeps it (built

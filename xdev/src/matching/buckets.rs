@@ -10,6 +10,7 @@
 
 use std::collections::VecDeque;
 
+use super::fifo::Fifo;
 use super::FxMap;
 use crate::Rank;
 
@@ -27,9 +28,9 @@ pub(super) trait Sequenced {
 /// FIFO buckets keyed by source rank, each in sequence order.
 pub(super) struct Buckets<E> {
     /// Bucket `r` for every rank `r` below [`DENSE_RANKS`] seen so far.
-    pub(super) dense: Vec<VecDeque<E>>,
+    pub(super) dense: Vec<Fifo<E>>,
     /// Buckets of higher ranks.
-    pub(super) sparse: FxMap<Rank, VecDeque<E>>,
+    pub(super) sparse: FxMap<Rank, Fifo<E>>,
     /// Buckets holding entries.
     pub(super) live: usize,
     /// Keys of buckets that became empty while holding storage since the
@@ -44,7 +45,7 @@ pub(super) struct Buckets<E> {
 /// Whether an empty bucket still holds storage (a sparse bucket always
 /// does: its map entry).
 #[inline]
-fn holds<E>(key: Rank, b: &VecDeque<E>) -> bool {
+fn holds<E>(key: Rank, b: &Fifo<E>) -> bool {
     key >= DENSE_RANKS || b.capacity() > 0
 }
 
@@ -62,7 +63,7 @@ impl<E: Sequenced> Buckets<E> {
 
     /// Bucket `key`, if it exists.
     #[inline]
-    pub(super) fn get(&self, key: Rank) -> Option<&VecDeque<E>> {
+    pub(super) fn get(&self, key: Rank) -> Option<&Fifo<E>> {
         if key < DENSE_RANKS {
             self.dense.get(key)
         } else {
@@ -72,7 +73,7 @@ impl<E: Sequenced> Buckets<E> {
 
     /// Bucket `key` for a change, if it exists.
     #[inline]
-    pub(super) fn get_mut(&mut self, key: Rank) -> Option<&mut VecDeque<E>> {
+    pub(super) fn get_mut(&mut self, key: Rank) -> Option<&mut Fifo<E>> {
         if key < DENSE_RANKS {
             self.dense.get_mut(key)
         } else {
@@ -88,30 +89,32 @@ impl<E: Sequenced> Buckets<E> {
     pub(super) fn push(&mut self, key: Rank, make: impl FnOnce() -> E) {
         let b = if key < DENSE_RANKS {
             if key >= self.dense.len() {
-                self.dense.resize_with(key + 1, VecDeque::new);
+                self.dense.resize_with(key + 1, Fifo::new);
             }
             &mut self.dense[key]
         } else {
             self.sparse.entry(key).or_default()
         };
         self.live += usize::from(b.is_empty());
-        b.push_back(make());
+        b.push_with(make);
         self.len += 1;
     }
 
     /// Removes the entry of bucket `key` at the index `pick` chooses.
-    #[inline]
+    /// Inlined, so that a caller that drops the entry reads only what its
+    /// drop needs, instead of having it copied out first.
+    #[inline(always)]
     pub(super) fn remove_in(
         &mut self,
         key: Rank,
-        pick: impl FnOnce(&VecDeque<E>) -> Option<usize>,
+        pick: impl FnOnce(&Fifo<E>) -> Option<usize>,
     ) -> Option<E> {
         if self.len == 0 {
             return None;
         }
         let b = self.get_mut(key)?;
         let i = pick(b)?;
-        let e = if i == 0 { b.pop_front() } else { b.remove(i) }?;
+        let e = b.remove(i)?;
         self.note_removed(key);
         Some(e)
     }
@@ -123,7 +126,7 @@ impl<E: Sequenced> Buckets<E> {
         let Some(b) = self.get_mut(key) else {
             return;
         };
-        shrink_deque(b);
+        shrink_fifo(b);
         if b.is_empty() {
             let held = holds(key, b);
             self.live -= 1;
@@ -168,7 +171,8 @@ impl<E: Sequenced> Buckets<E> {
             if before == 0 {
                 continue;
             }
-            extract_where(b, &mut f, out);
+            b.extract_where(&mut f, out);
+            shrink_fifo(b);
             removed += before - b.len();
             if b.is_empty() {
                 emptied += 1;
@@ -190,7 +194,7 @@ impl<E: Sequenced> Buckets<E> {
         for k in std::mem::take(&mut self.idle) {
             if k < DENSE_RANKS {
                 if let Some(b) = self.dense.get_mut(k).filter(|b| b.is_empty()) {
-                    *b = VecDeque::new();
+                    *b = Fifo::new();
                 }
             } else if self.sparse.get(&k).is_some_and(|b| b.is_empty()) {
                 self.sparse.remove(&k);
@@ -202,10 +206,10 @@ impl<E: Sequenced> Buckets<E> {
     /// Moves every entry out, with its key, leaving no buckets.
     pub(super) fn drain_each(&mut self, mut f: impl FnMut(Rank, E)) {
         for (key, b) in std::mem::take(&mut self.dense).into_iter().enumerate() {
-            b.into_iter().for_each(|e| f(key, e));
+            b.into_entries().for_each(|e| f(key, e));
         }
         for (key, b) in self.sparse.drain() {
-            b.into_iter().for_each(|e| f(key, e));
+            b.into_entries().for_each(|e| f(key, e));
         }
         shrink_map(&mut self.sparse);
         self.idle = Vec::new();
@@ -214,13 +218,13 @@ impl<E: Sequenced> Buckets<E> {
     }
 
     /// Every bucket with its key (empty ones included), dense ones first.
-    pub(super) fn iter(&self) -> impl Iterator<Item = (Rank, &VecDeque<E>)> {
+    pub(super) fn iter(&self) -> impl Iterator<Item = (Rank, &Fifo<E>)> {
         let dense = self.dense.iter().enumerate();
         dense.chain(self.sparse.iter().map(|(&k, b)| (k, b)))
     }
 
     /// Every bucket with its key, for a change.
-    fn iter_mut(&mut self) -> impl Iterator<Item = (Rank, &mut VecDeque<E>)> {
+    fn iter_mut(&mut self) -> impl Iterator<Item = (Rank, &mut Fifo<E>)> {
         let dense = self.dense.iter_mut().enumerate();
         dense.chain(self.sparse.iter_mut().map(|(&k, b)| (k, b)))
     }
@@ -230,7 +234,7 @@ impl<E: Sequenced> Buckets<E> {
 /// looking only at entries with a sequence number below `before`.
 #[inline]
 pub(super) fn first_match<E: Sequenced>(
-    q: &VecDeque<E>,
+    q: &Fifo<E>,
     before: u64,
     mut ok: impl FnMut(&E) -> bool,
 ) -> Option<(usize, u64)> {
@@ -239,25 +243,6 @@ pub(super) fn first_match<E: Sequenced>(
         .take_while(|(_, e)| e.seq() < before)
         .find(|(_, e)| ok(e))
         .map(|(i, e)| (i, e.seq()))
-}
-
-/// Moves the entries of `q` satisfying `f` to `out`, keeping the order of
-/// the others.
-pub(super) fn extract_where<E>(
-    q: &mut VecDeque<E>,
-    mut f: impl FnMut(&E) -> bool,
-    out: &mut Vec<E>,
-) {
-    for _ in 0..q.len() {
-        if let Some(e) = q.pop_front() {
-            if f(&e) {
-                out.push(e);
-            } else {
-                q.push_back(e);
-            }
-        }
-    }
-    shrink_deque(q);
 }
 
 /// The capacity to shrink storage of `len` entries and capacity `cap` to,
@@ -272,6 +257,14 @@ pub(super) fn shrunk_capacity(len: usize, cap: usize) -> Option<usize> {
 /// Gives back the memory of a deque that has become mostly empty.
 #[inline]
 pub(super) fn shrink_deque<E>(q: &mut VecDeque<E>) {
+    if let Some(c) = shrunk_capacity(q.len(), q.capacity()) {
+        q.shrink_to(c);
+    }
+}
+
+/// Gives back the memory of a queue that has become mostly empty.
+#[inline]
+pub(super) fn shrink_fifo<E>(q: &mut Fifo<E>) {
     if let Some(c) = shrunk_capacity(q.len(), q.capacity()) {
         q.shrink_to(c);
     }

@@ -270,6 +270,33 @@ fn remove_posted_where_keeps_ids_valid() {
 }
 
 #[test]
+fn find_posted_names_what_take_posted_takes_until_the_queues_change() {
+    let mut e = Engine::new();
+    let first = queued_id(e.post(pat(R1, TagSel::Tag(4), 0), 10));
+    let _ = queued_id(e.post(pat(Source::Any, TagSel::Any, 0), 11));
+    let _ = queued_id(e.post(pat(R1, TagSel::Tag(4), 0), 12));
+    let m = env(1, 4, 0);
+    let (at, &r) = e.find_posted(&m).expect("posted");
+    assert_eq!(r, 10);
+    // The queues change: the place names nothing any more (its index now
+    // holds another receive).
+    assert_eq!(e.cancel(first), Some(10));
+    assert!(!e.drop_posted_at(at));
+    assert_eq!(e.take_posted_at(at), None);
+    assert_eq!(e.posted_len(), 2);
+    // The wildcard receive is now the earliest; dropping it in place leaves
+    // the later specific one.
+    let (at, &r) = e.find_posted(&m).expect("posted");
+    assert_eq!(r, 11);
+    assert!(e.drop_posted_at(at));
+    assert_eq!(e.posted_len(), 1);
+    assert_eq!(e.find_posted(&env(1, 5, 0)).map(|(_, &r)| r), None);
+    assert_eq!(e.take_posted(&m), Some(12));
+    assert!(e.is_empty());
+    e.check_invariants();
+}
+
+#[test]
 fn probe_does_not_remove_and_take_does() {
     let mut e = Engine::new();
     let _ = e.deliver(env(0, 5, 0), "a");
@@ -541,7 +568,7 @@ impl<M, R> MatchingEngine<M, R> {
                 let Some(i) = live_index(u, l) else {
                     return false;
                 };
-                assert_eq!(u.get(l.source).unwrap()[i].tag, l.tag);
+                assert_eq!(u.get(l.source).unwrap().get(i).unwrap().tag, l.tag);
                 true
             });
             assert_eq!(live_entries.count(), u.len);
@@ -642,9 +669,17 @@ mod invariants {
             for (i, (kind, s, t, c)) in ops.into_iter().enumerate() {
                 let i = i as u32;
                 match kind {
-                    0..=6 => {
+                    0..=5 => {
                         let env = env(rank(s), Tag::from(t % 3), Context::from(c % 3));
                         let _ = e.deliver(env, i);
+                    }
+                    6 => {
+                        // `deliver` in two steps, the receive dropped in place.
+                        let env = env(rank(s), Tag::from(t % 3), Context::from(c % 3));
+                        match e.find_posted(&env).map(|(at, _)| at) {
+                            Some(at) => prop_assert!(e.drop_posted_at(at)),
+                            None => e.push_unexpected(env, i),
+                        }
                     }
                     7..=13 => {
                         if let Posted::Queued(id) = e.post(pattern(s, t, c), i) {

@@ -147,7 +147,7 @@ impl IbvEngine {
                 return Some(Dest::First);
             }
         }
-        l.matching.take_posted(env).map(|(_, t)| Dest::Recv(t))
+        l.matching.take_posted(env).map(Dest::Recv)
     }
 
     /// Posts the receive of a blocking call into the first slot (see
