@@ -210,7 +210,8 @@ impl<M, R> MatchingEngine<M, R> {
     /// Call this for each sender's messages in that sender's send order.
     pub fn deliver(&mut self, env: Envelope, msg: M) -> Delivered<M, R> {
         let at = self.find_posted(&env).map(|(at, _)| at);
-        let taken = at.and_then(|at| Some((at.source, self.remove_posted_at(at)?)));
+        let taken =
+            at.and_then(|at| Some((at.source, self.remove_posted_at(at, |q, i| q.remove(i))?)));
         match taken {
             Some((from, p)) => {
                 let source = match from {
@@ -277,21 +278,27 @@ impl<M, R> MatchingEngine<M, R> {
     /// changed and it is no longer there.
     #[inline(always)]
     pub fn take_posted_at(&mut self, at: PostedAt) -> Option<R> {
-        self.remove_posted_at(at).map(|p| p.recv)
+        self.remove_posted_at(at, |q, i| q.remove(i))
+            .map(|p| p.recv)
     }
 
     /// [`take_posted_at`](Self::take_posted_at), dropping the receive where
-    /// it is. Returns whether it was there.
+    /// it is (never copied out). Returns whether it was there.
     #[inline(always)]
     pub fn drop_posted_at(&mut self, at: PostedAt) -> bool {
-        self.remove_posted_at(at).is_some()
+        self.remove_posted_at(at, |q, i| q.drop_at(i)).is_some()
     }
 
-    /// The entry at `at`, removed, with the bookkeeping of a removal.
+    /// The entry at `at`, taken out of its queue by `take`, with the
+    /// bookkeeping of a removal.
     #[inline(always)]
-    fn remove_posted_at(&mut self, at: PostedAt) -> Option<PostedRecv<R>> {
+    fn remove_posted_at<X>(
+        &mut self,
+        at: PostedAt,
+        take: impl FnOnce(&mut Fifo<PostedRecv<R>>, usize) -> Option<X>,
+    ) -> Option<X> {
         let ctx = self.ctxs.get_mut(at.ctx)?;
-        let taken = ctx.remove_posted(at.source, at.index, at.seq)?;
+        let taken = ctx.remove_posted(at.source, at.index, at.seq, take)?;
         let now_empty = ctx.is_empty();
         self.hot = at.ctx;
         self.posted_len -= 1;
@@ -740,26 +747,30 @@ impl<M, R> Ctx<M, R> {
         Some((Some(source), i, self.posted.get(source)?.get(i)?))
     }
 
-    /// Removes the posted receive at index `index` of `source`'s bucket
-    /// (`None`: of the wildcard queue), if it is the one posted as `seq`.
+    /// Takes the posted receive at index `index` of `source`'s bucket
+    /// (`None`: of the wildcard queue) out with `take`, if it is the one
+    /// posted as `seq`.
     #[inline(always)]
-    fn remove_posted(
+    fn remove_posted<X>(
         &mut self,
         source: Option<Rank>,
         index: usize,
         seq: u64,
-    ) -> Option<PostedRecv<R>> {
+        take: impl FnOnce(&mut Fifo<PostedRecv<R>>, usize) -> Option<X>,
+    ) -> Option<X> {
         let here = |q: &Fifo<PostedRecv<R>>| q.get(index).is_some_and(|p| p.seq == seq);
         match source {
             None => {
                 if !here(&self.wild) {
                     return None;
                 }
-                let e = self.wild.remove(index)?;
+                let x = take(&mut self.wild, index)?;
                 shrink_fifo(&mut self.wild);
-                Some(e)
+                Some(x)
             }
-            Some(r) => self.posted.remove_in(r, |b| here(b).then_some(index)),
+            Some(r) => self
+                .posted
+                .remove_with(r, |b| here(b).then_some(index), take),
         }
     }
 

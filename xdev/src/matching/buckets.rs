@@ -101,22 +101,35 @@ impl<E: Sequenced> Buckets<E> {
     }
 
     /// Removes the entry of bucket `key` at the index `pick` chooses.
-    /// Inlined, so that a caller that drops the entry reads only what its
-    /// drop needs, instead of having it copied out first.
     #[inline(always)]
     pub(super) fn remove_in(
         &mut self,
         key: Rank,
         pick: impl FnOnce(&Fifo<E>) -> Option<usize>,
     ) -> Option<E> {
+        self.remove_with(key, pick, |b, i| b.remove(i))
+    }
+
+    /// Removes the entry of bucket `key` at the index `pick` chooses with
+    /// `take` (which takes it out of the bucket: what it makes of it).
+    /// Inlined, so that a caller that drops the entry
+    /// ([`Fifo::drop_at`]) reads only what its drop needs, instead of
+    /// having it copied out first.
+    #[inline(always)]
+    pub(super) fn remove_with<X>(
+        &mut self,
+        key: Rank,
+        pick: impl FnOnce(&Fifo<E>) -> Option<usize>,
+        take: impl FnOnce(&mut Fifo<E>, usize) -> Option<X>,
+    ) -> Option<X> {
         if self.len == 0 {
             return None;
         }
         let b = self.get_mut(key)?;
         let i = pick(b)?;
-        let e = b.remove(i)?;
+        let x = take(b, i)?;
         self.note_removed(key);
-        Some(e)
+        Some(x)
     }
 
     /// Bookkeeping after one entry was removed from bucket `key`.
