@@ -124,26 +124,12 @@ impl<E> Fifo<E> {
         e
     }
 
-    /// Drops the entry at index `i` where it is (0: the first), keeping the
-    /// order of the others: `None` if there is none. The first is read only
-    /// as far as its drop needs.
+    /// Drops the entry at index `i` (0: the first), keeping the order of
+    /// the others: `None` if there is none. Always inlined, so that only
+    /// its drop reads it: the entry is never copied out.
     #[inline(always)]
     pub(super) fn drop_at(&mut self, i: usize) -> Option<()> {
-        if i != 0 {
-            return self.remove_later(i).map(drop);
-        }
-        if self.head == self.tail {
-            return None;
-        }
-        // Taken, then dropped: assigning `None` wrote a whole entry's worth
-        // of a stack temporary over the slot.
-        drop(self.slots[self.head].take());
-        self.head += 1;
-        if self.head == self.tail {
-            self.head = 0;
-            self.tail = 0;
-        }
-        Some(())
+        self.remove(i).map(drop)
     }
 
     /// Removes the entry at index `i` (0: the first), keeping the order of
