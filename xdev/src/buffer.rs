@@ -5,6 +5,8 @@ use std::fmt;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use crate::request::Carry;
+
 pub mod aligned;
 
 /// Memory a [`Buffer`] can own besides a `Vec<u8>`, such as a slab a device
@@ -95,11 +97,16 @@ struct Tail {
     storage: Option<Box<dyn BufferStorage>>,
     /// Dropped before the memory is released (see [`Buffer::attach`]).
     attachment: Option<Attachment>,
+    /// The request whose handle holds this buffer, if any (see
+    /// `request::carry`).
+    carry: Carry,
 }
 
 // SAFETY: a Buffer owns its memory exclusively (a Vec's allocation or a
 // BufferStorage, which is itself Send + Sync); the raw pointer is only an
-// address into that memory.
+// address into that memory. Its tail's carry holds a pointer to a `Lender`
+// (Send + Sync), used only for `&self` calls by the request that holds
+// the buffer.
 unsafe impl Send for Buffer {}
 // SAFETY: shared access only hands out `&[u8]`, as `Vec<u8>` does.
 unsafe impl Sync for Buffer {}
@@ -131,6 +138,7 @@ impl Buffer {
                 heap_cap: 0,
                 storage: Some(storage),
                 attachment: None,
+                carry: Carry::new(),
             }),
         }
     }
@@ -179,6 +187,18 @@ impl Buffer {
     /// The attachment, if any (a device downcasts it to recognise its own).
     pub fn attachment(&self) -> Option<&(dyn Any + Send + Sync)> {
         self.tail.attachment.as_deref()
+    }
+
+    /// What the request that holds this buffer in its handle keeps here.
+    #[inline(always)]
+    pub(crate) fn carry(&self) -> &Carry {
+        &self.tail.carry
+    }
+
+    /// [`carry`](Buffer::carry), to write.
+    #[inline(always)]
+    pub(crate) fn carry_mut(&mut self) -> &mut Carry {
+        &mut self.tail.carry
     }
 
     /// The bytes as a `Vec` (free for heap buffers, a copy for foreign ones).
@@ -248,6 +268,7 @@ impl From<Vec<u8>> for Buffer {
                 heap_cap: cap,
                 storage: None,
                 attachment: None,
+                carry: Carry::new(),
             }),
         }
     }

@@ -35,13 +35,15 @@ use std::sync::{Arc, OnceLock, Weak};
 
 use crate::sync::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, UnsafeCell};
 
+mod carry;
 mod handle;
 mod lent;
 mod pool;
 mod tracker;
 
+pub(crate) use carry::Carry;
+use handle::Held;
 pub use handle::{Failed, Handle, Request};
-use handle::{Held, Inner};
 pub use lent::{KeepAlive, Lender};
 pub use pool::CoreRef;
 pub use tracker::Tracker;
@@ -140,6 +142,13 @@ pub struct RequestCore {
     /// handle upgrades it only when it must drive the engine: a wait or a
     /// test of a request not done yet, a cancel.
     engine: UnsafeCell<Option<Weak<dyn Progress>>>,
+    /// The engine the handle keeps: the one [`Request::new`] was given, or
+    /// one the handle upgraded to drive the request (so that a loop of
+    /// tests upgrades once). Here, not in the handle, so that the handle
+    /// is one word. Touched only by the core's one handle, and empty once
+    /// the handle let go (so a reused core starts without one). A plain
+    /// `UnsafeCell`, also under loom: only that one party reaches it.
+    handle_engine: std::cell::UnsafeCell<Option<Arc<dyn Progress>>>,
 }
 
 // SAFETY: `span` points into the Buffer this core owns (an address only;
@@ -170,6 +179,7 @@ impl RequestCore {
             hook: UnsafeCell::new(None),
             below: std::cell::UnsafeCell::new(OnceLock::new()),
             engine: UnsafeCell::new(None),
+            handle_engine: std::cell::UnsafeCell::new(None),
         }
     }
 
@@ -263,6 +273,37 @@ impl RequestCore {
         // which no holder of a reference (we are one) can overlap.
         self.engine
             .with(|e| unsafe { (*e).as_ref().and_then(Weak::upgrade) })
+    }
+
+    /// The engine the handle keeps, if any.
+    ///
+    /// # Safety
+    /// The caller is the core's one handle, and nobody writes the cell
+    /// meanwhile (writers hold the handle exclusively).
+    #[inline]
+    unsafe fn handle_engine(&self) -> Option<&Arc<dyn Progress>> {
+        // SAFETY: the caller's contract.
+        unsafe { (*self.handle_engine.get()).as_ref() }
+    }
+
+    /// Sets the engine the handle keeps (dropping one it kept before).
+    ///
+    /// # Safety
+    /// The caller is the core's one handle and holds it exclusively.
+    #[inline]
+    unsafe fn set_handle_engine(&self, engine: Option<Arc<dyn Progress>>) {
+        // SAFETY: the caller's contract.
+        unsafe { *self.handle_engine.get() = engine };
+    }
+
+    /// Takes the engine the handle keeps (as the handle lets go).
+    ///
+    /// # Safety
+    /// As [`set_handle_engine`](Self::set_handle_engine).
+    #[inline]
+    unsafe fn take_handle_engine(&self) -> Option<Arc<dyn Progress>> {
+        // SAFETY: the caller's contract.
+        unsafe { (*self.handle_engine.get()).take() }
     }
 
     /// The request's id.

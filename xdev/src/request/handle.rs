@@ -6,6 +6,9 @@ use std::fmt;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use std::ptr::NonNull;
+
+use super::carry::Owned;
 use super::pool::{self, CoreRef};
 use super::{Completion, Progress, RequestId, LIVE, NO_HANDLE};
 use crate::{Buffer, Status};
@@ -44,35 +47,27 @@ pub struct Request {
     pub(super) inner: Inner,
 }
 
-/// The shapes of a request: born complete, or in flight.
+/// The shapes of a request, each two words at most, so that a `Request`
+/// comes back from a device's call in two registers (see `carry.rs`).
 pub(super) enum Inner {
-    /// The operation ended inside the call that started it: the handle
-    /// itself carries the buffer and the status. No pooled core, no
-    /// reference count, no engine; `peek` does not report it (the caller
-    /// holds it complete). The status is kept whole, as the device wrote
-    /// it: rebuilding it from a narrower copy at `wait` costs a stalled
-    /// wide load of freshly written narrow fields, more than the bytes it
-    /// saves.
-    Done {
-        id: RequestId,
-        buf: Buffer,
-        status: Status,
-    },
+    /// The handle holds the buffer: the operation ended inside the call
+    /// that started it (its status in the buffer's carry: no pooled core,
+    /// no reference count, no engine; `peek` does not report it), or it is
+    /// lent to a device that keeps the operation in its own table
+    /// ([`Lender`](super::Lender)), its lease in the carry.
+    Own(Owned),
     /// The device owns the buffer until the core completes.
     InFlight(Held),
-    /// The handle owns the buffer, lent to a device that keeps the
-    /// operation in its own table ([`Lender`](super::Lender)).
-    Lent(super::lent::Lent),
 }
 
-/// The handle's share of a request in flight: its core, and the engine that
-/// progresses, waits for and cancels it once the handle needed it. Dropping
-/// it releases the handle (so `peek` no longer reports the request); the
-/// core stays with the device until the operation ends.
+/// The handle's share of a request in flight: its core. Dropping it
+/// releases the handle (so `peek` no longer reports the request); the core
+/// stays with the device until the operation ends.
 ///
-/// A request started by
-/// [`Tracker::start_request`](super::Tracker::start_request) finds its
-/// engine through
+/// The engine that progresses, waits for and cancels the request is the
+/// one the handle keeps in its core ([`RequestCore::handle_engine`]), else
+/// the one a request started by
+/// [`Tracker::start_request`](super::Tracker::start_request) finds through
 /// its core's weak reference, upgraded only when the handle must drive the
 /// engine (a wait or a test that finds it not done, a cancel): a request
 /// that is done by the time its handle looks (the common case in a window
@@ -80,62 +75,78 @@ pub(super) enum Inner {
 /// a reference to the engine, where a counted one cost two locked
 /// instructions per request (profiled on psm's receive: the increment was
 /// 30% of its start, the decrement 35% of its consume). `wait` and `test`
-/// keep what they upgraded here, so a loop of tests upgrades once.
+/// keep what they upgraded in the core, so a loop of tests upgrades once.
+///
+/// [`RequestCore::handle_engine`]: super::RequestCore
 pub(super) struct Held {
     pub(super) core: CoreRef,
-    pub(super) engine: Option<Arc<dyn Progress>>,
 }
 
 impl Drop for Held {
     #[inline]
     fn drop(&mut self) {
+        // SAFETY: we are the core's one handle, and being dropped.
+        let engine = unsafe { self.core.take_handle_engine() };
         self.core.release_handle();
+        drop(engine);
     }
 }
 
 impl Held {
+    /// The engine the handle keeps in its core, if it keeps one.
+    #[inline]
+    fn kept_engine(&self) -> Option<&Arc<dyn Progress>> {
+        // SAFETY: we are the core's one handle; through `&self` the cell is
+        // only read (writes take `&mut self` or `self`).
+        unsafe { self.core.handle_engine() }
+    }
+
     /// Runs `f` on the engine that drives this request: the one the handle
-    /// holds, else its core's, upgraded for the call. `None` once the
+    /// keeps, else its core's, upgraded for the call. `None` once the
     /// engine is gone (its device was dropped): nothing will drive the
     /// request any more.
     #[inline]
     fn with_engine<R>(&self, f: impl FnOnce(&dyn Progress) -> R) -> Option<R> {
-        match &self.engine {
+        match self.kept_engine() {
             Some(e) => Some(f(&**e)),
             None => self.core.bound_engine().map(|e| f(&*e)),
         }
     }
 
-    /// Makes sure the handle holds its engine (upgrading the core's weak
-    /// reference if it does not yet); false if the engine is gone.
+    /// Makes sure the handle keeps its engine (upgrading the core's weak
+    /// reference if it does not yet); the engine, or `None` if it is gone.
     #[inline]
-    fn hold_engine(&mut self) -> bool {
-        if self.engine.is_none() {
-            self.engine = self.core.bound_engine();
+    fn hold_engine(&mut self) -> Option<Arc<dyn Progress>> {
+        if let Some(e) = self.kept_engine() {
+            return Some(Arc::clone(e));
         }
-        self.engine.is_some()
+        let e = self.core.bound_engine()?;
+        // SAFETY: we are the core's one handle, held exclusively here.
+        unsafe { self.core.set_handle_engine(Some(Arc::clone(&e))) };
+        Some(e)
     }
 
     /// [`Request::wait`] for a request not done yet: the engine waits for
     /// it (upgraded from the core's weak reference if the handle does not
-    /// hold it), or, once the engine is gone, [`orphaned`](Self::orphaned).
+    /// keep it), or, once the engine is gone, [`orphaned`](Self::orphaned).
     /// Out of line, so that `wait` stays small enough to inline where a
     /// request is done when waited for (a completion returned by a call
     /// is written through memory and read back wide: a stalled load).
     #[inline(never)]
-    fn wait_for_engine(mut self) -> Completion {
-        self.hold_engine();
-        match &self.engine {
-            None => return self.orphaned(),
-            Some(engine) => {
-                engine.wait(&self.core);
-                // The buffer comes back only once the request is done, even
-                // if the engine's wait returned early.
-                while !self.core.is_done() {
-                    engine.progress();
-                    crate::sync::yield_now();
-                }
-            }
+    fn wait_for_engine(self) -> Completion {
+        let engine = match self.kept_engine() {
+            Some(e) => Arc::clone(e),
+            None => match self.core.bound_engine() {
+                Some(e) => e,
+                None => return self.orphaned(),
+            },
+        };
+        engine.wait(&self.core);
+        // The buffer comes back only once the request is done, even if the
+        // engine's wait returned early.
+        while !self.core.is_done() {
+            engine.progress();
+            crate::sync::yield_now();
         }
         self.consume()
     }
@@ -184,16 +195,18 @@ impl Held {
         (core, engine)
     }
 
-    /// [`into_parts`](Held::into_parts) (the engine only if the handle had
+    /// [`into_parts`](Held::into_parts) (the engine only if the handle kept
     /// it), and whether `peek` had reported the request (see
     /// [`RequestCore::release_handle`](super::RequestCore::release_handle)).
     #[inline]
     fn release(self) -> (CoreRef, Option<Arc<dyn Progress>>, bool) {
-        let reported = self.core.release_handle();
         let this = std::mem::ManuallyDrop::new(self);
-        // SAFETY: `this` is never used or dropped again; each field is read
+        // SAFETY: we are the core's one handle, letting go of it.
+        let engine = unsafe { this.core.take_handle_engine() };
+        let reported = this.core.release_handle();
+        // SAFETY: `this` is never used or dropped again; the core is read
         // out exactly once.
-        let (core, engine) = unsafe { (std::ptr::read(&this.core), std::ptr::read(&this.engine)) };
+        let core = unsafe { std::ptr::read(&this.core) };
         (core, engine, reported)
     }
 }
@@ -201,10 +214,7 @@ impl Held {
 /// The caller's share of a request that
 /// [`Tracker::start_request`](super::Tracker::start_request) just
 /// started, before it becomes the [`Request`] handed to the caller
-/// ([`into_request`](Handle::into_request)). Four words where a `Request`
-/// is eleven: a device moves this through its posting path and makes the
-/// `Request` where it returns it, so the large value is written once, in
-/// place, instead of being copied at every return. Dropping it is dropping
+/// ([`into_request`](Handle::into_request)): one word, the core. Dropping it is dropping
 /// the request (the handle is released; the device keeps the core).
 #[must_use = "a started request must reach its caller"]
 pub struct Handle(pub(super) Held);
@@ -241,11 +251,18 @@ impl Request {
             .compare_exchange(NO_HANDLE, LIVE, Ordering::Relaxed, Ordering::Relaxed)
             .is_ok();
         assert!(first, "a request core has exactly one handle");
+        // SAFETY: the exchange above made us the core's one handle.
+        unsafe { core.set_handle_engine(Some(engine)) };
         Request {
-            inner: Inner::InFlight(Held {
-                core,
-                engine: Some(engine),
-            }),
+            inner: Inner::InFlight(Held { core }),
+        }
+    }
+
+    /// A request born complete with `status`, its handle holding `buf`.
+    #[inline(always)]
+    pub(super) fn born(id: RequestId, buf: Buffer, status: Status) -> Self {
+        Request {
+            inner: Inner::Own(Owned::done(id, buf, status)),
         }
     }
 
@@ -267,10 +284,11 @@ impl Request {
         buf: Buffer,
         engine: &E,
     ) -> Request {
+        let engine: &dyn super::Lender = engine;
         // SAFETY: the caller's contract.
-        let lent = unsafe { super::lent::Lent::new(id, token, buf, engine) };
+        let own = unsafe { Owned::lent(id, token, buf, NonNull::from(engine)) };
         Request {
-            inner: Inner::Lent(lent),
+            inner: Inner::Own(own),
         }
     }
 
@@ -278,9 +296,8 @@ impl Request {
     #[inline]
     pub fn id(&self) -> RequestId {
         match &self.inner {
-            Inner::Done { id, .. } => *id,
+            Inner::Own(o) => o.id(),
             Inner::InFlight(h) => h.core.id(),
-            Inner::Lent(l) => l.id(),
         }
     }
 
@@ -288,7 +305,7 @@ impl Request {
     /// the call that started it. `peek` reports only requests that were
     /// not.
     pub fn was_born_complete(&self) -> bool {
-        matches!(self.inner, Inner::Done { .. })
+        matches!(&self.inner, Inner::Own(o) if o.lease().is_none())
     }
 
     /// Drives progress once and says whether the operation has completed,
@@ -299,8 +316,7 @@ impl Request {
     #[inline]
     pub fn is_complete(&self) -> bool {
         match &self.inner {
-            Inner::Done { .. } => true,
-            Inner::Lent(l) => l.test(),
+            Inner::Own(o) => o.test(),
             Inner::InFlight(h) => {
                 if !h.core.is_done() && h.with_engine(|e| e.progress()).is_none() {
                     // Nothing drives it any more: `wait` ends it at once
@@ -316,8 +332,8 @@ impl Request {
     #[inline]
     pub fn test(mut self) -> Result<Completion, Request> {
         if let Inner::InFlight(h) = &mut self.inner {
-            // Held from now on, so that a loop of tests upgrades once.
-            if !h.core.is_done() && !h.hold_engine() {
+            // Kept from now on, so that a loop of tests upgrades once.
+            if !h.core.is_done() && h.hold_engine().is_none() {
                 return Ok(self.wait());
             }
         }
@@ -333,10 +349,10 @@ impl Request {
     /// (for a layered device that just started this request below).
     pub fn take_if_done(self) -> Result<Completion, Request> {
         let done = match &self.inner {
-            Inner::Done { .. } => true,
+            // (A lent one: cannot tell without asking the device, which
+            // may progress.)
+            Inner::Own(o) => o.lease().is_none(),
             Inner::InFlight(h) => h.core.is_done(),
-            // (Cannot tell without asking the device, which may progress.)
-            Inner::Lent(_) => false,
         };
         if done {
             Ok(self.consume())
@@ -358,7 +374,7 @@ impl Request {
     #[inline]
     pub unsafe fn take_back_unposted(self) -> Buffer {
         match self.inner {
-            Inner::Lent(l) => l.into_buffer(),
+            Inner::Own(o) => o.into_buffer(),
             inner => Request { inner }.wait().buf,
         }
     }
@@ -370,8 +386,13 @@ impl Request {
         // Matched here, not through `split`: the completion of a request
         // born complete is then built once, in the caller's slot.
         match self.inner {
-            Inner::Done { buf, status, .. } => Completion { buf, status },
-            Inner::Lent(l) => l.wait(),
+            Inner::Own(o) => {
+                if o.lease().is_some() {
+                    o.wait_lent()
+                } else {
+                    o.into_completion()
+                }
+            }
             Inner::InFlight(h) => {
                 if h.core.is_done() {
                     h.consume()
@@ -414,11 +435,10 @@ impl Request {
     /// matched receives are not cancelled.
     pub fn cancel(&self) -> bool {
         match &self.inner {
-            Inner::Done { .. } => false,
+            Inner::Own(o) => o.cancel(),
             Inner::InFlight(h) => {
                 !h.core.is_done() && h.with_engine(|e| e.cancel(&h.core)) == Some(true)
             }
-            Inner::Lent(l) => l.cancel(),
         }
     }
 
@@ -443,9 +463,14 @@ impl Request {
     #[inline(always)]
     fn split(self) -> Result<Completion, Held> {
         match self.inner {
-            Inner::Done { buf, status, .. } => Ok(Completion { buf, status }),
+            Inner::Own(o) => {
+                if o.lease().is_some() {
+                    o.hold().split()
+                } else {
+                    Ok(o.into_completion())
+                }
+            }
             Inner::InFlight(h) => Err(h),
-            Inner::Lent(l) => l.hold().split(),
         }
     }
 }
@@ -490,14 +515,8 @@ impl std::error::Error for Failed {
 impl fmt::Debug for Request {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.inner {
-            Inner::Done { id, buf, status } => f
-                .debug_struct("Request")
-                .field("id", id)
-                .field("len", &buf.len())
-                .field("status", status)
-                .finish(),
+            Inner::Own(o) => o.fmt(f),
             Inner::InFlight(h) => h.core.fmt(f),
-            Inner::Lent(l) => l.fmt(f),
         }
     }
 }

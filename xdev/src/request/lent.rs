@@ -1,5 +1,6 @@
 //! Requests a device *lends* out: the handle owns the buffer and the device
-//! knows the operation by a token ([`Lender`], [`Lent`]).
+//! knows the operation by a token ([`Lender`]; the handle keeps the token
+//! and the device in its buffer's carry, see `carry.rs`).
 //!
 //! Why: a request held through a pooled [`RequestCore`](super::RequestCore)
 //! pays, per message, the pool's take and reset, three locked instructions
@@ -27,12 +28,10 @@
 //!   long as any of its leases is open. That is the contract of
 //!   [`Request::lent`](super::Request::lent), the one `unsafe` call here.
 
-use std::fmt;
-use std::mem::ManuallyDrop;
-use std::ptr::NonNull;
 use std::sync::Arc;
 
-use super::{Completion, Request, RequestId};
+use super::carry::Owned;
+use super::{Completion, Request};
 use crate::Buffer;
 
 /// A strong reference the device handed back as a lease ended: dropped by
@@ -70,85 +69,46 @@ pub trait Lender: Send + Sync + 'static {
     fn hold_lent(&self, token: u64, buf: Buffer) -> (Request, KeepAlive);
 }
 
-/// The handle's side of a lent request: its id, the device's token, the
-/// buffer (which the device may be writing: never handed out before the
-/// lease ends), and the device.
-pub(super) struct Lent {
-    id: RequestId,
-    token: u64,
-    buf: ManuallyDrop<Buffer>,
-    engine: NonNull<dyn Lender>,
-}
+impl Owned {
+    /// The lease and the lender, or (born complete) `None`.
+    #[inline(always)]
+    fn lender(&self) -> Option<(u64, &dyn Lender)> {
+        let (token, engine) = self.lease()?;
+        // SAFETY: the lease is open (it ends only in `wait_lent`, `hold` or
+        // the drop, which consume the handle), so the device keeps the
+        // engine alive.
+        Some((token, unsafe { engine.as_ref() }))
+    }
 
-// SAFETY: `Lent` is a `Buffer` (Send + Sync), two numbers and a pointer to a
-// `Lender` (Send + Sync), which stays alive while the lease is open (the
-// contract of `Request::lent`); every use of the pointer is a `&self` call.
-unsafe impl Send for Lent {}
-// SAFETY: as above; through `&Lent` only `&self` calls on the `Lender`
-// (`test_lent`, `cancel_lent`) are made.
-unsafe impl Sync for Lent {}
-
-impl Lent {
-    /// # Safety
-    /// See [`Request::lent`](super::Request::lent).
-    pub(super) unsafe fn new(id: RequestId, token: u64, buf: Buffer, engine: &dyn Lender) -> Self {
-        Lent {
-            id,
-            token,
-            buf: ManuallyDrop::new(buf),
-            engine: NonNull::from(engine),
+    /// Drives progress once if lent; whether the operation has ended.
+    #[inline]
+    pub(super) fn test(&self) -> bool {
+        match self.lender() {
+            Some((token, engine)) => engine.test_lent(token),
+            None => true,
         }
     }
 
-    #[inline]
-    pub(super) fn id(&self) -> RequestId {
-        self.id
-    }
-
-    #[inline]
-    fn engine(&self) -> &dyn Lender {
-        // SAFETY: the lease is open (it ends only in `into_parts`, which
-        // consumes the handle), so the device keeps the engine alive.
-        unsafe { self.engine.as_ref() }
-    }
-
-    /// Drives progress once; whether the operation has ended.
-    #[inline]
-    pub(super) fn test(&self) -> bool {
-        self.engine().test_lent(self.token)
-    }
-
-    /// Cancels an unmatched receive; true if cancelled.
+    /// Cancels a lent unmatched receive; true if cancelled.
     pub(super) fn cancel(&self) -> bool {
-        self.engine().cancel_lent(self.token)
+        match self.lender() {
+            Some((token, engine)) => engine.cancel_lent(token),
+            None => false,
+        }
     }
 
-    /// The handle's fields, without `Lent`'s drop (which would hand the
-    /// buffer to the device).
-    #[inline]
-    fn into_parts(self) -> (u64, Buffer, NonNull<dyn Lender>) {
-        let mut this = ManuallyDrop::new(self);
-        // SAFETY: `this` is never dropped, and its buffer is taken once.
-        let buf = unsafe { ManuallyDrop::take(&mut this.buf) };
-        (this.token, buf, this.engine)
-    }
-
-    /// The buffer, without calling the engine (see
-    /// [`Request::take_back_unposted`](super::Request::take_back_unposted)).
-    #[inline]
-    pub(super) fn into_buffer(self) -> Buffer {
-        self.into_parts().1
-    }
-
-    /// Waits for the operation and ends the lease. Out of line, so that
+    /// Waits for a lent operation and ends the lease. Out of line, so that
     /// `Request::wait` stays small enough to inline where a request is born
     /// complete (inlined here, it made `Request::wait` an out-of-line call
     /// whose returned completion the caller read back wide, a stalled load:
     /// psm's eager sender lost 10-40% of its rate). The completion is still
     /// built once, in the caller's place, by the device.
     #[inline(never)]
-    pub(super) fn wait(self) -> Completion {
-        let (token, buf, engine) = self.into_parts();
+    pub(super) fn wait_lent(self) -> Completion {
+        let Some((token, engine)) = self.lease() else {
+            return self.into_completion();
+        };
+        let buf = self.into_buffer();
         let mut keep = None;
         // SAFETY: the lease is open until `wait_lent` returns; the pointer
         // is not used after it.
@@ -159,10 +119,16 @@ impl Lent {
         completion
     }
 
-    /// The request held the usual way (for a relay); ends the lease.
+    /// The request held the usual way (for a relay); ends the lease of a
+    /// lent one.
     pub(super) fn hold(self) -> Request {
-        let (token, buf, engine) = self.into_parts();
-        // SAFETY: as in `wait`.
+        let Some((token, engine)) = self.lease() else {
+            return Request {
+                inner: super::handle::Inner::Own(self),
+            };
+        };
+        let buf = self.into_buffer();
+        // SAFETY: as in `wait_lent`.
         let (req, keep) = unsafe { engine.as_ref() }.hold_lent(token, buf);
         drop(keep);
         req
@@ -174,7 +140,7 @@ impl Lent {
 ///
 /// `extern "C"`, so that it cannot unwind (a panic in the device's drop
 /// aborts the process here): with no unwind path to clean up after, the
-/// device's wait builds the completion straight in `Lent::wait`'s caller's
+/// device's wait builds the completion straight in `Owned::wait_lent`'s caller's
 /// place. With a plain call the completion went through a temporary, its
 /// status written narrow by the device and copied wide, a stalled load
 /// (criterion `request/lifecycle/lend_wait`: 27.5-27.8 ns with it,
@@ -183,26 +149,6 @@ impl Lent {
 #[inline(never)]
 extern "C" fn let_go(keep: &mut KeepAlive) {
     drop(keep.take());
-}
-
-impl Drop for Lent {
-    fn drop(&mut self) {
-        // SAFETY: dropped once; the buffer is not used again here.
-        let buf = unsafe { ManuallyDrop::take(&mut self.buf) };
-        // The device takes the buffer (it may still be writing it).
-        let keep = self.engine().drop_lent(self.token, buf);
-        drop(keep);
-    }
-}
-
-impl fmt::Debug for Lent {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Request")
-            .field("id", &self.id)
-            .field("lent", &self.token)
-            .field("len", &self.buf.len())
-            .finish()
-    }
 }
 
 #[cfg(test)]

@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use super::pool::{self, CoreRef, Pool};
-use super::{Handle, Held, Inner, Peeked, Progress, Request, RequestCore, RequestId, RequestKind};
+use super::{Handle, Held, Peeked, Progress, Request, RequestCore, RequestId, RequestKind};
 use super::{LIVE, REPORTED};
 use crate::lock::RankLock;
 use crate::{Buffer, Status};
@@ -126,8 +126,7 @@ impl Tracker {
         unsafe { core.bind_engine(engine) };
         // SAFETY: as above.
         let held = unsafe { core.share_fresh() };
-        let engine = None;
-        (core, Handle(Held { core: held, engine }))
+        (core, Handle(Held { core: held }))
     }
 
     /// The handle of a request born complete with `status`, owning `buf`:
@@ -139,13 +138,7 @@ impl Tracker {
     /// blocks). It is never outstanding, and `peek` does not report it.
     #[inline]
     pub fn completed(&self, buf: Buffer, status: Status) -> Request {
-        Request {
-            inner: Inner::Done {
-                id: born_id(),
-                buf,
-                status,
-            },
-        }
+        Request::born(born_id(), buf, status)
     }
 
     /// A fresh request id for a request a device lends out

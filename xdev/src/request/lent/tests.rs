@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 
 use super::super::{RequestKind, Tracker};
 use super::*;
-use crate::{Envelope, Status};
+use crate::{Envelope, RequestId, Status};
 
 /// A lending device with one operation: it records each call, keeps the
 /// buffers handed to it, and holds itself while the lease is open.
@@ -190,7 +190,7 @@ fn an_unposted_lent_request_gives_its_buffer_back_without_its_device() {
     let desk = Desk::open();
     let req = desk.lend(11, b"back");
     let ptr = {
-        let super::super::handle::Inner::Lent(l) = &req.inner else {
+        let super::super::handle::Inner::Own(l) = &req.inner else {
             panic!("a lent request")
         };
         l.buf.as_ptr()
@@ -213,4 +213,26 @@ fn taking_back_a_request_that_is_not_lent_waits_for_it() {
     // SAFETY: not a lent request: no engine is involved.
     let buf = unsafe { req.take_back_unposted() };
     assert_eq!(&buf[..], b"done");
+}
+
+/// A buffer that came back from a lent request and then went into a
+/// request born complete carries no lease any more: dropping that request
+/// calls no device.
+#[test]
+fn a_buffer_back_from_a_lease_carries_no_lease_into_its_next_request() {
+    let desk = Desk::open();
+    desk.done.store(true, Ordering::Relaxed);
+    let c = desk.lend(12, b"once").wait();
+    assert_eq!(desk.calls(), [("wait", 12)]);
+    let t = Tracker::new();
+    let born = t.completed(c.buf, Status::ok(Envelope::untagged(0, 0), 4));
+    assert!(born.was_born_complete());
+    assert!(born.is_complete());
+    assert!(!born.cancel(), "nothing to cancel, and no device asked");
+    drop(born);
+    assert_eq!(
+        desk.calls(),
+        [("wait", 12)],
+        "no call after the lease ended"
+    );
 }
