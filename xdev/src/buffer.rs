@@ -189,6 +189,35 @@ impl Buffer {
         self.tail.attachment.as_deref()
     }
 
+    /// The buffer as its two words, its memory and tail still owned (for
+    /// a request's two words: see `request/handle.rs`);
+    /// [`from_raw_parts`](Buffer::from_raw_parts) takes it back.
+    #[inline(always)]
+    pub(crate) fn into_raw_parts(self) -> (NonNull<u8>, NonNull<()>) {
+        let me = std::mem::ManuallyDrop::new(self);
+        // SAFETY: `me` is never dropped, so the tail is moved out once.
+        let tail = unsafe { std::ptr::read(&me.tail) };
+        // SAFETY: `Box::into_raw` never gives null.
+        let tail = unsafe { NonNull::new_unchecked(Box::into_raw(tail)) };
+        (me.ptr, tail.cast())
+    }
+
+    /// The buffer [`into_raw_parts`](Buffer::into_raw_parts) gave as
+    /// `(ptr, tail)`.
+    ///
+    /// # Safety
+    /// The parts came from `into_raw_parts`, and each pair is taken back
+    /// once (or viewed without being dropped).
+    #[inline(always)]
+    pub(crate) unsafe fn from_raw_parts(ptr: NonNull<u8>, tail: NonNull<()>) -> Self {
+        Buffer {
+            ptr,
+            // SAFETY: the caller's contract: the tail `into_raw_parts`
+            // gave out of its box.
+            tail: unsafe { Box::from_raw(tail.cast::<Tail>().as_ptr()) },
+        }
+    }
+
     /// What the request that holds this buffer in its handle keeps here.
     #[inline(always)]
     pub(crate) fn carry(&self) -> &Carry {

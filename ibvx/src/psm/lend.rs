@@ -21,7 +21,7 @@
 use std::sync::Arc;
 
 use xdev::devkit::{Completion, KeepAlive, Lender, RequestKind};
-use xdev::{Buffer, Error, Pattern, Peeked, Rank, Request, RequestId, Source, Status, TagSel};
+use xdev::{Buffer, Pattern, Peeked, Rank, Request, RequestId, Source, Status, TagSel};
 
 use super::engine::{Inner, PsmEngine, Slot};
 use super::layer::{MqStatus, RequestKey};
@@ -74,14 +74,12 @@ impl PsmEngine {
     /// the error if it could not be posted (the queue closed, PSM2 refused
     /// it: PSM2 never had the buffer).
     ///
-    /// The handle is made *before* the post, with the key the table gives
-    /// next: the caller copies the returned request wide right after this
-    /// call, and a wide load that spans narrower stores waits until every
-    /// older store has reached the cache. Made after the post, those
-    /// included PSM2's own (47% of `start_recv`'s samples sat on one such
-    /// load, psm receiver at 8 B); made before, its fields reach the cache
-    /// ahead of them. A failed post takes the buffer back out of the
-    /// handle, which no engine call has seen.
+    /// The handle is made after the post, from the key the table gave: a
+    /// request is two words, returned in registers, so nothing the caller
+    /// reads back waits behind PSM2's stores. (With a request of nine
+    /// words, written to memory and copied wide by the caller, it had to
+    /// be made before the post, from a key asked for ahead; that second
+    /// lookup of the table's next slot was 17% of `start_recv`'s samples.)
     #[inline(always)]
     pub(super) fn lend_recv(
         self: &Arc<Self>,
@@ -93,52 +91,36 @@ impl PsmEngine {
             Source::Rank(s) => Some(s),
             Source::Any => None,
         };
-        let Some(key) = l.queue.as_ref().map(|q| q.next_key()) else {
-            return self
-                .tracker
-                .completed(buf, Status::failed(self.recv_env(p), Error::Closed));
-        };
         let at = (buf.as_mut_ptr(), buf.len());
         let id = self.tracker.lend_id();
-        // SAFETY: the lease opened below once the post succeeded keeps the
-        // engine alive (`Inner::keep`) until the call that ends it returns,
-        // and that call hands the reference back only when it was the last
-        // lease; until then `self` is borrowed here.
-        let req = unsafe { Request::lent(id, key.to_u64(), buf, &**self) };
         let slot = Slot::Lent {
             id,
             cap: at.1,
             source,
         };
-        // An unwind from the post aborts: the handle's drop would end a
-        // lease that is not open yet, under the lock we hold, while PSM2
-        // may write the buffer.
+        // An unwind from the post aborts: the buffer's drop on the way out
+        // would free memory PSM2 may write once the receive is posted.
         let posted = xdev::devkit::abort_on_unwind("posting a lent receive", || {
             // SAFETY: the buffer's memory stays valid and unused by anything
-            // else until the request leaves the queue: the handle owns it
-            // and hands it out only once its lease ended, and every end of
-            // a lease (`wait_lent`, `drop_lent`, `hold_lent`) first has the
-            // request leave the queue or moves the buffer into its slot;
-            // `mem::forget` of the handle leaks it.
-            let posted = unsafe { self.post_recv(l, at, p, slot) };
-            debug_assert!(
-                posted.as_ref().map_or(true, |&k| k == key),
-                "the table gives the key it named"
-            );
-            posted
+            // else until the request leaves the queue: the handle made
+            // below owns it and hands it out only once its lease ended, and
+            // every end of a lease (`wait_lent`, `drop_lent`, `hold_lent`)
+            // first has the request leave the queue or moves the buffer
+            // into its slot; `mem::forget` of the handle leaks it.
+            unsafe { self.post_recv(l, at, p, slot) }
         });
         match posted {
-            Ok(_) => {
+            Ok(key) => {
                 self.open_lease(l);
-                req
+                // SAFETY: the lease just opened keeps the engine alive
+                // (`Inner::keep`) until the call that ends it returns, and
+                // that call hands the reference back only when it was the
+                // last lease.
+                unsafe { Request::lent(id, key.to_u64(), buf, &**self) }
             }
-            Err((e, _)) => {
-                // SAFETY: not posted: the table and PSM2 hold nothing for
-                // its token, and no lease was opened for it.
-                let buf = unsafe { req.take_back_unposted() };
-                self.tracker
-                    .completed(buf, Status::failed(self.recv_env(p), e))
-            }
+            Err((e, _)) => self
+                .tracker
+                .completed(buf, Status::failed(self.recv_env(p), e)),
         }
     }
 

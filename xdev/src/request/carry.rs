@@ -10,7 +10,10 @@
 //! waits until every older store has reached the cache (a profile of the
 //! psm device's receive rate found 16.7% of all samples, both ranks
 //! counted, on that one load after `irecv` returned a 72-byte request). Two
-//! words come back in two registers: nothing is read back.
+//! scalar words come back in two registers: nothing is read back. (Two
+//! words as an enum do not: rustc returns such an enum through memory, so
+//! [`Request`](super::Request) keeps its shape as a raw address and a
+//! pointer, see `handle.rs`.)
 //!
 //! A buffer's tail is made once per buffer and owned by it, so what a
 //! request keeps there costs two or three stores to a line the caller's
@@ -93,6 +96,15 @@ impl Owned {
         let c = buf.carry_mut();
         c.id = id;
         c.lease = Some((token, engine));
+        Owned {
+            buf: ManuallyDrop::new(buf),
+        }
+    }
+
+    /// The request a [`Request`](super::Request)'s words name (see
+    /// `Request::from_inner`): its carry says which shape it is.
+    #[inline(always)]
+    pub(crate) fn from_buffer(buf: Buffer) -> Self {
         Owned {
             buf: ManuallyDrop::new(buf),
         }

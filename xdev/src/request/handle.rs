@@ -44,7 +44,32 @@ use crate::{Buffer, Status};
 /// ```
 #[must_use = "a request must be waited or tested to get its buffer back"]
 pub struct Request {
-    pub(super) inner: Inner,
+    /// An [`Inner`] as two scalar words (see [`Request::from_inner`]): a
+    /// struct of two scalars comes back from a call in two registers, where
+    /// an enum of the same two words comes back through memory (rustc's
+    /// Rust ABI on x86_64: a caller's 16-byte reload of it stalled as the
+    /// 72-byte request's did). Non-null: the address of the buffer the
+    /// handle holds ([`Inner::Own`]); null: a request in flight.
+    addr: *mut u8,
+    /// The buffer's tail ([`Inner::Own`]), or the core
+    /// ([`Inner::InFlight`]).
+    ptr: NonNull<()>,
+}
+
+// SAFETY: a `Request` is an `Inner` in two words: a `Buffer` (Send + Sync,
+// its carry's lender pointer included) or a `CoreRef` (Send + Sync).
+unsafe impl Send for Request {}
+// SAFETY: as above; through `&Request` only a view of the `Inner` is
+// reached, for its `&self` methods.
+unsafe impl Sync for Request {}
+
+impl Drop for Request {
+    #[inline]
+    fn drop(&mut self) {
+        // SAFETY: the words are an `Inner` this request owns, taken back
+        // once, here.
+        drop(unsafe { self.decode() });
+    }
 }
 
 /// The shapes of a request, each two words at most, so that a `Request`
@@ -115,8 +140,10 @@ impl Held {
 
     /// Makes sure the handle keeps its engine (upgrading the core's weak
     /// reference if it does not yet); the engine, or `None` if it is gone.
+    /// Called only through an owned request (`Request::test`), so that no
+    /// other use of the handle overlaps the write.
     #[inline]
-    fn hold_engine(&mut self) -> Option<Arc<dyn Progress>> {
+    fn hold_engine(&self) -> Option<Arc<dyn Progress>> {
         if let Some(e) = self.kept_engine() {
             return Some(Arc::clone(e));
         }
@@ -195,6 +222,16 @@ impl Held {
         (core, engine)
     }
 
+    /// The core, with the handle still on it (for a request's words: see
+    /// [`Request::from_inner`]), without `Held`'s drop.
+    #[inline(always)]
+    fn into_core(self) -> CoreRef {
+        let this = std::mem::ManuallyDrop::new(self);
+        // SAFETY: `this` is never used or dropped again; the core is read
+        // out exactly once.
+        unsafe { std::ptr::read(&this.core) }
+    }
+
     /// [`into_parts`](Held::into_parts) (the engine only if the handle kept
     /// it), and whether `peek` had reported the request (see
     /// [`RequestCore::release_handle`](super::RequestCore::release_handle)).
@@ -223,9 +260,7 @@ impl Handle {
     /// The request handed to the caller.
     #[inline]
     pub fn into_request(self) -> Request {
-        Request {
-            inner: Inner::InFlight(self.0),
-        }
+        Request::from_inner(Inner::InFlight(self.0))
     }
 }
 
@@ -236,6 +271,62 @@ impl fmt::Debug for Handle {
 }
 
 impl Request {
+    /// The two words of `inner`.
+    #[inline(always)]
+    pub(super) fn from_inner(inner: Inner) -> Request {
+        match inner {
+            Inner::Own(o) => {
+                let (addr, tail) = o.into_buffer().into_raw_parts();
+                Request {
+                    addr: addr.as_ptr(),
+                    ptr: tail,
+                }
+            }
+            Inner::InFlight(h) => Request {
+                addr: std::ptr::null_mut(),
+                ptr: h.into_core().into_raw().cast(),
+            },
+        }
+    }
+
+    /// The `Inner` behind the words, owned.
+    ///
+    /// # Safety
+    /// Taken once: the caller then forgets or drops `self` without its
+    /// drop, or only views the result without dropping it.
+    #[inline(always)]
+    unsafe fn decode(&self) -> Inner {
+        match NonNull::new(self.addr) {
+            // SAFETY: non-null, the words are a buffer's raw parts
+            // (`from_inner`), taken back as the caller's contract says.
+            Some(addr) => Inner::Own(Owned::from_buffer(unsafe {
+                Buffer::from_raw_parts(addr, self.ptr)
+            })),
+            None => Inner::InFlight(Held {
+                // SAFETY: null, the second word is a core reference's
+                // address (`from_inner`), taken back as above.
+                core: unsafe { CoreRef::from_raw(self.ptr.cast()) },
+            }),
+        }
+    }
+
+    /// The `Inner` behind the words, owned by the caller now.
+    #[inline(always)]
+    pub(super) fn into_inner(self) -> Inner {
+        let this = std::mem::ManuallyDrop::new(self);
+        // SAFETY: taken once; `this` is never dropped.
+        unsafe { this.decode() }
+    }
+
+    /// The `Inner` behind the words, to look at: never dropped (the
+    /// request still owns it).
+    #[inline(always)]
+    pub(super) fn view(&self) -> std::mem::ManuallyDrop<Inner> {
+        // SAFETY: the result is only viewed (`ManuallyDrop`), and borrows
+        // `self`'s lifetime through the caller's use.
+        std::mem::ManuallyDrop::new(unsafe { self.decode() })
+    }
+
     /// Wraps a core created by [`Tracker::start`](super::Tracker::start) (or
     /// [`Tracker::start_relay`](super::Tracker::start_relay)), with the
     /// engine that progresses, waits
@@ -253,17 +344,13 @@ impl Request {
         assert!(first, "a request core has exactly one handle");
         // SAFETY: the exchange above made us the core's one handle.
         unsafe { core.set_handle_engine(Some(engine)) };
-        Request {
-            inner: Inner::InFlight(Held { core }),
-        }
+        Request::from_inner(Inner::InFlight(Held { core }))
     }
 
     /// A request born complete with `status`, its handle holding `buf`.
     #[inline(always)]
     pub(super) fn born(id: RequestId, buf: Buffer, status: Status) -> Self {
-        Request {
-            inner: Inner::Own(Owned::done(id, buf, status)),
-        }
+        Request::from_inner(Inner::Own(Owned::done(id, buf, status)))
     }
 
     /// A request lent out by `engine`, which keeps operation `token` (into
@@ -287,15 +374,13 @@ impl Request {
         let engine: &dyn super::Lender = engine;
         // SAFETY: the caller's contract.
         let own = unsafe { Owned::lent(id, token, buf, NonNull::from(engine)) };
-        Request {
-            inner: Inner::Own(own),
-        }
+        Request::from_inner(Inner::Own(own))
     }
 
     /// The request id (as reported by `peek`).
     #[inline]
     pub fn id(&self) -> RequestId {
-        match &self.inner {
+        match &*self.view() {
             Inner::Own(o) => o.id(),
             Inner::InFlight(h) => h.core.id(),
         }
@@ -305,7 +390,7 @@ impl Request {
     /// the call that started it. `peek` reports only requests that were
     /// not.
     pub fn was_born_complete(&self) -> bool {
-        matches!(&self.inner, Inner::Own(o) if o.lease().is_none())
+        matches!(&*self.view(), Inner::Own(o) if o.lease().is_none())
     }
 
     /// Drives progress once and says whether the operation has completed,
@@ -315,7 +400,7 @@ impl Request {
     /// [`test`](Request::test) keeps it after the first.
     #[inline]
     pub fn is_complete(&self) -> bool {
-        match &self.inner {
+        match &*self.view() {
             Inner::Own(o) => o.test(),
             Inner::InFlight(h) => {
                 if !h.core.is_done() && h.with_engine(|e| e.progress()).is_none() {
@@ -330,8 +415,8 @@ impl Request {
 
     /// The completion if the operation has completed, else the request back.
     #[inline]
-    pub fn test(mut self) -> Result<Completion, Request> {
-        if let Inner::InFlight(h) = &mut self.inner {
+    pub fn test(self) -> Result<Completion, Request> {
+        if let Inner::InFlight(h) = &*self.view() {
             // Kept from now on, so that a loop of tests upgrades once.
             if !h.core.is_done() && h.hold_engine().is_none() {
                 return Ok(self.wait());
@@ -348,7 +433,7 @@ impl Request {
     /// request back; unlike [`test`](Request::test), drives no progress
     /// (for a layered device that just started this request below).
     pub fn take_if_done(self) -> Result<Completion, Request> {
-        let done = match &self.inner {
+        let done = match &*self.view() {
             // (A lent one: cannot tell without asking the device, which
             // may progress.)
             Inner::Own(o) => o.lease().is_none(),
@@ -373,9 +458,9 @@ impl Request {
     /// had the buffer, and does not expect the lease to end.
     #[inline]
     pub unsafe fn take_back_unposted(self) -> Buffer {
-        match self.inner {
+        match self.into_inner() {
             Inner::Own(o) => o.into_buffer(),
-            inner => Request { inner }.wait().buf,
+            inner => Request::from_inner(inner).wait().buf,
         }
     }
 
@@ -385,7 +470,7 @@ impl Request {
     pub fn wait(self) -> Completion {
         // Matched here, not through `split`: the completion of a request
         // born complete is then built once, in the caller's slot.
-        match self.inner {
+        match self.into_inner() {
             Inner::Own(o) => {
                 if o.lease().is_some() {
                     o.wait_lent()
@@ -434,7 +519,7 @@ impl Request {
     /// request then completes at once with `status.cancelled` set. Sends and
     /// matched receives are not cancelled.
     pub fn cancel(&self) -> bool {
-        match &self.inner {
+        match &*self.view() {
             Inner::Own(o) => o.cancel(),
             Inner::InFlight(h) => {
                 !h.core.is_done() && h.with_engine(|e| e.cancel(&h.core)) == Some(true)
@@ -462,7 +547,7 @@ impl Request {
     /// lease).
     #[inline(always)]
     fn split(self) -> Result<Completion, Held> {
-        match self.inner {
+        match self.into_inner() {
             Inner::Own(o) => {
                 if o.lease().is_some() {
                     o.hold().split()
@@ -514,7 +599,7 @@ impl std::error::Error for Failed {
 
 impl fmt::Debug for Request {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match &self.inner {
+        match &*self.view() {
             Inner::Own(o) => o.fmt(f),
             Inner::InFlight(h) => h.core.fmt(f),
         }

@@ -123,9 +123,7 @@ impl Owned {
     /// lent one.
     pub(super) fn hold(self) -> Request {
         let Some((token, engine)) = self.lease() else {
-            return Request {
-                inner: super::handle::Inner::Own(self),
-            };
+            return Request::from_inner(super::handle::Inner::Own(self));
         };
         let buf = self.into_buffer();
         // SAFETY: as in `wait_lent`.

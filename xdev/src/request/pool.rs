@@ -104,6 +104,31 @@ impl CoreRef {
     }
 }
 
+impl CoreRef {
+    /// The reference as its address, counted still (for a [`Request`]'s
+    /// two words: see `handle.rs`); [`from_raw`](Self::from_raw) takes it
+    /// back.
+    ///
+    /// [`Request`]: super::Request
+    #[inline(always)]
+    pub(super) fn into_raw(self) -> NonNull<RequestCore> {
+        std::mem::ManuallyDrop::new(self).ptr
+    }
+
+    /// The reference [`into_raw`](Self::into_raw) gave as `ptr`.
+    ///
+    /// # Safety
+    /// `ptr` came from `into_raw`, and each such address is taken back
+    /// once (or viewed without being dropped).
+    #[inline(always)]
+    pub(super) unsafe fn from_raw(ptr: NonNull<RequestCore>) -> Self {
+        CoreRef {
+            ptr,
+            _owns: PhantomData,
+        }
+    }
+}
+
 impl Clone for CoreRef {
     #[inline]
     fn clone(&self) -> Self {

@@ -126,7 +126,7 @@ fn peek_reports_live_handles_once() {
         t.pop_completed().is_none(),
         "dropped handle is not peekable"
     );
-    let Inner::InFlight(held) = &a.inner else {
+    let Inner::InFlight(held) = &*a.view() else {
         panic!("started, not born complete");
     };
     let a_core = held.core.clone();

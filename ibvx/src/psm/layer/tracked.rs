@@ -88,8 +88,16 @@ impl<T> TrackedQueue<T> {
         }
     }
 
+    /// Enters `req` under `key`, which [`next_key`](Self::next_key) gave
+    /// with nothing entered or freed since, and returns it.
     #[inline(always)]
-    fn insert(&mut self, req: psm2_mq_req_t, recv: bool, payload: T) -> RequestKey {
+    fn insert(
+        &mut self,
+        key: RequestKey,
+        req: psm2_mq_req_t,
+        recv: bool,
+        payload: T,
+    ) -> RequestKey {
         let index = match self.free.pop() {
             Some(i) => i,
             None => {
@@ -102,11 +110,12 @@ impl<T> TrackedQueue<T> {
                 self.slots.len() - 1
             }
         };
+        debug_assert_eq!(index, key.index(), "the slot next_key named");
         let e = &mut self.slots[index];
         e.req = req;
         e.recv = recv;
         e.payload = Some(payload);
-        RequestKey::new(index, e.generation)
+        key
     }
 
     /// The slot of live request `key`.
@@ -169,7 +178,7 @@ impl<T> TrackedQueue<T> {
             self.mq
                 .post_send(peer, sync, tag, (buf, len), key.0 as usize)?
         };
-        Ok(self.insert(req, false, payload))
+        Ok(self.insert(key, req, false, payload))
     }
 
     /// Posts a send as [`isend`](Self::isend) does, then tests it once
@@ -204,7 +213,7 @@ impl<T> TrackedQueue<T> {
             return Ok(Err(st));
         }
         let (payload, x) = track(key);
-        Ok(Ok((self.insert(req, false, payload), x)))
+        Ok(Ok((self.insert(key, req, false, payload), x)))
     }
 
     /// Posts a receive of up to `len` bytes at `buf` for what `sel` matches
@@ -226,7 +235,7 @@ impl<T> TrackedQueue<T> {
         let key = self.next_key();
         // SAFETY: as in `isend`.
         match unsafe { self.mq.post_recv(sel, buf, len, key.0 as usize) } {
-            Ok(req) => Ok(self.insert(req, true, payload)),
+            Ok(req) => Ok(self.insert(key, req, true, payload)),
             Err(e) => Err((e, payload)),
         }
     }

@@ -190,7 +190,7 @@ fn an_unposted_lent_request_gives_its_buffer_back_without_its_device() {
     let desk = Desk::open();
     let req = desk.lend(11, b"back");
     let ptr = {
-        let super::super::handle::Inner::Own(l) = &req.inner else {
+        let super::super::handle::Inner::Own(l) = &*req.view() else {
             panic!("a lent request")
         };
         l.buf.as_ptr()
