@@ -26,16 +26,19 @@ use std::ptr::NonNull;
 use super::{Completion, Lender, RequestId};
 use crate::{Buffer, Envelope, Status};
 
+/// A lent request's lease: the device's token and the device, reached
+/// through an uncounted pointer (the contract of
+/// [`Request::lent`](super::Request::lent) keeps it alive while the lease
+/// is open).
+pub(crate) type Lease = (u64, NonNull<dyn Lender>);
+
 /// The state of a request that the handle carries in its buffer's tail:
 /// its id, and either its status (born complete) or its lease (lent).
 pub(crate) struct Carry {
     /// The request's id (as `peek` would report it).
     pub(crate) id: RequestId,
-    /// The lease of a lent request: the device's token and the device,
-    /// reached through an uncounted pointer (the contract of
-    /// [`Request::lent`](super::Request::lent) keeps it alive while the
-    /// lease is open). `None`: the request was born complete.
-    pub(crate) lease: Option<(u64, NonNull<dyn Lender>)>,
+    /// The lease of a lent request; `None`: the request was born complete.
+    pub(crate) lease: Option<Lease>,
     /// A request born complete: its status, until `wait` takes it.
     pub(crate) status: Option<Status>,
 }
@@ -117,7 +120,7 @@ impl Owned {
 
     /// The lease, if the request is lent.
     #[inline(always)]
-    pub(crate) fn lease(&self) -> Option<(u64, NonNull<dyn Lender>)> {
+    pub(crate) fn lease(&self) -> Option<Lease> {
         self.buf.carry().lease
     }
 

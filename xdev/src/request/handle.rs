@@ -471,13 +471,10 @@ impl Request {
         // Matched here, not through `split`: the completion of a request
         // born complete is then built once, in the caller's slot.
         match self.into_inner() {
-            Inner::Own(o) => {
-                if o.lease().is_some() {
-                    o.wait_lent()
-                } else {
-                    o.into_completion()
-                }
-            }
+            Inner::Own(o) => match o.lease() {
+                Some(lease) => o.wait_lent(lease),
+                None => o.into_completion(),
+            },
             Inner::InFlight(h) => {
                 if h.core.is_done() {
                     h.consume()
@@ -548,13 +545,10 @@ impl Request {
     #[inline(always)]
     fn split(self) -> Result<Completion, Held> {
         match self.into_inner() {
-            Inner::Own(o) => {
-                if o.lease().is_some() {
-                    o.hold().split()
-                } else {
-                    Ok(o.into_completion())
-                }
-            }
+            Inner::Own(o) => match o.lease() {
+                Some(lease) => o.hold(lease).split(),
+                None => Ok(o.into_completion()),
+            },
             Inner::InFlight(h) => Err(h),
         }
     }

@@ -30,7 +30,7 @@
 
 use std::sync::Arc;
 
-use super::carry::Owned;
+use super::carry::{Lease, Owned};
 use super::{Completion, Request};
 use crate::Buffer;
 
@@ -97,17 +97,15 @@ impl Owned {
         }
     }
 
-    /// Waits for a lent operation and ends the lease. Out of line, so that
+    /// Waits for the lent operation (`self`'s [`lease`](Owned::lease)) and
+    /// ends the lease. Out of line, so that
     /// `Request::wait` stays small enough to inline where a request is born
     /// complete (inlined here, it made `Request::wait` an out-of-line call
     /// whose returned completion the caller read back wide, a stalled load:
     /// psm's eager sender lost 10-40% of its rate). The completion is still
     /// built once, in the caller's place, by the device.
     #[inline(never)]
-    pub(super) fn wait_lent(self) -> Completion {
-        let Some((token, engine)) = self.lease() else {
-            return self.into_completion();
-        };
+    pub(super) fn wait_lent(self, (token, engine): Lease) -> Completion {
         let buf = self.into_buffer();
         let mut keep = None;
         // SAFETY: the lease is open until `wait_lent` returns; the pointer
@@ -119,12 +117,8 @@ impl Owned {
         completion
     }
 
-    /// The request held the usual way (for a relay); ends the lease of a
-    /// lent one.
-    pub(super) fn hold(self) -> Request {
-        let Some((token, engine)) = self.lease() else {
-            return Request::from_inner(super::handle::Inner::Own(self));
-        };
+    /// The request held the usual way (for a relay); ends the lease.
+    pub(super) fn hold(self, (token, engine): Lease) -> Request {
         let buf = self.into_buffer();
         // SAFETY: as in `wait_lent`.
         let (req, keep) = unsafe { engine.as_ref() }.hold_lent(token, buf);
