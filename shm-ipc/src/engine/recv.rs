@@ -122,33 +122,34 @@ impl<M: Medium> Engine<M> {
                 let out = self.rendezvous_from_ring(l, s, msg, p, n);
                 self.settle_direct(l, env, out, d);
             }
-        } else if let Some((at, slot, (p, n))) = l
-            .matching
-            .find_posted(&env)
-            .filter(|_| h.kind == KIND_EAGER)
-            .and_then(|(at, t)| Some((at, t.lent_slot()?, t.dst())))
-        {
-            // The common case: an eager message for a lent receive. It is
-            // read where it is queued and dropped there (see
-            // `MatchingEngine::find_posted`), and its status is written
-            // into its slot of the leases.
-            let dropped = l.matching.drop_posted_at(at);
-            debug_assert!(dropped, "found just now");
-            self.eager_payload(l, s, msg, p, n);
+        } else if let Some((at, t)) = l.matching.find_posted(&env) {
+            let (p, n) = t.dst();
             let len = h.len as usize;
-            l.leases
-                .complete_with(&self.tracker, slot, || Status::received(env, len, n));
-        } else if let Some(target) = l.matching.take_posted(&env) {
-            let (p, n) = target.dst();
-            if h.kind == KIND_EAGER {
-                // The status is built where the receive keeps it (built
-                // here and moved, it would be a stalled wide load).
+            let lent = t.lent_slot().filter(|_| h.kind == KIND_EAGER);
+            // Taken at `at`, found just now: the queues have not changed
+            // since, so these cannot miss.
+            if let Some(slot) = lent {
+                // The common case: an eager message for a lent receive. It
+                // is read where it is queued and dropped there (see
+                // `MatchingEngine::find_posted`), and its status is written
+                // into its slot of the leases.
+                let dropped = l.matching.drop_posted_at(at);
+                debug_assert!(dropped, "found just now");
                 self.eager_payload(l, s, msg, p, n);
-                let len = h.len as usize;
-                self.complete_target_with(l, target, || Status::received(env, len, n));
+                l.leases
+                    .complete_with(&self.tracker, slot, || Status::received(env, len, n));
+            } else if let Some(target) = l.matching.take_posted_at(at) {
+                if h.kind == KIND_EAGER {
+                    // The status is built where the receive keeps it (built
+                    // here and moved, it would be a stalled wide load).
+                    self.eager_payload(l, s, msg, p, n);
+                    self.complete_target_with(l, target, || Status::received(env, len, n));
+                } else {
+                    let out = self.rendezvous_from_ring(l, s, msg, p, n);
+                    self.settle(l, env, out, target);
+                }
             } else {
-                let out = self.rendezvous_from_ring(l, s, msg, p, n);
-                self.settle(l, env, out, target);
+                debug_assert!(false, "found just now");
             }
         } else {
             if leave_unmatched {
