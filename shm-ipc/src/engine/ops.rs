@@ -232,7 +232,7 @@ impl<M: Medium> Transport for Engine<M> {
         to: SendTo,
         out: &mut Vec<Request>,
     ) {
-        let (dest, sync) = (to.dest, to.sync);
+        let (dest, sync) = (to.dest(), to.sync());
         out.reserve(bufs.len());
         let mut rest = bufs.drain(..);
         if !sync && !self.dest_gone(dest) {
@@ -422,12 +422,12 @@ impl<M: Medium> Engine<M> {
     /// caller has ruled out a synchronous send and a departed peer.
     #[inline(always)]
     fn push_eager_now(&self, l: &mut Local<M>, data: &[u8], to: SendTo) -> bool {
-        let dest = to.dest;
+        let dest = to.dest();
         if !l.backlog[dest].is_empty() || !self.eager_fits(l, dest, data.len()) {
             return false;
         }
         matches!(
-            self.push_eager(l, dest, (to.tag, to.context), data),
+            self.push_eager(l, dest, (to.tag(), to.context()), data),
             Sent::Complete
         )
     }

@@ -1,7 +1,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use super::*;
-use crate::{Device, RequestCore};
+use crate::{Device, RequestCore, TAG_UB};
 
 /// A transport that counts the calls that reach it and completes every
 /// operation at once (the face's checks are what is under test here; the
@@ -144,4 +144,39 @@ fn after_finish_operations_fail_with_closed_before_the_transport() {
     assert!(matches!(done.status.error.as_deref(), Some(Error::Closed)));
     assert_eq!(done.buf.len(), 1);
     assert_eq!(face.engine.calls.load(Ordering::Relaxed), 0);
+}
+
+#[test]
+fn a_send_target_is_two_words_and_gives_back_what_it_was_made_of() {
+    assert_eq!(
+        std::mem::size_of::<SendTo>(),
+        2 * std::mem::size_of::<usize>()
+    );
+    for (dest, tag, context, sync) in [
+        (0, 0, 0, false),
+        (1, TAG_UB, u32::MAX, true),
+        (7, -1, 0x8000_0000, false),
+        (usize::MAX >> 1, i32::MIN, 1, true),
+    ] {
+        let to = SendTo::new(dest, tag, context, sync);
+        assert_eq!(to.parts(), (dest, tag, context, sync), "{to:?}");
+        assert_eq!(
+            to.envelope(),
+            Envelope {
+                source: dest,
+                tag,
+                context
+            }
+        );
+    }
+    // A rank no job has stays out of range, and does not become a sync flag.
+    let to = SendTo::new(usize::MAX, 0, 0, false);
+    assert!(!to.sync());
+    assert!(to.dest() >= usize::MAX >> 1);
+    let face = device();
+    let done = face.isend(Buffer::from(vec![1u8]), usize::MAX, 0, 0).wait();
+    assert!(matches!(
+        done.status.error.as_deref(),
+        Some(Error::InvalidRank { .. })
+    ));
 }
