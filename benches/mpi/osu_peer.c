@@ -28,18 +28,27 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #define WINDOW 64
 
 /* A buffer of `max` bytes: page-aligned from one page up, as OSU's
  * posix_memalign'ed buffers and xdev-bench's (`bench_buffer`) are, so that
  * both sides of a comparison copy between memory placed alike; malloc'ed
- * below a page. Exits on failure. */
+ * below a page. From 256 KiB up it is also aligned to 2 MiB and advised
+ * MADV_HUGEPAGE before its first touch, as xdev's page-aligned buffers of
+ * that size are backed by huge pages (unless XDEV_HUGE_PAGES=0 turns both
+ * off). Exits on failure. */
 static char *buffer(size_t max) {
+  const size_t huge = (size_t)2 << 20;
+  const char *off = getenv("XDEV_HUGE_PAGES");
+  int thp = max >= ((size_t)256 << 10) && !(off && strcmp(off, "0") == 0);
   void *p = NULL;
   if (max >= 4096) {
-    if (posix_memalign(&p, 4096, max) != 0)
+    if (posix_memalign(&p, thp ? huge : 4096, max) != 0)
       p = NULL;
+    else if (thp)
+      (void)madvise(p, (max + huge - 1) & ~(huge - 1), MADV_HUGEPAGE);
   } else {
     p = malloc(max > 0 ? max : 1);
   }

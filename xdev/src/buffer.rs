@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use crate::request::Carry;
 
 pub mod aligned;
+mod huge;
 
 /// Memory a [`Buffer`] can own besides a `Vec<u8>`, such as a slab a device
 /// leases out of a pre-registered pool.
@@ -120,7 +121,9 @@ impl Buffer {
     /// A zero-filled buffer of `len` bytes that starts on a page boundary
     /// (its storage is [`PageAligned`](crate::PageAligned)): what OSU's
     /// benchmarks use, and what a copy between processes or by a NIC runs
-    /// fastest on when both ends are aligned alike.
+    /// fastest on when both ends are aligned alike. From 256 KiB up it is
+    /// backed by 2 MiB huge pages where the system gives them (see
+    /// [`PageAligned`](crate::PageAligned)).
     pub fn zeroed_page_aligned(len: usize) -> Self {
         Buffer::from_storage(Box::new(aligned::PageAligned::zeroed(len)), len)
     }

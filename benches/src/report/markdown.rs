@@ -188,7 +188,9 @@ impl Report {
              cores 0 and 1. The floors are measured once more, alone (`xdev-bench --test floor`), \
              right before the MPI peers, and count among the floors of their sizes. The MPI peers run `benches/mpi/osu_peer.c` (the same loops, \
              counts and rounds) with `mpirun -np 2` and binding to cores. Buffers of a page or \
-             more start on a page boundary on both sides, as OSU's do. Raw PSM2 runs the same \
+             more start on a page boundary on both sides, as OSU's do, and from 256 KiB up \
+             both sides' are advised into 2 MiB transparent huge pages (xdev's page-aligned \
+             buffers are; `XDEV_HUGE_PAGES=0` turns it off for both). Raw PSM2 runs the same \
              loops against `psm2_mq_*` on the psm device's own endpoint, alternating with the \
              device. Each device's floors are measured alongside it, size by size. The \
              memcpy floor of a row is the best measured at that size in this run; the \

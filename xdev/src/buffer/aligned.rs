@@ -1,5 +1,7 @@
-//! [`PageAligned`]: zero-filled heap memory that starts on a page boundary,
-//! the storage of [`Buffer::zeroed_page_aligned`](super::Buffer::zeroed_page_aligned).
+//! [`PageAligned`]: zero-filled memory that starts on a page boundary, the
+//! storage of [`Buffer::zeroed_page_aligned`](super::Buffer::zeroed_page_aligned);
+//! from 256 KiB up backed by huge pages where the system gives them
+//! (`super::huge`).
 //!
 //! Why: a copy between two processes (CMA) or by a NIC runs page by page,
 //! and two buffers that sit at different offsets into their pages split
@@ -11,13 +13,22 @@ use std::alloc::{alloc_zeroed, dealloc, handle_alloc_error, Layout};
 use std::any::Any;
 use std::ptr::NonNull;
 
+use super::huge::{self, Backing};
 use super::BufferStorage;
 
 /// `len` zero-filled bytes starting on a [`PAGE`](Self::PAGE) boundary, freed when
 /// dropped.
+///
+/// From [`HUGE_MIN_BYTES`](Self::HUGE_MIN_BYTES) up the block is backed by
+/// 2 MiB transparent huge pages where the system gives them: a copy
+/// between processes (which pins the pages first) or a NIC's registration
+/// then handles one page per 2 MiB. `XDEV_HUGE_PAGES=0` turns this off;
+/// blocks below 2 MiB come from a bounded arena of 2 MiB chunks
+/// (`XDEV_HUGE_ARENA_MIB`, default 512), and from the heap beyond it.
 pub struct PageAligned {
     ptr: NonNull<u8>,
     len: usize,
+    backing: Backing,
 }
 
 // SAFETY: `PageAligned` owns its block exclusively (like a `Box<[u8]>`);
@@ -32,6 +43,9 @@ impl PageAligned {
     /// page the block starts on a 4 KiB boundary within it).
     pub const PAGE: usize = 4096;
 
+    /// The smallest block backed by huge pages (256 KiB).
+    pub const HUGE_MIN_BYTES: usize = huge::MIN_BYTES;
+
     /// A zero-filled block of `len` bytes (an empty one allocates nothing).
     /// Aborts like `Vec` if the allocator fails, and panics if `len` is
     /// beyond what a layout can describe.
@@ -40,13 +54,28 @@ impl PageAligned {
             return PageAligned {
                 ptr: NonNull::dangling(),
                 len,
+                backing: Backing::Heap,
             };
+        }
+        if let Some((ptr, backing)) = huge::alloc(len) {
+            return PageAligned { ptr, len, backing };
         }
         let layout = Self::layout(len);
         // SAFETY: `layout` has a non-zero size.
         let raw = unsafe { alloc_zeroed(layout) };
         let ptr = NonNull::new(raw).unwrap_or_else(|| handle_alloc_error(layout));
-        PageAligned { ptr, len }
+        PageAligned {
+            ptr,
+            len,
+            backing: Backing::Heap,
+        }
+    }
+
+    /// Whether the block is backed by huge-page memory (its own mapping or
+    /// the arena's): advised `MADV_HUGEPAGE`, though the kernel may still
+    /// have given it ordinary pages.
+    pub fn huge_backed(&self) -> bool {
+        self.backing != Backing::Heap
     }
 
     fn layout(len: usize) -> Layout {
@@ -56,7 +85,11 @@ impl PageAligned {
 
 impl Drop for PageAligned {
     fn drop(&mut self) {
-        if self.len != 0 {
+        if self.backing != Backing::Heap {
+            // SAFETY: `ptr` and `backing` came from `huge::alloc` in
+            // `zeroed`, and this drop is the block's last use.
+            unsafe { huge::free(self.ptr, self.backing) };
+        } else if self.len != 0 {
             // SAFETY: allocated in `zeroed` with this layout, freed once.
             unsafe { dealloc(self.ptr.as_ptr(), Self::layout(self.len)) };
         }
