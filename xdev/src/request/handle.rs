@@ -139,18 +139,21 @@ impl Held {
     }
 
     /// Makes sure the handle keeps its engine (upgrading the core's weak
-    /// reference if it does not yet); the engine, or `None` if it is gone.
-    /// Called only through an owned request (`Request::test`), so that no
-    /// other use of the handle overlaps the write.
+    /// reference if it does not yet); false if the engine is gone. Called
+    /// only through an owned request (`Request::test`), so that no other
+    /// use of the handle overlaps the write. A handle that keeps its engine
+    /// already touches no count: a loop of tests pays nothing here.
     #[inline]
-    fn hold_engine(&self) -> Option<Arc<dyn Progress>> {
-        if let Some(e) = self.kept_engine() {
-            return Some(Arc::clone(e));
+    fn hold_engine(&self) -> bool {
+        if self.kept_engine().is_some() {
+            return true;
         }
-        let e = self.core.bound_engine()?;
+        let Some(e) = self.core.bound_engine() else {
+            return false;
+        };
         // SAFETY: we are the core's one handle, held exclusively here.
-        unsafe { self.core.set_handle_engine(Some(Arc::clone(&e))) };
-        Some(e)
+        unsafe { self.core.set_handle_engine(Some(e)) };
+        true
     }
 
     /// [`Request::wait`] for a request not done yet: the engine waits for
@@ -161,10 +164,16 @@ impl Held {
     /// is written through memory and read back wide: a stalled load).
     #[inline(never)]
     fn wait_for_engine(self) -> Completion {
-        let engine = match self.kept_engine() {
-            Some(e) => Arc::clone(e),
+        // The kept engine is used where it is (no count taken); only an
+        // upgraded one is held for the wait.
+        let upgraded;
+        let engine: &dyn Progress = match self.kept_engine() {
+            Some(e) => &**e,
             None => match self.core.bound_engine() {
-                Some(e) => e,
+                Some(e) => {
+                    upgraded = e;
+                    &*upgraded
+                }
                 None => return self.orphaned(),
             },
         };
@@ -418,7 +427,7 @@ impl Request {
     pub fn test(self) -> Result<Completion, Request> {
         if let Inner::InFlight(h) = &*self.view() {
             // Kept from now on, so that a loop of tests upgrades once.
-            if !h.core.is_done() && h.hold_engine().is_none() {
+            if !h.core.is_done() && !h.hold_engine() {
                 return Ok(self.wait());
             }
         }
