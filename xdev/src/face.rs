@@ -265,11 +265,11 @@ impl<D: Face> crate::Device for D {
     }
 
     fn send(&self, buf: &[u8], dest: Rank, tag: Tag, context: Context) -> Result<()> {
-        blocking_send(self, buf, SendTo::new(dest, tag, context, false))
+        blocking_send(self, buf, (dest, tag, context, false))
     }
 
     fn ssend(&self, buf: &[u8], dest: Rank, tag: Tag, context: Context) -> Result<()> {
-        blocking_send(self, buf, SendTo::new(dest, tag, context, true))
+        blocking_send(self, buf, (dest, tag, context, true))
     }
 
     fn recv(
@@ -285,11 +285,11 @@ impl<D: Face> crate::Device for D {
     }
 
     fn isend(&self, buf: Buffer, dest: Rank, tag: Tag, context: Context) -> Request {
-        start_send(self, buf, SendTo::new(dest, tag, context, false))
+        start_send(self, buf, (dest, tag, context, false))
     }
 
     fn issend(&self, buf: Buffer, dest: Rank, tag: Tag, context: Context) -> Request {
-        start_send(self, buf, SendTo::new(dest, tag, context, true))
+        start_send(self, buf, (dest, tag, context, true))
     }
 
     fn irecv(&self, buf: Buffer, source: Source, tag: TagSel, context: Context) -> Request {
@@ -309,12 +309,16 @@ impl<D: Face> crate::Device for D {
         out: &mut Vec<Request>,
     ) {
         let engine = self.engine();
-        let to = SendTo::new(dest, tag, context, false);
-        if let Err(e) = send_checked(engine, to) {
-            refuse_all(engine, bufs, to.envelope(), &e, out);
+        if let Err(e) = send_checked(engine, dest, tag) {
+            let env = Envelope {
+                source: dest,
+                tag,
+                context,
+            };
+            refuse_all(engine, bufs, env, &e, out);
             return;
         }
-        engine.start_send_many(bufs, to, out)
+        engine.start_send_many(bufs, SendTo::new(dest, tag, context, false), out)
     }
 
     fn irecv_many(
@@ -363,29 +367,42 @@ impl<D: Face> crate::Device for D {
     }
 }
 
+/// A send's destination, tag, context and sync flag as the caller gave
+/// them: checked before they are packed into a [`SendTo`] (which keeps no
+/// rank a job can never have), so that a refusal names the rank given.
+type SendArgs = (Rank, Tag, Context, bool);
+
 /// `send` and `ssend`: checked, then sent by the engine.
-fn blocking_send<D: Face + ?Sized>(dev: &D, buf: &[u8], to: SendTo) -> Result<()> {
-    send_checked(dev.engine(), to)?;
-    dev.engine().blocking_send(buf, to)
+fn blocking_send<D: Face + ?Sized>(dev: &D, buf: &[u8], to: SendArgs) -> Result<()> {
+    let (dest, tag, context, sync) = to;
+    send_checked(dev.engine(), dest, tag)?;
+    dev.engine()
+        .blocking_send(buf, SendTo::new(dest, tag, context, sync))
 }
 
 /// `isend` and `issend`: checked, then started by the engine. Always
 /// inlined into the face's `isend`, so that an engine whose `start_send`
 /// is inlined too is one call from the user.
 #[inline(always)]
-fn start_send<D: Face + ?Sized>(dev: &D, buf: Buffer, to: SendTo) -> Request {
+fn start_send<D: Face + ?Sized>(dev: &D, buf: Buffer, to: SendArgs) -> Request {
+    let (dest, tag, context, sync) = to;
     let engine = dev.engine();
-    if let Err(e) = send_checked(engine, to) {
-        return refused(engine, buf, to.envelope(), e);
+    if let Err(e) = send_checked(engine, dest, tag) {
+        let env = Envelope {
+            source: dest,
+            tag,
+            context,
+        };
+        return refused(engine, buf, env, e);
     }
-    engine.start_send(buf, to)
+    engine.start_send(buf, SendTo::new(dest, tag, context, sync))
 }
 
 /// The checks of a send (blocking, non-blocking, a window): a valid rank
 /// and tag, an open device.
 #[inline]
-fn send_checked<T: Transport>(engine: &Arc<T>, to: SendTo) -> Result<()> {
-    check_send(to.dest(), to.tag(), engine.seat().size)?;
+fn send_checked<T: Transport>(engine: &Arc<T>, dest: Rank, tag: Tag) -> Result<()> {
+    check_send(dest, tag, engine.seat().size)?;
     engine.seat().check_open()
 }
 

@@ -179,4 +179,21 @@ fn a_send_target_is_two_words_and_gives_back_what_it_was_made_of() {
         done.status.error.as_deref(),
         Some(Error::InvalidRank { .. })
     ));
+    // The face checks the rank as given, before packing it: the error and
+    // the refused request's envelope name it exactly.
+    assert!(matches!(
+        done.status.error.as_deref(),
+        Some(Error::InvalidRank {
+            rank: usize::MAX,
+            ..
+        })
+    ));
+    assert_eq!(done.status.source, usize::MAX);
+    assert!(matches!(
+        face.send(b"x", usize::MAX, 0, 0),
+        Err(Error::InvalidRank {
+            rank: usize::MAX,
+            ..
+        })
+    ));
 }
