@@ -43,12 +43,15 @@ static char *buffer(size_t max) {
   const size_t huge = (size_t)2 << 20;
   const char *off = getenv("XDEV_HUGE_PAGES");
   int thp = max >= ((size_t)256 << 10) && !(off && strcmp(off, "0") == 0);
+  /* Huge-page backed: whole 2 MiB pages, so that the advice covers only
+   * memory this buffer owns. */
+  size_t bytes = thp ? (max + huge - 1) & ~(huge - 1) : max;
   void *p = NULL;
   if (max >= 4096) {
-    if (posix_memalign(&p, thp ? huge : 4096, max) != 0)
+    if (posix_memalign(&p, thp ? huge : 4096, bytes) != 0)
       p = NULL;
     else if (thp)
-      (void)madvise(p, (max + huge - 1) & ~(huge - 1), MADV_HUGEPAGE);
+      (void)madvise(p, bytes, MADV_HUGEPAGE);
   } else {
     p = malloc(max > 0 ? max : 1);
   }
