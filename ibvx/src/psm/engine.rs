@@ -13,6 +13,7 @@ use xdev::devkit::{Progress, RequestCore, RequestKind, Tracker};
 use xdev::{Context, Envelope, Error, Pattern, Rank, Result, Source, Status, Tag, TagSel};
 
 use super::layer::{CompletionBatch, Library, MqStatus, MqTag, RequestKey, Selector, TrackedQueue};
+use super::lend::{Ended, Lent, LentState};
 
 /// The maps below are on every message's path, where SipHash's cost shows.
 pub(super) type KeyMap<V> = xdev::devkit::matching::FxMap<RequestKey, V>;
@@ -28,27 +29,6 @@ pub(super) enum Slot {
         env: Envelope,
         len: usize,
     },
-    /// A non-blocking receive lent out ([`xdev::devkit::Lender`], see
-    /// `lend.rs`): the handle owns the buffer; its end goes to
-    /// [`Inner::ended`] unless the handle's own wait tests it first.
-    Lent {
-        /// What `peek` reports it as.
-        id: xdev::RequestId,
-        /// The buffer's length.
-        cap: usize,
-        /// The source it names (to fail it if that peer leaves).
-        source: Option<Rank>,
-    },
-    /// A lent receive whose handle was dropped while PSM2 was writing its
-    /// buffer: the buffer is freed once PSM2 completes it.
-    Dropped(#[allow(dead_code)] xdev::Buffer),
-    /// A non-blocking receive held through a core (one that a layered
-    /// device relays); completed through the tracker.
-    Recv {
-        core: xdev::devkit::CoreRef,
-        /// The source it names (to fail it if that peer leaves).
-        source: Option<Rank>,
-    },
     /// A blocking call's request: the call holds the memory and waits; a
     /// collecting progress round that completes it leaves its status in
     /// [`Inner::done`].
@@ -62,10 +42,14 @@ pub(super) enum Slot {
     SelfCopy(#[allow(dead_code)] Box<[u8]>),
 }
 
+/// The device's queue: its requests' payloads, and its lent receives'.
+pub(super) type Queue = TrackedQueue<Slot, Lent>;
+
 pub(super) struct Inner {
-    /// The matched queue and its outstanding requests; `None` once closed
-    /// (by `finish`, or the engine's drop).
-    pub(super) queue: Option<TrackedQueue<Slot>>,
+    /// The matched queue and its outstanding requests (the lent receives
+    /// in its second table); `None` once closed (by `finish`, or the
+    /// engine's drop).
+    pub(super) queue: Option<Queue>,
     /// Statuses of blocking calls' requests that a collecting round got.
     pub(super) done: KeyMap<MqStatus>,
     /// Where a collecting round has PSM2 copy its completions: kept here,
@@ -78,7 +62,14 @@ pub(super) struct Inner {
     pub(super) kept: Vec<xdev::Buffer>,
     /// Lent receives that ended before their handle's wait looked (a
     /// collecting round, a cancel, a departure): their status.
-    pub(super) ended: KeyMap<super::lend::Ended>,
+    pub(super) ended: KeyMap<Ended>,
+    /// The cores of lent receives turned into held requests
+    /// ([`LentState::Held`]).
+    pub(super) held: KeyMap<xdev::devkit::CoreRef>,
+    /// The buffers of lent receives whose handle was dropped while PSM2
+    /// was writing them ([`LentState::Dropped`]): freed once PSM2 completes
+    /// them, or after the queue (the engine's drop closes it first).
+    pub(super) dropped: KeyMap<xdev::Buffer>,
     /// Open leases (lent requests whose handle has not ended them).
     pub(super) leases: usize,
     /// The engine itself, while a lease is open: a lent handle reaches the
@@ -133,12 +124,7 @@ pub(super) fn selector(p: &Pattern) -> Selector {
 /// The queue a send is posted to, and the send's PSM2 tag: `Closed` if
 /// `finish` closed the queue after the caller's first check, and an error
 /// for a message PSM2 cannot carry (4 GiB or more).
-fn send_queue(
-    l: &mut Inner,
-    t: Tag,
-    context: Context,
-    len: usize,
-) -> Result<(&mut TrackedQueue<Slot>, MqTag)> {
+fn send_queue(l: &mut Inner, t: Tag, context: Context, len: usize) -> Result<(&mut Queue, MqTag)> {
     let q = l.open_queue()?;
     Ok((q, tag(t, context, super::layer::msg_len(len)?)))
 }
@@ -149,7 +135,7 @@ impl Inner {
     /// was dropped again on every open call, a call of `Error`'s drop glue
     /// per send (callgrind: 15 instructions per eager send).
     #[inline]
-    pub(super) fn open_queue(&mut self) -> Result<&mut TrackedQueue<Slot>> {
+    pub(super) fn open_queue(&mut self) -> Result<&mut Queue> {
         self.queue.as_mut().ok_or_else(|| Error::Closed)
     }
 }
@@ -251,6 +237,8 @@ impl PsmEngine {
             done,
             batch,
             ended,
+            held,
+            dropped,
             ..
         } = l;
         let Some(q) = queue.as_mut() else {
@@ -260,11 +248,28 @@ impl PsmEngine {
         loop {
             let more = q.collect(batch);
             for st in batch.statuses() {
-                let Some((key, slot)) = q.take_completed(st) else {
-                    continue;
-                };
-                any = true;
-                self.complete_slot(q, (done, ended), key, slot, st);
+                if RequestKey::of(st).is_lent() {
+                    if let Some((key, lent)) = q.take_completed_lent(st) {
+                        any = true;
+                        let source = lent.source().or_else(|| q.peer_of(st));
+                        let status = || self.recv_status(source, st, Some(lent.cap()));
+                        match lent.state {
+                            // Its end waits for the handle.
+                            LentState::Out => {
+                                ended.insert(key, Ended::new(lent.id(), status()));
+                            }
+                            LentState::Held => {
+                                if let Some(core) = held.remove(&key) {
+                                    self.tracker.complete_with(&core, status);
+                                }
+                            }
+                            LentState::Dropped => drop(dropped.remove(&key)),
+                        }
+                    }
+                } else if let Some((key, slot)) = q.take_completed(st) {
+                    any = true;
+                    self.complete_slot(done, key, slot, st);
+                }
             }
             if !more {
                 return any;
@@ -277,8 +282,7 @@ impl PsmEngine {
     #[inline]
     fn complete_slot(
         &self,
-        q: &TrackedQueue<Slot>,
-        (done, ended): (&mut KeyMap<MqStatus>, &mut KeyMap<super::lend::Ended>),
+        done: &mut KeyMap<MqStatus>,
         key: RequestKey,
         slot: Slot,
         st: &MqStatus,
@@ -292,16 +296,7 @@ impl PsmEngine {
                 self.tracker
                     .complete_with(&core, || Self::send_status(st, env, len));
             }
-            Slot::Recv { core, .. } => {
-                let cap = core.buffer_len();
-                self.tracker
-                    .complete_with(&core, || self.recv_status(q.peer_of(st), st, Some(cap)));
-            }
-            Slot::Lent { id, cap, .. } => {
-                let status = self.recv_status(q.peer_of(st), st, Some(cap));
-                ended.insert(key, super::lend::Ended::new(id, status));
-            }
-            Slot::Abandoned | Slot::SelfCopy(_) | Slot::Dropped(_) => {}
+            Slot::Abandoned | Slot::SelfCopy(_) => {}
         }
     }
 
@@ -334,28 +329,31 @@ impl PsmEngine {
         };
         let (mut recvs, mut sends) = (Vec::new(), Vec::new());
         for (k, s) in q.iter() {
-            match s {
-                Slot::Send { env, .. } if env.source == d => sends.push(k),
-                Slot::Recv {
-                    source: Some(s), ..
-                }
-                | Slot::Lent {
-                    source: Some(s), ..
-                } if *s == d => recvs.push(k),
-                _ => {}
+            if matches!(s, Slot::Send { env, .. } if env.source == d) {
+                sends.push(k);
+            }
+        }
+        for (k, s) in q.lent_iter() {
+            if s.source() == Some(d) && s.state != LentState::Dropped {
+                recvs.push(k);
             }
         }
         let env = Envelope::untagged(d, 0);
         for k in recvs {
-            match q.cancel(k) {
-                Some(Slot::Recv { core, .. }) => {
-                    self.tracker.complete(&core, Status::failed(env, lost(d)));
+            let Some(lent) = q.cancel_lent(k) else {
+                continue;
+            };
+            let status = Status::failed(env, lost(d));
+            match lent.state {
+                LentState::Out => {
+                    l.ended.insert(k, Ended::new(lent.id(), status));
                 }
-                Some(Slot::Lent { id, .. }) => {
-                    let status = Status::failed(env, lost(d));
-                    l.ended.insert(k, super::lend::Ended::new(id, status));
+                LentState::Held => {
+                    if let Some(core) = l.held.remove(&k) {
+                        self.tracker.complete(&core, status);
+                    }
                 }
-                _ => {}
+                LentState::Dropped => {}
             }
         }
         for k in sends {
@@ -371,22 +369,23 @@ impl PsmEngine {
         }
     }
 
-    /// Cancels the posted non-blocking receive `key` if PSM2 has not
-    /// matched it yet: it is then returned to PSM2, and its slot removed;
-    /// returns its request (to complete).
-    pub(super) fn cancel_recv(
-        &self,
-        l: &mut Inner,
-        key: RequestKey,
-    ) -> Option<xdev::devkit::CoreRef> {
-        let q = l.queue.as_mut()?;
-        if !matches!(q.get(key), Some(Slot::Recv { .. })) {
-            return None;
+    /// Cancels the posted non-blocking receive `key` held through `core`
+    /// (a lent receive turned into a held request) if PSM2 has not matched
+    /// it yet: it is then returned to PSM2, and its entry removed. Whether
+    /// it was.
+    fn cancel_recv(&self, l: &mut Inner, key: RequestKey, core: &xdev::devkit::CoreRef) -> bool {
+        let Some(q) = l.queue.as_mut() else {
+            return false;
+        };
+        let ours = l.held.get(&key);
+        if !ours.is_some_and(|c| xdev::devkit::CoreRef::ptr_eq(c, core)) {
+            return false;
         }
-        match q.cancel(key)? {
-            Slot::Recv { core, .. } => Some(core),
-            _ => None,
+        if q.cancel_lent(key).is_none() {
+            return false;
         }
+        l.held.remove(&key);
+        true
     }
 
     /// Polls until `done` says so: PSM2 polls between the spins and yields
@@ -565,12 +564,7 @@ impl Progress for PsmEngine {
         }
         let mut l = self.lock();
         let key = RequestKey::from_u64(core.token());
-        let ours = l.queue.as_ref().and_then(|q| q.get(key));
-        if !matches!(ours, Some(Slot::Recv { core: c, .. }) if xdev::devkit::CoreRef::ptr_eq(c, core))
-        {
-            return false;
-        }
-        if self.cancel_recv(&mut l, key).is_none() {
+        if !self.cancel_recv(&mut l, key, core) {
             return false;
         }
         drop(l);

@@ -8,6 +8,7 @@ use xdev::devkit::{RequestKind, Seat, SendTo, Transport};
 use xdev::{Buffer, Envelope, Pattern, Peeked, Request, Result, Source, Status};
 
 use super::engine::{lost, PsmEngine, Slot};
+use super::lend::LentState;
 use super::setup;
 
 impl Transport for PsmEngine {
@@ -180,22 +181,30 @@ impl PsmEngine {
         // first cancels the receives that have not matched (they would
         // never finish), and lets those that had matched finish.
         let stopped = if forced {
-            q.close_now()
+            q.close_now().0
         } else {
-            let recvs: Vec<_> = q
-                .iter()
-                .filter(|(_, s)| matches!(s, Slot::Recv { .. } | Slot::Lent { .. }))
+            let lent: Vec<_> = q
+                .lent_iter()
+                .filter(|(_, s)| s.state != LentState::Dropped)
                 .map(|(k, _)| k)
                 .collect();
-            let mut stopped: Vec<_> = recvs.into_iter().filter_map(|k| q.cancel(k)).collect();
-            stopped.extend(q.close(setup::PSM_TIMEOUT));
-            stopped
+            for k in lent {
+                q.cancel_lent(k);
+            }
+            q.close(setup::PSM_TIMEOUT).0
         };
         for s in stopped {
-            if let Slot::Send { core, .. } | Slot::Recv { core, .. } = s {
+            if let Slot::Send { core, .. } = s {
                 self.tracker.complete(&core, self.closed());
             }
         }
+        // PSM2 let go of every request: a held lent receive ends here, a
+        // dropped one's buffer is freed, and one lent out ends when its
+        // handle finds the queue closed.
+        for (_, core) in l.held.drain() {
+            self.tracker.complete(&core, self.closed());
+        }
+        l.dropped.clear();
     }
 
     /// The envelope of a receive for `pattern` that failed before it

@@ -154,6 +154,8 @@ impl PsmDevice {
                     departures_seen: 0,
                     kept: Vec::new(),
                     ended: KeyMap::default(),
+                    held: KeyMap::default(),
+                    dropped: KeyMap::default(),
                     leases: 0,
                     keep: None,
                 }),

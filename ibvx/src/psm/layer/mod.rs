@@ -18,12 +18,16 @@
 //!   requests, each carrying its owner's payload and named by a
 //!   [`RequestKey`]: non-blocking sends and receives, completions
 //!   ([`collect`](TrackedQueue::collect) and [`take_completed`](TrackedQueue::take_completed),
-//!   [`test`](TrackedQueue::test)), cancellation. The table owns every PSM2
-//!   request handle, so none is used after PSM2 freed it; closing the queue
-//!   hands back the payloads of what was still outstanding.
+//!   [`test`](TrackedQueue::test)), cancellation; and a second, leaner
+//!   table of lent receives ([`irecv_lent`](TrackedQueue::irecv_lent),
+//!   [`test_lent`](TrackedQueue::test_lent) into the caller's
+//!   [`StatusSlot`]), which a key's top bit tells apart. The tables own
+//!   every PSM2 request handle, so none is used after PSM2 freed it;
+//!   closing the queue hands back the payloads of what was still
+//!   outstanding.
 //!
-//! Two calls stay `unsafe`: [`TrackedQueue::isend`] and
-//! [`TrackedQueue::irecv`], since PSM2 reads or writes their memory until the
+//! Three calls stay `unsafe`: [`TrackedQueue::isend`],
+//! [`TrackedQueue::irecv`] and [`TrackedQueue::irecv_lent`], since PSM2 reads or writes their memory until the
 //! request completes, which the borrow checker cannot follow across calls
 //! (as `verbs::QueuePair::post_send`). A [`MatchedQueue::scope`] makes the
 //! same requests safe by borrowing the memory for the whole scope.
@@ -41,7 +45,7 @@ mod tracked;
 pub use endpoint::Endpoint;
 pub use library::{EndpointSlot, JobKey, Library, Psm2Error, PsmMode};
 pub use queue::{msg_len, MatchedQueue, MqStatus, MqTag, Scope, Selector};
-pub use tracked::{CompletionBatch, RequestKey, TrackedQueue};
+pub use tracked::{CompletionBatch, LentTest, RequestKey, StatusSlot, TrackedQueue};
 
 #[cfg(test)]
 mod tests;

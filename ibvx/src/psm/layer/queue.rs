@@ -52,32 +52,24 @@ pub struct MqStatus {
 impl MqStatus {
     /// The status PSM2 filled in `st`, read field by field.
     ///
-    /// Each field is read with a load of its own width (volatile reads,
-    /// which the compiler does not merge). PSM2 has just written them with
-    /// narrow stores; a merged 8- or 16-byte load across two of them
-    /// cannot be forwarded from the store buffer and waits until every
-    /// older store has reached the cache, the previous messages' stores to
-    /// lines the peer holds included (a fifth of a lent receive's test).
-    #[inline]
+    /// Each field is a load of its own width, made where it is used (the
+    /// message path reads five; one that went into an `MqStatus` whole, or
+    /// volatile reads of every field, kept all eight alive on the stack).
+    /// Never a copy of the struct: PSM2 has just written it with narrow
+    /// stores, and a wide load across two of them cannot be forwarded from
+    /// the store buffer (it waits until every older store has reached the
+    /// cache).
+    #[inline(always)]
     pub(super) fn from_raw(st: &psm2_mq_status2_t) -> MqStatus {
-        // SAFETY: each pointer is to a field of the live `*st` (plain
-        // data: integers, a pointer read as an address, a union of
-        // integer arrays whose every bit pattern is a valid `[u32; 4]`),
-        // aligned as its type; the reads are of initialised memory.
-        unsafe {
-            let tag = std::ptr::addr_of!(st.msg_tag.tag).cast::<u32>();
-            MqStatus {
-                peer: std::ptr::read_volatile(std::ptr::addr_of!(st.msg_peer)) as usize,
-                tag: [
-                    std::ptr::read_volatile(tag),
-                    std::ptr::read_volatile(tag.add(1)),
-                    std::ptr::read_volatile(tag.add(2)),
-                ],
-                msg_length: std::ptr::read_volatile(std::ptr::addr_of!(st.msg_length)),
-                nbytes: std::ptr::read_volatile(std::ptr::addr_of!(st.nbytes)),
-                code: std::ptr::read_volatile(std::ptr::addr_of!(st.error_code)).0,
-                context: std::ptr::read_volatile(std::ptr::addr_of!(st.context)) as usize,
-            }
+        // SAFETY: every bit pattern of the union is a valid [u32; 4].
+        let t = unsafe { st.msg_tag.tag };
+        MqStatus {
+            peer: st.msg_peer as usize,
+            tag: [t[0], t[1], t[2]],
+            msg_length: st.msg_length,
+            nbytes: st.nbytes,
+            code: st.error_code.0,
+            context: st.context as usize,
         }
     }
 

@@ -96,7 +96,7 @@ fn a_queue_talks_to_itself_and_owns_its_requests() {
     assert_eq!(inp, out);
     assert!(mq.iprobe(&exact(5)).is_none());
 
-    let mut q = TrackedQueue::new(mq);
+    let mut q: TrackedQueue<_> = TrackedQueue::new(mq);
     let mut buf = vec![0u8; 16];
     // SAFETY: `buf` outlives the request, which is cancelled below before
     // `buf` is read.
@@ -133,7 +133,8 @@ fn a_queue_talks_to_itself_and_owns_its_requests() {
     // SAFETY: `buf` outlives the queue, which is closed below.
     unsafe { q.irecv(&exact(11), (buf.as_mut_ptr(), buf.len()), "left") }.unwrap();
     assert_eq!(q.len(), 1);
-    assert_eq!(q.close(Duration::from_secs(1)), vec!["left"]);
+    let (left, lent) = q.close(Duration::from_secs(1));
+    assert_eq!((left, lent), (vec!["left"], vec![]));
     let lib = Library::get().unwrap();
     drop(lib.reserve_endpoint().expect("the close released the slot"));
 }
@@ -143,7 +144,7 @@ fn a_send_done_inside_its_post_never_enters_the_table() {
     let Some((_guard, mq)) = solo_queue() else {
         return;
     };
-    let mut q = TrackedQueue::new(mq);
+    let mut q: TrackedQueue<_> = TrackedQueue::new(mq);
     let data = [5u8; 24];
     // An eager send to itself: PSM2 copies it out inside the post, so the
     // test there ends it, and `track` is never called.
@@ -175,7 +176,7 @@ fn completions_come_in_batches_until_none_is_left() {
     let Some((_guard, mq)) = solo_queue() else {
         return;
     };
-    let mut q = TrackedQueue::new(mq);
+    let mut q: TrackedQueue<_> = TrackedQueue::new(mq);
     let mut want = Vec::new();
     for (i, b) in bufs.iter_mut().enumerate() {
         // SAFETY: `bufs` outlives the queue (declared first), and every
@@ -218,7 +219,7 @@ fn a_post_that_fails_gives_its_payload_back_and_tracks_nothing() {
     let Some((_guard, mq)) = solo_queue() else {
         return;
     };
-    let mut q = TrackedQueue::new(mq);
+    let mut q: TrackedQueue<_> = TrackedQueue::new(mq);
     // Peer 5 is not connected: PSM2 never sees either post.
     let from_5 = Selector {
         from: Some(5),
@@ -257,4 +258,101 @@ fn an_eager_send_to_a_peer_not_connected_is_refused_and_sends_nothing() {
     let mut inp = [0u8; 8];
     to_itself(&mut mq, 13, &data, &mut inp);
     assert_eq!(inp, data);
+}
+
+#[test]
+fn lent_receives_have_a_table_of_their_own() {
+    // Declared before the queue, so they outlive it whatever happens.
+    let (mut a, mut b, mut c) = ([0u8; 8], [0u8; 8], [0u8; 8]);
+    let (one, two) = ([1u8; 8], [2u8; 8]);
+    let Some((_guard, mq)) = solo_queue() else {
+        return;
+    };
+    let mut q: TrackedQueue<&str, &str> = TrackedQueue::new(mq);
+    // SAFETY: the buffers outlive the queue (declared first), and are read
+    // only once their request left the table.
+    let held = unsafe { q.irecv(&exact(20), (a.as_mut_ptr(), 8), "tracked") }.unwrap();
+    // SAFETY: the buffers outlive the queue (declared first), and are read
+    // only once their request left the table.
+    let lent = unsafe { q.irecv_lent(&exact(21), (b.as_mut_ptr(), 8), "lent") }.unwrap();
+    assert!(lent.is_lent() && !held.is_lent());
+    assert_eq!(
+        held.to_u64() & !(1 << 63),
+        lent.to_u64() & !(1 << 63),
+        "slot 0, generation 0 of each"
+    );
+    // Each table answers only for its own keys.
+    assert_eq!((q.get(lent), q.lent(held)), (None, None));
+    assert_eq!((q.cancel(lent), q.cancel_lent(held)), (None, None));
+    assert!(matches!(
+        q.test_lent(held, &mut StatusSlot::new(), |_| ()),
+        LentTest::Unknown
+    ));
+    assert_eq!(
+        (q.get(held), q.lent(lent)),
+        (Some(&"tracked"), Some(&"lent"))
+    );
+    assert_eq!(q.len(), 2);
+
+    // Not matched yet: pending; once a send matches it, done, with its status.
+    assert!(matches!(
+        q.test_lent(lent, &mut StatusSlot::new(), |_| ()),
+        LentTest::Pending
+    ));
+    q.send(0, MqTag([21, 1, 2]), &one).unwrap();
+    q.poll();
+    let mut slot = StatusSlot::new();
+    match q.test_lent(lent, &mut slot, |p| *p) {
+        LentTest::Done(p) => {
+            assert_eq!(p, "lent");
+            let st = slot.status();
+            assert_eq!((st.nbytes(), st.tag()), (8, MqTag([21, 1, 2])));
+        }
+        LentTest::Pending => panic!("a matched eager receive is done after a poll"),
+        LentTest::Unknown => panic!("the key named it"),
+    }
+    assert_eq!(b, one);
+    assert!(
+        matches!(q.test_lent(lent, &mut slot, |_| ()), LentTest::Unknown),
+        "it left the table"
+    );
+
+    // The slot is reused under a new generation; a collecting round takes a
+    // lent completion only through `take_completed_lent`.
+    // SAFETY: the buffers outlive the queue (declared first), and are read
+    // only once their request left the table.
+    let again = unsafe { q.irecv_lent(&exact(22), (c.as_mut_ptr(), 8), "again") }.unwrap();
+    assert!(again.is_lent() && again != lent);
+    assert!(q.lent(lent).is_none());
+    q.send(0, MqTag([22, 1, 2]), &two).unwrap();
+    let mut batch = CompletionBatch::new();
+    let mut taken = None;
+    while taken.is_none() {
+        q.collect(&mut batch);
+        for st in batch.statuses() {
+            assert!(RequestKey::of(st).is_lent());
+            assert!(q.take_completed(st).is_none(), "not the tracked table's");
+            taken = q.take_completed_lent(st);
+        }
+    }
+    assert_eq!(taken, Some((again, "again")));
+    assert_eq!(c, two);
+
+    // An unmatched lent receive is cancelled; closing hands back the rest
+    // of both tables.
+    // SAFETY: the buffers outlive the queue (declared first), and are read
+    // only once their request left the table.
+    let gone = unsafe { q.irecv_lent(&exact(23), (c.as_mut_ptr(), 8), "cancelled") }.unwrap();
+    assert_eq!(q.cancel_lent(gone), Some("cancelled"));
+    assert_eq!(q.cancel_lent(gone), None);
+    // SAFETY: the buffers outlive the queue (declared first), and are read
+    // only once their request left the table.
+    unsafe { q.irecv_lent(&exact(24), (b.as_mut_ptr(), 8), "left") }.unwrap();
+    assert_eq!(
+        q.lent_iter().map(|(_, p)| *p).collect::<Vec<_>>(),
+        vec!["left"]
+    );
+    assert_eq!(q.len(), 2);
+    let (left, lent_left) = q.close(Duration::from_secs(1));
+    assert_eq!((left, lent_left), (vec!["tracked"], vec!["left"]));
 }

@@ -11,20 +11,31 @@ use xdev::Result;
 
 use super::queue::{MatchedQueue, MqStatus, MqTag, Selector};
 
+mod lent;
+
+use lent::LentTable;
+pub use lent::{LentTest, StatusSlot};
+
 // Keys travel through PSM2 as the request's context pointer: 64 bits of
 // index and generation. (libpsm2 exists for x86_64 only.)
 const _: () = assert!(usize::BITS == 64, "PSM2 request keys need 64-bit pointers");
 
-/// Names one outstanding request of a [`TrackedQueue`]: its slot in the
-/// table and the slot's generation, so a key stays unique after its request
-/// is gone and the slot reused.
+/// Names one outstanding request of a [`TrackedQueue`]: its table (the
+/// top bit: the lent table), its slot there and the slot's generation (31
+/// bits), so a key stays unique after its request is gone and the slot
+/// reused.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct RequestKey(u64);
+
+/// The top bit of a key: it names a lent receive (see `tracked/lent.rs`).
+const LENT_BIT: u64 = 1 << 63;
+/// The generations a slot goes through before its keys repeat.
+const GENERATIONS: u32 = 1 << 31;
 
 impl RequestKey {
     #[inline]
     fn new(index: usize, generation: u32) -> RequestKey {
-        RequestKey(u64::from(generation) << 32 | index as u64)
+        RequestKey(u64::from(generation % GENERATIONS) << 32 | index as u64)
     }
 
     #[inline]
@@ -34,7 +45,21 @@ impl RequestKey {
 
     #[inline]
     fn generation(self) -> u32 {
-        (self.0 >> 32) as u32
+        ((self.0 & !LENT_BIT) >> 32) as u32
+    }
+
+    /// Whether the key names a lent receive
+    /// ([`irecv_lent`](TrackedQueue::irecv_lent)).
+    #[inline]
+    pub fn is_lent(self) -> bool {
+        self.0 & LENT_BIT != 0
+    }
+
+    /// The key of the request a status of
+    /// [`collect`](TrackedQueue::collect) reports (its PSM2 context).
+    #[inline]
+    pub fn of(st: &MqStatus) -> RequestKey {
+        RequestKey(st.context as u64)
     }
 
     /// The key as a number (e.g. a request's token).
@@ -51,6 +76,12 @@ impl RequestKey {
     }
 }
 
+/// The next generation of a slot whose request is gone.
+#[inline]
+fn next_generation(g: u32) -> u32 {
+    (g + 1) % GENERATIONS
+}
+
 /// One slot of the table: a live PSM2 request and its payload, or free.
 struct Entry<T> {
     generation: u32,
@@ -60,9 +91,10 @@ struct Entry<T> {
     payload: Option<T>,
 }
 
-/// A [`MatchedQueue`] and the table of its outstanding non-blocking
-/// requests, each with its owner's payload `T` (what completes it: a
-/// request, the memory it uses...).
+/// A [`MatchedQueue`] and the tables of its outstanding non-blocking
+/// requests: each with its owner's payload `T` (what completes it: a
+/// request, the memory it uses...), and the lent receives, each with its
+/// payload `L` (see [`irecv_lent`](Self::irecv_lent)).
 ///
 /// The table holds every PSM2 request handle from its post until PSM2 frees
 /// it (a completion, a test, a cancel), so none is used afterwards (PSM2
@@ -71,20 +103,22 @@ struct Entry<T> {
 /// request's memory in the close, so memory a payload owns may be what a
 /// request used. [`close`](Self::close) does the same gracefully and hands
 /// the payloads back.
-pub struct TrackedQueue<T> {
+pub struct TrackedQueue<T, L = ()> {
     /// Dropped first (field order), before the payloads.
     mq: MatchedQueue,
     slots: Vec<Entry<T>>,
     free: Vec<usize>,
+    lent: LentTable<L>,
 }
 
-impl<T> TrackedQueue<T> {
+impl<T, L> TrackedQueue<T, L> {
     /// Tracks the requests of `mq`.
     pub fn new(mq: MatchedQueue) -> Self {
         TrackedQueue {
             mq,
             slots: Vec::new(),
             free: Vec::new(),
+            lent: LentTable::new(),
         }
     }
 
@@ -121,6 +155,9 @@ impl<T> TrackedQueue<T> {
     /// The slot of live request `key`.
     #[inline]
     fn entry(&self, key: RequestKey) -> Option<&Entry<T>> {
+        if key.is_lent() {
+            return None;
+        }
         self.slots
             .get(key.index())
             .filter(|e| e.generation == key.generation() && e.payload.is_some())
@@ -129,13 +166,16 @@ impl<T> TrackedQueue<T> {
     /// Frees the slot of `key` (its request is gone): the payload.
     #[inline]
     fn remove(&mut self, key: RequestKey) -> Option<T> {
+        if key.is_lent() {
+            return None;
+        }
         let e = self.slots.get_mut(key.index())?;
         if e.generation != key.generation() {
             return None;
         }
         let payload = e.payload.take()?;
         e.req = ptr::null_mut();
-        e.generation = e.generation.wrapping_add(1);
+        e.generation = next_generation(e.generation);
         self.free.push(key.index());
         Some(payload)
     }
@@ -278,9 +318,9 @@ impl<T> TrackedQueue<T> {
     #[inline]
     pub fn take_completed(&mut self, st: &MqStatus) -> Option<(RequestKey, T)> {
         let key = RequestKey(st.context as u64);
-        // Every request of this queue that PSM2 can report is in the table:
+        // Every request of this queue that PSM2 can report is in a table:
         // a scope or a blocking receive frees its own before it gives the
-        // queue back.
+        // queue back. A lent one is taken by `take_completed_lent`.
         self.remove(key).map(|p| (key, p))
     }
 
@@ -300,7 +340,7 @@ impl<T> TrackedQueue<T> {
     ///
     /// # Safety
     /// `req` is a live request of this queue: not freed by PSM2 yet.
-    #[inline]
+    #[inline(always)]
     unsafe fn test_live(&self, mut req: psm2_mq_req_t) -> Option<MqStatus> {
         let (_, psm) = self.mq.raw();
         let mut st = MaybeUninit::<psm2_mq_status2_t>::zeroed();
@@ -323,17 +363,33 @@ impl<T> TrackedQueue<T> {
         if !e.recv {
             return None;
         }
-        let mut req = e.req;
-        let (_, psm) = self.mq.raw();
+        let req = e.req;
         // SAFETY: req is a live receive request of this queue (in the table).
+        if unsafe { self.cancel_live(req) } {
+            self.remove(key)
+        } else {
+            None
+        }
+    }
+
+    /// `psm2_mq_cancel` on `req`, then (cancelled) `psm2_mq_wait2`, which
+    /// frees it: whether it was cancelled (else PSM2 had matched it, and it
+    /// is still live).
+    ///
+    /// # Safety
+    /// `req` is a live receive request of this queue: not freed by PSM2 yet.
+    unsafe fn cancel_live(&self, mut req: psm2_mq_req_t) -> bool {
+        let (_, psm) = self.mq.raw();
+        // SAFETY: req is a live receive request of this queue (the caller's
+        // contract).
         if unsafe { (psm.psm2_mq_cancel)(&mut req) } != psm2_error::PSM2_OK {
-            return None;
+            return false;
         }
         let mut st = MaybeUninit::<psm2_mq_status2_t>::zeroed();
         // SAFETY: a cancelled request must be returned with test or wait
         // (psm2_mq.h); wait2 frees it.
         unsafe { (psm.psm2_mq_wait2)(&mut req, st.as_mut_ptr()) };
-        self.remove(key)
+        true
     }
 
     /// The payload of outstanding request `key`.
@@ -346,6 +402,9 @@ impl<T> TrackedQueue<T> {
     /// that drops the completion).
     #[inline]
     pub fn get_mut(&mut self, key: RequestKey) -> Option<&mut T> {
+        if key.is_lent() {
+            return None;
+        }
         let e = self.slots.get_mut(key.index())?;
         if e.generation != key.generation() {
             return None;
@@ -362,9 +421,9 @@ impl<T> TrackedQueue<T> {
         })
     }
 
-    /// How many requests are outstanding.
+    /// How many requests are outstanding (in both tables).
     pub fn len(&self) -> usize {
-        self.slots.len() - self.free.len()
+        self.slots.len() - self.free.len() + self.lent.len()
     }
 
     /// Whether no request is outstanding.
@@ -374,20 +433,28 @@ impl<T> TrackedQueue<T> {
 
     /// Finalizes the queue and closes the endpoint at once (forced, as the
     /// queue's drop does), then hands back the payloads of the requests
-    /// still outstanding: PSM2 no longer touches their memory.
-    pub fn close_now(self) -> Vec<T> {
-        let TrackedQueue { mq, slots, .. } = self;
+    /// still outstanding (those of the lent receives second): PSM2 no
+    /// longer touches their memory.
+    pub fn close_now(self) -> (Vec<T>, Vec<L>) {
+        let TrackedQueue {
+            mq, slots, lent, ..
+        } = self;
         drop(mq);
-        slots.into_iter().filter_map(|e| e.payload).collect()
+        let tracked = slots.into_iter().filter_map(|e| e.payload).collect();
+        (tracked, lent.into_payloads())
     }
 
     /// Finalizes the queue and closes the endpoint gracefully (up to
     /// `timeout`, forced if that fails), then hands back the payloads of the
-    /// requests still outstanding: PSM2 no longer touches their memory.
-    pub fn close(self, timeout: Duration) -> Vec<T> {
-        let TrackedQueue { mq, slots, .. } = self;
+    /// requests still outstanding (those of the lent receives second):
+    /// PSM2 no longer touches their memory.
+    pub fn close(self, timeout: Duration) -> (Vec<T>, Vec<L>) {
+        let TrackedQueue {
+            mq, slots, lent, ..
+        } = self;
         mq.close(timeout);
-        slots.into_iter().filter_map(|e| e.payload).collect()
+        let tracked = slots.into_iter().filter_map(|e| e.payload).collect();
+        (tracked, lent.into_payloads())
     }
 }
 
@@ -461,7 +528,7 @@ unsafe extern "C" fn copy_status(
     1
 }
 
-impl<T> Deref for TrackedQueue<T> {
+impl<T, L> Deref for TrackedQueue<T, L> {
     type Target = MatchedQueue;
 
     #[inline]
@@ -474,14 +541,14 @@ impl<T> Deref for TrackedQueue<T> {
 /// sound beside tracked requests: each frees its own requests before it
 /// returns. (Swapping the queue for another is impossible: a process has at
 /// most one.)
-impl<T> DerefMut for TrackedQueue<T> {
+impl<T, L> DerefMut for TrackedQueue<T, L> {
     #[inline]
     fn deref_mut(&mut self) -> &mut MatchedQueue {
         &mut self.mq
     }
 }
 
-// SAFETY: the table holds PSM2 handles (raw pointers) that may move between
+// SAFETY: the tables hold PSM2 handles (raw pointers) that may move between
 // threads with the queue they belong to (see `MatchedQueue`'s `Send`), and
-// payloads of a `Send` type.
-unsafe impl<T: Send> Send for TrackedQueue<T> {}
+// payloads of `Send` types.
+unsafe impl<T: Send, L: Send> Send for TrackedQueue<T, L> {}
