@@ -144,6 +144,14 @@ pub fn msg_len(len: usize) -> Result<u32> {
         .map_err(|_| Error::ResourceExhausted("PSM2 messages are limited to 4 GiB".into()))
 }
 
+/// The error of a receive or probe from `from`, a peer that is not
+/// connected (out of line: the message path only tests for it).
+#[cold]
+#[inline(never)]
+fn not_connected(from: Option<usize>) -> Error {
+    Error::Config(format!("PSM2 peer {from:?} is not connected"))
+}
+
 /// The matched queue (MQ) of an [`Endpoint`], which it owns: on drop the
 /// queue is finalized, then the endpoint closed (forced).
 ///
@@ -369,9 +377,9 @@ impl MatchedQueue {
         len: usize,
         context: usize,
     ) -> Result<psm2_mq_req_t> {
-        let src = self
-            .source(sel.from)
-            .ok_or_else(|| Error::Config(format!("PSM2 peer {:?} is not connected", sel.from)))?;
+        let Some(src) = self.source(sel.from) else {
+            return Err(not_connected(sel.from));
+        };
         let len = msg_len(len)?;
         let (mut rtag, mut mask) = (sel.tag.raw(), sel.mask.raw());
         let mut req: psm2_mq_req_t = ptr::null_mut();
