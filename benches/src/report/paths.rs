@@ -83,8 +83,10 @@ impl Report {
         }
         let mut s = String::from(
             "### Bi-directional bandwidth of shm by rendezvous path\n\n\
-             `shm` is the device as it chose at start-up (`cma=auto`); the others force a \
-             path: `cma=on` (CMA: the receiver copies with `process_vm_readv`) with the split \
+             `shm` is the device as it chose at start-up (`cma=auto`: where CMA is used, \
+             from `cma_min_bytes`, 256 KiB, and the pipelined copy below); the others force a \
+             path: `cma=on` (CMA for every rendezvous: the receiver copies with \
+             `process_vm_readv`) with the split \
              (`split=on`: a large copy shared with the sender, `process_vm_writev`; skipped \
              while the receiver has rendezvous of its own out to that sender) or without it \
              (`cma_split_bytes=0`), and `cma=off` (the pipelined copy through the ring). \

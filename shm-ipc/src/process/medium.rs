@@ -88,6 +88,9 @@ pub struct ProcessState {
     pub(super) splits: HashMap<(Rank, u64), SplitRecv>,
     /// Split copies that completed (for tests and diagnostics).
     pub(super) splits_done: u64,
+    /// Rendezvous received by the pipelined copy (`PULL`s sent; for tests
+    /// and diagnostics).
+    pub(super) pulls_sent: u64,
     /// Eager bytes (with charges) read from each sender's ring.
     pub(super) eager_recv: Vec<u64>,
     /// Whether CMA reads from each peer are allowed.
@@ -116,6 +119,7 @@ impl ProcessState {
             copies: VecDeque::new(),
             splits: HashMap::new(),
             splits_done: 0,
+            pulls_sent: 0,
             eager_recv: vec![0; n],
             cma: vec![cma; n],
             rndv_out: vec![0; n],

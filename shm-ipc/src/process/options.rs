@@ -100,6 +100,19 @@ pub struct ProcessOptions {
     /// 32, 64 and 128 KiB: the split wins one-way from 32 KiB (latency 5.0
     /// vs 7.3 us, bw 11.4 vs 7.3 GB/s at 32 KiB).
     pub cma_split_bytes: usize,
+    /// Rendezvous messages shorter than this take the pipelined copy even
+    /// where CMA is used (default 256 KiB with `cma=auto`, 0 with `cma=on`,
+    /// which forces CMA for every rendezvous).
+    /// A CMA copy pays a system call and the pinning of the pages, which
+    /// the pipelined copy's two cores overlap: measured here
+    /// (`xdev-bench --device shm --option cma=on|off`, each twice), the
+    /// pipelined copy is ahead below 256 KiB (bw 19.0-21.0 against 5.8-6.7
+    /// GB/s at 32 KiB, 20.8-22.0 against 10.0-12.4 at 64 KiB; bibw 21.8-22.0
+    /// against 12.1-12.9 at 32 KiB, 13.8-14.1 against 8.5-11.8 at 128 KiB;
+    /// latency 2.2 against 5.5-7.7 us at 32 KiB, 5.7 against 9.4-13.2 at
+    /// 128 KiB), and CMA from 256 KiB (bw 18.6-23.6 against 12.7-13.0,
+    /// bibw 19.5-21.1 against 12.1-12.9 GB/s).
+    pub cma_min_bytes: usize,
 }
 
 impl ProcessOptions {
@@ -114,6 +127,7 @@ impl ProcessOptions {
             fragment_bytes: t.ring_bytes / 4,
             rndv_window: 65_536,
             cma_split_bytes: 64 << 10,
+            cma_min_bytes: 256 << 10,
         }
     }
 
@@ -146,6 +160,11 @@ impl ProcessOptions {
             "a byte count",
             "CMA copies this large are split with the sender (64 KiB; 0: never)",
         ),
+        OptionSpec::new(
+            "cma_min_bytes",
+            "a byte count",
+            "shorter rendezvous take the pipelined copy (256 KiB; with cma=on 0)",
+        ),
     ];
 
     /// Defaults for `config.size`, overridden by its options; an option the
@@ -163,6 +182,16 @@ impl ProcessOptions {
             fragment_bytes: opts.get("fragment_bytes", ring_bytes / 4)?,
             rndv_window: opts.get("rndv_window", d.rndv_window)?,
             cma_split_bytes: opts.get("cma_split_bytes", d.cma_split_bytes)?,
+            cma_min_bytes: 0,
+        };
+        // `cma=on` forces CMA for every rendezvous unless told otherwise.
+        let min_default = match o.cma {
+            CmaMode::On => 0,
+            CmaMode::Auto | CmaMode::Off => d.cma_min_bytes,
+        };
+        let o = ProcessOptions {
+            cma_min_bytes: opts.get("cma_min_bytes", min_default)?,
+            ..o
         };
         if o.rndv_window == 0 {
             return Err(Error::Config("rndv_window must be at least 1".into()));

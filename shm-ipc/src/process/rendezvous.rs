@@ -122,7 +122,7 @@ impl ProcessMedium {
         let n = len.min(cap);
         if n > 0
             && !l.gone[s]
-            && l.m.cma[s]
+            && Self::by_cma(e, l, s, n)
             && (l.defer_copies || Self::splits(e, l, s, &r, n, len))
         {
             return Outcome::Later(Later::Copy { start: r, len });
@@ -171,7 +171,16 @@ impl ProcessMedium {
     fn splits(e: &Eng, l: &Loc, s: Rank, r: &RndvStart, n: usize, len: usize) -> bool {
         let min = e.m.sh.opts.cma_split_bytes;
         let free = (r.may_split && l.m.rndv_out[s] == 0) || e.m.sh.inbox(s).idle();
-        l.m.cma[s] && free && min > 0 && n == len && n >= min.max(2 * SPLIT_PAGE)
+        Self::by_cma(e, l, s, n) && free && min > 0 && n == len && n >= min.max(2 * SPLIT_PAGE)
+    }
+
+    /// Whether `n` bytes from `s` are copied by CMA: CMA is used with `s`,
+    /// and the copy is at least `cma_min_bytes` (shorter ones take the
+    /// pipelined copy, which is faster there: see
+    /// [`ProcessOptions::cma_min_bytes`](super::ProcessOptions::cma_min_bytes)).
+    #[inline]
+    fn by_cma(e: &Eng, l: &Loc, s: Rank, n: usize) -> bool {
+        l.m.cma[s] && n >= e.m.sh.opts.cma_min_bytes
     }
 
     /// Publishes whether this rank is idle for receiving: no receive posted,
@@ -228,7 +237,9 @@ impl ProcessMedium {
         // nothing from a departed peer). Its process is asked (a system
         // call) only when we are about to copy from it by CMA: the
         // pipelined path takes the data from the ring.
-        let departed = if l.m.cma[s] {
+        let n = len.min(cap);
+        let cma = Self::by_cma(e, l, s, n);
+        let departed = if cma {
             !Self::may_copy_with(e, l, s)
         } else {
             l.gone[s] || e.m.sh.gone(s)
@@ -236,7 +247,6 @@ impl ProcessMedium {
         if departed {
             return Outcome::Done(Status::failed(env, lost(s, "sender died")));
         }
-        let n = len.min(cap);
         if n == 0 {
             Self::reply(e, l, s, KIND_FIN, 0, id);
             return Outcome::Done(Status::received(env, len, cap));
@@ -244,7 +254,7 @@ impl ProcessMedium {
         if split && Self::splits(e, l, s, &r, n, len) {
             return Outcome::Later(Later::Split(Self::split_copy(e, l, s, (r, len), dst, n)));
         }
-        if l.m.cma[s] {
+        if cma {
             // SAFETY: dst is valid for cap >= n bytes and exclusively ours
             // (a matched target's buffer or the caller's slice).
             let out = unsafe { std::slice::from_raw_parts_mut(dst, n) };
@@ -268,6 +278,7 @@ impl ProcessMedium {
             }
         }
         Self::reply(e, l, s, KIND_PULL, 0, id);
+        l.m.pulls_sent += 1;
         Outcome::Later(Later::Stream { id, len })
     }
 
