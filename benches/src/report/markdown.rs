@@ -190,7 +190,9 @@ impl Report {
              counts and rounds) with `mpirun -np 2` and binding to cores. Buffers of a page or \
              more start on a page boundary on both sides, as OSU's do, and from 256 KiB up \
              both sides' are advised into 2 MiB transparent huge pages (xdev's page-aligned \
-             buffers are; `XDEV_HUGE_PAGES=0` turns it off for both). Raw PSM2 runs the same \
+             buffers are; `XDEV_HUGE_PAGES=0` turns it off for both), below 256 KiB neither's \
+             (the MPI peers allocate their buffers once for the sizes below 256 KiB and once \
+             for those from 256 KiB, as OSU does once for all). Raw PSM2 runs the same \
              loops against `psm2_mq_*` on the psm device's own endpoint, alternating with the \
              device. Each device's floors are measured alongside it, size by size. The \
              memcpy floor of a row is the best measured at that size in this run; the \

@@ -1,6 +1,6 @@
 //! The psm device lends its receives out ([`Lender`]): the handle owns the
 //! buffer, and the receive lives only in the queue's lent table (a
-//! [`Lent::Out`]) until the handle ends the lease.
+//! [`Lent`] in [`LentState::Out`]) until the handle ends the lease.
 //!
 //! PSM2 matches, copies and completes the receive itself, so the device
 //! needs no request core for it: no pooled core, no claim, no counted
