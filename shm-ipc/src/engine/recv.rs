@@ -149,7 +149,14 @@ impl<M: Medium> Engine<M> {
                     self.settle(l, env, out, target);
                 }
             } else {
+                // Found just now under `&mut`: it cannot miss. Were it to,
+                // the message waits as unexpected rather than being lost.
                 debug_assert!(false, "found just now");
+                if !M::hold(self, l, s, h) {
+                    return Step::Left;
+                }
+                let u = self.materialize(l, s, msg);
+                l.matching.push_unexpected(env, u);
             }
         } else {
             if leave_unmatched {

@@ -102,9 +102,7 @@ impl CoreRef {
             _owns: PhantomData,
         }
     }
-}
 
-impl CoreRef {
     /// The reference as its address, counted still (for a [`Request`]'s
     /// two words: see `handle.rs`); [`from_raw`](Self::from_raw) takes it
     /// back.
