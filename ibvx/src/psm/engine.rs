@@ -121,6 +121,31 @@ pub(super) fn selector(p: &Pattern) -> Selector {
     }
 }
 
+/// The envelope and length of a whole message from `source` with PSM2 tag
+/// `tag`, that PSM2 delivered (`ok`, `nbytes`) into `cap` bytes: the
+/// message path's status. `None` for an error, a truncation, or a length
+/// PSM2 contradicts (the status is then made out of line).
+#[inline(always)]
+pub(super) fn whole_message(
+    source: Rank,
+    tag: MqTag,
+    (ok, nbytes): (bool, u32),
+    cap: usize,
+) -> Option<(Envelope, usize)> {
+    let t = tag.0;
+    let len = t[2] as usize;
+    if ok && len <= cap && nbytes as usize == len {
+        let env = Envelope {
+            source,
+            tag: t[0] as i32,
+            context: t[1],
+        };
+        Some((env, len))
+    } else {
+        None
+    }
+}
+
 /// The queue a send is posted to, and the send's PSM2 tag: `Closed` if
 /// `finish` closed the queue after the caller's first check, and an error
 /// for a message PSM2 cannot carry (4 GiB or more).
@@ -169,14 +194,9 @@ impl PsmEngine {
         cap: Option<usize>,
     ) -> Status {
         if let (Some(source), Some(cap)) = (source, cap) {
-            let t = st.tag().0;
-            let len = t[2] as usize;
-            if st.is_ok() && len <= cap && st.nbytes() as usize == len {
-                let env = Envelope {
-                    source,
-                    tag: t[0] as i32,
-                    context: t[1],
-                };
+            if let Some((env, len)) =
+                whole_message(source, st.tag(), (st.is_ok(), st.nbytes()), cap)
+            {
                 return Status::ok(env, len);
             }
         }

@@ -132,18 +132,7 @@ fn plain_end(who: Who, slot: &StatusSlot, cap: usize) -> Option<(Envelope, usize
     let (LentState::Out, Some(source)) = who else {
         return None;
     };
-    let t = slot.tag().0;
-    let len = t[2] as usize;
-    if slot.is_ok() && len <= cap && slot.nbytes() as usize == len {
-        let env = Envelope {
-            source,
-            tag: t[0] as i32,
-            context: t[1],
-        };
-        Some((env, len))
-    } else {
-        None
-    }
+    super::engine::whole_message(source, slot.tag(), (slot.is_ok(), slot.nbytes()), cap)
 }
 
 impl PsmEngine {

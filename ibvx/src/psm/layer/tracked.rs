@@ -3,7 +3,6 @@
 use std::ffi::c_int;
 use std::mem::MaybeUninit;
 use std::ops::{Deref, DerefMut};
-use std::ptr;
 use std::time::Duration;
 
 use psm_sys::ffi::*;
@@ -12,9 +11,10 @@ use xdev::Result;
 use super::queue::{MatchedQueue, MqStatus, MqTag, Selector};
 
 mod lent;
+mod table;
 
-use lent::LentTable;
 pub use lent::{LentTest, StatusSlot};
+use table::Table;
 
 // Keys travel through PSM2 as the request's context pointer: 64 bits of
 // index and generation. (libpsm2 exists for x86_64 only.)
@@ -76,21 +76,6 @@ impl RequestKey {
     }
 }
 
-/// The next generation of a slot whose request is gone.
-#[inline]
-fn next_generation(g: u32) -> u32 {
-    (g + 1) % GENERATIONS
-}
-
-/// One slot of the table: a live PSM2 request and its payload, or free.
-struct Entry<T> {
-    generation: u32,
-    /// PSM2's handle; meaningful while `payload` is `Some`.
-    req: psm2_mq_req_t,
-    recv: bool,
-    payload: Option<T>,
-}
-
 /// A [`MatchedQueue`] and the tables of its outstanding non-blocking
 /// requests: each with its owner's payload `T` (what completes it: a
 /// request, the memory it uses...), and the lent receives, each with its
@@ -106,9 +91,8 @@ struct Entry<T> {
 pub struct TrackedQueue<T, L = ()> {
     /// Dropped first (field order), before the payloads.
     mq: MatchedQueue,
-    slots: Vec<Entry<T>>,
-    free: Vec<usize>,
-    lent: LentTable<L>,
+    slots: Table<T, false>,
+    lent: Table<L, true>,
 }
 
 impl<T, L> TrackedQueue<T, L> {
@@ -116,9 +100,8 @@ impl<T, L> TrackedQueue<T, L> {
     pub fn new(mq: MatchedQueue) -> Self {
         TrackedQueue {
             mq,
-            slots: Vec::new(),
-            free: Vec::new(),
-            lent: LentTable::new(),
+            slots: Table::new(),
+            lent: Table::new(),
         }
     }
 
@@ -132,52 +115,22 @@ impl<T, L> TrackedQueue<T, L> {
         recv: bool,
         payload: T,
     ) -> RequestKey {
-        let index = match self.free.pop() {
-            Some(i) => i,
-            None => {
-                self.slots.push(Entry {
-                    generation: 0,
-                    req: ptr::null_mut(),
-                    recv: false,
-                    payload: None,
-                });
-                self.slots.len() - 1
-            }
-        };
+        let index = self.slots.claim();
         debug_assert_eq!(index, key.index(), "the slot next_key named");
-        let e = &mut self.slots[index];
-        e.req = req;
-        e.recv = recv;
-        e.payload = Some(payload);
+        self.slots.fill(index, req, recv, payload);
         key
     }
 
     /// The slot of live request `key`.
     #[inline]
-    fn entry(&self, key: RequestKey) -> Option<&Entry<T>> {
-        if key.is_lent() {
-            return None;
-        }
-        self.slots
-            .get(key.index())
-            .filter(|e| e.generation == key.generation() && e.payload.is_some())
+    fn entry(&self, key: RequestKey) -> Option<&table::Entry<T>> {
+        self.slots.live(key)
     }
 
     /// Frees the slot of `key` (its request is gone): the payload.
     #[inline]
     fn remove(&mut self, key: RequestKey) -> Option<T> {
-        if key.is_lent() {
-            return None;
-        }
-        let e = self.slots.get_mut(key.index())?;
-        if e.generation != key.generation() {
-            return None;
-        }
-        let payload = e.payload.take()?;
-        e.req = ptr::null_mut();
-        e.generation = next_generation(e.generation);
-        self.free.push(key.index());
-        Some(payload)
+        self.slots.remove(key)
     }
 
     /// The next key `insert` hands out, as a context for PSM2 (the request
@@ -186,10 +139,7 @@ impl<T, L> TrackedQueue<T, L> {
     /// its payload can name it before the post.
     #[inline]
     pub fn next_key(&self) -> RequestKey {
-        match self.free.last() {
-            Some(&i) => RequestKey::new(i, self.slots[i].generation),
-            None => RequestKey::new(self.slots.len(), 0),
-        }
+        self.slots.next_key()
     }
 
     /// Posts a send of `len` bytes at `buf` to `peer` (`psm2_mq_isend2`;
@@ -402,28 +352,17 @@ impl<T, L> TrackedQueue<T, L> {
     /// that drops the completion).
     #[inline]
     pub fn get_mut(&mut self, key: RequestKey) -> Option<&mut T> {
-        if key.is_lent() {
-            return None;
-        }
-        let e = self.slots.get_mut(key.index())?;
-        if e.generation != key.generation() {
-            return None;
-        }
-        e.payload.as_mut()
+        self.slots.payload_mut(key)
     }
 
     /// Every outstanding request's key and payload.
     pub fn iter(&self) -> impl Iterator<Item = (RequestKey, &T)> {
-        self.slots.iter().enumerate().filter_map(|(i, e)| {
-            e.payload
-                .as_ref()
-                .map(|p| (RequestKey::new(i, e.generation), p))
-        })
+        self.slots.iter()
     }
 
     /// How many requests are outstanding (in both tables).
     pub fn len(&self) -> usize {
-        self.slots.len() - self.free.len() + self.lent.len()
+        self.slots.len() + self.lent.len()
     }
 
     /// Whether no request is outstanding.
@@ -440,8 +379,7 @@ impl<T, L> TrackedQueue<T, L> {
             mq, slots, lent, ..
         } = self;
         drop(mq);
-        let tracked = slots.into_iter().filter_map(|e| e.payload).collect();
-        (tracked, lent.into_payloads())
+        (slots.into_payloads(), lent.into_payloads())
     }
 
     /// Finalizes the queue and closes the endpoint gracefully (up to
@@ -453,8 +391,7 @@ impl<T, L> TrackedQueue<T, L> {
             mq, slots, lent, ..
         } = self;
         mq.close(timeout);
-        let tracked = slots.into_iter().filter_map(|e| e.payload).collect();
-        (tracked, lent.into_payloads())
+        (slots.into_payloads(), lent.into_payloads())
     }
 }
 

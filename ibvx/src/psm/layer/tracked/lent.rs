@@ -1,85 +1,15 @@
 //! The queue's second table: lent receives, whose handle keeps the buffer
 //! and tests its own PSM2 request.
 //!
-//! A lent receive is posted, tested and freed once per message, so its
-//! table is lean: a slot is the PSM2 handle, a generation and the owner's
-//! payload `L`, with no flag for its kind (every one is a receive). Its
-//! key's top bit says which table it is in, so a collecting round tells
-//! the two apart from the status's context alone.
+//! A lent receive is posted, tested and freed once per message: its table
+//! (the shape of the other, `table.rs`) holds plain-data payloads `L`, and
+//! its test has PSM2 write the status where the caller reads it. Its key's
+//! top bit says which table it is in, so a collecting round tells the two
+//! apart from the status's context alone.
 
-use std::ptr;
+use psm_sys::ffi::{psm2_error, psm2_mq_status2_t};
 
-use psm_sys::ffi::{psm2_error, psm2_mq_req_t, psm2_mq_status2_t};
-
-use super::{next_generation, MqStatus, MqTag, RequestKey, Selector, TrackedQueue, LENT_BIT};
-
-/// One slot of the lent table: a live receive and its payload, or free.
-struct LentEntry<L> {
-    generation: u32,
-    /// PSM2's handle; meaningful while `payload` is `Some`.
-    req: psm2_mq_req_t,
-    payload: Option<L>,
-}
-
-/// The lent receives of a [`TrackedQueue`] (see the module's docs).
-pub(super) struct LentTable<L> {
-    entries: Vec<LentEntry<L>>,
-    free: Vec<usize>,
-}
-
-impl<L> LentTable<L> {
-    pub(super) fn new() -> Self {
-        LentTable {
-            entries: Vec::new(),
-            free: Vec::new(),
-        }
-    }
-
-    /// How many lent receives are outstanding.
-    pub(super) fn len(&self) -> usize {
-        self.entries.len() - self.free.len()
-    }
-
-    /// The payloads still outstanding (the queue was closed: PSM2 let go
-    /// of every request).
-    pub(super) fn into_payloads(self) -> Vec<L> {
-        self.entries.into_iter().filter_map(|e| e.payload).collect()
-    }
-
-    /// The key of slot `index` as it is now.
-    #[inline(always)]
-    fn key(&self, index: usize) -> RequestKey {
-        RequestKey(LENT_BIT | RequestKey::new(index, self.entries[index].generation).0)
-    }
-
-    /// The slot of live lent receive `key`.
-    #[inline(always)]
-    fn live(&self, key: RequestKey) -> Option<&LentEntry<L>> {
-        if !key.is_lent() {
-            return None;
-        }
-        self.entries
-            .get(key.index())
-            .filter(|e| e.generation == key.generation() && e.payload.is_some())
-    }
-
-    /// Frees the slot of `key` (its request is gone): the payload.
-    #[inline(always)]
-    fn remove(&mut self, key: RequestKey) -> Option<L> {
-        if !key.is_lent() {
-            return None;
-        }
-        let e = self.entries.get_mut(key.index())?;
-        if e.generation != key.generation() {
-            return None;
-        }
-        let payload = e.payload.take()?;
-        e.req = ptr::null_mut();
-        e.generation = next_generation(e.generation);
-        self.free.push(key.index());
-        Some(payload)
-    }
-}
+use super::{MqStatus, MqTag, RequestKey, Selector, TrackedQueue};
 
 /// Where [`TrackedQueue::test_lent`] has PSM2 write a completed receive's
 /// status (zeroed until then).
@@ -161,30 +91,17 @@ impl<T, L> TrackedQueue<T, L> {
         (buf, len): (*mut u8, usize),
         payload: L,
     ) -> Result<RequestKey, (xdev::Error, L)> {
-        let t = &mut self.lent;
-        let index = match t.free.pop() {
-            Some(i) => i,
-            None => {
-                t.entries.push(LentEntry {
-                    generation: 0,
-                    req: ptr::null_mut(),
-                    payload: None,
-                });
-                t.entries.len() - 1
-            }
-        };
-        let key = t.key(index);
+        let index = self.lent.claim();
+        let key = self.lent.key(index);
         // SAFETY: the caller's contract covers the post's; the request is
         // entered in the table at once.
         match unsafe { self.mq.post_recv(sel, buf, len, key.0 as usize) } {
             Ok(req) => {
-                let e = &mut self.lent.entries[index];
-                e.req = req;
-                e.payload = Some(payload);
+                self.lent.fill(index, req, true, payload);
                 Ok(key)
             }
             Err(e) => {
-                self.lent.free.push(index);
+                self.lent.unclaim(index);
                 Err((e, payload))
             }
         }
@@ -218,16 +135,11 @@ impl<T, L> TrackedQueue<T, L> {
         if unsafe { (psm.psm2_mq_test2)(&mut req, &mut slot.0) } != psm2_error::PSM2_OK {
             return LentTest::Pending;
         }
-        let t = &mut self.lent;
-        let e = &mut t.entries[key.index()];
-        let Some(p) = e.payload.take() else {
+        match self.lent.take_live(key.index(), pick) {
+            Some(picked) => LentTest::Done(picked),
             // Live a moment ago, under `&mut self`.
-            return LentTest::Unknown;
-        };
-        e.req = ptr::null_mut();
-        e.generation = next_generation(e.generation);
-        t.free.push(key.index());
-        LentTest::Done(pick(&p))
+            None => LentTest::Unknown,
+        }
     }
 
     /// The key and payload of the lent receive a status of
@@ -262,22 +174,11 @@ impl<T, L> TrackedQueue<T, L> {
     /// The payload of outstanding lent receive `key`, to change.
     #[inline]
     pub fn lent_mut(&mut self, key: RequestKey) -> Option<&mut L> {
-        if !key.is_lent() {
-            return None;
-        }
-        let e = self.lent.entries.get_mut(key.index())?;
-        if e.generation != key.generation() {
-            return None;
-        }
-        e.payload.as_mut()
+        self.lent.payload_mut(key)
     }
 
     /// Every outstanding lent receive's key and payload.
     pub fn lent_iter(&self) -> impl Iterator<Item = (RequestKey, &L)> {
-        let t = &self.lent;
-        t.entries
-            .iter()
-            .enumerate()
-            .filter_map(move |(i, e)| e.payload.as_ref().map(|p| (t.key(i), p)))
+        self.lent.iter()
     }
 }
