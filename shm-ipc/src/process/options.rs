@@ -174,24 +174,21 @@ impl ProcessOptions {
         let opts = Options::new("shm", Self::KEYS, config)?;
         let d = Self::for_size(config.size);
         let ring_bytes = crate::engine::ring_bytes_option(&opts, d.ring_bytes)?;
-        let o = ProcessOptions {
-            eager_limit: opts.get("eager_limit", d.eager_limit)?,
-            ring_bytes,
-            credit_bytes: opts.get("credit_bytes", 4 * ring_bytes)?,
-            cma: opts.get("cma", d.cma)?,
-            fragment_bytes: opts.get("fragment_bytes", ring_bytes / 4)?,
-            rndv_window: opts.get("rndv_window", d.rndv_window)?,
-            cma_split_bytes: opts.get("cma_split_bytes", d.cma_split_bytes)?,
-            cma_min_bytes: 0,
-        };
+        let cma = opts.get("cma", d.cma)?;
         // `cma=on` forces CMA for every rendezvous unless told otherwise.
-        let min_default = match o.cma {
+        let min_default = match cma {
             CmaMode::On => 0,
             CmaMode::Auto | CmaMode::Off => d.cma_min_bytes,
         };
         let o = ProcessOptions {
+            eager_limit: opts.get("eager_limit", d.eager_limit)?,
+            ring_bytes,
+            credit_bytes: opts.get("credit_bytes", 4 * ring_bytes)?,
+            cma,
+            fragment_bytes: opts.get("fragment_bytes", ring_bytes / 4)?,
+            rndv_window: opts.get("rndv_window", d.rndv_window)?,
+            cma_split_bytes: opts.get("cma_split_bytes", d.cma_split_bytes)?,
             cma_min_bytes: opts.get("cma_min_bytes", min_default)?,
-            ..o
         };
         if o.rndv_window == 0 {
             return Err(Error::Config("rndv_window must be at least 1".into()));
