@@ -309,12 +309,7 @@ impl<D: Face> crate::Device for D {
         out: &mut Vec<Request>,
     ) {
         let engine = self.engine();
-        if let Err(e) = send_checked(engine, dest, tag) {
-            let env = Envelope {
-                source: dest,
-                tag,
-                context,
-            };
+        if let Err((env, e)) = send_checked(engine, dest, tag, context) {
             refuse_all(engine, bufs, env, &e, out);
             return;
         }
@@ -375,7 +370,7 @@ type SendArgs = (Rank, Tag, Context, bool);
 /// `send` and `ssend`: checked, then sent by the engine.
 fn blocking_send<D: Face + ?Sized>(dev: &D, buf: &[u8], to: SendArgs) -> Result<()> {
     let (dest, tag, context, sync) = to;
-    send_checked(dev.engine(), dest, tag)?;
+    send_checks(dev.engine(), dest, tag)?;
     dev.engine()
         .blocking_send(buf, SendTo::new(dest, tag, context, sync))
 }
@@ -387,12 +382,7 @@ fn blocking_send<D: Face + ?Sized>(dev: &D, buf: &[u8], to: SendArgs) -> Result<
 fn start_send<D: Face + ?Sized>(dev: &D, buf: Buffer, to: SendArgs) -> Request {
     let (dest, tag, context, sync) = to;
     let engine = dev.engine();
-    if let Err(e) = send_checked(engine, dest, tag) {
-        let env = Envelope {
-            source: dest,
-            tag,
-            context,
-        };
+    if let Err((env, e)) = send_checked(engine, dest, tag, context) {
         return refused(engine, buf, env, e);
     }
     engine.start_send(buf, SendTo::new(dest, tag, context, sync))
@@ -401,9 +391,29 @@ fn start_send<D: Face + ?Sized>(dev: &D, buf: Buffer, to: SendArgs) -> Request {
 /// The checks of a send (blocking, non-blocking, a window): a valid rank
 /// and tag, an open device.
 #[inline]
-fn send_checked<T: Transport>(engine: &Arc<T>, dest: Rank, tag: Tag) -> Result<()> {
+fn send_checks<T: Transport>(engine: &Arc<T>, dest: Rank, tag: Tag) -> Result<()> {
     check_send(dest, tag, engine.seat().size)?;
     engine.seat().check_open()
+}
+
+/// [`send_checks`] for a non-blocking send (one or a window): a refusal
+/// comes with the envelope of its status (the rank and tag as given, as
+/// every device reports a send).
+#[inline]
+fn send_checked<T: Transport>(
+    engine: &Arc<T>,
+    dest: Rank,
+    tag: Tag,
+    context: Context,
+) -> std::result::Result<(), (Envelope, Error)> {
+    send_checks(engine, dest, tag).map_err(|e| {
+        let env = Envelope {
+            source: dest,
+            tag,
+            context,
+        };
+        (env, e)
+    })
 }
 
 /// The checks of a receive or a probe: a valid source and tag, an open
