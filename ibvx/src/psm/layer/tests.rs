@@ -238,6 +238,39 @@ fn a_post_that_fails_gives_its_payload_back_and_tracks_nothing() {
 }
 
 #[test]
+fn a_lent_post_that_fails_gives_its_payload_and_its_slot_back() {
+    // Declared before the queue, so it outlives it whatever happens.
+    let mut buf = [0u8; 8];
+    let Some((_guard, mq)) = solo_queue() else {
+        return;
+    };
+    let mut q: TrackedQueue<(), &str> = TrackedQueue::new(mq);
+    let from_5 = Selector {
+        from: Some(5),
+        ..exact(3)
+    };
+    // SAFETY: `buf` outlives the queue; the post fails, so PSM2 never has
+    // it.
+    let r = unsafe { q.irecv_lent(&from_5, (buf.as_mut_ptr(), 8), "lent") };
+    let (e, payload) = r.expect_err("a receive from a peer not connected");
+    assert!(
+        matches!(e, xdev::Error::Config(ref m) if m.contains("Some(5)")),
+        "{e:?}"
+    );
+    assert_eq!(payload, "lent", "the payload comes back with the error");
+    assert!(q.is_empty(), "the post entered no table");
+    // The slot it claimed went back unused: the next lent receive gets
+    // slot 0 in its first generation.
+    // SAFETY: `buf` outlives the queue, which is closed below before `buf`
+    // is read.
+    let k = unsafe { q.irecv_lent(&exact(3), (buf.as_mut_ptr(), 8), "next") }.unwrap();
+    assert_eq!(k.to_u64(), 1 << 63);
+    assert_eq!(q.len(), 1);
+    let (_, lent) = q.close(Duration::from_secs(1));
+    assert_eq!(lent, vec!["next"]);
+}
+
+#[test]
 fn an_eager_send_to_a_peer_not_connected_is_refused_and_sends_nothing() {
     let Some((_guard, mut mq)) = solo_queue() else {
         return;
