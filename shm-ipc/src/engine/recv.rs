@@ -152,11 +152,7 @@ impl<M: Medium> Engine<M> {
                 // Found just now under `&mut`: it cannot miss. Were it to,
                 // the message waits as unexpected rather than being lost.
                 debug_assert!(false, "found just now");
-                if !M::hold(self, l, s, h) {
-                    return Step::Left;
-                }
-                let u = self.materialize(l, s, msg);
-                l.matching.push_unexpected(env, u);
+                return self.queue_unexpected(l, s, msg, env);
             }
         } else {
             if leave_unmatched {
@@ -164,12 +160,21 @@ impl<M: Medium> Engine<M> {
                 M::unadmit(l, s, h);
                 return Step::Left;
             }
-            if !M::hold(self, l, s, h) {
-                return Step::Left;
-            }
-            let u = self.materialize(l, s, msg);
-            l.matching.push_unexpected(env, u);
+            return self.queue_unexpected(l, s, msg, env);
         }
+        Step::Taken
+    }
+
+    /// Queues the message at the head of `s`'s ring as unexpected, held
+    /// against its sender's credit ([`Medium::hold`]): `Left` in the ring if
+    /// it cannot be held now.
+    #[inline(always)]
+    fn queue_unexpected(&self, l: &mut Local<M>, s: Rank, msg: &Incoming, env: Envelope) -> Step {
+        if !M::hold(self, l, s, &msg.header) {
+            return Step::Left;
+        }
+        let u = self.materialize(l, s, msg);
+        l.matching.push_unexpected(env, u);
         Step::Taken
     }
 
