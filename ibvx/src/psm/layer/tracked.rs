@@ -121,18 +121,6 @@ impl<T, L> TrackedQueue<T, L> {
         key
     }
 
-    /// The slot of live request `key`.
-    #[inline]
-    fn entry(&self, key: RequestKey) -> Option<&table::Entry<T>> {
-        self.slots.live(key)
-    }
-
-    /// Frees the slot of `key` (its request is gone): the payload.
-    #[inline]
-    fn remove(&mut self, key: RequestKey) -> Option<T> {
-        self.slots.remove(key)
-    }
-
     /// The next key `insert` hands out, as a context for PSM2 (the request
     /// does not exist yet when it is posted): the key the next
     /// [`isend`](Self::isend) or [`irecv`](Self::irecv) returns, so that
@@ -271,7 +259,7 @@ impl<T, L> TrackedQueue<T, L> {
         // Every request of this queue that PSM2 can report is in a table:
         // a scope or a blocking receive frees its own before it gives the
         // queue back. A lent one is taken by `take_completed_lent`.
-        self.remove(key).map(|p| (key, p))
+        self.slots.remove(key).map(|p| (key, p))
     }
 
     /// Request `key`'s payload and status if it has completed
@@ -279,10 +267,10 @@ impl<T, L> TrackedQueue<T, L> {
     /// not, or if `key` names no outstanding request. Does not poll.
     #[inline]
     pub fn test(&mut self, key: RequestKey) -> Option<(T, MqStatus)> {
-        let req = self.entry(key)?.req;
+        let req = self.slots.live(key)?.req;
         // SAFETY: req is live: it is in the table.
         let st = unsafe { self.test_live(req) }?;
-        Some((self.remove(key)?, st))
+        Some((self.slots.remove(key)?, st))
     }
 
     /// `psm2_mq_test2` on `req`: its status if it has completed (PSM2 then
@@ -309,14 +297,14 @@ impl<T, L> TrackedQueue<T, L> {
     /// (it completes as usual), is a send (PSM2 cancels receives only), or
     /// `key` names no outstanding request.
     pub fn cancel(&mut self, key: RequestKey) -> Option<T> {
-        let e = self.entry(key)?;
+        let e = self.slots.live(key)?;
         if !e.recv {
             return None;
         }
         let req = e.req;
         // SAFETY: req is a live receive request of this queue (in the table).
         if unsafe { self.cancel_live(req) } {
-            self.remove(key)
+            self.slots.remove(key)
         } else {
             None
         }
@@ -345,7 +333,7 @@ impl<T, L> TrackedQueue<T, L> {
     /// The payload of outstanding request `key`.
     #[inline]
     pub fn get(&self, key: RequestKey) -> Option<&T> {
-        self.entry(key)?.payload.as_ref()
+        self.slots.live(key)?.payload.as_ref()
     }
 
     /// The payload of outstanding request `key`, to change (say, to one
