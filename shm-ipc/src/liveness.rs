@@ -18,7 +18,7 @@
 //! pidfd turns readable at the exit, before the reaping.
 
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -143,6 +143,14 @@ impl PeerWatch {
             .get(rank)
             .and_then(Option::as_ref)
             .is_some_and(Watched::exited_now)
+    }
+
+    /// `rank`'s pidfd, where it is watched by one.
+    pub fn pidfd(&self, rank: Rank) -> Option<std::os::fd::BorrowedFd<'_>> {
+        match self.peers.get(rank)?.as_ref()? {
+            Watched::Pidfd(fd) => Some(fd.as_fd()),
+            _ => None,
+        }
     }
 }
 

@@ -50,6 +50,16 @@ pub(crate) const FLAG_FAILED: u8 = 2;
 /// this message (no split copy), which would make the two cores wait for
 /// each other instead of copying side by side.
 pub(crate) const FLAG_EXPECTING: u8 = 4;
+/// On `RNDV` (process device): the send buffer lies in the sender's shared
+/// arena, and the start carries two more words, the arena's descriptor
+/// number in the sender and the buffer's offset in it (see
+/// `process/mapped.rs`).
+pub(crate) const FLAG_MAPPED: u8 = 8;
+/// Bytes of a rendezvous start: the sender's buffer address, and with
+/// [`FLAG_MAPPED`] its arena descriptor and offset.
+pub(crate) const RNDV_START_BYTES: usize = 8;
+/// Bytes of a rendezvous start with [`FLAG_MAPPED`].
+pub(crate) const RNDV_MAPPED_BYTES: usize = 24;
 
 /// The unit of a split point.
 pub(crate) const SPLIT_PAGE: usize = 4096;

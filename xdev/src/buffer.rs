@@ -9,6 +9,7 @@ use crate::request::Carry;
 
 pub mod aligned;
 mod huge;
+pub(crate) mod shared;
 
 /// Memory a [`Buffer`] can own besides a `Vec<u8>`, such as a slab a device
 /// leases out of a pre-registered pool.

@@ -23,6 +23,8 @@
 //! - [`target`]: where a matched message goes and who waits for a send.
 //! - [`lock`]: [`RankLock`](lock::RankLock), the spin-then-yield lock of a
 //!   rank's protocol state.
+//! - [`shared_arena`]: buffers a peer process can map, for copies in user
+//!   space between processes.
 //! - [`wire`] and [`keepalive`]: the bootstrap service's frame format and the
 //!   TCP keep-alive of its connections, for tests and other implementations
 //!   of the service.
@@ -70,6 +72,14 @@ pub mod target {
     //! matched message goes, who waits for a send in flight, and the receive
     //! cancel.
     pub use crate::target::*;
+}
+
+pub mod shared_arena {
+    //! The shared arena: page-aligned buffers of 256 KiB and more in a
+    //! sealed `memfd` that peer processes may map read-only, once a device
+    //! turns it on ([`share_with_peers`]); [`span_of`] says where a slice
+    //! lies in it, for a rendezvous header.
+    pub use crate::buffer::shared::{share_with_peers, span_of, SharedSpan, DEFAULT_SHARED_MIB};
 }
 
 pub mod lock {

@@ -10,6 +10,7 @@ use xdev::bootstrap::Bootstrap;
 use xdev::devkit::target::{BlockingRecv, BlockingSend, SendOwner, Target};
 use xdev::{Envelope, Error, Rank, Result, Status};
 
+use super::mapped::PeerArena;
 use super::rendezvous::{InStream, Later, OutSend, PendingCopy, RndvStart, SplitRecv};
 use super::{ProcessOptions, RendezvousPath};
 use crate::biased::BiasedGuard as RankGuard;
@@ -19,7 +20,10 @@ use crate::futex::Scope;
 use crate::liveness::PeerWatch;
 use crate::ring::{Header, Incoming, RingRef};
 use crate::segment::{state, Inbox};
-use crate::wire::{ENTRY_CHARGE, FLAG_EXPECTING, KIND_ACK, KIND_EAGER};
+use crate::wire::{
+    ENTRY_CHARGE, FLAG_EXPECTING, FLAG_MAPPED, KIND_ACK, KIND_EAGER, RNDV_MAPPED_BYTES,
+    RNDV_START_BYTES,
+};
 
 pub(super) type Eng = Engine<ProcessMedium>;
 pub(super) type Loc = Local<ProcessMedium>;
@@ -104,10 +108,19 @@ pub struct ProcessState {
     /// What we last published as our idle word
     /// ([`Inbox::idle`](crate::segment::Inbox::idle)).
     pub(super) idle_published: bool,
+    /// Whether rendezvous from each peer's shared arena are copied from
+    /// its pages mapped here (option `mapped`; off for a peer after a
+    /// failure: CMA then).
+    pub(super) mapped: Vec<bool>,
+    /// Each peer's shared arena, once mapped.
+    pub(super) arenas: Vec<Option<PeerArena>>,
+    /// Rendezvous copied from a peer's mapped arena (for tests and
+    /// diagnostics).
+    pub(super) mapped_copies: u64,
 }
 
 impl ProcessState {
-    pub(super) fn new(n: usize, cma: bool) -> Self {
+    pub(super) fn new(n: usize, cma: bool, mapped: bool) -> Self {
         ProcessState {
             control: (0..n).map(|_| VecDeque::new()).collect(),
             control_total: 0,
@@ -125,6 +138,9 @@ impl ProcessState {
             rndv_out: vec![0; n],
             rndv_in: vec![0; n],
             idle_published: false,
+            mapped: vec![cma && mapped; n],
+            arenas: (0..n).map(|_| None).collect(),
+            mapped_copies: 0,
         }
     }
 }
@@ -193,12 +209,18 @@ unsafe impl Medium for ProcessMedium {
     }
 
     unsafe fn take_rndv(_: &Eng, l: &Loc, s: Rank, msg: &Incoming) -> RndvStart {
-        let mut a = [0u8; 8];
+        // `admit` checked the length: 8 bytes, or 24 with FLAG_MAPPED.
+        let mut a = [0u8; RNDV_MAPPED_BYTES];
         Eng::consumer_of(l, s).copy_payload(msg, &mut a);
+        let word = |i: usize| u64::from_le_bytes(a[8 * i..8 * i + 8].try_into().unwrap());
+        let mapped = (msg.header.flags & FLAG_MAPPED != 0)
+            .then(|| i32::try_from(word(1)).ok().map(|fd| (fd, word(2))))
+            .flatten();
         RndvStart {
             id: msg.header.cookie,
-            addr: u64::from_le_bytes(a),
+            addr: word(0),
             may_split: msg.header.flags & FLAG_EXPECTING == 0,
+            mapped,
         }
     }
 
@@ -208,7 +230,13 @@ unsafe impl Medium for ProcessMedium {
             if l.m.eager_recv[s] - l.freed_local[s] > e.credit_bytes {
                 return Err("eager data beyond its credit".into());
             }
-        } else if h.len != 8 {
+        } else if h.len as usize
+            != if h.flags & FLAG_MAPPED != 0 {
+                RNDV_MAPPED_BYTES
+            } else {
+                RNDV_START_BYTES
+            }
+        {
             return Err(format!("rendezvous start of {} bytes", h.len));
         } else {
             l.m.rndv_in[s] += 1;

@@ -54,6 +54,7 @@ use xdev::{Config, Device, Registry, Result};
 use crate::engine::Engine;
 
 mod control;
+mod mapped;
 mod medium;
 mod options;
 mod rendezvous;

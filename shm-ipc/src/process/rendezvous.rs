@@ -5,14 +5,17 @@
 
 use std::sync::Arc;
 
+use xdev::devkit::shared_arena;
 use xdev::devkit::target::{lost, BlockingRecv, BlockingSend, SendOwner, Target};
 use xdev::{Envelope, Error, Rank, Result, Status};
 
+use super::mapped::PeerArena;
 use super::medium::{Eng, Loc, ProcessMedium};
 use crate::engine::{Direct, Outcome, Publication, Sent};
 use crate::ring::Header;
 use crate::wire::{
-    FLAG_EXPECTING, FLAG_FAILED, KIND_DATA, KIND_FIN, KIND_PULL, KIND_RNDV, KIND_WRITE, SPLIT_PAGE,
+    FLAG_EXPECTING, FLAG_FAILED, FLAG_MAPPED, KIND_DATA, KIND_FIN, KIND_PULL, KIND_RNDV,
+    KIND_WRITE, RNDV_MAPPED_BYTES, SPLIT_PAGE,
 };
 
 /// A send that waits for the receiver.
@@ -39,13 +42,16 @@ unsafe impl Send for OutSend {}
 unsafe impl Sync for OutSend {}
 
 /// A rendezvous start as the receiver keeps it: the sender's send id and
-/// buffer address, and whether the sender may be asked to write half of it
-/// (a split copy; not while it expects data itself, `FLAG_EXPECTING`).
+/// buffer address, whether the sender may be asked to write half of it
+/// (a split copy; not while it expects data itself, `FLAG_EXPECTING`), and
+/// where the buffer lies in the sender's shared arena, if it does
+/// (`FLAG_MAPPED`: its descriptor number there, the offset).
 #[derive(Copy, Clone, Debug)]
 pub struct RndvStart {
     pub(super) id: u64,
     pub(super) addr: u64,
     pub(super) may_split: bool,
+    pub(super) mapped: Option<(i32, u64)>,
 }
 
 /// A split CMA copy under way: we read the head, the sender writes the
@@ -171,7 +177,19 @@ impl ProcessMedium {
     fn splits(e: &Eng, l: &Loc, s: Rank, r: &RndvStart, n: usize, len: usize) -> bool {
         let min = e.m.sh.opts.cma_split_bytes;
         let free = (r.may_split && l.m.rndv_out[s] == 0) || e.m.sh.inbox(s).idle();
-        Self::by_cma(e, l, s, n) && free && min > 0 && n == len && n >= min.max(2 * SPLIT_PAGE)
+        Self::by_cma(e, l, s, n)
+            && !Self::maps(l, s, r)
+            && free
+            && min > 0
+            && n == len
+            && n >= min.max(2 * SPLIT_PAGE)
+    }
+
+    /// Whether rendezvous `r` from `s` is copied from `s`'s shared arena
+    /// mapped here (see `mapped.rs`) rather than by CMA.
+    #[inline]
+    fn maps(l: &Loc, s: Rank, r: &RndvStart) -> bool {
+        r.mapped.is_some() && l.m.mapped[s]
     }
 
     /// Whether `n` bytes from `s` are copied by CMA: CMA is used with `s`,
@@ -258,6 +276,10 @@ impl ProcessMedium {
             // SAFETY: dst is valid for cap >= n bytes and exclusively ours
             // (a matched target's buffer or the caller's slice).
             let out = unsafe { std::slice::from_raw_parts_mut(dst, n) };
+            if Self::maps(l, s, &r) && Self::mapped_copy(e, l, s, r, out) {
+                Self::reply(e, l, s, KIND_FIN, 0, id);
+                return Outcome::Done(Status::received(env, len, cap));
+            }
             match crate::cma::read_remote(e.m.sh.pids[s], addr, out) {
                 Ok(()) => {
                     Self::reply(e, l, s, KIND_FIN, 0, id);
@@ -280,6 +302,49 @@ impl ProcessMedium {
         Self::reply(e, l, s, KIND_PULL, 0, id);
         l.m.pulls_sent += 1;
         Outcome::Later(Later::Stream { id, len })
+    }
+
+    /// Copies `out` from where `r` lies in `s`'s shared arena, mapping it
+    /// first if needed; false (and CMA from now on for this peer) where the
+    /// arena cannot be taken, is not what it must be, or does not hold the
+    /// span. Runs right after `may_copy_with` said `s` is alive.
+    fn mapped_copy(e: &Eng, l: &mut Loc, s: Rank, r: RndvStart, out: &mut [u8]) -> bool {
+        let Some((fd, offset)) = r.mapped else {
+            return false;
+        };
+        let current = l.m.arenas[s].as_ref().is_some_and(|a| a.peer_fd == fd);
+        if !current {
+            let watch = e.m.watch.lock().unwrap_or_else(|p| p.into_inner());
+            let opened = match watch.as_ref().and_then(|w| w.pidfd(s)) {
+                Some(pidfd) => PeerArena::open(pidfd, fd),
+                None => Err(std::io::Error::from_raw_os_error(libc::ESRCH)),
+            };
+            drop(watch);
+            match opened {
+                Ok(a) => l.m.arenas[s] = Some(a),
+                Err(err) => return Self::stop_mapping(l, s, &err),
+            }
+        }
+        let Some(arena) = l.m.arenas[s].as_mut() else {
+            return false;
+        };
+        match arena.copy(offset, out) {
+            Ok(()) => {
+                l.m.mapped_copies += 1;
+                true
+            }
+            Err(err) => Self::stop_mapping(l, s, &err),
+        }
+    }
+
+    /// The mapped copy failed with `s`: its rendezvous go by CMA from now
+    /// on. Returns false (the copy was not made).
+    #[cold]
+    fn stop_mapping(l: &mut Loc, s: Rank, err: &std::io::Error) -> bool {
+        tracing::info!(peer = s, error = %err, "shm: the peer's shared arena cannot be mapped; its rendezvous are copied by CMA");
+        l.m.mapped[s] = false;
+        l.m.arenas[s] = None;
+        false
     }
 
     /// Starts a split copy of `n` bytes from `s` into `dst`: the sender
@@ -307,7 +372,13 @@ impl ProcessMedium {
         // SAFETY: dst is valid for cap >= n > half bytes and ours: the
         // sender writes only [half, n).
         let head = unsafe { std::slice::from_raw_parts_mut(dst, half) };
-        let head_failed = match crate::cma::read_remote(e.m.sh.pids[s], addr, head) {
+        // From the sender's mapped arena where it can, else by CMA.
+        let read = if Self::maps(l, s, &r) && Self::mapped_copy(e, l, s, r, head) {
+            Ok(())
+        } else {
+            crate::cma::read_remote(e.m.sh.pids[s], addr, head)
+        };
+        let head_failed = match read {
             Ok(()) => {
                 Self::reply(e, l, s, KIND_FIN, 0, id);
                 None
@@ -442,6 +513,8 @@ impl ProcessMedium {
         let id = l.m.next_id;
         header.cookie = id;
         let rndv = header.kind == KIND_RNDV;
+        let mut start = [0u8; RNDV_MAPPED_BYTES];
+        let mut payload = payload;
         if rndv {
             Self::publish_idle(e, l);
             // A rendezvous is synchronous anyway (no FLAG_SYNC); what the
@@ -451,6 +524,14 @@ impl ProcessMedium {
             } else {
                 0
             };
+            // And where the buffer lies in our shared arena, if it does.
+            if let Some(span) = shared_arena::span_of(out.data) {
+                start[..8].copy_from_slice(&payload[..8]);
+                start[8..16].copy_from_slice(&(span.fd as u64).to_le_bytes());
+                start[16..].copy_from_slice(&span.offset.to_le_bytes());
+                header.flags |= FLAG_MAPPED;
+                payload = &start[..];
+            }
         }
         match e.push_message(l, out.dest, &header, payload) {
             Ok(true) => {}

@@ -153,6 +153,16 @@ pub(super) fn open(config: &Config, boot: Bootstrap) -> Result<Engine<ProcessMed
     // Not using CMA: nobody needs to attach to us (peers that chose CMA
     // get EPERM and fall back to the pipelined copy for us).
     let grant = if cma_ok { grant } else { None };
+    // Our page-aligned buffers from now on lie in the shared arena, which
+    // peers that may read us by CMA may also map (the same permission);
+    // and we map theirs.
+    let mapped = cma_ok && sh.opts.mapped;
+    if mapped && !xdev::devkit::shared_arena::share_with_peers() {
+        tracing::info!(
+            rank,
+            "shm: no shared arena here; peers copy our buffers by CMA"
+        );
+    }
     let limits = Limits {
         rank,
         size,
@@ -167,7 +177,11 @@ pub(super) fn open(config: &Config, boot: Bootstrap) -> Result<Engine<ProcessMed
         _probe: probe,
         ptracer: Mutex::new(grant),
     };
-    Ok(Engine::new(medium, limits, ProcessState::new(size, cma_ok)))
+    Ok(Engine::new(
+        medium,
+        limits,
+        ProcessState::new(size, cma_ok, mapped),
+    ))
 }
 
 /// Every rank's record, checked.

@@ -9,6 +9,7 @@ use crate::wire::*;
 
 use xdev::bootstrap::{BootstrapServer, Secret};
 
+mod mapped;
 mod split;
 
 /// Two ranks of one job as two devices in this process (threads).

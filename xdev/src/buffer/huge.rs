@@ -52,6 +52,9 @@ pub(super) enum Backing {
     Mapping { bytes: usize },
     /// A block of the arena's size class `class`.
     Block { class: usize },
+    /// An extent of `bytes` bytes (a multiple of [`HUGE_PAGE`]) of the
+    /// shared arena ([`super::shared`]).
+    Shared { bytes: usize },
 }
 
 /// Memory for `len` zero-filled bytes with huge-page backing, or `None`
@@ -62,6 +65,10 @@ pub(super) fn alloc(len: usize) -> Option<(NonNull<u8>, Backing)> {
     }
     if len >= HUGE_PAGE {
         let bytes = len.checked_next_multiple_of(HUGE_PAGE)?;
+        // A shared extent is handed out zero-filled.
+        if let Some(p) = super::shared::take(bytes) {
+            return Some((p, Backing::Shared { bytes }));
+        }
         // A fresh anonymous mapping reads as zeros.
         return map_huge(bytes).map(|p| (p, Backing::Mapping { bytes }));
     }
@@ -91,11 +98,14 @@ pub(super) unsafe fn free(p: NonNull<u8>, backing: Backing) {
             unsafe { libc::munmap(p.as_ptr().cast(), bytes) };
         }
         Backing::Block { class } => arena().give_back(class, p.as_ptr() as usize),
+        // SAFETY: `p` is an extent of `bytes` bytes that `shared::take`
+        // handed out and nothing uses any more (the caller's contract).
+        Backing::Shared { bytes } => unsafe { super::shared::give_back(p, bytes) },
     }
 }
 
 /// Whether huge-page backing is on (`XDEV_HUGE_PAGES` is not `0`).
-fn enabled() -> bool {
+pub(super) fn enabled() -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
     *ON.get_or_init(|| std::env::var("XDEV_HUGE_PAGES").map_or(true, |v| v.trim() != "0"))
 }
@@ -160,9 +170,12 @@ fn map_huge(bytes: usize) -> Option<NonNull<u8>> {
 /// Blocks of 256 KiB to 1 MiB carved from kept 2 MiB huge-page chunks.
 #[derive(Debug)]
 pub(super) struct Arena {
-    /// Per size class, the addresses of its free blocks, with the low bit
-    /// set on a block that was used (and must be zeroed before reuse).
-    free: [Vec<usize>; CLASSES.len()],
+    /// Per kind of chunk (private, then shared: see [`super::shared`]) and
+    /// size class, the addresses of its free blocks, with the low bit set on
+    /// a block that was used (and must be zeroed before reuse). While the
+    /// shared arena is on, blocks come from shared chunks, so that a peer
+    /// can map every one handed out.
+    free: [[Vec<usize>; CLASSES.len()]; 2],
     /// Bytes of chunks mapped so far.
     mapped: usize,
 }
@@ -174,7 +187,10 @@ impl Arena {
     /// An arena with no chunks.
     pub(super) const fn new() -> Self {
         Arena {
-            free: [Vec::new(), Vec::new(), Vec::new()],
+            free: [
+                [Vec::new(), Vec::new(), Vec::new()],
+                [Vec::new(), Vec::new(), Vec::new()],
+            ],
             mapped: 0,
         }
     }
@@ -183,24 +199,40 @@ impl Arena {
     /// mapping a new chunk if its free list is empty and `limit` bytes of
     /// chunks allow; `None` past the limit or if `mmap` fails.
     pub(super) fn take(&mut self, class: usize, limit: usize) -> Option<(usize, bool)> {
-        if let Some(e) = self.free[class].pop() {
+        if super::shared::on() {
+            if let Some(b) = self.take_of(1, class, limit) {
+                return Some(b);
+            }
+        }
+        self.take_of(0, class, limit)
+    }
+
+    /// [`take`](Self::take) from the private (`kind` 0) or shared (1)
+    /// chunks.
+    fn take_of(&mut self, kind: usize, class: usize, limit: usize) -> Option<(usize, bool)> {
+        if let Some(e) = self.free[kind][class].pop() {
             return Some((e & !DIRTY, e & DIRTY != 0));
         }
         if self.mapped + HUGE_PAGE > limit {
             return None;
         }
-        let chunk = map_huge(HUGE_PAGE)?.as_ptr() as usize;
+        let chunk = match kind {
+            0 => map_huge(HUGE_PAGE),
+            _ => super::shared::take(HUGE_PAGE),
+        }?
+        .as_ptr() as usize;
         self.mapped += HUGE_PAGE;
         let size = CLASSES[class];
         // The chunk's later blocks, in reverse so the next `take`s hand
         // them out in address order.
-        self.free[class].extend((1..HUGE_PAGE / size).rev().map(|i| chunk + i * size));
+        self.free[kind][class].extend((1..HUGE_PAGE / size).rev().map(|i| chunk + i * size));
         Some((chunk, false))
     }
 
     /// Puts used block `addr` of size class `class` back on its free list.
     pub(super) fn give_back(&mut self, class: usize, addr: usize) {
-        self.free[class].push(addr | DIRTY);
+        let kind = usize::from(super::shared::holds(addr));
+        self.free[kind][class].push(addr | DIRTY);
     }
 
     /// Bytes of chunks mapped so far.

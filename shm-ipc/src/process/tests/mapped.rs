@@ -1,0 +1,136 @@
+//! The mapped copy: rendezvous from the sender's shared arena, copied from
+//! its pages mapped into the receiver, and what a peer's claims about its
+//! arena may not do.
+
+use super::*;
+
+/// `len` bytes of a pattern in a page-aligned buffer (in the shared arena
+/// once a process device has turned it on).
+fn shared_buffer(len: usize, seed: u32) -> Buffer {
+    let mut b = Buffer::zeroed_page_aligned(len);
+    for (i, x) in b.iter_mut().enumerate() {
+        *x = ((i as u32).wrapping_mul(31).wrapping_add(seed) % 253) as u8;
+    }
+    b
+}
+
+/// Rank 1 sends `data` to rank 0 as it is; rank 0 receives it into a
+/// request; returns rank 0's (mapped copies, split copies) made meanwhile.
+fn send_buffer(d0: &ProcessDevice, d1: &ProcessDevice, data: Buffer, tag: i32) -> (u64, u64) {
+    let counts = |d: &ProcessDevice| {
+        let l = d.engine.lock();
+        (l.m.mapped_copies, l.m.splits_done)
+    };
+    let before = counts(d0);
+    let want = data.to_vec();
+    let recv = d0.irecv(
+        Buffer::zeroed(want.len()),
+        Source::Rank(1),
+        TagSel::Tag(tag),
+        4,
+    );
+    let send = d1.isend(data, 0, tag, 4);
+    std::thread::scope(|s| {
+        s.spawn(|| assert!(send.wait().status.error.is_none()));
+        let got = recv.wait();
+        assert!(got.status.error.is_none(), "{:?}", got.status);
+        assert!(got.buf[..] == want[..], "{} bytes: wrong bytes", want.len());
+    });
+    let after = counts(d0);
+    (after.0 - before.0, after.1 - before.1)
+}
+
+#[test]
+fn a_rendezvous_from_the_shared_arena_is_copied_from_the_mapped_pages() {
+    let (d0, d1) = pair(&[("cma", "on")]);
+    assert!(d0.options().mapped);
+    // A 256 KiB block, a 1 MiB block and a 3 MiB extent of rank 1's
+    // arena: each one copy from the mapping, none split.
+    for (len, tag) in [(256 << 10, 1), (1 << 20, 2), (3 << 20, 3)] {
+        let b = shared_buffer(len, tag as u32);
+        assert!(xdev::devkit::shared_arena::span_of(&b).is_some());
+        assert_eq!(send_buffer(&d0, &d1, b, tag), (1, 0), "{len} bytes");
+    }
+    // Part of a buffer (from an odd offset) too.
+    let b = shared_buffer(2 << 20, 9);
+    let want = b[4097..4097 + (1 << 20)].to_vec();
+    let recv = d0.irecv(Buffer::zeroed(1 << 20), Source::Rank(1), TagSel::Tag(4), 4);
+    std::thread::scope(|s| {
+        s.spawn(|| d1.send(&b[4097..4097 + (1 << 20)], 0, 4, 4).unwrap());
+        assert!(recv.wait().buf[..] == want[..]);
+    });
+    assert_eq!(d0.engine.lock().m.mapped_copies, 4);
+    // A heap buffer is copied by CMA (here split with the sender).
+    let heap = Buffer::from(vec![7u8; 1 << 20]);
+    assert_eq!(send_buffer(&d0, &d1, heap, 5), (0, 1));
+    // With `mapped=false` the receiver copies by CMA.
+    let (d2, d3) = pair(&[("cma", "on"), ("mapped", "false")]);
+    assert_eq!(send_buffer(&d2, &d3, shared_buffer(1 << 20, 6), 6), (0, 1));
+}
+
+/// Rank 1 claims a rendezvous of `src` (which it keeps alive) from its
+/// arena at `fd` and `offset`; rank 0 receives it.
+fn claim(d0: &ProcessDevice, d1: &ProcessDevice, src: &[u8], fd: u64, offset: u64) -> Vec<u8> {
+    let h = Header {
+        kind: KIND_RNDV,
+        flags: FLAG_MAPPED | FLAG_EXPECTING,
+        tag: 7,
+        context: 1,
+        cookie: 1,
+        aux: src.len() as u64,
+        ..Header::default()
+    };
+    let mut start = Vec::new();
+    start.extend_from_slice(&(src.as_ptr() as u64).to_le_bytes());
+    start.extend_from_slice(&fd.to_le_bytes());
+    start.extend_from_slice(&offset.to_le_bytes());
+    assert!(raw_push(d1, 0, h, &start));
+    let mut buf = vec![0u8; src.len()];
+    d0.recv(&mut buf, Source::Rank(1), TagSel::Tag(7), 1)
+        .unwrap();
+    buf
+}
+
+#[test]
+fn a_peer_arena_that_is_not_a_sealed_shmem_file_or_too_short_is_read_by_cma() {
+    // Past the end of the (real) arena: the bytes come by CMA instead, and
+    // this peer's later rendezvous too.
+    let (d0, d1) = pair(&[("cma", "on")]);
+    let src = shared_buffer(512 << 10, 3);
+    let span = xdev::devkit::shared_arena::span_of(&src).unwrap();
+    let got = claim(&d0, &d1, &src, span.fd as u64, 1 << 50);
+    assert!(got[..] == src[..], "the receive still gets the bytes");
+    let l = d0.engine.lock();
+    assert_eq!((l.m.mapped_copies, l.m.mapped[1]), (0, false));
+    drop(l);
+    // A file that is not a sealed memfd (a pipe, stdin, a descriptor that
+    // does not exist), or a number no descriptor can have: never mapped.
+    use std::os::fd::AsRawFd;
+    let (r, _w) = std::io::pipe().unwrap();
+    for fd in [r.as_raw_fd() as u64, 0, 1 << 20, u64::MAX] {
+        let (d0, d1) = pair(&[("cma", "on")]);
+        let got = claim(&d0, &d1, &src, fd, span.offset);
+        assert!(got[..] == src[..], "fd {fd}");
+        let l = d0.engine.lock();
+        assert_eq!(l.m.mapped_copies, 0, "fd {fd}");
+        assert!(l.m.arenas[1].is_none(), "fd {fd}");
+    }
+    // The real arena and span: mapped.
+    let (d0, d1) = pair(&[("cma", "on")]);
+    let got = claim(&d0, &d1, &src, span.fd as u64, span.offset);
+    assert!(got[..] == src[..]);
+    assert_eq!(d0.engine.lock().m.mapped_copies, 1);
+}
+
+#[test]
+fn a_mapped_start_of_the_wrong_length_is_a_violation() {
+    let (d0, d1) = pair(&[]);
+    let h = Header {
+        kind: KIND_RNDV,
+        flags: FLAG_MAPPED,
+        aux: 1 << 20,
+        ..Header::default()
+    };
+    assert!(raw_push(&d1, 0, h, &[0u8; 8]));
+    assert_violation(&d0, "rendezvous start of 8 bytes");
+}
