@@ -189,8 +189,11 @@ impl Report {
              right before the MPI peers, and count among the floors of their sizes. The MPI peers run `benches/mpi/osu_peer.c` (the same loops, \
              counts and rounds) with `mpirun -np 2` and binding to cores. Buffers of a page or \
              more start on a page boundary on both sides, as OSU's do, and from 256 KiB up \
-             both sides' are advised into 2 MiB transparent huge pages (xdev's page-aligned \
-             buffers are; `XDEV_HUGE_PAGES=0` turns it off for both), below 256 KiB neither's \
+             both sides' are advised into 2 MiB transparent huge pages (`XDEV_HUGE_PAGES=0` \
+             turns it off for both; xdev's page-aligned buffers lie in its shared arena once \
+             a shm device is open, a memfd, which gets huge pages only where the kernel gives \
+             them to shared memory: `shmem_enabled` in /sys/kernel/mm/transparent_hugepage, \
+             `never` on the test machine), below 256 KiB neither's \
              (the MPI peers allocate their buffers once for the sizes below 256 KiB and once \
              for those from 256 KiB, as OSU does once for all). Raw PSM2 runs the same \
              loops against `psm2_mq_*` on the psm device's own endpoint, alternating with the \

@@ -349,9 +349,11 @@ impl Report {
                 s,
                 "### Large bi-directional bandwidth in interleaved passes\n\n\
                  The same passes also ran osu_bibw from {} KiB by {PASS_PEER}'s osu_peer and \
-                 `xdev-bench` on {}, in an order rotated from pass to pass: at these sizes both \
-                 copy with CMA, and the host's memory bandwidth swings by more than the \
-                 difference between them from one run to the next. Cells as above.\n\n",
+                 `xdev-bench` on {}, in an order rotated from pass to pass: at these sizes Open \
+                 MPI's receiver copies with CMA (`process_vm_readv`), and shm's from the \
+                 sender's buffer mapped into it (the sender's shared arena; with non-temporal \
+                 stores while more than 4 MiB of receives are under way), and the host's \
+                 memory bandwidth swings from one run to the next. Cells as above.\n\n",
                 LARGE_PASS_MIN_SIZE >> 10,
                 LARGE_PASS_DEVICES.join(" and "),
             );

@@ -15,8 +15,11 @@ pub const PATH_PREFIX: &str = "shm cma=";
 
 /// The path series: (series name, device options).
 pub const PATHS: [(&str, &[&str]); 3] = [
-    ("shm cma=on split=on", &["cma=on"]),
-    ("shm cma=on split=off", &["cma=on", "cma_split_bytes=0"]),
+    ("shm cma=on split=on", &["cma=on", "mapped=false"]),
+    (
+        "shm cma=on split=off",
+        &["cma=on", "cma_split_bytes=0", "mapped=false"],
+    ),
     ("shm cma=off", &["cma=off"]),
 ];
 
@@ -84,9 +87,11 @@ impl Report {
         let mut s = String::from(
             "### Bi-directional bandwidth of shm by rendezvous path\n\n\
              `shm` is the device as it chose at start-up (`cma=auto`: where CMA is used, \
-             from `cma_min_bytes`, 256 KiB, and the pipelined copy below); the others force a \
-             path: `cma=on` (CMA for every rendezvous: the receiver copies with \
-             `process_vm_readv`) with the split \
+             from `cma_min_bytes`, 256 KiB, the receiver copies from the sender's buffer \
+             mapped into it where that lies in the sender's shared arena, as xdev-bench's \
+             page-aligned buffers do, and the pipelined copy below); the others force a \
+             path: `cma=on` with `mapped=false` (CMA for every rendezvous: the receiver \
+             copies with `process_vm_readv`) with the split \
              (`split=on`: a large copy shared with the sender, `process_vm_writev`; skipped \
              while the receiver has rendezvous of its own out to that sender) or without it \
              (`cma_split_bytes=0`), and `cma=off` (the pipelined copy through the ring). \

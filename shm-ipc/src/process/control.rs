@@ -8,7 +8,8 @@ use xdev::{Error, Rank, Status};
 use super::medium::{Eng, Loc, ProcessMedium};
 use crate::ring::{Header, Incoming};
 use crate::wire::{
-    FLAG_FAILED, KIND_ACK, KIND_DATA, KIND_FIN, KIND_PULL, KIND_WRITE, KIND_WROTE, SPLIT_PAGE,
+    FLAG_FAILED, FLAG_MAPPED, KIND_ACK, KIND_DATA, KIND_FIN, KIND_PULL, KIND_WRITE, KIND_WROTE,
+    SPLIT_PAGE,
 };
 
 /// What a handler returns: `Err` is a protocol violation by the peer.
@@ -146,10 +147,14 @@ impl ProcessMedium {
         let tail = unsafe { std::slice::from_raw_parts(data.add(half), len - half) };
         // Only rank s's memory is written, where it asked: a hostile
         // receiver can only misplace our data in itself.
-        let flags = match crate::cma::write_remote(e.m.sh.pids[s], h.aux, tail) {
-            Ok(()) => 0,
-            Err(_) => FLAG_FAILED,
+        let written = if h.flags & FLAG_MAPPED != 0 {
+            // Into its shared arena, through our mapping of it; if that
+            // fails, the receiver reads the tail itself.
+            Self::mapped_write(e, l, s, (h.tag, h.aux), tail)
+        } else {
+            crate::cma::write_remote(e.m.sh.pids[s], h.aux, tail).is_ok()
         };
+        let flags = if written { 0 } else { FLAG_FAILED };
         Self::reply(e, l, s, KIND_WROTE, flags, h.cookie);
         Ok(())
     }
@@ -176,7 +181,16 @@ impl ProcessMedium {
                 std::slice::from_raw_parts_mut(dst.add(sp.start.half), sp.start.len - sp.start.half)
             };
             let from = sp.start.addr + sp.start.half as u64;
-            match crate::cma::read_remote(e.m.sh.pids[s], from, tail) {
+            let at = sp
+                .start
+                .mapped
+                .map(|(fd, o)| (fd, o + sp.start.half as u64));
+            let read = if Self::mapped_copy(e, l, s, at, tail) {
+                Ok(())
+            } else {
+                crate::cma::read_remote(e.m.sh.pids[s], from, tail)
+            };
+            match read {
                 Ok(()) => Status::received(sp.env, sp.start.len, cap),
                 Err(err) => {
                     let what = format!("rendezvous source {from:#x} unreadable: {err}");

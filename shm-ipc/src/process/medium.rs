@@ -114,9 +114,10 @@ pub struct ProcessState {
     pub(super) mapped: Vec<bool>,
     /// Each peer's shared arena, once mapped.
     pub(super) arenas: Vec<Option<PeerArena>>,
-    /// Rendezvous copied from a peer's mapped arena (for tests and
-    /// diagnostics).
+    /// Rendezvous copied from a peer's mapped arena, and split copies'
+    /// tails written into one (for tests and diagnostics).
     pub(super) mapped_copies: u64,
+    pub(super) mapped_writes: u64,
 }
 
 impl ProcessState {
@@ -141,6 +142,7 @@ impl ProcessState {
             mapped: vec![cma && mapped; n],
             arenas: (0..n).map(|_| None).collect(),
             mapped_copies: 0,
+            mapped_writes: 0,
         }
     }
 }

@@ -9,7 +9,6 @@ use xdev::devkit::shared_arena;
 use xdev::devkit::target::{lost, BlockingRecv, BlockingSend, SendOwner, Target};
 use xdev::{Envelope, Error, Rank, Result, Status};
 
-use super::mapped::PeerArena;
 use super::medium::{Eng, Loc, ProcessMedium};
 use crate::engine::{Direct, Outcome, Publication, Sent};
 use crate::ring::Header;
@@ -60,8 +59,9 @@ pub struct SplitStart {
     /// The sender's send id.
     pub(super) id: u64,
     /// The sender's buffer (for reading the tail ourselves if it could
-    /// not write it).
+    /// not write it), and where it lies in its shared arena, if it does.
     pub(super) addr: u64,
+    pub(super) mapped: Option<(i32, u64)>,
     pub(super) len: usize,
     /// Where the tail starts.
     pub(super) half: usize,
@@ -177,19 +177,7 @@ impl ProcessMedium {
     fn splits(e: &Eng, l: &Loc, s: Rank, r: &RndvStart, n: usize, len: usize) -> bool {
         let min = e.m.sh.opts.cma_split_bytes;
         let free = (r.may_split && l.m.rndv_out[s] == 0) || e.m.sh.inbox(s).idle();
-        Self::by_cma(e, l, s, n)
-            && !Self::maps(l, s, r)
-            && free
-            && min > 0
-            && n == len
-            && n >= min.max(2 * SPLIT_PAGE)
-    }
-
-    /// Whether rendezvous `r` from `s` is copied from `s`'s shared arena
-    /// mapped here (see `mapped.rs`) rather than by CMA.
-    #[inline]
-    fn maps(l: &Loc, s: Rank, r: &RndvStart) -> bool {
-        r.mapped.is_some() && l.m.mapped[s]
+        Self::by_cma(e, l, s, n) && free && min > 0 && n == len && n >= min.max(2 * SPLIT_PAGE)
     }
 
     /// Whether `n` bytes from `s` are copied by CMA: CMA is used with `s`,
@@ -276,7 +264,7 @@ impl ProcessMedium {
             // SAFETY: dst is valid for cap >= n bytes and exclusively ours
             // (a matched target's buffer or the caller's slice).
             let out = unsafe { std::slice::from_raw_parts_mut(dst, n) };
-            if Self::maps(l, s, &r) && Self::mapped_copy(e, l, s, r, out) {
+            if Self::mapped_copy(e, l, s, r.mapped, out) {
                 Self::reply(e, l, s, KIND_FIN, 0, id);
                 return Outcome::Done(Status::received(env, len, cap));
             }
@@ -304,49 +292,6 @@ impl ProcessMedium {
         Outcome::Later(Later::Stream { id, len })
     }
 
-    /// Copies `out` from where `r` lies in `s`'s shared arena, mapping it
-    /// first if needed; false (and CMA from now on for this peer) where the
-    /// arena cannot be taken, is not what it must be, or does not hold the
-    /// span. Runs right after `may_copy_with` said `s` is alive.
-    fn mapped_copy(e: &Eng, l: &mut Loc, s: Rank, r: RndvStart, out: &mut [u8]) -> bool {
-        let Some((fd, offset)) = r.mapped else {
-            return false;
-        };
-        let current = l.m.arenas[s].as_ref().is_some_and(|a| a.peer_fd == fd);
-        if !current {
-            let watch = e.m.watch.lock().unwrap_or_else(|p| p.into_inner());
-            let opened = match watch.as_ref().and_then(|w| w.pidfd(s)) {
-                Some(pidfd) => PeerArena::open(pidfd, fd),
-                None => Err(std::io::Error::from_raw_os_error(libc::ESRCH)),
-            };
-            drop(watch);
-            match opened {
-                Ok(a) => l.m.arenas[s] = Some(a),
-                Err(err) => return Self::stop_mapping(l, s, &err),
-            }
-        }
-        let Some(arena) = l.m.arenas[s].as_mut() else {
-            return false;
-        };
-        match arena.copy(offset, out) {
-            Ok(()) => {
-                l.m.mapped_copies += 1;
-                true
-            }
-            Err(err) => Self::stop_mapping(l, s, &err),
-        }
-    }
-
-    /// The mapped copy failed with `s`: its rendezvous go by CMA from now
-    /// on. Returns false (the copy was not made).
-    #[cold]
-    fn stop_mapping(l: &mut Loc, s: Rank, err: &std::io::Error) -> bool {
-        tracing::info!(peer = s, error = %err, "shm: the peer's shared arena cannot be mapped; its rendezvous are copied by CMA");
-        l.m.mapped[s] = false;
-        l.m.arenas[s] = None;
-        false
-    }
-
     /// Starts a split copy of `n` bytes from `s` into `dst`: the sender
     /// writes [half, n) while we read [0, half), so both cores copy. It
     /// answers KIND_WROTE after its write, and gets our FIN after our read
@@ -361,19 +306,23 @@ impl ProcessMedium {
     ) -> SplitStart {
         let RndvStart { id, addr, .. } = r;
         let half = (n / 2) / SPLIT_PAGE * SPLIT_PAGE;
-        let h = Header {
+        let mut h = Header {
             kind: KIND_WRITE,
             cookie: id,
             aux: dst as u64 + half as u64,
             context: (half / SPLIT_PAGE) as u32,
             ..Header::default()
         };
+        // SAFETY: dst is valid for n > half bytes (only its address range
+        // is looked at here).
+        let tail = unsafe { std::slice::from_raw_parts(dst.add(half), n - half) };
+        Self::ask_mapped_write(l, s, &mut h, tail);
         Self::control(e, l, s, h);
         // SAFETY: dst is valid for cap >= n > half bytes and ours: the
         // sender writes only [half, n).
         let head = unsafe { std::slice::from_raw_parts_mut(dst, half) };
         // From the sender's mapped arena where it can, else by CMA.
-        let read = if Self::maps(l, s, &r) && Self::mapped_copy(e, l, s, r, head) {
+        let read = if Self::mapped_copy(e, l, s, r.mapped, head) {
             Ok(())
         } else {
             crate::cma::read_remote(e.m.sh.pids[s], addr, head)
@@ -395,6 +344,7 @@ impl ProcessMedium {
         SplitStart {
             id,
             addr,
+            mapped: r.mapped,
             len,
             half,
             head_failed,

@@ -14,44 +14,56 @@ fn shared_buffer(len: usize, seed: u32) -> Buffer {
     b
 }
 
-/// Rank 1 sends `data` to rank 0 as it is; rank 0 receives it into a
-/// request; returns rank 0's (mapped copies, split copies) made meanwhile.
-fn send_buffer(d0: &ProcessDevice, d1: &ProcessDevice, data: Buffer, tag: i32) -> (u64, u64) {
-    let counts = |d: &ProcessDevice| {
-        let l = d.engine.lock();
-        (l.m.mapped_copies, l.m.splits_done)
+/// Rank 1 sends `data` to rank 0 as it is; rank 0 receives it into
+/// `into` (of the same length); returns the mapped copies and split copies
+/// rank 0 made meanwhile, and the tails rank 1 wrote through its mapping of
+/// rank 0's arena.
+fn send_buffer(d0: &ProcessDevice, d1: &ProcessDevice, data: Buffer, into: Buffer) -> [u64; 3] {
+    let counts = |d0: &ProcessDevice, d1: &ProcessDevice| {
+        let (l0, l1) = (
+            d0.engine.lock().m.mapped_copies,
+            d1.engine.lock().m.mapped_writes,
+        );
+        [l0, d0.engine.lock().m.splits_done, l1]
     };
-    let before = counts(d0);
+    let before = counts(d0, d1);
     let want = data.to_vec();
-    let recv = d0.irecv(
-        Buffer::zeroed(want.len()),
-        Source::Rank(1),
-        TagSel::Tag(tag),
-        4,
-    );
-    let send = d1.isend(data, 0, tag, 4);
+    assert_eq!(into.len(), want.len());
+    let recv = d0.irecv(into, Source::Rank(1), TagSel::Tag(3), 4);
+    let send = d1.isend(data, 0, 3, 4);
     std::thread::scope(|s| {
         s.spawn(|| assert!(send.wait().status.error.is_none()));
         let got = recv.wait();
         assert!(got.status.error.is_none(), "{:?}", got.status);
         assert!(got.buf[..] == want[..], "{} bytes: wrong bytes", want.len());
     });
-    let after = counts(d0);
-    (after.0 - before.0, after.1 - before.1)
+    let after = counts(d0, d1);
+    [0, 1, 2].map(|i| after[i] - before[i])
 }
 
 #[test]
 fn a_rendezvous_from_the_shared_arena_is_copied_from_the_mapped_pages() {
     let (d0, d1) = pair(&[("cma", "on")]);
     assert!(d0.options().mapped);
-    // A 256 KiB block, a 1 MiB block and a 3 MiB extent of rank 1's
-    // arena: each one copy from the mapping, none split.
-    for (len, tag) in [(256 << 10, 1), (1 << 20, 2), (3 << 20, 3)] {
-        let b = shared_buffer(len, tag as u32);
+    // A 256 KiB block, a 1 MiB block and a 3 MiB extent of rank 1's arena,
+    // into heap buffers: split (rank 1 is free), the head copied from the
+    // mapping, the tail written by CMA.
+    for (len, seed) in [(256 << 10, 1), (1 << 20, 2), (3 << 20, 3)] {
+        let b = shared_buffer(len, seed);
         assert!(xdev::devkit::shared_arena::span_of(&b).is_some());
-        assert_eq!(send_buffer(&d0, &d1, b, tag), (1, 0), "{len} bytes");
+        assert_eq!(
+            send_buffer(&d0, &d1, b, Buffer::zeroed(len)),
+            [1, 1, 0],
+            "{len}"
+        );
     }
-    // Part of a buffer (from an odd offset) too.
+    // Into a buffer of rank 0's arena: the tail goes through rank 1's
+    // mapping of it too.
+    for len in [256 << 10, 3 << 20] {
+        let (b, into) = (shared_buffer(len, 4), Buffer::zeroed_page_aligned(len));
+        assert_eq!(send_buffer(&d0, &d1, b, into), [1, 1, 1], "{len}");
+    }
+    // Part of a buffer (from an odd offset), by a blocking send.
     let b = shared_buffer(2 << 20, 9);
     let want = b[4097..4097 + (1 << 20)].to_vec();
     let recv = d0.irecv(Buffer::zeroed(1 << 20), Source::Rank(1), TagSel::Tag(4), 4);
@@ -59,13 +71,27 @@ fn a_rendezvous_from_the_shared_arena_is_copied_from_the_mapped_pages() {
         s.spawn(|| d1.send(&b[4097..4097 + (1 << 20)], 0, 4, 4).unwrap());
         assert!(recv.wait().buf[..] == want[..]);
     });
-    assert_eq!(d0.engine.lock().m.mapped_copies, 4);
-    // A heap buffer is copied by CMA (here split with the sender).
+    assert_eq!(d0.engine.lock().m.mapped_copies, 6);
+    // A heap buffer is copied by CMA (split with the sender).
     let heap = Buffer::from(vec![7u8; 1 << 20]);
-    assert_eq!(send_buffer(&d0, &d1, heap, 5), (0, 1));
-    // With `mapped=false` the receiver copies by CMA.
-    let (d2, d3) = pair(&[("cma", "on"), ("mapped", "false")]);
-    assert_eq!(send_buffer(&d2, &d3, shared_buffer(1 << 20, 6), 6), (0, 1));
+    assert_eq!(
+        send_buffer(&d0, &d1, heap, Buffer::zeroed(1 << 20)),
+        [0, 1, 0]
+    );
+    // Not split: one copy from the mapping.
+    let (d2, d3) = pair(&[("cma", "on"), ("cma_split_bytes", "0")]);
+    let (b, into) = (
+        shared_buffer(1 << 20, 5),
+        Buffer::zeroed_page_aligned(1 << 20),
+    );
+    assert_eq!(send_buffer(&d2, &d3, b, into), [1, 0, 0]);
+    // With `mapped=false` everything goes by CMA.
+    let (d4, d5) = pair(&[("cma", "on"), ("mapped", "false")]);
+    let (b, into) = (
+        shared_buffer(1 << 20, 6),
+        Buffer::zeroed_page_aligned(1 << 20),
+    );
+    assert_eq!(send_buffer(&d4, &d5, b, into), [0, 1, 0]);
 }
 
 /// Rank 1 claims a rendezvous of `src` (which it keeps alive) from its
