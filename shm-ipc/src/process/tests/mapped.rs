@@ -160,3 +160,44 @@ fn a_mapped_start_of_the_wrong_length_is_a_violation() {
     assert!(raw_push(&d1, 0, h, &[0u8; 8]));
     assert_violation(&d0, "rendezvous start of 8 bytes");
 }
+
+#[test]
+fn a_tail_is_written_into_a_peer_arena_only_inside_it_and_only_if_sealed() {
+    // What a receiver's `WRITE` with `FLAG_MAPPED` makes its sender do:
+    // write into the receiver's arena where it names, or answer that it
+    // could not (the receiver then reads the tail itself).
+    let (_d0, d1) = pair(&[("cma", "on")]);
+    let mut into = Buffer::zeroed_page_aligned(512 << 10);
+    let span = xdev::devkit::shared_arena::span_of(&into).unwrap();
+    let tail: Vec<u8> = (0..4096u32).map(|i| (i % 199) as u8 + 1).collect();
+    let write = |at: (i32, u64)| {
+        let mut l = d1.engine.lock();
+        ProcessMedium::mapped_write(&d1.engine, &mut l, 0, at, &tail)
+    };
+    // Inside the arena: written, at the offset named.
+    assert!(write((span.fd, span.offset + 8192)));
+    assert!(into[8192..8192 + 4096] == tail[..]);
+    assert!(into[..8192].iter().all(|&b| b == 0));
+    assert_eq!(d1.engine.lock().m.mapped_writes, 1);
+    into[8192..8192 + 4096].fill(0);
+    // Past its end: nothing written, and this peer is not mapped again.
+    assert!(!write((span.fd, u64::MAX - 100)));
+    assert!(!d1.engine.lock().m.mapped[0]);
+    assert!(!write((span.fd, span.offset)));
+    assert!(into.iter().all(|&b| b == 0));
+    // A file that is not a sealed shmem file (a pipe) is never mapped.
+    use std::os::fd::AsRawFd;
+    let (r, _w) = std::io::pipe().unwrap();
+    let (d2, d3) = pair(&[("cma", "on")]);
+    let mut l = d3.engine.lock();
+    assert!(!ProcessMedium::mapped_write(
+        &d3.engine,
+        &mut l,
+        0,
+        (r.as_raw_fd(), 0),
+        &tail
+    ));
+    assert!(l.m.arenas[0].is_none() && !l.m.mapped[0]);
+    drop(l);
+    drop(d2);
+}
