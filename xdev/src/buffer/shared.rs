@@ -24,7 +24,8 @@
 //!   of 2 MiB and mapped at fixed offsets of a reserved address range, so
 //!   a buffer's offset in the file is its distance from the range's start;
 //! - the range is reserved once (`XDEV_SHARED_ARENA_MIB`, default
-//!   [`DEFAULT_SHARED_MIB`] MiB of address space, no memory); an extent
+//!   [`DEFAULT_SHARED_MIB`] MiB of address space, no memory; at most a
+//!   quarter of what `RLIMIT_AS` allows); an extent
 //!   given back has its pages released (`FALLOC_FL_PUNCH_HOLE`), so it
 //!   reads zeros when handed out again and holds no memory while free;
 //!   the 256 KiB-1 MiB blocks' 2 MiB chunks come from here too and stay
@@ -135,7 +136,7 @@ impl Region {
             .ok()
             .and_then(|v| v.trim().parse::<usize>().ok())
             .unwrap_or(DEFAULT_SHARED_MIB);
-        let reserve = mib.checked_mul(1 << 20)? / HUGE_PAGE * HUGE_PAGE;
+        let reserve = mib.checked_mul(1 << 20)?.min(address_space_share()) / HUGE_PAGE * HUGE_PAGE;
         if reserve == 0 {
             return None;
         }
@@ -190,6 +191,23 @@ impl Region {
         unsafe { libc::pthread_atfork(None, None, Some(forked_child)) };
         Some(Region { fd, base, reserve })
     }
+}
+
+/// A quarter of the address space `RLIMIT_AS` allows (batch systems set
+/// it), or no bound: the reservation must not starve the process's other
+/// mappings.
+fn address_space_share() -> usize {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes into `lim`, which lives across the call.
+    if unsafe { libc::getrlimit(libc::RLIMIT_AS, &mut lim) } != 0
+        || lim.rlim_cur == libc::RLIM_INFINITY
+    {
+        return usize::MAX;
+    }
+    usize::try_from(lim.rlim_cur / 4).unwrap_or(usize::MAX)
 }
 
 fn extents() -> std::sync::MutexGuard<'static, Extents> {
