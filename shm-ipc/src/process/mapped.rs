@@ -356,10 +356,12 @@ pub(super) unsafe fn stream_copy(dst: &mut [u8], src: *const u8, stream: bool) {
         }
     }
     #[cfg(not(target_arch = "x86_64"))]
-    // SAFETY: both ranges are valid for `n` bytes and do not overlap.
-    unsafe {
-        std::ptr::copy_nonoverlapping(src, d, n)
-    };
+    {
+        // No streaming stores here: a plain copy either way.
+        let _ = stream;
+        // SAFETY: both ranges are valid for `n` bytes and do not overlap.
+        unsafe { std::ptr::copy_nonoverlapping(src, d, n) };
+    }
 }
 
 #[cfg(test)]
