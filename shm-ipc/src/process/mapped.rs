@@ -207,16 +207,9 @@ impl ProcessMedium {
         // waiting for their copy (osu_bibw: up to 64; a pingpong: this one).
         let pending = l.matching.posted_len() + l.m.copies.len() + 1;
         let stream = Self::streams(pending, out.len());
-        let Some(arena) = Self::peer_arena(e, l, s, fd) else {
-            return false;
-        };
-        match arena.copy(offset, out, stream) {
-            Ok(()) => {
-                l.m.mapped_copies += 1;
-                true
-            }
-            Err(err) => Self::stop_mapping(l, s, &err),
-        }
+        let done = Self::on_peer_arena(e, l, s, fd, |a| a.copy(offset, out, stream));
+        l.m.mapped_copies += u64::from(done);
+        done
     }
 
     /// Writes `tail` to `offset` of `s`'s shared arena (descriptor `fd`),
@@ -230,14 +223,26 @@ impl ProcessMedium {
     ) -> bool {
         // Our rendezvous sends under way to `s`, this one included.
         let stream = Self::streams(l.m.rndv_out[s], tail.len());
+        let done = Self::on_peer_arena(e, l, s, fd, |a| a.write(offset, tail, stream));
+        l.m.mapped_writes += u64::from(done);
+        done
+    }
+
+    /// Runs `op` on `s`'s arena (descriptor `fd` in `s`), mapping it
+    /// first if needed; whether it succeeded. Where mapping is off for `s`
+    /// it is not run; where it fails, mapping with `s` stops.
+    fn on_peer_arena(
+        e: &Eng,
+        l: &mut Loc,
+        s: Rank,
+        fd: i32,
+        op: impl FnOnce(&mut PeerArena) -> io::Result<()>,
+    ) -> bool {
         let Some(arena) = Self::peer_arena(e, l, s, fd) else {
             return false;
         };
-        match arena.write(offset, tail, stream) {
-            Ok(()) => {
-                l.m.mapped_writes += 1;
-                true
-            }
+        match op(arena) {
+            Ok(()) => true,
             Err(err) => Self::stop_mapping(l, s, &err),
         }
     }

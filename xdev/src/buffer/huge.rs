@@ -133,19 +133,21 @@ fn arena() -> std::sync::MutexGuard<'static, Arena> {
 /// `bytes` (a multiple of [`HUGE_PAGE`]) of fresh memory aligned to
 /// [`HUGE_PAGE`] and advised `MADV_HUGEPAGE`, or `None` if `mmap` fails.
 fn map_huge(bytes: usize) -> Option<NonNull<u8>> {
+    let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS;
+    let start = map_aligned(bytes, libc::PROT_READ | libc::PROT_WRITE, flags)?;
+    // SAFETY: advice on the mapping just made. Advice only: where the
+    // kernel refuses it, the pages are ordinary.
+    unsafe { libc::madvise(start as *mut libc::c_void, bytes, libc::MADV_HUGEPAGE) };
+    NonNull::new(start as *mut u8)
+}
+
+/// A fresh anonymous mapping of `bytes` bytes with `prot` and `flags`,
+/// aligned to [`HUGE_PAGE`]: its address, or `None` if `mmap` fails.
+pub(super) fn map_aligned(bytes: usize, prot: libc::c_int, flags: libc::c_int) -> Option<usize> {
     let span = bytes.checked_add(HUGE_PAGE)?;
-    // SAFETY: an anonymous private mapping at an address of the kernel's
-    // choosing touches no existing memory.
-    let base = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            span,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-            -1,
-            0,
-        )
-    };
+    // SAFETY: an anonymous mapping at an address of the kernel's choosing
+    // touches no existing memory.
+    let base = unsafe { libc::mmap(std::ptr::null_mut(), span, prot, flags, -1, 0) };
     if base == libc::MAP_FAILED {
         return None;
     }
@@ -161,10 +163,8 @@ fn map_huge(bytes: usize) -> Option<NonNull<u8>> {
         if tail > 0 {
             libc::munmap((start + bytes) as *mut libc::c_void, tail);
         }
-        // Advice only: where the kernel refuses it, the pages are ordinary.
-        libc::madvise(start as *mut libc::c_void, bytes, libc::MADV_HUGEPAGE);
     }
-    NonNull::new(start as *mut u8)
+    Some(start)
 }
 
 /// Blocks of 256 KiB to 1 MiB carved from kept 2 MiB huge-page chunks.

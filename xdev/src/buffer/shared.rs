@@ -156,37 +156,12 @@ impl Region {
         if unsafe { libc::fcntl(raw, libc::F_ADD_SEALS, libc::F_SEAL_SHRINK) } != 0 {
             return None;
         }
-        let span = reserve.checked_add(HUGE_PAGE)?;
-        // SAFETY: an inaccessible anonymous reservation at an address of the
-        // kernel's choosing touches no existing memory.
-        let at = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                span,
-                libc::PROT_NONE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-                -1,
-                0,
-            )
-        };
-        if at == libc::MAP_FAILED {
-            return None;
-        }
-        let at = at as usize;
-        let base = at.next_multiple_of(HUGE_PAGE);
-        let (head, tail) = (base - at, span - (base - at) - reserve);
-        // SAFETY: the head and tail are parts of the reservation just made,
-        // outside `base..base + reserve`; nothing refers to them. The
-        // advice applies to our own reservation only.
-        unsafe {
-            if head > 0 {
-                libc::munmap(at as *mut libc::c_void, head);
-            }
-            if tail > 0 {
-                libc::munmap((base + reserve) as *mut libc::c_void, tail);
-            }
-            libc::madvise(base as *mut libc::c_void, reserve, libc::MADV_DONTFORK);
-        }
+        // An inaccessible reservation (no memory), never inherited by a
+        // forked child.
+        let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE;
+        let base = super::huge::map_aligned(reserve, libc::PROT_NONE, flags)?;
+        // SAFETY: advice on the reservation just made.
+        unsafe { libc::madvise(base as *mut libc::c_void, reserve, libc::MADV_DONTFORK) };
         // SAFETY: registers a handler that only stores to two atomics.
         unsafe { libc::pthread_atfork(None, None, Some(forked_child)) };
         Some(Region { fd, base, reserve })
