@@ -62,21 +62,13 @@ impl PeerArena {
     /// Takes descriptor `peer_fd` of the process behind `pidfd`, checks it
     /// (see the module doc) and maps it.
     pub(super) fn open(pidfd: BorrowedFd<'_>, peer_fd: i32) -> io::Result<PeerArena> {
+        use rustix::fs::{fcntl_get_seals, fstatfs, SealFlags};
         use rustix::process::{pidfd_getfd, PidfdGetfdFlags};
         let file = pidfd_getfd(pidfd, peer_fd, PidfdGetfdFlags::empty())?;
-        let raw = file.as_raw_fd();
-        // SAFETY: a zeroed statfs is a valid out-parameter for fstatfs.
-        let mut fs: libc::statfs = unsafe { std::mem::zeroed() };
-        // SAFETY: fstatfs writes into `fs`, which lives across the call.
-        if unsafe { libc::fstatfs(raw, &mut fs) } != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        if fs.f_type != libc::TMPFS_MAGIC {
+        if fstatfs(&file)?.f_type as u64 != libc::TMPFS_MAGIC as u64 {
             return Err(invalid("the peer's arena is not a shmem file"));
         }
-        // SAFETY: F_GET_SEALS reads the file's seals; no memory effects.
-        let seals = unsafe { libc::fcntl(raw, libc::F_GET_SEALS) };
-        if seals < 0 || seals & libc::F_SEAL_SHRINK == 0 {
+        if !fcntl_get_seals(&file)?.contains(SealFlags::SHRINK) {
             return Err(invalid("the peer's arena is not sealed against shrinking"));
         }
         let mut a = PeerArena {
@@ -92,13 +84,8 @@ impl PeerArena {
     /// Maps the file at its current size (it only grows), in place of the
     /// previous mapping.
     fn remap(&mut self) -> io::Result<()> {
-        // SAFETY: a zeroed stat is a valid out-parameter for fstat.
-        let mut st: libc::stat = unsafe { std::mem::zeroed() };
-        // SAFETY: fstat writes into `st`, which lives across the call.
-        if unsafe { libc::fstat(self.file.as_raw_fd(), &mut st) } != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        let size = usize::try_from(st.st_size).map_err(|_| invalid("negative size"))?;
+        let size = rustix::fs::fstat(&self.file)?.st_size;
+        let size = usize::try_from(size).map_err(|_| invalid("negative size"))?;
         if size <= self.len {
             return Ok(());
         }
@@ -158,7 +145,7 @@ impl PeerArena {
         // shrink under it (sealed), so every byte is readable; the peer may
         // write them meanwhile, which yields other bytes, never a fault.
         // `dst` is ours.
-        unsafe { stream_copy(dst, src, stream) };
+        unsafe { stream_copy(dst.as_mut_ptr(), src, dst.len(), stream) };
         Ok(())
     }
 
@@ -170,13 +157,7 @@ impl PeerArena {
         // which cannot shrink under it (sealed); it is the peer's memory,
         // written where the peer asked (only it can be misled), and does
         // not overlap `src`, which is ours.
-        unsafe {
-            stream_copy(
-                std::slice::from_raw_parts_mut(dst, src.len()),
-                src.as_ptr(),
-                stream,
-            )
-        };
+        unsafe { stream_copy(dst, src.as_ptr(), src.len(), stream) };
         Ok(())
     }
 }
@@ -307,18 +288,18 @@ impl ProcessMedium {
     }
 }
 
-/// Copies `dst.len()` bytes from `src` into `dst` with non-temporal
-/// stores (x86-64; elsewhere a plain copy), then a store fence, so the
+/// Copies `n` bytes from `src` to `d`, with non-temporal stores if
+/// `stream` (x86-64; elsewhere a plain copy), then a store fence, so the
 /// bytes are visible before whatever this thread publishes next. The
-/// stores skip reading `dst`'s lines before writing them: measured with
-/// both cores copying, 1.5-1.9x `memcpy` at 512 KiB-1 MiB.
+/// stores skip reading `d`'s lines before writing them: measured with
+/// both cores copying, 1.5-1.9x `memcpy` at 512 KiB-1 MiB. Raw pointers:
+/// one side is memory another process maps too, which no reference may
+/// claim.
 ///
 /// # Safety
-/// `src` is valid for reads of `dst.len()` bytes and does not overlap
-/// `dst`.
-pub(super) unsafe fn stream_copy(dst: &mut [u8], src: *const u8, stream: bool) {
-    let n = dst.len();
-    let d = dst.as_mut_ptr();
+/// `src` is valid for reads and `d` for writes of `n` bytes, and the two
+/// do not overlap.
+pub(super) unsafe fn stream_copy(d: *mut u8, src: *const u8, n: usize, stream: bool) {
     #[cfg(target_arch = "x86_64")]
     {
         use std::arch::x86_64::{
@@ -388,8 +369,10 @@ mod tests {
         let src: Vec<u8> = (0..70_000u32).map(|i| (i * 7 % 253) as u8).collect();
         for (from, to, len) in [(0, 0, 70_000 - 64), (3, 5, 4099), (1, 0, 63), (17, 9, 1000)] {
             let mut dst = vec![0xeeu8; len + 64];
-            // SAFETY: `src[from..]` holds at least `len` bytes.
-            unsafe { stream_copy(&mut dst[to..to + len], src[from..].as_ptr(), len % 2 == 0) };
+            let (d, s) = (dst[to..].as_mut_ptr(), src[from..].as_ptr());
+            // SAFETY: `dst[to..]` and `src[from..]` hold at least `len`
+            // bytes each, in two vectors.
+            unsafe { stream_copy(d, s, len, len % 2 == 0) };
             assert!(
                 dst[to..to + len] == src[from..from + len],
                 "{from} {to} {len}"
