@@ -55,11 +55,20 @@ pub(crate) const FLAG_EXPECTING: u8 = 4;
 /// number in the sender and the buffer's offset in it (see
 /// `process/mapped.rs`).
 pub(crate) const FLAG_MAPPED: u8 = 8;
-/// Bytes of a rendezvous start: the sender's buffer address, and with
-/// [`FLAG_MAPPED`] its arena descriptor and offset.
-pub(crate) const RNDV_START_BYTES: usize = 8;
-/// Bytes of a rendezvous start with [`FLAG_MAPPED`].
+/// Bytes of a rendezvous start with [`FLAG_MAPPED`]: the sender's buffer
+/// address, its arena descriptor and its offset there.
 pub(crate) const RNDV_MAPPED_BYTES: usize = 24;
+
+/// Bytes of a rendezvous start with `flags`: the sender's buffer address
+/// (8), and with [`FLAG_MAPPED`] its arena descriptor and offset too.
+#[inline]
+pub(crate) fn rndv_start_bytes(flags: u8) -> usize {
+    if flags & FLAG_MAPPED != 0 {
+        RNDV_MAPPED_BYTES
+    } else {
+        8
+    }
+}
 
 /// The unit of a split point.
 pub(crate) const SPLIT_PAGE: usize = 4096;

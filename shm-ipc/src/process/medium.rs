@@ -21,8 +21,8 @@ use crate::liveness::PeerWatch;
 use crate::ring::{Header, Incoming, RingRef};
 use crate::segment::{state, Inbox};
 use crate::wire::{
-    ENTRY_CHARGE, FLAG_EXPECTING, FLAG_MAPPED, KIND_ACK, KIND_EAGER, RNDV_MAPPED_BYTES,
-    RNDV_START_BYTES,
+    rndv_start_bytes, ENTRY_CHARGE, FLAG_EXPECTING, FLAG_MAPPED, KIND_ACK, KIND_EAGER,
+    RNDV_MAPPED_BYTES,
 };
 
 pub(super) type Eng = Engine<ProcessMedium>;
@@ -215,9 +215,11 @@ unsafe impl Medium for ProcessMedium {
         let mut a = [0u8; RNDV_MAPPED_BYTES];
         Eng::consumer_of(l, s).copy_payload(msg, &mut a);
         let word = |i: usize| u64::from_le_bytes(a[8 * i..8 * i + 8].try_into().unwrap());
-        let mapped = (msg.header.flags & FLAG_MAPPED != 0)
-            .then(|| i32::try_from(word(1)).ok().map(|fd| (fd, word(2))))
-            .flatten();
+        let mapped = if msg.header.flags & FLAG_MAPPED != 0 {
+            i32::try_from(word(1)).ok().map(|fd| (fd, word(2)))
+        } else {
+            None
+        };
         RndvStart {
             id: msg.header.cookie,
             addr: word(0),
@@ -232,13 +234,7 @@ unsafe impl Medium for ProcessMedium {
             if l.m.eager_recv[s] - l.freed_local[s] > e.credit_bytes {
                 return Err("eager data beyond its credit".into());
             }
-        } else if h.len as usize
-            != if h.flags & FLAG_MAPPED != 0 {
-                RNDV_MAPPED_BYTES
-            } else {
-                RNDV_START_BYTES
-            }
-        {
+        } else if h.len as usize != rndv_start_bytes(h.flags) {
             return Err(format!("rendezvous start of {} bytes", h.len));
         } else {
             l.m.rndv_in[s] += 1;
