@@ -121,6 +121,8 @@ pub struct ProcessState {
 }
 
 impl ProcessState {
+    /// State for `n` ranks; `cma`: CMA is used with every peer; `mapped`:
+    /// so are mapped copies (the caller asks only where `cma` holds).
     pub(super) fn new(n: usize, cma: bool, mapped: bool) -> Self {
         ProcessState {
             control: (0..n).map(|_| VecDeque::new()).collect(),
@@ -139,7 +141,7 @@ impl ProcessState {
             rndv_out: vec![0; n],
             rndv_in: vec![0; n],
             idle_published: false,
-            mapped: vec![cma && mapped; n],
+            mapped: vec![mapped; n],
             arenas: (0..n).map(|_| None).collect(),
             mapped_copies: 0,
             mapped_writes: 0,
