@@ -77,11 +77,10 @@ pub fn span_of(data: &[u8]) -> Option<SharedSpan> {
         return None;
     }
     let r = REGION.get()?.as_ref()?;
-    let a = data.as_ptr() as usize;
-    let inside = a >= r.base && a - r.base < r.reserve && data.len() <= r.reserve - (a - r.base);
-    inside.then(|| SharedSpan {
+    let offset = r.offset_of(data.as_ptr() as usize)?;
+    (data.len() <= r.reserve - offset).then(|| SharedSpan {
         fd: r.fd.as_raw_fd(),
-        offset: (a - r.base) as u64,
+        offset: offset as u64,
     })
 }
 
@@ -90,7 +89,7 @@ pub(super) fn holds(addr: usize) -> bool {
     REGION
         .get()
         .and_then(Option::as_ref)
-        .is_some_and(|r| addr >= r.base && addr - r.base < r.reserve)
+        .is_some_and(|r| r.offset_of(addr).is_some())
 }
 
 /// Whether the arena hands out memory now.
@@ -131,6 +130,11 @@ extern "C" fn forked_child() {
 }
 
 impl Region {
+    /// `addr`'s offset in the file, if it lies in the reserved range.
+    fn offset_of(&self, addr: usize) -> Option<usize> {
+        addr.checked_sub(self.base).filter(|&o| o < self.reserve)
+    }
+
     fn create() -> Option<Region> {
         let mib = std::env::var("XDEV_SHARED_ARENA_MIB")
             .ok()
