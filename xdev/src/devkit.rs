@@ -76,7 +76,7 @@ pub mod target {
 
 pub mod shared_arena {
     //! The shared arena: page-aligned buffers of 256 KiB and more in a
-    //! sealed `memfd` that peer processes may map read-only, once a device
+    //! sealed `memfd` that peer processes may map, once a device
     //! turns it on ([`share_with_peers`]); [`span_of`] says where a slice
     //! lies in it, for a rendezvous header.
     pub use crate::buffer::shared::{share_with_peers, span_of, SharedSpan, DEFAULT_SHARED_MIB};

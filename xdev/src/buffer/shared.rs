@@ -1,6 +1,7 @@
 //! The shared arena: huge-page-sized extents of one sealed `memfd` that
-//! the process devices of this host can map read-only, so that a receiver
-//! copies a large message straight from the sender's buffer in user space.
+//! the process devices of this host can map, so that a receiver copies a
+//! large message straight from the sender's buffer in user space (and a
+//! sender can write the tail of a split copy into the receiver's).
 //!
 //! Why: between processes on one host the kernel's copy (CMA,
 //! `process_vm_readv`) is what both this library and Open MPI spend a
