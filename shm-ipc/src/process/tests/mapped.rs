@@ -201,3 +201,16 @@ fn a_tail_is_written_into_a_peer_arena_only_inside_it_and_only_if_sealed() {
     drop(l);
     drop(d2);
 }
+
+#[test]
+fn a_tail_the_sender_could_not_write_is_read_by_the_receiver_from_its_mapping() {
+    // Rank 0 asks rank 1 to write the tail through its mapping of rank 0's
+    // arena; rank 1 does not map rank 0 (as after a failure), answers that
+    // it could not, and rank 0 copies the tail from rank 1's arena itself.
+    let (d0, d1) = pair(&[("cma", "on")]);
+    d1.engine.lock().m.mapped[0] = false;
+    let len = 1 << 20;
+    let (b, into) = (shared_buffer(len, 8), Buffer::zeroed_page_aligned(len));
+    // The head and the tail from the mapping, one split, no tail written.
+    assert_eq!(send_buffer(&d0, &d1, b, into), [2, 1, 0]);
+}
