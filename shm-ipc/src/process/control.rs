@@ -180,11 +180,15 @@ impl ProcessMedium {
             let tail = unsafe {
                 std::slice::from_raw_parts_mut(dst.add(sp.start.half), sp.start.len - sp.start.half)
             };
-            let from = sp.start.addr + sp.start.half as u64;
+            // The peer chose both numbers: past the end of memory, the
+            // mapped span is refused and the address fails to read (an
+            // error for this receive, not an overflow).
+            let half = sp.start.half as u64;
+            let from = sp.start.addr.wrapping_add(half);
             let at = sp
                 .start
                 .mapped
-                .map(|(fd, o)| (fd, o + sp.start.half as u64));
+                .and_then(|(fd, o)| Some((fd, o.checked_add(half)?)));
             let read = if Self::mapped_copy(e, l, s, at, tail) {
                 Ok(())
             } else {

@@ -214,3 +214,63 @@ fn a_tail_the_sender_could_not_write_is_read_by_the_receiver_from_its_mapping() 
     // The head and the tail from the mapping, one split, no tail written.
     assert_eq!(send_buffer(&d0, &d1, b, into), [2, 1, 0]);
 }
+
+/// Rank 1 claims a rendezvous of `len` bytes from `addr`, in its arena at
+/// `fd` and `offset`, that rank 0 may split; rank 0 asks for the tail, and
+/// rank 1 answers that it could not write it. Rank 0's receive, and how
+/// many copies it made from the mapping.
+fn split_claim(
+    d0: &ProcessDevice,
+    d1: &ProcessDevice,
+    len: usize,
+    at: [u64; 3],
+) -> (xdev::devkit::Completion, u64) {
+    // Rank 1 says it is idle, so that rank 0 splits the copy.
+    d1.progress();
+    let recv = d0.irecv(Buffer::zeroed(len), Source::Rank(1), TagSel::Tag(8), 1);
+    let h = Header {
+        kind: KIND_RNDV,
+        flags: FLAG_MAPPED,
+        tag: 8,
+        context: 1,
+        cookie: 1,
+        aux: len as u64,
+        ..Header::default()
+    };
+    let start: Vec<u8> = at.iter().flat_map(|w| w.to_le_bytes()).collect();
+    assert!(raw_push(d1, 0, h, &start));
+    d0.progress();
+    assert!(d0.engine.lock().m.splits.contains_key(&(1, 1)), "split");
+    let wrote = Header {
+        kind: KIND_WROTE,
+        flags: FLAG_FAILED,
+        cookie: 1,
+        ..Header::default()
+    };
+    assert!(raw_push(d1, 0, wrote, &[]));
+    let got = recv.wait();
+    (got, d0.engine.lock().m.mapped_copies)
+}
+
+#[test]
+fn a_split_tail_at_an_offset_or_address_past_the_end_of_memory_is_an_error_not_a_crash() {
+    // (A device opened first turns the shared arena on.)
+    let (d0, d1) = pair(&[("cma", "on")]);
+    let len = 1 << 20;
+    let src = shared_buffer(len, 11);
+    let span = xdev::devkit::shared_arena::span_of(&src).unwrap();
+    let (fd, addr) = (span.fd as u64, src.as_ptr() as u64);
+    // An offset whose tail lies past the end of the address space: the
+    // head and the tail come by CMA from the address.
+    let (got, mapped) = split_claim(&d0, &d1, len, [addr, fd, u64::MAX - 100]);
+    assert!(got.status.error.is_none(), "{:?}", got.status);
+    assert!(got.buf[..] == src[..]);
+    assert_eq!(mapped, 0);
+    // An address whose tail lies past the end: the head and the tail come
+    // from the mapping (a real span), the address is never read.
+    let (d0, d1) = pair(&[("cma", "on")]);
+    let (got, mapped) = split_claim(&d0, &d1, len, [u64::MAX - 100, fd, span.offset]);
+    assert!(got.status.error.is_none(), "{:?}", got.status);
+    assert!(got.buf[..] == src[..]);
+    assert_eq!(mapped, 2);
+}
