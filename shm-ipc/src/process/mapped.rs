@@ -38,11 +38,10 @@ pub(super) struct PeerArena {
     len: usize,
 }
 
-// SAFETY: the mapping is private to this value; it is only used under the
-// rank lock that owns the `ProcessState` holding it.
+// SAFETY: the mapping is private to this value and moves with it; it is
+// only used through `&mut self`, under the rank lock that owns the
+// `ProcessState` holding it. (Not `Sync`: nothing shares it.)
 unsafe impl Send for PeerArena {}
-// SAFETY: as above.
-unsafe impl Sync for PeerArena {}
 
 /// Bytes of transfers under way above which a mapped copy streams (see
 /// `ProcessMedium::streams`): an eighth of this machine's 32 MiB
