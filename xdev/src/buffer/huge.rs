@@ -133,20 +133,26 @@ fn arena() -> std::sync::MutexGuard<'static, Arena> {
 /// `bytes` (a multiple of [`HUGE_PAGE`]) of fresh memory aligned to
 /// [`HUGE_PAGE`] and advised `MADV_HUGEPAGE`, or `None` if `mmap` fails.
 fn map_huge(bytes: usize) -> Option<NonNull<u8>> {
-    let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS;
-    let start = map_aligned(bytes, libc::PROT_READ | libc::PROT_WRITE, flags)?;
+    let start = map_aligned(bytes, libc::PROT_READ | libc::PROT_WRITE, 0)?;
     // SAFETY: advice on the mapping just made. Advice only: where the
     // kernel refuses it, the pages are ordinary.
     unsafe { libc::madvise(start as *mut libc::c_void, bytes, libc::MADV_HUGEPAGE) };
     NonNull::new(start as *mut u8)
 }
 
-/// A fresh anonymous mapping of `bytes` bytes with `prot` and `flags`,
+/// A fresh private anonymous mapping of `bytes` bytes with `prot`,
 /// aligned to [`HUGE_PAGE`]: its address, or `None` if `mmap` fails.
-pub(super) fn map_aligned(bytes: usize, prot: libc::c_int, flags: libc::c_int) -> Option<usize> {
+/// `extra` adds flags that change how it is backed (`MAP_NORESERVE`), never
+/// where it lies: the mapping is always private, anonymous and placed by
+/// the kernel.
+pub(super) fn map_aligned(bytes: usize, prot: libc::c_int, extra: libc::c_int) -> Option<usize> {
+    let placement = libc::MAP_FIXED | libc::MAP_SHARED;
+    debug_assert_eq!(extra & placement, 0, "map_aligned's extra flags");
+    let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | (extra & !placement);
     let span = bytes.checked_add(HUGE_PAGE)?;
-    // SAFETY: an anonymous mapping at an address of the kernel's choosing
-    // touches no existing memory.
+    // SAFETY: a private anonymous mapping at an address of the kernel's
+    // choosing (MAP_FIXED and MAP_SHARED masked out above) touches no
+    // existing memory.
     let base = unsafe { libc::mmap(std::ptr::null_mut(), span, prot, flags, -1, 0) };
     if base == libc::MAP_FAILED {
         return None;

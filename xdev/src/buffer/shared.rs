@@ -163,8 +163,7 @@ impl Region {
         }
         // An inaccessible reservation (no memory), never inherited by a
         // forked child.
-        let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE;
-        let base = super::huge::map_aligned(reserve, libc::PROT_NONE, flags)?;
+        let base = super::huge::map_aligned(reserve, libc::PROT_NONE, libc::MAP_NORESERVE)?;
         // SAFETY: advice on the reservation just made.
         unsafe { libc::madvise(base as *mut libc::c_void, reserve, libc::MADV_DONTFORK) };
         // SAFETY: registers a handler that only stores to two atomics.
