@@ -274,3 +274,29 @@ fn a_split_tail_at_an_offset_or_address_past_the_end_of_memory_is_an_error_not_a
     assert!(got.buf[..] == src[..]);
     assert_eq!(mapped, 2);
 }
+
+#[test]
+fn a_split_tail_readable_neither_from_the_mapping_nor_at_its_address_fails_that_receive() {
+    let (d0, d1) = pair(&[("cma", "on")]);
+    let len = 1 << 20;
+    let src = shared_buffer(len, 13);
+    let fd = xdev::devkit::shared_arena::span_of(&src).unwrap().fd;
+    // SAFETY: the shared arena's descriptor stays open for the life of the
+    // process; it is only borrowed for this call.
+    let file = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+    let size = rustix::fs::fstat(file).unwrap().st_size as u64;
+    // The head (the first half, as the receiver splits 1 MiB) ends at the
+    // arena's end, so it comes from the mapping; the tail lies past it, and
+    // the address it falls back to wraps around to unmapped memory.
+    let half = (len / 2) as u64;
+    let (got, mapped) = split_claim(&d0, &d1, len, [u64::MAX - 100, fd as u64, size - half]);
+    assert_eq!(mapped, 1, "the head from the mapping");
+    match got.status.error.as_deref() {
+        Some(xdev::Error::Protocol { rank: 1, what }) => {
+            assert!(what.contains("unreadable"), "{what}")
+        }
+        other => panic!("expected the tail's read to fail the receive: {other:?}"),
+    }
+    // Mapping with that peer stops; the device goes on.
+    assert!(!d0.engine.lock().m.mapped[1]);
+}
